@@ -1,0 +1,51 @@
+"""The five math ops the model runs, and the one place the kernel-or-twin choice is made.
+
+`select(device, fused=True)` returns an OpSet; the model holds it from construction on, so every call
+(and every captured CUDA graph) runs one fixed path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engine.ops import ref
+
+
+@dataclass(frozen=True)
+class OpSet:
+    name: str  # "fused" or "torch"
+    reason: str  # why this path: "fused CUDA kernels" or why they are not in use
+    rmsnorm: Callable
+    add_rmsnorm: Callable
+    rope_: Callable
+    silu_mul: Callable
+    decode_attention: Callable
+
+
+TORCH_OPS = dict(
+    rmsnorm=ref.rmsnorm, add_rmsnorm=ref.add_rmsnorm, rope_=ref.rope_,
+    silu_mul=ref.silu_mul, decode_attention=ref.decode_attention,
+)
+
+
+def torch_ops(reason: str) -> OpSet:
+    return OpSet(name="torch", reason=reason, **TORCH_OPS)
+
+
+def select(device: torch.device | str, fused: bool = True) -> OpSet:
+    """Fused kernels where they can run, else the torch twins with the reason recorded."""
+    device = torch.device(device)
+    if not fused:
+        return torch_ops("fused kernels switched off")
+    if device.type != "cuda":
+        return torch_ops(f"no CUDA device (running on {device.type})")
+    from engine import ext
+
+    status = ext.load()
+    if status.module is None:
+        return torch_ops(status.reason)
+    from engine.ops import fused as fused_ops
+
+    return OpSet(name="fused", reason=status.reason, **fused_ops.ops(status.module))

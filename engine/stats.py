@@ -1,0 +1,157 @@
+"""Round and Token events, and the Stats computed from them.
+
+One vocabulary everywhere (DESIGN.md): a token's kind is one of KINDS. A plain decode step is a Round
+with one `target` token; a speculative round carries its accepted / rejected / resampled / bonus tokens.
+Everything the UI or a CSV shows is computed here from the events, never re-measured.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+KINDS = ("target", "accepted", "rejected", "resampled", "bonus")
+EMITTED_KINDS = ("target", "accepted", "resampled", "bonus")  # `rejected` is shown, never output
+
+
+@dataclass
+class Token:
+    token_id: int
+    kind: str
+    draft_position: int | None = None  # 0-based position in the round's draft; None for target/bonus
+    p_target: float | None = None  # target probability of this token where defined
+    p_draft: float | None = None  # drafter probability of this token (1.0 for one-hot drafters)
+
+
+@dataclass
+class Round:
+    index: int  # 0 is the prefill round that emits the first token
+    tokens: list[Token]
+    t_start_ms: float  # since the run started (prompt handed to the engine)
+    t_end_ms: float
+    draft_ms: float = 0.0  # drafter's time (speculative rounds)
+    verify_ms: float = 0.0  # target forward: prefill, decode step, or k+1 verify chunk
+    sample_ms: float = 0.0  # sampling / acceptance on the logits
+    n_drafted: int = 0
+    finished: bool = False  # set on the round that ends the run (EOS or max_new_tokens)
+
+    @property
+    def total_ms(self) -> float:
+        return self.t_end_ms - self.t_start_ms
+
+    @property
+    def host_ms(self) -> float:
+        """Round time not inside draft / verify / sample: Python, syncs, bookkeeping."""
+        return max(0.0, self.total_ms - self.draft_ms - self.verify_ms - self.sample_ms)
+
+    @property
+    def emitted(self) -> list[Token]:
+        return [t for t in self.tokens if t.kind in EMITTED_KINDS]
+
+    @property
+    def n_accepted(self) -> int:
+        return sum(t.kind == "accepted" for t in self.tokens)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    pos = (len(s) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class Stats:
+    rounds: list[Round]
+    prompt_len: int
+    settings: dict = field(default_factory=dict)  # mode, k, temperature, ... as the run was asked
+    peak_memory_mb: float = float("nan")
+    weight_bytes: int = 0  # bytes read per decode step for weights (for % of bandwidth ceiling)
+    bandwidth_gbs: float = float("nan")  # measured memory bandwidth, when a caller measured it
+    plain_tok_s: float | None = None  # a plain run's decode tok/s to report a speedup against
+
+    @property
+    def ids(self) -> list[int]:
+        return [t.token_id for r in self.rounds for t in r.emitted]
+
+    def token_latencies_ms(self) -> list[float]:
+        """Per emitted token after the first: its round's time shared by the tokens the round emitted.
+
+        A speculative round delivers several tokens at once; sharing its time is what makes ITL comparable
+        between plain and speculative runs (the sum of ITLs is the decode time either way)."""
+        out = []
+        for r in self.rounds[1:]:
+            n = len(r.emitted)
+            out += [r.total_ms / n] * n
+        return out
+
+    def summary(self) -> dict:
+        rs = self.rounds
+        n_tokens = len(self.ids)
+        ttft = rs[0].t_end_ms if rs else float("nan")
+        total = rs[-1].t_end_ms if rs else float("nan")
+        decode_ms = total - ttft
+        itl = self.token_latencies_ms()
+        spec = [r for r in rs if r.n_drafted]
+        drafted = sum(r.n_drafted for r in spec)
+        accepted = sum(r.n_accepted for r in spec)
+        decode_tok_s = (n_tokens - 1) / decode_ms * 1e3 if n_tokens > 1 and decode_ms > 0 else float("nan")
+        s = dict(
+            tokens=n_tokens,
+            prompt_tokens=self.prompt_len,
+            rounds=len(rs),
+            ttft_ms=ttft,
+            itl_mean_ms=sum(itl) / len(itl) if itl else float("nan"),
+            itl_p50_ms=percentile(itl, 50),
+            itl_p99_ms=percentile(itl, 99),
+            decode_tok_s=decode_tok_s,
+            total_ms=total,
+            peak_memory_mb=self.peak_memory_mb,
+            acceptance_rate=accepted / drafted if drafted else float("nan"),
+            # tokens emitted per target forward in speculative rounds, the bonus included
+            mean_accepted_len=sum(len(r.emitted) for r in spec) / len(spec) if spec else float("nan"),
+            draft_overhead_pct=(
+                100 * sum(r.draft_ms for r in spec) / sum(r.total_ms for r in spec) if spec else float("nan")
+            ),
+        )
+        ceiling = self.bandwidth_gbs * 1e9 / self.weight_bytes if self.weight_bytes else float("nan")
+        s["bandwidth_ceiling_tok_s"] = ceiling
+        s["pct_of_ceiling"] = 100 * decode_tok_s / ceiling if ceiling == ceiling and ceiling > 0 else float("nan")
+        if self.plain_tok_s:
+            s["speedup"] = decode_tok_s / self.plain_tok_s
+        return s
+
+    def per_position_acceptance(self) -> list[float]:
+        """Acceptance rate at each draft position 0..k-1 (of the drafts that reached that position)."""
+        seen: dict[int, list[int]] = {}
+        for r in self.rounds:
+            for t in r.tokens:
+                if t.draft_position is not None and t.kind in ("accepted", "rejected"):
+                    seen.setdefault(t.draft_position, []).append(t.kind == "accepted")
+        return [sum(seen[p]) / len(seen[p]) for p in sorted(seen)]
+
+    def accepted_histogram(self) -> dict[int, int]:
+        """Number of speculative rounds by how many drafts they accepted."""
+        hist: dict[int, int] = {}
+        for r in self.rounds:
+            if r.n_drafted:
+                hist[r.n_accepted] = hist.get(r.n_accepted, 0) + 1
+        return dict(sorted(hist.items()))
+
+    def rows(self) -> list[dict]:
+        """One dict per token a round touched (rejected drafts included), in order, for CSV."""
+        rows, index = [], 0
+        for r in self.rounds:
+            share = r.total_ms / max(1, len(r.emitted))
+            for t in r.tokens:
+                emitted = t.kind in EMITTED_KINDS
+                rows.append(dict(
+                    round=r.index, token_index=index if emitted else None, **asdict(t),
+                    latency_ms=share if emitted else None, round_ms=r.total_ms,
+                    draft_ms=r.draft_ms, verify_ms=r.verify_ms, sample_ms=r.sample_ms,
+                    t_end_ms=r.t_end_ms,
+                ))
+                index += emitted
+        return rows
