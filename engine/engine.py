@@ -1,0 +1,158 @@
+"""Engine: one model, one static KV cache, and the plain decoding loop that yields Round events.
+
+`generate()` consumes the same `stream()` the UI consumes, so the figures a user sees and the figures a
+benchmark prints come from one loop. A step's only host sync is reading the sampled id back.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from engine import ops
+from engine.kv_cache import KVCache
+from engine.model import Transformer
+from engine.sampling import SamplingParams, probs, sample
+from engine.stats import Round, Stats, Token
+from engine.timing import Clock, now_ms
+
+KV_BLOCK = 128  # eager calls read the cache up to the live length rounded up to this
+
+
+class Engine:
+    def __init__(self, model: Transformer, max_seq_len: int = 2048, batch_size: int = 1):
+        if max_seq_len < 2:
+            raise ValueError(f"max_seq_len={max_seq_len} must be at least 2")
+        self.model, self.config = model, model.config
+        self.device, self.max_seq_len = model.device, max_seq_len
+        model.ensure_rope(max_seq_len)
+        self.cache = KVCache(model.config, batch_size, max_seq_len, model.dtype, model.device)
+        self.clock = Clock(model.device)
+        self.length = 0  # host-side mirror of cache.seq_lens for batch 1: never read back from the device
+        self.graph = None  # graphs.DecodeGraphs once graphs.enable() captured them
+        self.graph_status = "off: not enabled (call graphs.enable)"
+        self.bandwidth_gbs = float("nan")  # set by a caller that measured it (bench, app)
+
+    @property
+    def kernel_status(self) -> str:
+        return f"{self.model.ops.name}: {self.model.ops.reason}"
+
+    def use_fused(self, on: bool) -> str:
+        """Switch kernels for the next run; captured graphs hold the old path, so they are re-captured."""
+        self.model.use_ops(ops.select(self.device, on))
+        if self.graph is not None:
+            from engine import graphs
+
+            graphs.enable(self)
+        return self.kernel_status
+
+    def use_graphs(self, on: bool) -> str:
+        from engine import graphs
+
+        graphs.enable(self) if on else graphs.disable(self)
+        return self.graph_status
+
+    # ---- the three forward paths -------------------------------------------------------------------
+    def _kv_limit(self, upto: int) -> int:
+        return min(self.max_seq_len, -(-upto // KV_BLOCK) * KV_BLOCK)
+
+    def prefill(self, ids: list[int], all_logits: bool = False) -> torch.Tensor:
+        """Fill the cache with the prompt; float32 logits [V] of its last token ([T, V] with all_logits)."""
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = self.model(tokens, self.cache, "prefill", last_only=not all_logits)
+        self.length = len(ids)
+        return out[0]
+
+    def decode(self, token: torch.Tensor) -> torch.Tensor:
+        """token: [B] long -> logits [B, V]; a graph replay when graphs are on."""
+        self.length += 1
+        if self.graph is not None:
+            return self.graph.decode(token)
+        return self.model(token[:, None], self.cache, "decode", kv_limit=self._kv_limit(self.length), last_only=True)
+
+    def chunk(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: [B, T] on top of the cache -> logits [B, T, V] (the verify pass)."""
+        self.length += tokens.shape[1]
+        if self.graph is not None:
+            return self.graph.chunk(tokens)
+        return self.model(tokens, self.cache, "chunk", kv_limit=self._kv_limit(self.length))
+
+    def rollback(self, n: int) -> None:
+        """Keep the first n cache entries (entries past seq_len are never read, so this is a fill)."""
+        self.cache.fill(n)
+        self.length = n
+
+    @torch.inference_mode()
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """Full-sequence logits [len(ids), V] float32 via the prefill path."""
+        self.check_prompt(ids, 0)
+        return self.prefill(ids, all_logits=True)
+
+    # ---- requests ----------------------------------------------------------------------------------
+    def check_prompt(self, prompt_ids, n_after: int, what: str = "") -> None:
+        """The prompt is non-empty, in the vocabulary, and fits the cache with n_after more slots."""
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [i for i in prompt_ids if not 0 <= int(i) < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
+        if len(prompt_ids) + n_after > self.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens){what} = {len(prompt_ids) + n_after} exceeds "
+                f"max_seq_len={self.max_seq_len}; shorten the prompt, lower max_new_tokens or raise max_seq_len"
+            )
+
+    def check_request(self, prompt_ids, max_new_tokens: int, extra: int = 0) -> None:
+        """Bad input fails here, before any work, naming the value. extra: cache slots a drafter needs."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be an integer >= 1")
+        what = f" + max_new_tokens ({max_new_tokens})" + (f" + {extra} draft slots" if extra else "")
+        self.check_prompt(prompt_ids, max_new_tokens + extra, what)
+
+    def begin(self, prompt_ids, max_new_tokens: int, sampling: SamplingParams, extra: int = 0) -> torch.Generator:
+        self.check_request(prompt_ids, max_new_tokens, extra)
+        self.clock.reset_peak()
+        return sampling.generator(self.device)
+
+    def pick(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[int, float]:
+        """Sample one token from logits [V]; returns (id, p_target) in one host sync."""
+        tok = sample(logits[None], sampling, gen)[0]
+        dist = logits.softmax(-1) if sampling.greedy else probs(logits[None], sampling)[0]
+        tok_id, p = torch.stack((tok.double(), dist[tok].double())).tolist()
+        return int(tok_id), p
+
+    @torch.inference_mode()
+    def stream(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, seed: int | None = 0, stop_ids=None) -> Iterator[Round]:
+        """Plain decoding: round 0 is the prefill (its token is the first output), then one round a step."""
+        sampling = SamplingParams(temperature, top_p, top_k, seed)
+        gen = self.begin(prompt_ids, max_new_tokens, sampling)
+        stop = set(self.model.eos_ids if stop_ids is None else stop_ids)
+        t0 = time.perf_counter()
+        token = None
+        for i in range(max_new_tokens):
+            start = now_ms(t0)
+            a = self.clock.mark()
+            logits = self.prefill(list(prompt_ids)) if i == 0 else self.decode(token)[0]
+            b = self.clock.mark()
+            tok_id, p = self.pick(logits, sampling, gen)
+            c = self.clock.mark()
+            done = tok_id in stop or i == max_new_tokens - 1
+            yield Round(i, [Token(tok_id, "target", p_target=p)], start, now_ms(t0),
+                        verify_ms=self.clock.ms(a, b), sample_ms=self.clock.ms(b, c), finished=done)
+            if done:
+                return
+            token = torch.tensor([tok_id], device=self.device)
+
+    def stats(self, rounds: list[Round], prompt_len: int, settings: dict | None = None) -> Stats:
+        return Stats(rounds, prompt_len, settings or {}, peak_memory_mb=self.clock.peak_memory_mb(),
+                     weight_bytes=self.model.weight_bytes, bandwidth_gbs=self.bandwidth_gbs)
+
+    def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = 0, stop_ids=None) -> tuple[list[int], Stats]:
+        settings = dict(mode="plain", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        top_k=top_k, seed=seed)
+        rounds = list(self.stream(prompt_ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids))
+        stats = self.stats(rounds, len(prompt_ids), settings)
+        return stats.ids, stats

@@ -1,0 +1,159 @@
+"""Load an HF-format llama-family folder (config.json + *.safetensors + tokenizer.json) or a hub id.
+
+Every tensor's presence and shape is checked from the safetensors headers before a byte is loaded, so
+a bad folder fails at once with the tensor's name and both shapes. q/k/v and gate/up are concatenated
+into the model's merged projections while loading.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine import ops
+from engine.config import ConfigError, ModelConfig
+from engine.model import Transformer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+class ModelLoadError(ValueError):
+    """A model folder we cannot load; the message says what is wrong and what to do."""
+
+
+def resolve_path(name: str | None, cache_dir: str | Path | None = None, progress=print) -> Path:
+    """A local folder, a hub id (downloaded when the hub is reachable), or None for the embedded default."""
+    if name is None:
+        from engine import default_model
+
+        return default_model.ensure(cache_dir, progress=progress)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise ModelLoadError(f"model folder {name!r} does not exist; pass a folder with config.json, "
+                             "*.safetensors and tokenizer.json, a hub id such as 'org/model', or nothing for the default")
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+        return Path(snapshot_download(name, allow_patterns=patterns))
+    except Exception as e:  # the hub client raises many types: offline, 404, gated, auth
+        raise ModelLoadError(f"could not fetch hub id {name!r} ({type(e).__name__}: {e}); "
+                             "check the id and network access, or download it and pass the folder") from None
+
+
+def pick_dtype(dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        # bf16 halves the bytes per step on a GPU; CPU matmuls are fastest (and exact) in fp32
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for every tensor the model needs."""
+    C, I = cfg.hidden_size, cfg.intermediate_size
+    out = {"model.embed_tokens.weight": (cfg.vocab_size, C), "model.norm.weight": (C,)}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, C)
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        out |= {p + "input_layernorm.weight": (C,), p + "post_attention_layernorm.weight": (C,),
+                p + "self_attn.q_proj.weight": (cfg.q_size, C), p + "self_attn.k_proj.weight": (cfg.kv_size, C),
+                p + "self_attn.v_proj.weight": (cfg.kv_size, C), p + "self_attn.o_proj.weight": (C, cfg.q_size),
+                p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C), p + "mlp.down_proj.weight": (C, I)}
+        if cfg.attention_bias:
+            out |= {p + "self_attn.q_proj.bias": (cfg.q_size,), p + "self_attn.k_proj.bias": (cfg.kv_size,),
+                    p + "self_attn.v_proj.bias": (cfg.kv_size,)}
+    return out
+
+
+def our_targets(cfg: ModelConfig) -> dict[str, list[str]]:
+    """Our parameter name -> the HF tensors concatenated (dim 0) into it."""
+    out = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = ["lm_head.weight"]
+    for i in range(cfg.n_layers):
+        p, o = f"model.layers.{i}.", f"layers.{i}."
+        qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
+        out |= {o + "attn_norm.weight": [p + "input_layernorm.weight"],
+                o + "mlp_norm.weight": [p + "post_attention_layernorm.weight"],
+                o + "attn.wqkv.weight": [n + ".weight" for n in qkv],
+                o + "attn.wo.weight": [p + "self_attn.o_proj.weight"],
+                o + "mlp.w_gate_up.weight": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                o + "mlp.w_down.weight": [p + "mlp.down_proj.weight"]}
+        if cfg.attention_bias:
+            out[o + "attn.wqkv.bias"] = [n + ".bias" for n in qkv]
+    return out
+
+
+def index_tensors(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """HF tensor name -> (file, shape), read from the safetensors headers only (sharded or not)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"no *.safetensors files in {folder}; decodescope loads safetensors weights only")
+    found = {}
+    for f in files:
+        with safe_open(f, framework="pt") as sf:
+            for name in sf.keys():
+                found[name] = (f, tuple(sf.get_slice(name).get_shape()))
+    return found
+
+
+def check_folder(folder: Path) -> tuple[ModelConfig, dict]:
+    for required in ("config.json", "tokenizer.json"):
+        if not (folder / required).is_file():
+            raise ModelLoadError(f"{folder} has no {required}; an HF-format model folder needs config.json, "
+                                 "*.safetensors and tokenizer.json")
+    try:
+        cfg = ModelConfig.from_json(folder / "config.json")
+    except ConfigError as e:
+        raise ModelLoadError(f"{folder}: {e}") from None
+    found = index_tensors(folder)
+    for name, shape in expected_shapes(cfg).items():
+        if name not in found:
+            raise ModelLoadError(f"{folder} is missing the tensor {name!r} (expected shape {list(shape)})")
+        if found[name][1] != shape:
+            raise ModelLoadError(f"tensor {name!r} in {found[name][0].name} has shape {list(found[name][1])}, "
+                                 f"the config expects {list(shape)}")
+    return cfg, found
+
+
+def generation_eos(folder: Path, cfg: ModelConfig) -> tuple[int, ...]:
+    ids = list(cfg.eos_token_ids)
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
+    return tuple(dict.fromkeys(ids))
+
+
+def load_model(name: str | Path | None = None, device="cpu", dtype=None, fused: bool = True,
+               cache_dir=None, progress=print) -> Transformer:
+    """Load a model folder / hub id / the embedded default (None) straight onto `device`."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was asked for but torch sees no CUDA device; use device='cpu'")
+    folder = resolve_path(None if name is None else str(name), cache_dir, progress)
+    cfg, found = check_folder(folder)
+    dt = pick_dtype(dtype, device)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model = model.to_empty(device=device).to(dt)
+    params = dict(model.named_parameters())
+    handles = {f: safe_open(f, framework="pt", device=str(device)) for f, _ in set(found.values())}
+    with torch.no_grad():
+        for ours, names in our_targets(cfg).items():
+            parts = [handles[found[n][0]].get_tensor(n).to(dt) for n in names]
+            params[ours].copy_(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
+    model.requires_grad_(False).eval()
+    model.path, model.eos_ids = folder, generation_eos(folder, cfg)
+    model.use_ops(ops.select(device, fused))
+    return model

@@ -1,0 +1,84 @@
+"""Tiny random-weight llama models written as real HF folders, for tests, smoke runs and `--tiny`.
+
+The folder goes through the same loader as any model, and transformers can read it too, so tests compare
+our engine and the reference on identical weights."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engine.config import ModelConfig
+from engine.loader import expected_shapes
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A llama config small enough to run a few hundred steps in a second on a CPU.
+
+    The vocabulary is the 256 byte tokens plus three specials, so the byte-level tokenizer below fits it."""
+    d = dict(model_type="llama", vocab_size=256 + len(SPECIALS), hidden_size=64, intermediate_size=160,
+             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+             rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=256,
+             eos_token_id=258)
+    d.update(overrides)
+    return ModelConfig.from_dict(d)
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.1) -> dict[str, torch.Tensor]:
+    """HF-named fp32 tensors. A larger std than training init keeps logits peaked, so greedy choices are
+    not near-ties that fp32 rounding could flip between two correct attention paths."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in expected_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            out[name] = 1 + 0.1 * torch.randn(shape, generator=g)
+        elif name == "model.embed_tokens.weight":
+            out[name] = torch.randn(shape, generator=g)
+        else:
+            out[name] = std * torch.randn(shape, generator=g)
+    return out
+
+
+def byte_tokenizer_json() -> str:
+    """A byte-level BPE tokenizer with no merges: token i < 256 is byte i, then the specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()
+    byte_to_char = {b: c for b, c in zip(range(256), sorted(alphabet, key=lambda c: _byte_of(c)))}
+    vocab = {byte_to_char[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    return tok.to_str()
+
+
+def _byte_of(ch: str) -> int:
+    """GPT-2's byte-to-unicode table, inverted: which byte a byte-level character stands for."""
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    code = ord(ch)
+    if code in printable:
+        return code
+    others = [b for b in range(256) if b not in printable]
+    return others[code - 256]
+
+
+def write_tiny_model(folder: str | Path, cfg: ModelConfig | None = None, seed: int = 0, std: float = 0.1) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = cfg or tiny_config()
+    (folder / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
+    save_file(random_weights(cfg, seed, std), folder / "model.safetensors")
+    (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        chat_template=CHAT_TEMPLATE, bos_token="<|endoftext|>", eos_token="<|im_end|>", add_bos_token=False)))
+    return folder
