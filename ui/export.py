@@ -1,0 +1,146 @@
+"""Per-token CSV, per-run summary CSV and a Chrome trace (Perfetto-loadable) of the step timeline.
+
+Files go to one folder per run under a temporary root that the app owns (ExportStore): the store keeps
+the newest runs only, a closed session drops its own, and the root goes when the app exits.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.stats import Stats
+
+TOKEN_COLUMNS = [
+    "run_id", "round", "token_index", "token_id", "token_text", "kind", "draft_position",
+    "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "verify_ms", "sample_ms", "t_end_ms",
+]
+# The settings a run was asked for, repeated on every row so a CSV stands alone.
+SETTINGS_COLUMNS = [
+    "model", "mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
+    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "prompt_tokens",
+]
+SUMMARY_COLUMNS = [
+    "run_id", "label", "tokens", "prompt_tokens", "rounds", "ttft_ms", "itl_mean_ms", "itl_p50_ms",
+    "itl_p99_ms", "decode_tok_s", "total_ms", "peak_memory_mb", "acceptance_rate", "mean_accepted_len",
+    "draft_overhead_pct", "bandwidth_ceiling_tok_s", "pct_of_ceiling", "speedup",
+]
+TRACE_LANES = ("round", "draft", "verify", "sample", "host")
+
+
+def _settings_columns(settings: dict) -> list[str]:
+    return SETTINGS_COLUMNS + sorted(k for k in settings if k not in SETTINGS_COLUMNS)
+
+
+def token_rows(run_id: str, stats: Stats, text_of: Callable[[int], str]) -> list[dict]:
+    settings = dict(stats.settings, prompt_tokens=stats.prompt_len)
+    return [
+        dict(row, run_id=run_id, token_text=text_of(row["token_id"]), **settings) for row in stats.rows()
+    ]
+
+
+def write_tokens_csv(path: str | Path, run_id: str, stats: Stats, text_of: Callable[[int], str]) -> Path:
+    path = Path(path)
+    columns = TOKEN_COLUMNS + _settings_columns(stats.settings)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(token_rows(run_id, stats, text_of))
+    return path
+
+
+def summary_row(run_id: str, label: str, summary: dict, settings: dict) -> dict:
+    row = {k: summary.get(k) for k in SUMMARY_COLUMNS}
+    row.update(run_id=run_id, label=label)
+    return {**row, **{k: settings.get(k) for k in _settings_columns(settings)}}
+
+
+def write_runs_csv(path: str | Path, rows: list[dict]) -> Path:
+    """The session's run history: one row per run (summary_row dicts)."""
+    path = Path(path)
+    columns = list(SUMMARY_COLUMNS)
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def clean_number(x):
+    """NaN / inf -> None: JSON has no NaN and Perfetto rejects it."""
+    return None if isinstance(x, float) and (math.isnan(x) or math.isinf(x)) else x
+
+
+def chrome_trace(run_id: str, stats: Stats) -> dict:
+    """Trace Event Format: one complete ('X') event per round and per phase, microseconds, one thread per lane."""
+    events: list[dict] = [
+        dict(ph="M", pid=1, name="process_name", args=dict(name=f"decodescope run {run_id}")),
+    ]
+    events += [dict(ph="M", pid=1, tid=i, name="thread_name", args=dict(name=lane))
+               for i, lane in enumerate(TRACE_LANES)]
+    tid = {lane: i for i, lane in enumerate(TRACE_LANES)}
+
+    def span(lane: str, start_ms: float, dur_ms: float, args: dict) -> dict:
+        return dict(ph="X", pid=1, tid=tid[lane], name=lane, cat="decode",
+                    ts=round(start_ms * 1e3, 3), dur=round(dur_ms * 1e3, 3), args=args)
+
+    for r in stats.rounds:
+        args = dict(round=r.index, emitted=len(r.emitted), drafted=r.n_drafted, accepted=r.n_accepted)
+        events.append(span("round", r.t_start_ms, r.total_ms, args))
+        t = r.t_start_ms
+        for lane, ms in (("draft", r.draft_ms), ("verify", r.verify_ms), ("sample", r.sample_ms)):
+            if ms > 0:
+                events.append(span(lane, t, ms, {"round": r.index}))
+            t += ms
+        if r.host_ms > 0:
+            events.append(span("host", t, r.host_ms, {"round": r.index}))
+    meta = {k: clean_number(v) for k, v in stats.settings.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    return dict(traceEvents=events, displayTimeUnit="ms", otherData=dict(run_id=run_id, **meta))
+
+
+def write_trace(path: str | Path, run_id: str, stats: Stats) -> Path:
+    path = Path(path)
+    trace = chrome_trace(run_id, stats)
+    # NaN is not JSON; Perfetto rejects it.
+    path.write_text(json.dumps(trace, allow_nan=False, default=str), encoding="utf-8")
+    return path
+
+
+class ExportStore:
+    """A temporary root with one folder per run; the newest `keep` folders survive, the rest are removed."""
+
+    def __init__(self, keep: int = 64, root: str | Path | None = None):
+        self.root = Path(tempfile.mkdtemp(prefix="decodescope-", dir=root))
+        self.keep = keep
+        self._dirs: OrderedDict[str, Path] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def run_dir(self, run_id: str) -> Path:
+        with self._lock:
+            d = self.root / run_id
+            d.mkdir(parents=True, exist_ok=True)
+            self._dirs[run_id] = d
+            self._dirs.move_to_end(run_id)
+            while len(self._dirs) > self.keep:
+                _, old = self._dirs.popitem(last=False)
+                shutil.rmtree(old, ignore_errors=True)
+            return d
+
+    def drop(self, run_ids) -> None:
+        with self._lock:
+            for run_id in run_ids:
+                if (d := self._dirs.pop(run_id, None)) is not None:
+                    shutil.rmtree(d, ignore_errors=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._dirs.clear()
+            shutil.rmtree(self.root, ignore_errors=True)
