@@ -19,7 +19,8 @@ def _base(fig: go.Figure, title: str, revision: str, height: int = 320) -> go.Fi
     # A constant uirevision keeps the user's zoom and hidden traces while a run streams in.
     fig.update_layout(
         title=dict(text=title, font=dict(size=14)), uirevision=revision, height=height,
-        margin=dict(l=50, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.2),
+        margin=dict(l=50, r=20, t=60, b=40),
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
         template="plotly_white",
     )
     return fig

@@ -1,0 +1,131 @@
+"""The page: components top to bottom, then the wiring. Callbacks live in callbacks.py; CSS in style.py."""
+from __future__ import annotations
+
+from functools import partial
+
+import gradio as gr
+
+from ui import callbacks, plots, render
+from ui.runtime import K_RANGE, NGRAM_RANGE, Runtime
+from ui.style import page_css
+
+QUEUE_MAX_SIZE = 16  # runs waiting for the engine; past this a user is told the queue is full
+TITLE = "decodescope"
+INTRO = ("Each token is coloured by what happened to it; the panels below show where the time went. "
+         "Settings take effect on the next run.")
+
+PROSE = "Write a short, vivid paragraph about a lighthouse keeper who finds a message in a bottle."
+CODE = "Write a Python function `is_prime(n: int) -> bool` with a docstring and a few doctest examples."
+EDIT = ("Repeat the following text exactly, but fix its three spelling mistakes:\n\n"
+        "The old lighthouse stood at the edge of the cliff. Every nigt its lamp turned slowly, sweeping the "
+        "dark water with a long beam of light. Ships that passed far out at sea could see it for miles, and "
+        "sailors knew that the rocks were close. The keeper climbed the stairs each evening, cleaned the "
+        "glass, and wound the clockwork that turned the lens. He wrote the weather in his log book, the "
+        "direction of the wind and the heigt of the waves, and he never mised a single night.")
+
+
+def examples(rt: Runtime) -> list[list]:
+    """A prompt per mode at its best: prose for a draft model, code for layer-skip, an edit for n-gram."""
+    prose_mode = "draft model" if rt.drafts else "layer-skip"
+    return [[PROSE, prose_mode, 4], [CODE, "layer-skip", 4], [EDIT, "n-gram", 8]]
+
+
+def unavailable(rt: Runtime) -> str | None:
+    return "; ".join(f"{m}: {why}" for m, why in rt.modes().items() if why) or None
+
+
+def setting_visibility(mode: str):
+    """Show only the knobs the chosen mode uses: k, n-gram size, layer-skip depth, draft model."""
+    return (gr.update(visible=mode != "plain"), gr.update(visible=mode == "n-gram"),
+            gr.update(visible=mode == "layer-skip"), gr.update(visible=mode == "draft model"))
+
+
+def build(rt: Runtime) -> gr.Blocks:
+    modes = [m for m, why in rt.modes().items() if why is None]
+    drafts = list(rt.drafts)
+    max_tokens = min(1024, rt.engine.max_seq_len - 1)
+    with gr.Blocks(title=TITLE, delete_cache=(600, 3600)) as demo:
+        session = gr.State(callbacks.Session, delete_callback=partial(callbacks.end_session, rt))
+        gr.Markdown(f"# {TITLE}\n{INTRO}")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt", placeholder=PROSE)
+                with gr.Row():
+                    chat = gr.Checkbox(True, label="Chat template", elem_id="chat",
+                                       info="wrap the prompt as a user turn of the model's chat template")
+                    show_rejected = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rejected")
+                with gr.Row():
+                    generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                    compare_btn = gr.Button("Compare", elem_id="compare-btn")
+                gr.HTML(render.legend_html(), elem_id="legend")
+                output = gr.HTML("", elem_id="output-tokens")
+                stats = gr.HTML("", elem_id="stats")
+                status = gr.HTML("", elem_id="status")
+            with gr.Column(scale=2):
+                with gr.Accordion("Environment", open=False):
+                    gr.HTML(render.env_card(rt.env), elem_id="env")
+                mode = gr.Radio(modes, value="n-gram" if "n-gram" in modes else modes[0], label="Mode",
+                                elem_id="mode", info=unavailable(rt))
+                k = gr.Slider(*K_RANGE, value=5, step=1, label="k (drafts per round)", elem_id="k")
+                ngram = gr.Slider(*NGRAM_RANGE, value=3, step=1, label="n-gram size", elem_id="ngram")
+                layers = gr.Slider(1, max(1, rt.n_layers - 1), value=max(1, min(8, rt.n_layers // 2)), step=1,
+                                   label="layer-skip depth (layers the drafter runs)", elem_id="layers",
+                                   visible=False)
+                draft = gr.Dropdown(drafts, value=drafts[0] if drafts else None, label="Draft model",
+                                    elem_id="draft-model", visible=False, interactive=bool(drafts))
+                with gr.Row():
+                    graphs = gr.Checkbox(rt.graphs_reason is None, label="CUDA graphs", elem_id="cuda-graphs",
+                                         interactive=rt.graphs_reason is None,
+                                         info=rt.graphs_reason or "replay the captured decode step")
+                    fused = gr.Checkbox(rt.fused_reason is None, label="Fused kernels", elem_id="fused",
+                                        interactive=rt.fused_reason is None,
+                                        info=rt.fused_reason or "our CUDA kernels instead of torch ops")
+                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
+                                        elem_id="temperature")
+                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p", elem_id="top-p")
+                top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)", elem_id="top-k")
+                with gr.Row():
+                    seed = gr.Number(0, precision=0, label="seed", elem_id="seed")
+                    max_new = gr.Slider(1, max_tokens, value=min(128, max_tokens), step=1,
+                                        label="max new tokens", elem_id="max-new-tokens")
+        gr.Examples(examples(rt), inputs=[prompt, mode, k], label="Examples")
+        with gr.Row():
+            plot_itl = gr.Plot(label="Inter-token latency", elem_id="plot-itl")
+            plot_steps = gr.Plot(label="Step timeline", elem_id="plot-steps")
+        plot_acc = gr.Plot(label="Acceptance", elem_id="plot-acceptance")
+        plot_cmp = gr.Plot(label="Compare", elem_id="plot-compare")
+        cmp_table = gr.Dataframe(headers=plots.COMPARE_HEADERS, label="Compare figures", elem_id="compare-table",
+                                 interactive=False, wrap=True)
+        runs = gr.Dataframe(headers=callbacks.RUN_HEADERS, label="Runs this session", elem_id="runs",
+                            interactive=False, wrap=True)
+        with gr.Row():
+            csv_btn = gr.DownloadButton("Token CSV", elem_id="csv-download", size="sm")
+            trace_btn = gr.DownloadButton("Chrome trace", elem_id="trace-download", size="sm")
+            runs_btn = gr.DownloadButton("Runs CSV", elem_id="runs-download", size="sm")
+
+        settings = [mode, k, ngram, layers, draft, graphs, fused, chat, temperature, top_p, top_k, seed, max_new]
+        assert len(settings) == len(callbacks.SETTINGS_FIELDS)
+        # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
+        # own range check would only say "Value 40 is greater than maximum value 16".
+        engine_event = dict(concurrency_limit=1, concurrency_id="engine", preprocess=False, show_progress="minimal")
+        quick = dict(queue=False, show_progress="hidden", api_visibility="private")
+        generate_btn.click(callbacks.submit, [session], None, **quick).then(
+            partial(callbacks.generate, rt), [session, prompt, *settings],
+            [output, stats, status, plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn],
+            api_name="generate", **engine_event)
+        compare_btn.click(callbacks.submit, [session], None, **quick).then(
+            partial(callbacks.compare, rt), [session, prompt, *settings],
+            [status, plot_cmp, cmp_table, runs, runs_btn], api_name="compare", **engine_event)
+        stop_btn.click(callbacks.stop, [session], [status], queue=False, api_name="stop")
+        mode.change(setting_visibility, [mode], [k, ngram, layers, draft], **quick)
+        show_rejected.change(None, [show_rejected], None, api_visibility="private", js=(
+            "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"))
+        demo.load(setting_visibility, [mode], [k, ngram, layers, draft], **quick)
+    demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=None)
+    return demo
+
+
+def launch_kwargs() -> dict:
+    """What launch() needs besides host and port (gradio 6 takes CSS at launch)."""
+    return dict(css=page_css(), show_error=True)

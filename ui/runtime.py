@@ -1,0 +1,233 @@
+"""What the app serves: one shared engine (plus draft engines), the settings of a run, and the pump that
+runs the engine on its own thread while the page is fed.
+
+The Runtime is built once in app.py's main() and bound into the callbacks; it never goes into gr.State.
+"""
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from functools import partial
+
+import torch
+
+from engine.stats import Round, Stats
+from ui.export import ExportStore
+
+MODES = ("plain", "n-gram", "draft model", "layer-skip")
+K_RANGE = (1, 16)
+NGRAM_RANGE = (1, 8)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One run as the user asked for it; validated before the engine sees it."""
+    mode: str = "plain"
+    k: int = 5
+    ngram: int = 3
+    layers: int = 8
+    draft_model: str | None = None
+    cuda_graphs: bool = False
+    fused_kernels: bool = False
+    chat: bool = True
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    max_new_tokens: int = 128
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode != "plain"
+
+    def as_dict(self, model: str) -> dict:
+        return dict(model=model, **asdict(self))
+
+    def label(self) -> str:
+        return " · ".join([self.mode_label(), "graph" if self.cuda_graphs else "eager",
+                           "fused" if self.fused_kernels else "torch"])
+
+    def mode_label(self) -> str:
+        parts = [self.mode]
+        if self.mode == "n-gram":
+            parts.append(f"n={self.ngram}")
+        elif self.mode == "layer-skip":
+            parts.append(f"{self.layers} layers")
+        elif self.mode == "draft model":
+            parts.append(str(self.draft_model))
+        if self.speculative:
+            parts.append(f"k={self.k}")
+        return " ".join(parts)
+
+
+def as_int(name: str, value) -> int:
+    """Sliders and number boxes send floats; an integral float is fine, anything else is named back."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} must be a whole number") from None
+    if not f.is_integer():
+        raise ValueError(f"{name}={value!r} must be a whole number")
+    return int(f)
+
+
+@dataclass
+class Runtime:
+    engine: object  # engine.Engine
+    tokenizer: object  # engine.Tokenizer
+    model_name: str
+    drafts: dict[str, object] = field(default_factory=dict)  # name -> Engine of a draft model
+    fused_reason: str | None = None  # None: fused kernels can run here; else why not
+    graphs_reason: str | None = None  # None: CUDA graphs can run here; else why not
+    env: dict = field(default_factory=dict)  # the environment card
+    store: ExportStore | None = None
+    rounds_fn: Callable | None = None  # (settings, prompt_ids) -> Round iterator; engine_rounds bound to this runtime
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self):
+        self.store = self.store or ExportStore()
+        self.rounds_fn = self.rounds_fn or partial(engine_rounds, self)
+
+    @property
+    def n_layers(self) -> int:
+        return self.engine.config.n_layers
+
+    def modes(self) -> dict[str, str | None]:
+        """Each mode -> None when it can run here, else the reason it cannot."""
+        return {
+            "plain": None, "n-gram": None,
+            "draft model": None if self.drafts else "no draft model was given at launch (--draft PATH)",
+            "layer-skip": None if self.n_layers >= 2 else f"the model has {self.n_layers} layer; layer-skip needs 2",
+        }
+
+    def text_of(self, token_id: int) -> str:
+        return self.tokenizer.token_text(token_id)
+
+    def encode(self, prompt: str, chat: bool) -> list[int]:
+        return self.tokenizer.encode_chat(prompt) if chat else self.tokenizer.encode(prompt)
+
+    def stats(self, rounds: list[Round], prompt_len: int, settings: dict) -> Stats:
+        return self.engine.stats(rounds, prompt_len, settings)
+
+    def validate(self, s: RunSettings, prompt_ids: list[int]) -> None:
+        """Raise ValueError naming the setting to change; the engine re-checks what it owns."""
+        if s.mode not in MODES:
+            raise ValueError(f"mode={s.mode!r} is not one of {', '.join(MODES)}")
+        if (why := self.modes()[s.mode]) is not None:
+            raise ValueError(f"{s.mode} mode is unavailable: {why}")
+        if s.speculative and not K_RANGE[0] <= s.k <= K_RANGE[1]:
+            raise ValueError(f"k={s.k} drafts per round is out of range; pick {K_RANGE[0]}..{K_RANGE[1]}")
+        if s.mode == "n-gram" and not NGRAM_RANGE[0] <= s.ngram <= NGRAM_RANGE[1]:
+            raise ValueError(f"n-gram size {s.ngram} is out of range; pick {NGRAM_RANGE[0]}..{NGRAM_RANGE[1]}")
+        if s.mode == "layer-skip" and not 1 <= s.layers < self.n_layers:
+            raise ValueError(f"layer-skip depth {s.layers} must be 1..{self.n_layers - 1} "
+                             f"(the model has {self.n_layers} layers)")
+        if s.mode == "draft model" and s.draft_model not in self.drafts:
+            raise ValueError(f"draft model {s.draft_model!r} is not one of {', '.join(self.drafts)}")
+        if s.cuda_graphs and self.graphs_reason:
+            raise ValueError(f"CUDA graphs are unavailable here ({self.graphs_reason}); switch them off")
+        if s.fused_kernels and self.fused_reason:
+            raise ValueError(f"fused kernels are unavailable here ({self.fused_reason}); switch them off")
+        if not s.temperature >= 0:
+            raise ValueError(f"temperature={s.temperature} must be >= 0 (0 is greedy)")
+        if not 0 < s.top_p <= 1:
+            raise ValueError(f"top_p={s.top_p} must be in (0, 1]; 1 switches nucleus sampling off")
+        if s.top_k < 0:
+            raise ValueError(f"top_k={s.top_k} must be >= 0; 0 switches top-k off")
+        self.engine.check_request(prompt_ids, s.max_new_tokens, extra=s.k + 1 if s.speculative else 0)
+
+
+def drafter_for(rt: Runtime, s: RunSettings):
+    from engine import speculative
+
+    if s.mode == "n-gram":
+        return speculative.NgramDrafter(max_n=s.ngram)
+    if s.mode == "layer-skip":
+        return speculative.LayerSkipDrafter(rt.engine, n_layers=s.layers)
+    return speculative.ModelDrafter(rt.drafts[s.draft_model])
+
+
+def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterator[Round]:
+    """The one generator that touches the engine: plain Round records out, nothing of the UI in it.
+
+    On a ZeroGPU Space this runs under spaces.GPU in a forked worker: the runtime is bound in before the
+    fork, the settings and ids are pickled over, and the Round records are pickled back."""
+    eng = rt.engine
+    if (eng.model.ops.name == "fused") != s.fused_kernels:
+        eng.use_fused(s.fused_kernels)
+    if (eng.graph is not None) != s.cuda_graphs:
+        eng.use_graphs(s.cuda_graphs)
+    sampling = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed)
+    if s.speculative:
+        from engine import speculative
+
+        yield from speculative.stream(eng, drafter_for(rt, s), prompt_ids, s.k, s.max_new_tokens, **sampling)
+    else:
+        yield from eng.stream(prompt_ids, s.max_new_tokens, **sampling)
+
+
+_DONE = object()
+IDLE_POLL_S = 0.5  # an idle generator still yields this often, so gradio can close it
+
+
+class RoundPump:
+    """Runs a round generator on its own thread, so the engine never waits while the page is fed.
+
+    The thread holds the runtime's lock for the whole run: one run on the engine at a time, and a
+    stopped run frees the engine after the round in flight."""
+
+    def __init__(self, rt: Runtime, s: RunSettings, prompt_ids: list[int], stop: threading.Event):
+        self.rt, self.s, self.prompt_ids, self.stop = rt, s, prompt_ids, stop
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        ctx = contextvars.copy_context()  # spaces.GPU reads the gradio request from context
+        self.thread = threading.Thread(target=ctx.run, args=(self._run,), name="decodescope-run", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with self.rt.lock, torch.inference_mode():
+            rounds = self.rt.rounds_fn(self.s, self.prompt_ids)
+            try:
+                for rnd in rounds:
+                    self.q.put(rnd)
+                    if self.stop.is_set():
+                        break
+            except Exception as e:  # handed to the page's generator, which re-raises it there
+                self.q.put(e)
+            finally:
+                rounds.close()
+                self.q.put(_DONE)
+
+    def batches(self, interval_s: float) -> Iterator[list[Round]]:
+        """The rounds that arrived, at most one list per interval (the first round goes out at once).
+
+        An empty list means nothing arrived for a while; errors from the engine are re-raised here."""
+        batch: list[Round] = []
+        last = time.monotonic() - interval_s
+        while True:
+            now = time.monotonic()
+            if batch and now >= last + interval_s:
+                yield batch
+                batch, last = [], now
+                continue
+            try:
+                item = self.q.get(timeout=last + interval_s - now if batch else IDLE_POLL_S)
+            except queue.Empty:
+                if not batch:
+                    yield batch
+                continue
+            if item is _DONE:
+                if batch:
+                    yield batch
+                return
+            if isinstance(item, Exception):
+                raise item
+            batch.append(item)
+
+    def close(self) -> None:
+        """Ask the run to end after its round in flight. No join: this may run on gradio's event loop,
+        and the lock already keeps the next run off the engine until this one has let go."""
+        self.stop.set()

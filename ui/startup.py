@@ -1,0 +1,148 @@
+"""Building the Runtime at launch: load the models, build kernels, capture graphs, describe the machine.
+
+Called from app.py's main() (and from tests), never at import. Progress goes to the terminal.
+"""
+from __future__ import annotations
+
+import platform
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ui.runtime import Runtime, engine_rounds
+
+DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct
+# The models a launch may name without --allow-any-model: llama-family, same-vocabulary families for drafts.
+KNOWN_MODELS = (
+    DEFAULT_MODEL,
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "meta-llama/Llama-3.2-1B-Instruct",
+    "meta-llama/Llama-3.2-3B-Instruct",
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "Qwen/Qwen2.5-1.5B-Instruct",
+)
+TINY = "tiny"  # --tiny: random weights, for tests and smoke runs
+ZERO_GPU_DURATION_S = 120
+
+
+def check_allowed(names: list[str], allow_any: bool) -> None:
+    bad = [n for n in names if n not in KNOWN_MODELS and n != TINY]
+    if bad and not allow_any:
+        raise SystemExit(f"model {bad[0]!r} is not in the launch list ({', '.join(KNOWN_MODELS)}); "
+                         "pass --allow-any-model to load another folder or hub id")
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def zero_gpu() -> bool:
+    try:
+        from spaces.config import Config
+    except ImportError:
+        return False
+    return bool(Config.zero_gpu)
+
+
+def on_zero_gpu(fn):
+    """fn under spaces.GPU when the `spaces` package reports ZeroGPU; fn itself everywhere else."""
+    if not zero_gpu():
+        return fn
+    import spaces
+
+    return spaces.GPU(duration=ZERO_GPU_DURATION_S)(fn)
+
+
+def measure_bandwidth_gbs(device: str, mib: int = 256, repeats: int = 5) -> float:
+    """Memory bandwidth of a device-to-device copy (bytes read + written), best of a few."""
+    n = mib * 2**20 // 4
+    src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def _tiny_folders(progress) -> tuple[Path, Path]:
+    from engine.testing import tiny_config, write_tiny_model
+
+    root = Path(tempfile.mkdtemp(prefix="decodescope-tiny-"))
+    progress(f"writing tiny random-weight models to {root}")
+    target = write_tiny_model(root / "target", tiny_config(), seed=0)
+    draft = write_tiny_model(root / "draft", tiny_config(num_hidden_layers=2), seed=1)
+    return target, draft
+
+
+def _load_engine(name, device, dtype, max_seq_len, progress):
+    from engine import Engine, graphs, load_model
+
+    t0 = time.perf_counter()
+    model = load_model(None if name == DEFAULT_MODEL else name, device=device, dtype=dtype, progress=progress)
+    eng = Engine(model, max_seq_len=max_seq_len)
+    progress(f"loaded {name} in {time.perf_counter() - t0:.1f} s ({eng.kernel_status})")
+    if not zero_gpu():
+        graphs.enable(eng)  # off with the reason on CPU
+        progress(f"CUDA graphs: {eng.graph_status}")
+    return eng
+
+
+def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: str = "auto", dtype: str | None = None,
+                  max_seq_len: int = 2048, tiny: bool = False, bandwidth: bool = True, progress=print) -> Runtime:
+    from engine import Tokenizer
+
+    device = pick_device(device)
+    draft_names = list(drafts)
+    if tiny:
+        target, draft = _tiny_folders(progress)
+        model, draft_names, paths = TINY, [TINY + "-draft"], {TINY: target, TINY + "-draft": draft}
+    else:
+        paths = {}
+    eng = _load_engine(paths.get(model, model), device, dtype, max_seq_len, progress)
+    draft_engines = {n: _load_engine(paths.get(n, n), device, dtype, max_seq_len, progress) for n in draft_names}
+    tok = Tokenizer(eng.model.path)
+    if bandwidth:
+        eng.bandwidth_gbs = measure_bandwidth_gbs(device)
+        progress(f"measured memory bandwidth: {eng.bandwidth_gbs:.1f} GB/s")
+    graphs_reason = None if eng.graph is not None else eng.graph_status
+    if zero_gpu():
+        graphs_reason = "off: on ZeroGPU the GPU is attached per call, after launch-time capture"
+    fused_reason = None if eng.model.ops.name == "fused" else eng.model.ops.reason
+    rt = Runtime(eng, tok, model, drafts=draft_engines, fused_reason=fused_reason, graphs_reason=graphs_reason)
+    rt.rounds_fn = on_zero_gpu(partial(engine_rounds, rt))
+    rt.env = environment(rt, device)
+    return rt
+
+
+def environment(rt: Runtime, device: str) -> dict:
+    eng, cfg = rt.engine, rt.engine.config
+    params = sum(p.numel() for p in eng.model.parameters())
+    gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
+    return {
+        "model": f"{rt.model_name} ({cfg.model_type}, {cfg.n_layers} layers, {cfg.n_heads}/{cfg.n_kv_heads} heads)",
+        "parameters": f"{params / 1e6:.1f} M",
+        "dtype": str(eng.model.dtype).removeprefix("torch."),
+        "device": f"{device}: {gpu}",
+        "torch": torch.__version__,
+        "CUDA": torch.version.cuda or "none (CPU build)",
+        "kernels": "fused" if rt.fused_reason is None else f"torch ({rt.fused_reason})",
+        "CUDA graphs": "available" if rt.graphs_reason is None else rt.graphs_reason,
+        "draft models": ", ".join(rt.drafts) or "none (start with --draft NAME)",
+        "KV cache": f"{eng.max_seq_len} positions",
+        "memory bandwidth": f"{eng.bandwidth_gbs:.1f} GB/s (measured at launch)",
+        "ZeroGPU": "yes" if zero_gpu() else "no",
+    }
