@@ -7,12 +7,12 @@ S the cache's max length, I the MLP's intermediate size.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    # x: [N, hidden], weight: [hidden]
-    xf = x.float()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    # x: [N, hidden], weight: [hidden]; F.rms_norm is x * rsqrt(mean(x^2) + eps) * weight in one call
+    y = F.rms_norm(x.float(), x.shape[-1:], weight.float(), eps).to(x.dtype)
     if out is None:
         return y
     return out.copy_(y)
@@ -41,7 +41,7 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up for gate_up = [gate | up]: [N, 2I] -> [N, I]."""
     gate, up = gate_up.float().chunk(2, dim=-1)
-    y = (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
+    y = (F.silu(gate) * up).to(gate_up.dtype)
     if out is None:
         return y
     return out.copy_(y)
