@@ -183,14 +183,15 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
            runs_table(session), *files)
 
 
-def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int]):
-    """Generator: runs s to the end with no page updates but idle ticks; returns its Stats (None if stopped)."""
+def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int], tick: tuple):
+    """Generator: runs s to the end yielding `tick` (no page update) now and then; returns its Stats,
+    or None when the run was stopped."""
     rounds: list[Round] = []
     pump = RoundPump(rt, s, ids, session.run_stop)
     try:
         for batch in pump.batches(IDLE_TICK_S):
             rounds += batch
-            yield
+            yield tick
     except ValueError as e:
         raise gr.Error(str(e), print_exception=False) from None
     finally:
@@ -238,7 +239,7 @@ def compare(rt: Runtime, session: Session, prompt: str, *values):
     done: dict[RunSettings, object] = {}
     for i, cfg in enumerate(todo, 1):
         yield (render.message_html(f"Compare {i}/{len(todo)}: {cfg.label()}"), *[skip] * 4)
-        stats = yield from run_to_end(rt, session, cfg, ids)
+        stats = yield from run_to_end(rt, session, cfg, ids, (skip,) * 5)
         if stats is None:
             yield (render.message_html(f"Compare stopped during {cfg.label()}."), *[skip] * 4)
             return

@@ -44,8 +44,14 @@ def build(rt: Runtime) -> gr.Blocks:
     modes = [m for m, why in rt.modes().items() if why is None]
     drafts = list(rt.drafts)
     max_tokens = min(1024, rt.engine.max_seq_len - 1)
+
+    def end_session(session: callbacks.Session) -> None:
+        # A plain closure, not a partial: gradio deep-copies component config (this callback included) on
+        # every page load, and a partial would carry a copy of the runtime, model weights and all.
+        callbacks.end_session(rt, session)
+
     with gr.Blocks(title=TITLE, delete_cache=(600, 3600)) as demo:
-        session = gr.State(callbacks.Session, delete_callback=partial(callbacks.end_session, rt))
+        session = gr.State(callbacks.Session, delete_callback=end_session)
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         with gr.Row():
             with gr.Column(scale=3):

@@ -21,6 +21,7 @@ from ui.export import ExportStore
 MODES = ("plain", "n-gram", "draft model", "layer-skip")
 K_RANGE = (1, 16)
 NGRAM_RANGE = (1, 8)
+LAYER_SKIP_KEEP = 2
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Runtime:
     store: ExportStore | None = None
     rounds_fn: Callable | None = None  # (settings, prompt_ids) -> Round iterator; engine_rounds bound to this runtime
     lock: threading.Lock = field(default_factory=threading.Lock)
+    layer_skip: dict = field(default_factory=dict)  # depth -> LayerSkipDrafter, see drafter_for
 
     def __post_init__(self):
         self.store = self.store or ExportStore()
@@ -146,9 +148,15 @@ def drafter_for(rt: Runtime, s: RunSettings):
 
     if s.mode == "n-gram":
         return speculative.NgramDrafter(max_n=s.ngram)
-    if s.mode == "layer-skip":
-        return speculative.LayerSkipDrafter(rt.engine, n_layers=s.layers)
-    return speculative.ModelDrafter(rt.drafts[s.draft_model])
+    if s.mode == "draft model":
+        return speculative.ModelDrafter(rt.drafts[s.draft_model])
+    # A layer-skip drafter owns a KV cache (and graphs, once captured): keep the last few, not one a run.
+    cache = rt.layer_skip
+    if s.layers not in cache:
+        while len(cache) >= LAYER_SKIP_KEEP:
+            cache.pop(next(iter(cache)))
+        cache[s.layers] = speculative.LayerSkipDrafter(rt.engine, n_layers=s.layers)
+    return cache[s.layers]
 
 
 def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterator[Round]:
@@ -182,6 +190,7 @@ class RoundPump:
 
     def __init__(self, rt: Runtime, s: RunSettings, prompt_ids: list[int], stop: threading.Event):
         self.rt, self.s, self.prompt_ids, self.stop = rt, s, prompt_ids, stop
+        self.closed = threading.Event()  # the page's generator went away (closed tab, cancelled event)
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         ctx = contextvars.copy_context()  # spaces.GPU reads the gradio request from context
         self.thread = threading.Thread(target=ctx.run, args=(self._run,), name="decodescope-run", daemon=True)
@@ -193,7 +202,7 @@ class RoundPump:
             try:
                 for rnd in rounds:
                     self.q.put(rnd)
-                    if self.stop.is_set():
+                    if self.stop.is_set() or self.closed.is_set():
                         break
             except Exception as e:  # handed to the page's generator, which re-raises it there
                 self.q.put(e)
@@ -230,4 +239,4 @@ class RoundPump:
     def close(self) -> None:
         """Ask the run to end after its round in flight. No join: this may run on gradio's event loop,
         and the lock already keeps the next run off the engine until this one has let go."""
-        self.stop.set()
+        self.closed.set()

@@ -61,23 +61,6 @@ def on_zero_gpu(fn):
     return spaces.GPU(duration=ZERO_GPU_DURATION_S)(fn)
 
 
-def measure_bandwidth_gbs(device: str, mib: int = 256, repeats: int = 5) -> float:
-    """Memory bandwidth of a device-to-device copy (bytes read + written), best of a few."""
-    n = mib * 2**20 // 4
-    src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / best / 1e9
-
-
 def _tiny_folders(progress) -> tuple[Path, Path]:
     from engine.testing import tiny_config, write_tiny_model
 
@@ -116,7 +99,9 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
     draft_engines = {n: _load_engine(paths.get(n, n), device, dtype, max_seq_len, progress) for n in draft_names}
     tok = Tokenizer(eng.model.path)
     if bandwidth:
-        eng.bandwidth_gbs = measure_bandwidth_gbs(device)
+        from engine.bandwidth import measure_gbs
+
+        eng.bandwidth_gbs = measure_gbs(device)
         progress(f"measured memory bandwidth: {eng.bandwidth_gbs:.1f} GB/s")
     graphs_reason = None if eng.graph is not None else eng.graph_status
     if zero_gpu():

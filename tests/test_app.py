@@ -1,0 +1,207 @@
+"""The app served in-process and driven through gradio_client, as a remote user would."""
+import csv
+import threading
+import time
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from gradio_client.utils import Status
+
+import app
+from ui import layout
+from ui.callbacks import SETTINGS_FIELDS
+from ui.startup import build_runtime
+
+DEFAULTS = dict(mode="plain", k=4, ngram=3, layers=2, draft_model="tiny-draft", cuda_graphs=False,
+                fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=16)
+PROMPT = "one two three, one two three, one two"
+
+
+def values(**overrides):
+    d = dict(DEFAULTS, **overrides)
+    return [d[name] for name in SETTINGS_FIELDS]
+
+
+def serve(rt):
+    demo = layout.build(rt)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
+    return demo
+
+
+@pytest.fixture(scope="module")
+def served():
+    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    demo = serve(rt)
+    yield rt, demo.local_url
+    demo.close()
+    rt.store.close()
+
+
+def client(url):
+    return Client(url, verbose=False, download_files=True)
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def generate(c, prompt=PROMPT, **overrides):
+    return c.predict(prompt, *values(**overrides), api_name="/generate")
+
+
+def test_parse_args_defaults_and_flags():
+    a = app.parse_args([])
+    assert (a.model, a.device, a.max_seq_len, a.tiny, a.allow_any_model) == ("default", "auto", 2048, False, False)
+    a = app.parse_args(["--tiny", "--draft", "x", "--draft", "y", "--port", "9000"])
+    assert a.draft == ["x", "y"] and a.port == 9000 and a.tiny
+
+
+def test_models_outside_the_launch_list_need_the_flag():
+    from ui.startup import check_allowed
+
+    check_allowed(["default", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"], allow_any=False)
+    with pytest.raises(SystemExit, match="--allow-any-model"):
+        check_allowed(["/etc/secret-model"], allow_any=False)
+    check_allowed(["/some/folder"], allow_any=True)
+
+
+def test_api_exposes_only_the_user_actions(served):
+    _, url = served
+    names = set(client(url).view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert {"/generate", "/compare", "/stop"} <= names
+    assert not names & {"/submit", "/setting_visibility"}
+
+
+@pytest.mark.parametrize("mode", ["plain", "n-gram", "draft model", "layer-skip"])
+def test_every_mode(served, mode):
+    _, url = served
+    html, stats, status, *_figs, table, tokens_csv, trace, runs_csv = generate(client(url), mode=mode)
+    assert "Done" in status and 'class="tok tok-' in html
+    rows = read_csv(tokens_csv)
+    assert {r["mode"] for r in rows} == {mode} and len(rows) == html.count('class="tok ')
+    assert table["data"][0][1].startswith(mode)
+
+
+def test_four_clients_at_once_each_get_their_own_run(served):
+    _, url = served
+    results, errors = {}, []
+
+    def one(i):
+        try:
+            results[i] = generate(client(url), mode=["plain", "n-gram", "draft model", "layer-skip"][i],
+                                  max_new_tokens=10 + 4 * i, seed=i)
+        except Exception as e:  # reported below with the client's index
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    assert not errors and len(results) == 4
+    run_ids = set()
+    for i, out in results.items():
+        rows = read_csv(out[7])
+        emitted = [r for r in rows if r["kind"] != "rejected"]
+        assert {r["max_new_tokens"] for r in rows} == {str(10 + 4 * i)}
+        assert len(emitted) <= 10 + 4 * i
+        assert len(out[6]["data"]) == 1  # each session sees its own history only
+        run_ids |= {r["run_id"] for r in rows}
+    assert len(run_ids) == 4
+
+
+def wait_iterating(job, timeout=30):
+    t0 = time.monotonic()
+    while job.status().code != Status.ITERATING:
+        assert time.monotonic() - t0 < timeout, job.status()
+        time.sleep(0.02)
+
+
+def test_cancelled_run_then_a_good_one(served):
+    rt, url = served
+    c = client(url)
+    job = c.submit(PROMPT, *values(max_new_tokens=1900), api_name="/generate")
+    wait_iterating(job)
+    job.cancel()
+    assert rt.lock.acquire(timeout=5)  # the engine let go within a round
+    rt.lock.release()
+    out = generate(c)
+    assert "Done" in out[2]
+
+
+def test_stop_endpoint_ends_the_run_and_keeps_what_it_made(served):
+    _, url = served
+    c = client(url)
+    job = c.submit(PROMPT, *values(max_new_tokens=1900), api_name="/generate")
+    wait_iterating(job)
+    c.predict(api_name="/stop")
+    out = job.result(timeout=10)
+    assert "Stopped after" in out[2]
+    assert out[6]["data"][-1][-1] == "yes"
+    assert len(read_csv(out[7])) < 1900
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (dict(mode="n-gram", k=40), "k=40"),
+    (dict(temperature=-0.5), "temperature=-0.5"),
+    (dict(top_p=0), "top_p=0"),
+    (dict(top_p=1.2), "top_p=1.2"),
+    (dict(max_new_tokens=4000), "max_seq_len"),
+])
+def test_bad_settings_are_errors_and_the_app_keeps_serving(served, overrides, needle):
+    _, url = served
+    c = client(url)
+    with pytest.raises(AppError, match=needle.replace("(", r"\(")):
+        generate(c, **overrides)
+    assert "Done" in generate(c)[2]
+
+
+def test_prompt_longer_than_the_cache_through_the_client(served):
+    _, url = served
+    with pytest.raises(AppError, match="shorten the prompt"):
+        generate(client(url), prompt="word " * 2100)
+
+
+def test_compare(served):
+    rt, url = served
+    status, fig, table, runs, runs_csv = client(url).predict(PROMPT, *values(mode="n-gram"), api_name="/compare")
+    assert "Compared" in status
+    notes = {row[1]: row[-1] for row in table["data"]}
+    assert notes["CUDA graph"] == rt.graphs_reason and notes["fused kernels"] == rt.fused_reason
+    assert len(read_csv(runs_csv)) == len(runs["data"]) == 2
+
+
+@pytest.mark.slow
+def test_default_model_streams_real_text(default_model_dir):
+    rt = build_runtime("default", device="cpu", bandwidth=False, progress=lambda *a: None)
+    demo = serve(rt)
+    try:
+        c = client(demo.local_url)
+        out = generate(c, prompt="Name three colours.", chat=True, max_new_tokens=12, draft_model=None)
+        rows = read_csv(out[7])
+        text = "".join(r["token_text"] for r in rows)
+        assert "Done" in out[2] and len(rows) >= 2 and text.strip()
+        out = generate(c, prompt="Repeat exactly: the quick brown fox jumps over the lazy dog.", chat=True,
+                       mode="n-gram", max_new_tokens=16, draft_model=None)
+        assert "acceptance" in out[1]
+    finally:
+        demo.close()
+        rt.store.close()
+
+
+def test_page_config_carries_no_runtime():
+    """gradio deep-copies the page config on every page load: a runtime in it would copy the model."""
+    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    found = []
+
+    def walk(o, path):
+        if isinstance(o, dict):
+            [walk(v, path + [k]) for k, v in o.items()]
+        elif isinstance(o, (list, tuple)):
+            [walk(v, path + [i]) for i, v in enumerate(o)]
+        elif not isinstance(o, (str, int, float, bool, type(None))) and not callable(o) or hasattr(o, "args"):
+            found.append((path, type(o)))
+
+    walk(layout.build(rt).get_config_file(), [])
+    assert not found
+    rt.store.close()

@@ -1,0 +1,208 @@
+"""The page's callbacks called directly, on a tiny random-weight engine (no server, no browser)."""
+import csv
+import threading
+import time
+
+import gradio as gr
+import pytest
+
+from engine.stats import KINDS
+from ui import callbacks
+from ui.callbacks import SETTINGS_FIELDS, Session
+from ui.startup import build_runtime
+
+DEFAULTS = dict(mode="plain", k=4, ngram=3, layers=2, draft_model="tiny-draft", cuda_graphs=False,
+                fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=24)
+PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
+
+
+def values(**overrides):
+    d = dict(DEFAULTS, **overrides)
+    return [d[name] for name in SETTINGS_FIELDS]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    yield rt
+    rt.store.close()
+
+
+def run(rt, session, prompt=PROMPT, **overrides):
+    outs = list(callbacks.generate(rt, session, prompt, *values(**overrides)))
+    return outs, outs[-1]
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("mode", ["plain", "n-gram", "draft model", "layer-skip"])
+def test_generate_each_mode(rt, mode):
+    session = Session()
+    outs, final = run(rt, session, mode=mode)
+    html, stats_html, status, itl, steps, acc, table, tokens_csv, trace, runs_csv = final
+    assert "Done" in status and "running" not in stats_html
+    kinds = {c.removeprefix("tok-") for c in html.split('class="tok ')[1:] for c in [c.split('"')[0]]}
+    assert kinds and kinds <= set(KINDS)
+    if mode != "plain":
+        assert kinds & {"accepted", "rejected", "resampled", "bonus"}
+    assert all(isinstance(f, gr.components.Component) or hasattr(f, "to_json") for f in (itl, steps, acc))
+    rows = read_csv(tokens_csv)
+    assert len(rows) == html.count('class="tok ')
+    assert {r["mode"] for r in rows} == {mode}
+    emitted = [r for r in rows if r["kind"] != "rejected"]
+    assert len(emitted) == DEFAULTS["max_new_tokens"] or rows[-1]["token_id"] in map(str, rt.engine.model.eos_ids)
+    assert len(table) == 1 and table[0][1].startswith(mode)
+    assert read_csv(runs_csv)[0]["run_id"] == session.history[0].run_id
+
+
+def test_greedy_speculative_output_equals_plain(rt):
+    def ids(mode):
+        *_, tokens_csv, _, _ = run(rt, Session(), mode=mode, max_new_tokens=40)[1]
+        return [r["token_id"] for r in read_csv(tokens_csv) if r["kind"] != "rejected"]
+
+    plain = ids("plain")
+    for mode in ("n-gram", "draft model", "layer-skip"):
+        assert ids(mode) == plain, mode
+
+
+def test_stream_is_throttled_and_append_only(rt):
+    outs, _ = run(rt, Session(), max_new_tokens=200)
+    htmls = [o[0] for o in outs if isinstance(o[0], str) and o[0]]
+    assert all(b.startswith(a) for a, b in zip(htmls, htmls[1:]))
+    # 200 tokens come as a handful of updates, not one per token
+    assert len(outs) < 200 / 4
+
+
+BAD = [
+    (dict(mode="n-gram", k=40), "k=40"),
+    (dict(mode="n-gram", k=0), "k=0"),
+    (dict(temperature=-1.0), "temperature=-1.0"),
+    (dict(top_p=0.0), "top_p=0.0"),
+    (dict(top_p=1.5), "top_p=1.5"),
+    (dict(top_k=-3), "top_k=-3"),
+    (dict(max_new_tokens=5000), "max_seq_len"),
+    (dict(mode="layer-skip", layers=9), "layer-skip depth 9"),
+    (dict(mode="n-gram", ngram=0), "n-gram size 0"),
+    (dict(mode="draft model", draft_model="nope"), "'nope'"),
+    (dict(mode="beam"), "mode='beam'"),
+    (dict(cuda_graphs=True), "CUDA graphs are unavailable"),
+    (dict(k=2.5, mode="n-gram"), "whole number"),
+    (dict(temperature="hot"), "temperature='hot'"),
+]
+
+
+@pytest.mark.parametrize("overrides,needle", BAD, ids=[n for _, n in BAD])
+def test_bad_setting_is_a_gr_error_naming_it(rt, overrides, needle):
+    session = Session()
+    with pytest.raises(gr.Error) as e:
+        run(rt, session, **overrides)
+    assert needle in str(e.value.message)
+    assert session.history == []
+    run(rt, session)  # the engine is still free
+    assert len(session.history) == 1
+
+
+def test_prompt_longer_than_the_cache(rt):
+    with pytest.raises(gr.Error, match="shorten the prompt"):
+        run(rt, Session(), prompt="x" * 3000)
+
+
+def test_empty_prompt(rt):
+    with pytest.raises(gr.Error, match="prompt is empty"):
+        run(rt, Session(), prompt="  ")
+
+
+def test_stop_ends_the_run_within_a_round_and_keeps_it(rt):
+    session = Session()
+    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=2000 - 40))
+    next(gen)
+    first = next(gen)  # some tokens are out
+    assert first[0]
+    callbacks.stop(session)
+    t0 = time.monotonic()
+    *_, final = gen
+    assert time.monotonic() - t0 < 2
+    assert "Stopped after" in final[2]
+    assert session.history[0].stopped and final[6][0][-1] == "yes"
+    assert rt.lock.acquire(timeout=2)
+    rt.lock.release()
+    run(rt, session)
+    assert not session.history[1].stopped
+
+
+def test_closing_the_generator_frees_the_engine(rt):
+    """What gradio does when the tab closes or the run is cancelled: close the generator at a yield."""
+    session = Session()
+    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=1900))
+    next(gen), next(gen)
+    gen.close()
+    assert rt.lock.acquire(timeout=2)
+    rt.lock.release()
+    assert session.history == []
+    _, final = run(rt, session)
+    assert "Done" in final[2]
+
+
+def test_stop_while_queued_drops_the_run(rt):
+    session = Session()
+    callbacks.submit(session)
+    callbacks.stop(session)
+    outs = list(callbacks.generate(rt, session, PROMPT, *values()))
+    assert "before it started" in outs[-1][2] and session.history == []
+    callbacks.submit(session)
+    _, final = run(rt, session)  # a later run is not affected
+    assert "Done" in final[2]
+
+
+def test_one_run_on_the_engine_at_a_time(rt):
+    """Two sessions' runs started together: the second waits for the engine, both complete."""
+    results, active, overlap = {}, [0], [False]
+    real = rt.rounds_fn
+
+    def watched(s, ids):
+        active[0] += 1
+        overlap[0] |= active[0] > 1
+        try:
+            yield from real(s, ids)
+        finally:
+            active[0] -= 1
+
+    rt.rounds_fn = watched
+    try:
+        threads = [threading.Thread(target=lambda i=i: results.update({i: run(rt, Session(), seed=i)[1]}))
+                   for i in range(2)]
+        [t.start() for t in threads]
+        [t.join(30) for t in threads]
+    finally:
+        rt.rounds_fn = real
+    assert not overlap[0] and len(results) == 2
+
+
+def test_compare_lists_what_this_machine_cannot_run(rt):
+    session = Session()
+    outs = list(callbacks.compare(rt, session, PROMPT, *values(mode="n-gram")))
+    status, fig, rows, table, runs_csv = outs[-1]
+    assert "Compared 2 runs" in status
+    by_label = {(r[0], r[1]): r for r in rows}
+    assert by_label[("CUDA graphs", "CUDA graph")][-1] == rt.graphs_reason
+    assert by_label[("kernels", "fused kernels")][-1] == rt.fused_reason
+    assert by_label[("speculative", "plain")][2] > 0 and by_label[("speculative", "n-gram n=3 k=4")][5] > 0
+    assert len(session.history) == 2 and len(read_csv(runs_csv)) == 2
+    fig.to_json()
+
+
+def test_end_session_removes_its_files(rt):
+    session = Session()
+    *_, tokens_csv, trace, runs_csv = run(rt, session)[1]
+    folder = rt.store.root / session.history[0].run_id
+    assert folder.is_dir()
+    callbacks.end_session(rt, session)
+    assert not folder.exists() and session.run_stop.is_set()
+
+
+def test_parse_settings_converts_widget_values():
+    s = callbacks.parse_settings(*values(k=5.0, seed=7.0, top_p="0.5"))
+    assert (s.k, s.seed, s.top_p) == (5, 7, 0.5) and isinstance(s.k, int)
