@@ -1,0 +1,20 @@
+// Registers the torch-facing functions of ops.h; nothing else lives here.
+#include <torch/python.h>  // pybind11 plus the at::Tensor casters; lighter than torch/extension.h
+
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "decodescope fused CUDA kernels (wrapped by engine/ops/fused.py)";
+  m.def("rmsnorm", &decodescope::rmsnorm, "out = rmsnorm(x) * weight", py::arg("out"), py::arg("x"),
+        py::arg("weight"), py::arg("eps"));
+  m.def("add_rmsnorm", &decodescope::add_rmsnorm, "residual += x; x = rmsnorm(residual) * weight, in place",
+        py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));
+  m.def("rope", &decodescope::rope, "rotary embedding in place on q and k at device-side positions", py::arg("q"),
+        py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"));
+  m.def("silu_mul", &decodescope::silu_mul, "out = silu(gate) * up for gate_up = [gate | up]", py::arg("out"),
+        py::arg("gate_up"));
+  m.def("decode_attention", &decodescope::decode_attention,
+        "split-KV single-query attention over a [B, Hkv, S, D] cache with device-side seq_lens", py::arg("out"),
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"), py::arg("scale"),
+        py::arg("partial_acc"), py::arg("partial_ml"), py::arg("chunk"));
+}

@@ -1,0 +1,80 @@
+// Helpers every kernel header shares: fp32 conversions, 16-byte vectors, reductions.
+// Torch-free; builds under torch's -D__CUDA_NO_HALF_CONVERSIONS__ flags, so every conversion is explicit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace decodescope {
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// N elements loaded or stored as one instruction: 16 bytes when N = 16 / sizeof(T), the widest load.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& x) {
+  *reinterpret_cast<Vec<T, N>*>(p) = x;
+}
+
+template <typename T>
+constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));  // elements in one 16-byte load
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Needs all 32 lanes of the warp: kernels that call it launch whole warps.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the block, returned to every thread. blockDim.x must be a multiple of 32; call once per kernel
+// (the shared slots are not fenced for reuse).
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float warp_sums[32];
+  __shared__ float total;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / 32) ? warp_sums[lane] : 0.f;
+    v = warp_sum(v);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Threads for a row of n work items: whole warps, at most 1024.
+inline int row_threads(int n) {
+  const int warps = ceil_div(n, 32);
+  return 32 * (warps < 1 ? 1 : (warps > 32 ? 32 : warps));
+}
+
+}  // namespace decodescope

@@ -1,0 +1,115 @@
+// Torch-facing host code: check, pick the stream, dispatch the dtype, call a launcher from launchers.h.
+// Compiled by the host compiler; the kernels live in kernels.cu.
+#include "ops.h"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "checks.h"
+#include "launchers.h"
+
+namespace decodescope {
+
+void rmsnorm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_cuda(x, "x", x);
+  check_norm(x, weight, "x");
+  check_cuda(out, "out", x);
+  check_same(out, "out", x, "x");
+  check_dense(out, "out");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
+  const int hidden = checked_int(x.size(-1), "hidden");
+  dispatch_float(x.scalar_type(), "x", [&](auto zero) {
+    using T = decltype(zero);
+    check_launch(launch_rmsnorm<T>(ptr<T>(out), ptr<T>(x), ptr<T>(weight), rows_of(x, hidden), hidden,
+                                   static_cast<float>(eps), stream),
+                 "rmsnorm");
+  });
+}
+
+void add_rmsnorm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  check_cuda(x, "x", x);
+  check_norm(x, weight, "x");
+  check_cuda(residual, "residual", x);
+  check_same(residual, "residual", x, "x");
+  check_dense(residual, "residual");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
+  const int hidden = checked_int(x.size(-1), "hidden");
+  dispatch_float(x.scalar_type(), "x", [&](auto zero) {
+    using T = decltype(zero);
+    check_launch(launch_add_rmsnorm<T>(ptr<T>(x), ptr<T>(residual), ptr<T>(weight), rows_of(x, hidden), hidden,
+                                       static_cast<float>(eps), stream),
+                 "add_rmsnorm");
+  });
+}
+
+void rope(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions) {
+  check_cuda(q, "q", q);
+  check_cuda(k, "k", q);
+  check_cuda(cos, "cos", q);
+  check_cuda(sin, "sin", q);
+  check_cuda(positions, "positions", q);
+  TORCH_CHECK(q.dim() == 3, "q must be [N, H, D], got ", q.sizes());
+  TORCH_CHECK(k.dim() == 3, "k must be [N, Hkv, D], got ", k.sizes());
+  const int64_t n = q.size(0), d = q.size(2);
+  TORCH_CHECK(k.size(0) == n && k.size(2) == d, "k must be [N, Hkv, D] = [", n, ", Hkv, ", d, "], got ", k.sizes());
+  TORCH_CHECK(d > 0 && d % 2 == 0, "head_dim must be even, got D = ", d);
+  TORCH_CHECK(k.scalar_type() == q.scalar_type(), "k must have q's dtype ", q.scalar_type(), ", got ",
+              k.scalar_type());
+  check_dense_heads(q, "q");
+  check_dense_heads(k, "k");
+  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == d / 2, "cos must be [max_pos, D/2] = [max_pos, ", d / 2, "], got ",
+              cos.sizes());
+  check_same(sin, "sin", cos, "cos");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat, "cos and sin must be float32, got ", cos.scalar_type());
+  check_dense(cos, "cos");
+  check_dense(sin, "sin");
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == n, "positions must be [N] = [", n, "], got ",
+              positions.sizes());
+  check_dense(positions, "positions");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device());
+  const int h = checked_int(q.size(1), "H"), hkv = checked_int(k.size(1), "Hkv");
+  checked_int(n, "N");
+  dispatch_float(q.scalar_type(), "q", [&](auto zero) {
+    using T = decltype(zero);
+    if (positions.scalar_type() == at::kInt) {
+      check_launch(launch_rope<T, int32_t>(ptr<T>(q), ptr<T>(k), ptr<float>(cos), ptr<float>(sin),
+                                           ptr<int32_t>(positions), n, h, hkv, static_cast<int>(d), q.stride(0),
+                                           k.stride(0), cos.size(0), stream),
+                   "rope");
+    } else {
+      TORCH_CHECK(positions.scalar_type() == at::kLong, "positions must be int32 or int64, got ",
+                  positions.scalar_type());
+      check_launch(launch_rope<T, int64_t>(ptr<T>(q), ptr<T>(k), ptr<float>(cos), ptr<float>(sin),
+                                           ptr<int64_t>(positions), n, h, hkv, static_cast<int>(d), q.stride(0),
+                                           k.stride(0), cos.size(0), stream),
+                   "rope");
+    }
+  });
+}
+
+void silu_mul(at::Tensor& out, const at::Tensor& gate_up) {
+  check_cuda(gate_up, "gate_up", gate_up);
+  check_cuda(out, "out", gate_up);
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "gate_up must be [..., 2I], got ", gate_up.sizes());
+  check_dense(gate_up, "gate_up");
+  auto expected = gate_up.sizes().vec();
+  expected.back() /= 2;
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(expected), "out must be [..., I] = ", at::IntArrayRef(expected),
+              ", got ", out.sizes());
+  TORCH_CHECK(out.scalar_type() == gate_up.scalar_type(), "out must have gate_up's dtype ",
+              gate_up.scalar_type(), ", got ", out.scalar_type());
+  check_dense(out, "out");
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(gate_up.get_device());
+  const int inter = checked_int(expected.back(), "I");
+  const int64_t rows = inter == 0 ? 0 : rows_of(out, inter);
+  dispatch_float(gate_up.scalar_type(), "gate_up", [&](auto zero) {
+    using T = decltype(zero);
+    check_launch(launch_silu_mul<T>(ptr<T>(out), ptr<T>(gate_up), rows, inter, stream), "silu_mul");
+  });
+}
+
+}  // namespace decodescope

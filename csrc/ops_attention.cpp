@@ -1,0 +1,95 @@
+// Torch-facing host code for split-KV decode attention (kernels in decode_attention.cuh).
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "checks.h"
+#include "launchers.h"
+#include "ops.h"
+
+namespace decodescope {
+
+void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& seq_lens, double scale, at::Tensor& partial_acc, at::Tensor& partial_ml,
+                      int64_t chunk) {
+  check_cuda(q, "q", q);
+  check_cuda(out, "out", q);
+  check_cuda(k_cache, "k_cache", q);
+  check_cuda(v_cache, "v_cache", q);
+  check_cuda(seq_lens, "seq_lens", q);
+  check_cuda(partial_acc, "partial_acc", q);
+  check_cuda(partial_ml, "partial_ml", q);
+  TORCH_CHECK(q.dim() == 3, "q must be [B, H, D], got ", q.sizes());
+  const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
+  TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128 for the fused decode attention, got D = ", d);
+  check_dense_heads(q, "q");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == b && k_cache.size(3) == d,
+              "k_cache must be [B, Hkv, S, D] = [", b, ", Hkv, S, ", d, "], got ", k_cache.sizes());
+  const int64_t hkv = k_cache.size(1), s = k_cache.size(2);
+  TORCH_CHECK(hkv > 0 && h % hkv == 0, "q heads H = ", h, " must be a multiple of cache heads Hkv = ", hkv);
+  TORCH_CHECK(s > 0, "the cache must hold at least one position, got S = ", s);
+  TORCH_CHECK(k_cache.stride(3) == 1, "k_cache's last dim must be dense, got strides ", k_cache.strides());
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes() && v_cache.strides() == k_cache.strides(),
+              "v_cache must match k_cache's shape ", k_cache.sizes(), " and strides ", k_cache.strides(), ", got ",
+              v_cache.sizes(), " and ", v_cache.strides());
+  check_dtype(k_cache, "k_cache", q.scalar_type());
+  check_dtype(v_cache, "v_cache", q.scalar_type());
+  check_dtype(out, "out", q.scalar_type());
+  const int64_t vec = 16 / static_cast<int64_t>(q.element_size());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0 && k_cache.stride(0) % vec == 0 &&
+                  k_cache.stride(1) % vec == 0 && k_cache.stride(2) % vec == 0,
+              "k_cache and v_cache must start 16-byte aligned with strides that are multiples of ", vec,
+              " elements, got strides ", k_cache.strides());
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == b && seq_lens.scalar_type() == at::kInt,
+              "seq_lens must be int32 [B] = [", b, "], got ", seq_lens.scalar_type(), " ", seq_lens.sizes());
+  check_dense(seq_lens, "seq_lens");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must be [B, H, D] = ", q.sizes(), ", got ", out.sizes());
+  check_dense(out, "out");
+
+  TORCH_CHECK(chunk > 0, "chunk must be positive, got ", chunk);
+  TORCH_CHECK(partial_acc.dim() == 4 && partial_acc.size(0) == b && partial_acc.size(1) == h &&
+                  partial_acc.size(3) == d,
+              "partial_acc must be [B, H, splits, D] = [", b, ", ", h, ", splits, ", d, "], got ", partial_acc.sizes());
+  const int64_t splits = partial_acc.size(2);
+  TORCH_CHECK(splits * chunk >= s, "the workspace must cover the cache: splits * chunk = ", splits, " * ", chunk,
+              " < S = ", s);
+  TORCH_CHECK(partial_ml.dim() == 4 && partial_ml.size(0) == b && partial_ml.size(1) == h &&
+                  partial_ml.size(2) == splits && partial_ml.size(3) == 2,
+              "partial_ml must be [B, H, splits, 2] = [", b, ", ", h, ", ", splits, ", 2], got ", partial_ml.sizes());
+  check_dtype(partial_acc, "partial_acc", at::kFloat);
+  check_dtype(partial_ml, "partial_ml", at::kFloat);
+  check_dense(partial_acc, "partial_acc");
+  check_dense(partial_ml, "partial_ml");
+  TORCH_CHECK(b <= 65535 && hkv * ((h / hkv + 7) / 8) <= 65535, "B = ", b, " and Hkv = ", hkv,
+              " exceed the kernel's grid limits (65535)");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device());
+  dispatch_float(q.scalar_type(), "q", [&](auto zero) {
+    using T = decltype(zero);
+    DecodeAttentionArgs<T> args{};
+    args.out = ptr<T>(out);
+    args.q = ptr<T>(q);
+    args.k_cache = ptr<T>(k_cache);
+    args.v_cache = ptr<T>(v_cache);
+    args.seq_lens = ptr<int>(seq_lens);
+    args.partial_acc = ptr<float>(partial_acc);
+    args.partial_ml = ptr<float>(partial_ml);
+    args.batch = static_cast<int>(b);
+    args.n_heads = checked_int(h, "H");
+    args.n_kv_heads = static_cast<int>(hkv);
+    args.head_dim = static_cast<int>(d);
+    args.max_len = checked_int(s, "S");
+    args.chunk = checked_int(chunk, "chunk");
+    args.splits = checked_int(splits, "splits");
+    args.q_stride_b = q.stride(0);
+    args.q_stride_h = q.stride(1);
+    args.kv_stride_b = k_cache.stride(0);
+    args.kv_stride_h = k_cache.stride(1);
+    args.kv_stride_s = k_cache.stride(2);
+    args.scale = static_cast<float>(scale);
+    check_launch(launch_decode_attention<T>(args, stream), "decode_attention");
+  });
+}
+
+}  // namespace decodescope

@@ -1,0 +1,237 @@
+"""engine/ext.py and the csrc/ sources, without a GPU.
+
+Compiles every kernel for sm_80 and sm_90 with nvcc alone (csrc/kernels.cu is torch-free), compiles the
+torch-facing host files against torch's headers, and checks that a missing device, DECODESCOPE_NO_EXT=1,
+a CPU-only torch and a failing build all fall back to the torch twins with the reason recorded.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils import cpp_extension
+
+from engine import ext, ops
+from engine.ops import fused, ref
+
+NVCC = shutil.which("nvcc")
+CXX = shutil.which("c++")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc on PATH")
+
+# The defines torch's extension builds pass to nvcc (no implicit half/bfloat16 conversions): the kernels
+# must compile under them, so the test uses the same list.
+NVCC_FLAGS = ["-std=c++17", "-O3", *cpp_extension.COMMON_NVCC_FLAGS]
+
+
+def cuda_include() -> Path | None:
+    """The toolkit's headers (the CPU torch wheel knows no CUDA_HOME; nvcc on PATH may be a wrapper script)."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    if NVCC:
+        homes.append(str(Path(NVCC).resolve().parent.parent))
+    for home in filter(None, homes):
+        if (Path(home) / "include" / "cuda_runtime_api.h").exists():
+            return Path(home) / "include"
+    return None
+
+
+def host_compile_skip_reason() -> str | None:
+    if CXX is None:
+        return "needs a host C++ compiler (c++)"
+    if cuda_include() is None:
+        return "needs the CUDA toolkit headers (cuda_runtime_api.h under CUDA_HOME or /usr/local/cuda)"
+    if not (Path(cpp_extension.include_paths()[0]) / "c10" / "cuda" / "CUDAGuard.h").exists():
+        return f"this torch wheel ({torch.__version__}) ships no c10/cuda headers"
+    return None
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Every compile this module checks, run in parallel once: {label: (process, object file)}."""
+    out = tmp_path_factory.mktemp("csrc_build")
+    jobs = {}
+    if NVCC:
+        for arch in ("sm_80", "sm_90"):
+            obj = out / f"kernels_{arch}.o"
+            jobs[arch] = ([NVCC, *NVCC_FLAGS, f"-arch={arch}", "-c", str(ext.CSRC / "kernels.cu"), "-o", str(obj)], obj)
+    if host_compile_skip_reason() is None:
+        # The CPU wheel ships c10/cuda but not its build-generated cuda_cmake_macros.h; that header only sets
+        # the Windows export macro, which C10_CUDA_NO_CMAKE_CONFIGURE_FILE lets us skip on Linux.
+        includes = [*cpp_extension.include_paths(), str(cuda_include()), sysconfig.get_path("include")]
+        flags = ["-std=c++17", "-fPIC", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DTORCH_EXTENSION_NAME=decodescope_ops",
+                 *(f"-isystem{p}" for p in includes), f"-I{ext.CSRC}"]
+        for name in ("ops", "ops_attention"):
+            obj = out / f"{name}.o"
+            jobs[name] = ([CXX, *flags, "-c", str(ext.CSRC / f"{name}.cpp"), "-o", str(obj)], obj)
+        # bindings.cpp only registers; type-checking it is the point, code generation adds nothing.
+        jobs["bindings"] = ([CXX, *flags, "-fsyntax-only", str(ext.CSRC / "bindings.cpp")], out / "none")
+    with ThreadPoolExecutor(max_workers=len(jobs) or 1) as pool:
+        futures = {label: pool.submit(run, cmd) for label, (cmd, _) in jobs.items()}
+        return {label: (f.result(), jobs[label][1]) for label, f in futures.items()}
+
+
+def assert_compiled(compiled, label: str) -> Path:
+    proc, obj = compiled[label]
+    assert proc.returncode == 0, f"{label} failed:\n{proc.stderr[-4000:]}"
+    return obj
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_kernels_compile_with_nvcc_alone(compiled, arch):
+    assert_compiled(compiled, arch)
+
+
+def launcher_symbols(obj: Path, defined: bool) -> set[str]:
+    flag = "--defined-only" if defined else "--undefined-only"
+    lines = run(["nm", "-C", flag, str(obj)]).stdout.splitlines()
+    return {ln[ln.index("decodescope::launch_"):] for ln in lines if "decodescope::launch_" in ln}
+
+
+@pytest.mark.skipif(host_compile_skip_reason() is not None, reason=str(host_compile_skip_reason()))
+@pytest.mark.parametrize("name", ["ops", "ops_attention", "bindings"])
+def test_host_code_compiles_against_torch_headers(compiled, name):
+    assert_compiled(compiled, name)
+
+
+@needs_nvcc
+@pytest.mark.skipif(host_compile_skip_reason() is not None, reason=str(host_compile_skip_reason()))
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm to read symbol tables")
+def test_every_launcher_the_host_code_calls_is_instantiated(compiled):
+    defined = launcher_symbols(assert_compiled(compiled, "sm_80"), defined=True)
+    needed = set()
+    for name in ("ops", "ops_attention"):
+        needed |= launcher_symbols(assert_compiled(compiled, name), defined=False)
+    assert len(needed) == 18  # 3 dtypes x (rmsnorm, add_rmsnorm, 2 rope position types, silu_mul, attention)
+    assert needed <= defined, sorted(needed - defined)
+
+
+# --- arch list, cache key, error text ------------------------------------------------------------------
+
+
+def test_arch_list_and_gencode(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0+PTX")
+    assert ext.arch_list() == ["8.0", "9.0+PTX"]
+    assert ext.gencode_flags(["8.0", "9.0+PTX"]) == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    ]
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ext.arch_list() == list(ext.DEFAULT_ARCHS)
+
+
+def test_build_dir_is_keyed_by_arch_and_sources(tmp_path, monkeypatch):
+    monkeypatch.setenv("DECODESCOPE_CACHE", str(tmp_path))
+    src = tmp_path / "csrc"
+    shutil.copytree(ext.CSRC, src)
+    a = ext.build_dir(["9.0"], src)
+    assert a.parent == tmp_path / "ext" and a.name.startswith("sm90-")
+    assert ext.build_dir(["8.0", "9.0"], src).name.startswith("sm80_sm90-")
+    assert ext.build_dir(["9.0"], src) == a
+    (src / "rope.cuh").write_text((src / "rope.cuh").read_text() + "\n// edited\n")
+    assert ext.build_dir(["9.0"], src) != a
+
+
+def test_compiler_error_keeps_the_error_lines():
+    text = "Error building extension 'x': [1/4] nvcc ...\nFAILED: kernels.o\nnote: blah\nkernels.cu(3): error: bad\n"
+    assert ext.compiler_error(text) == "kernels.cu(3): error: bad"
+    assert ext.compiler_error("Error building extension 'x': a.cu(1): error: first\nb") == "a.cu(1): error: first"
+    assert ext.compiler_error("a\nb\nc", max_lines=2) == "b\nc"
+
+
+def test_plan_splits_covers_the_cache_and_fills_the_gpu():
+    assert fused.plan_splits(1, 8, 32768, 132) == (256, 128)
+    chunk, splits = fused.plan_splits(1, 3, 2048, 132)  # few (batch, kv head) pairs: smaller chunks
+    assert chunk == 64 and splits == 32
+    for B, hkv, S in [(1, 1, 1), (3, 3, 257), (2, 8, 4097)]:
+        chunk, splits = fused.plan_splits(B, hkv, S, 132)
+        assert chunk * splits >= S > chunk * (splits - 1)
+
+
+# --- fallbacks -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_load(monkeypatch, tmp_path):
+    """ext.load() un-memoized, caching into tmp_path, pretending a CUDA device is visible."""
+    monkeypatch.setenv("DECODESCOPE_CACHE", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    monkeypatch.delenv("DECODESCOPE_NO_EXT", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ext.load.cache_clear()
+    yield
+    ext.load.cache_clear()
+
+
+def assert_twins(opset, reason_part: str):
+    assert opset.name == "torch"
+    assert reason_part in opset.reason
+    assert opset.rmsnorm is ref.rmsnorm and opset.decode_attention is ref.decode_attention
+
+
+def test_cpu_device_runs_the_twins():
+    assert_twins(ops.select("cpu"), "no CUDA device")
+
+
+def test_no_device_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("DECODESCOPE_NO_EXT", raising=False)
+    ext.load.cache_clear()
+    try:
+        status = ext.load()
+        assert status.module is None and status.reason == "no CUDA device"
+    finally:
+        ext.load.cache_clear()
+
+
+def test_no_ext_env_runs_the_twins(fresh_load, monkeypatch):
+    monkeypatch.setenv("DECODESCOPE_NO_EXT", "1")
+    assert_twins(ops.select("cuda"), "DECODESCOPE_NO_EXT=1")
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks the report of a CPU-only torch build")
+def test_cpu_torch_reports_instead_of_building(fresh_load):
+    status = ext.build()
+    assert status.module is None and "CPU build" in status.reason and "torch.version.cuda is None" in status.reason
+    assert_twins(ops.select("cuda"), "CPU build")
+    proc = run([sys.executable, "-m", "engine.ext", "build"])
+    assert proc.returncode == 1 and "CPU build" in proc.stdout
+
+
+@needs_nvcc
+def test_failing_build_runs_the_twins_with_the_compiler_error(fresh_load, monkeypatch, tmp_path):
+    broken = tmp_path / "broken_csrc"
+    shutil.copytree(ext.CSRC, broken)
+    path = broken / "decode_attention.cuh"
+    path.write_text(path.read_text().replace("const float rescale", "const flaot rescale"))
+    calls = []
+
+    def nvcc_as_cpp_extension_would(name, directory, archs, csrc, verbose):
+        # cpp_extension.load needs a CUDA torch; compile the real (broken) sources the same way and raise
+        # what it raises: RuntimeError("Error building extension ...") with the compiler's output.
+        calls.append((name, directory, archs, csrc))
+        proc = run([NVCC, *NVCC_FLAGS, "-arch=sm_80", "-c", str(csrc / "kernels.cu"), "-o", str(tmp_path / "k.o")])
+        raise RuntimeError(f"Error building extension '{name}': {proc.stdout}{proc.stderr}")
+
+    monkeypatch.setattr(ext, "toolkit_problem", lambda: None)
+    monkeypatch.setattr(ext, "_compile", nvcc_as_cpp_extension_would)
+    monkeypatch.setattr(ext, "CSRC", broken)
+    monkeypatch.setattr(ext.build, "__defaults__", (broken, False))
+    opset = ops.select("cuda")
+    assert_twins(opset, "CUDA kernel build failed")
+    assert "decode_attention.cuh" in opset.reason and 'identifier "flaot" is undefined' in opset.reason
+    (name, directory, archs, csrc), = calls
+    assert csrc == broken and archs == ["8.0"] and directory.parent == tmp_path / "ext"
+    assert name.startswith("decodescope_ops_") and (directory / "build.lock").exists()
