@@ -10,8 +10,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(description="Stream LLM decoding token by token and see where the time goes.")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"model folder or hub id (default: the embedded SmolLM2-135M); one of {', '.join(KNOWN_MODELS)} "
-                        "unless --allow-any-model")
+                   help="model folder or hub id (default: the embedded SmolLM2-135M); one of "
+                        f"{', '.join(KNOWN_MODELS)} unless --allow-any-model")
     p.add_argument("--draft", action="append", default=[], metavar="PATH_OR_ID",
                    help="a draft model for 'draft model' mode (same vocabulary); repeat for several")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

@@ -130,8 +130,10 @@ def acceptance_figure(stats: Stats) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, subplot_titles=(
         "rounds by accepted drafts", "acceptance by draft position", f"rolling acceptance ({ROLLING_WINDOW} rounds)",
     ))
+    k = max(r.n_drafted for r in stats.rounds)
     hist = stats.accepted_histogram()
-    fig.add_trace(go.Bar(x=list(hist), y=list(hist.values()), marker_color=KIND_COLORS["accepted"],
+    counts = list(range(k + 1))
+    fig.add_trace(go.Bar(x=counts, y=[hist.get(n, 0) for n in counts], marker_color=KIND_COLORS["accepted"],
                          hovertemplate="%{y} rounds accepted %{x}<extra></extra>"), row=1, col=1)
     pos = stats.per_position_acceptance()
     fig.add_trace(go.Bar(x=list(range(len(pos))), y=pos, marker_color=KIND_COLORS["bonus"],
@@ -139,7 +141,7 @@ def acceptance_figure(stats: Stats) -> go.Figure:
     xs, ys = rolling_acceptance(stats)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=KIND_COLORS["target"]),
                              hovertemplate="round %{x}: %{y:.0%}<extra></extra>"), row=1, col=3)
-    fig.update_xaxes(title_text="accepted", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="accepted", dtick=1, range=[-0.5, k + 0.5], row=1, col=1)
     fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=2)
     fig.update_xaxes(title_text="round", row=1, col=3)
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=2)
@@ -183,7 +185,8 @@ def compare_figure(entries: list[CompareEntry]) -> go.Figure:
     notes = "<br>".join(f"not run: {e.group} / {e.label}: {e.reason}" for e in skipped)
     if not ran:
         return empty_figure(title, notes or "Press Compare to run the prompt under each configuration.", "cmp")
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("decode tok/s", "step ms p50 / p99", "ITL distribution"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "decode tok/s", "step ms: p50 (blue), p99 (red)", "ITL distribution"))
     ups = speedups(entries)
     names = [f"{e.group}<br>{e.label}" for e in ran]
     text = [f"×{ups[f'{e.group}: {e.label}']:.2f}" if f"{e.group}: {e.label}" in ups else "" for e in ran]
@@ -197,7 +200,8 @@ def compare_figure(entries: list[CompareEntry]) -> go.Figure:
     for e, name in zip(ran, names):
         fig.add_trace(go.Box(y=e.stats.token_latencies_ms(), name=name, boxpoints=False, showlegend=False,
                              marker_color="#bab0ac" if e.baseline else "#4c78a8"), row=1, col=3)
-    fig.update_layout(barmode="group", bargap=0.25)
+    fig.update_layout(barmode="group", bargap=0.25, showlegend=False)
+    fig.update_yaxes(range=[0, 1.2 * max(e.tok_s for e in ran)], row=1, col=1)  # room for the speedup labels
     fig.update_yaxes(title_text="ms per token", row=1, col=3)
     if notes:
         fig.add_annotation(text=notes, showarrow=False, xref="paper", yref="paper", x=0, y=-0.45,

@@ -1,0 +1,140 @@
+"""End to end in Debian's headless Chromium, driven by Playwright: what a person sees and downloads."""
+import csv
+import io
+import os
+import shutil
+
+import pytest
+
+from ui import layout
+from ui.startup import build_runtime
+
+CHROMIUM = os.environ.get("DECODESCOPE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+HOSTILE = '<img src=x onerror="window.__xss = 1">'
+PROMPT = "one two three, one two three, one two three, one two"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install playwright)")
+if not shutil.which(CHROMIUM):
+    pytest.skip(f"needs Chromium at {CHROMIUM} (apt-get install -y chromium)", allow_module_level=True)
+pytestmark = pytest.mark.browser
+
+
+class HostileTokenizer:
+    """The real tokenizer, except that every third token's text carries markup, as model text may."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def token_text(self, token_id):
+        text = self._tok.token_text(token_id)
+        return text + HOSTILE if token_id % 3 == 0 else text
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+@pytest.fixture(scope="module")
+def served():
+    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt.tokenizer = HostileTokenizer(rt.tokenizer)
+    demo = layout.build(rt)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
+    yield rt, demo.local_url
+    demo.close()
+    rt.store.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, served):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    page.goto(served[1])
+    page.wait_for_selector("#generate-btn")
+    yield page
+    context.close()
+
+
+def set_number(page, elem_id, value):
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def generate(page, mode="n-gram", max_new_tokens=48):
+    page.locator("#mode").get_by_label(mode, exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    page.locator("#chat input").uncheck()
+    set_number(page, "max-new-tokens", max_new_tokens)
+    page.click("#generate-btn")
+    page.wait_for_function("document.querySelector('#status')?.innerText.includes('Done')", timeout=30_000)
+
+
+def test_generate_n_gram_shows_coloured_spans_and_plots(page):
+    generate(page)
+    spans = page.locator("#output-tokens span.tok")
+    assert spans.count() > 0
+    classes = spans.evaluate_all("els => els.map(e => e.classList[1])")
+    assert set(classes) <= {"tok-target", "tok-accepted", "tok-rejected", "tok-resampled", "tok-bonus"}
+    assert set(classes) & {"tok-accepted", "tok-rejected", "tok-resampled", "tok-bonus"}
+    assert "token id" in spans.first.get_attribute("title")
+    accepted_bg = page.locator("#output-tokens .tok-target, #output-tokens .tok-accepted").first.evaluate(
+        "e => getComputedStyle(e).backgroundColor")
+    assert accepted_bg not in ("rgba(0, 0, 0, 0)", "transparent")  # the CSS reached the page
+    assert "tok/s" in page.inner_text("#stats")
+    for plot in ("plot-itl", "plot-steps", "plot-acceptance"):
+        page.wait_for_selector(f"#{plot} .js-plotly-plot .main-svg", timeout=10_000)
+    # hiding rejected drafts is a class on the container
+    page.locator("#show-rejected input").uncheck()
+    assert page.locator("#output-tokens.hide-rejected").count() == 1
+    if "tok-rejected" in classes:
+        assert page.locator("#output-tokens .tok-rejected").first.evaluate("e => getComputedStyle(e).display") == "none"
+
+
+def test_model_text_renders_as_text(page):
+    generate(page, mode="plain", max_new_tokens=24)
+    assert page.locator("#output-tokens img").count() == 0
+    assert page.evaluate("window.__xss") is None
+    assert HOSTILE in page.inner_text("#output-tokens")
+
+
+def test_compare_and_csv_download(page, served, tmp_path):
+    generate(page)
+    n_spans = page.locator("#output-tokens span.tok").count()
+    kinds = page.locator("#output-tokens span.tok").evaluate_all("els => els.map(e => e.classList[1].slice(4))")
+    with page.expect_download() as info:
+        page.click("#csv-download")
+    path = tmp_path / "tokens.csv"
+    info.value.save_as(path)
+    rows = list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
+    assert len(rows) == n_spans and [r["kind"] for r in rows] == kinds
+    assert {"run_id", "round", "token_index", "token_id", "token_text", "latency_ms", "p_target"} <= set(rows[0])
+    page.click("#compare-btn")
+    page.wait_for_function("document.querySelector('#status')?.innerText.includes('Compared')", timeout=60_000)
+    page.wait_for_selector("#plot-compare .js-plotly-plot .main-svg", timeout=10_000)
+    if os.environ.get("DECODESCOPE_SCREENSHOT"):  # for a person to look at
+        page.screenshot(path=os.environ["DECODESCOPE_SCREENSHOT"], full_page=True)
+    rt = served[0]
+    assert rt.graphs_reason in page.inner_text("#compare-table")  # the reason, not an empty panel
+    assert page.inner_text("#runs").count("compare:") == 2
+
+
+def test_stop_ends_a_long_run(page):
+    page.locator("#mode").get_by_label("plain", exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    set_number(page, "max-new-tokens", 1000)
+    page.click("#generate-btn")
+    page.wait_for_selector("#output-tokens span.tok")
+    page.click("#stop-btn")
+    page.wait_for_function("document.querySelector('#status')?.innerText.includes('Stopped')", timeout=10_000)
+    n = page.locator("#output-tokens span.tok").count()
+    assert 0 < n < 1000
