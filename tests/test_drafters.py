@@ -1,0 +1,159 @@
+"""The drafters on their own: the n-gram index against a brute-force scan, the draft model's cache
+after rollbacks and catch-ups, the layer-skip view against the model's own n_layers path, the checks that
+refuse a mismatched draft model; and greedy speculative output on the default model."""
+import dataclasses
+import json
+import random
+
+import pytest
+import torch
+
+from engine import Engine, load_model, speculative
+from engine.drafters import NgramDrafter, truncated
+from engine.kv_cache import KVCache
+from engine.sampling import SamplingParams
+from engine.testing import tiny_config, write_tiny_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny models are per-op overhead; OpenMP thread handoffs cost more than the math (see test_speculative)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def brute_force(tokens, k, max_n, min_n):
+    """The latest earlier occurrence of the longest suffix that has a follower; the copy continues from
+    its own output once it reaches the end."""
+    for n in range(min(max_n, len(tokens)), min_n - 1, -1):
+        suffix = tokens[len(tokens) - n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == suffix:
+                seq = list(tokens)
+                for j in range(k):
+                    seq.append(seq[start + n + j])
+                return seq[len(tokens):]
+    return []
+
+
+@pytest.mark.parametrize("max_n,min_n", [(3, 1), (4, 2), (1, 1)])
+def test_ngram_index_matches_brute_force(max_n, min_n):
+    rng = random.Random(max_n * 10 + min_n)
+    checked = 0
+    for trial in range(60):
+        vocab = rng.choice([2, 4, 12])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        d = NgramDrafter(max_n, min_n)
+        pos = min(5, len(tokens))
+        d.begin(None, tokens[:pos])
+        while True:  # tokens arrive in commits of uneven sizes
+            for k in (1, 3, 8):
+                assert d.lookup(k) == brute_force(tokens[:pos], k, max_n, min_n), (tokens[:pos], k)
+                checked += 1
+            if pos == len(tokens):
+                break
+            step = rng.randrange(1, 4)
+            d.commit(0, tokens[pos:pos + step])
+            pos = min(pos + step, len(tokens))
+    assert checked > 1000
+
+
+def test_ngram_proposals():
+    d = NgramDrafter(max_n=3)
+    d.begin(None, [1, 2, 3, 9, 1, 2])
+    assert d.lookup(4) == [3, 9, 1, 2]  # "1 2" was followed by "3 9 1 2 ..."
+    d.begin(None, [5, 6, 5, 6])
+    assert d.lookup(5) == [5, 6, 5, 6, 5]  # a loop continues periodically
+    d.begin(None, [7])
+    assert d.lookup(3) == [] and d.propose(3).ids.shape == (0,)  # nothing seen: a plain step
+    with pytest.raises(ValueError, match="min_n=3, max_n=2"):
+        NgramDrafter(max_n=2, min_n=3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drafters")
+    return load_model(write_tiny_model(root / "a", tiny_config(), seed=1)), root
+
+
+def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
+    """After any pattern of accepted counts, the drafter's next distribution is what a fresh prefill of
+    the whole committed sequence gives."""
+    model, _ = tiny
+    target = Engine(model, 128)
+    d = speculative.ModelDrafter(Engine(model, 128))
+    sp, rng = SamplingParams(1.0), random.Random(0)
+    seq = [10, 20, 30, 40, 50]
+    d.begin(target, seq, sp, 60)
+    n, emitted = 0, [7]
+    for k in (1, 4, 4, 2, 3, 3, 1):
+        d.commit(n, emitted)
+        seq += emitted
+        draft = d.propose(k, sp, torch.Generator().manual_seed(k))
+        want = torch.softmax(Engine(model, 128).logits(seq)[-1], -1)
+        torch.testing.assert_close(draft.probs[0], want, atol=1e-5, rtol=1e-4)
+        n = rng.randint(0, k)  # accept n drafts, then one token of the target's
+        emitted = draft.ids[:n].tolist() + [rng.randrange(model.config.vocab_size)]
+
+
+def test_layer_skip_shares_weights_and_matches_the_n_layers_path(tiny):
+    model, _ = tiny
+    eng = Engine(model, 64)
+    view = truncated(model, 2)
+    assert view.config.n_layers == 2 and view.layers[1] is model.layers[1] and view.embed is model.embed
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    cache = KVCache(dataclasses.replace(model.config, n_layers=2), 1, 64, model.dtype, model.device)
+    with torch.inference_mode():
+        want = model(ids, cache, "prefill", n_layers=2)[0]
+    torch.testing.assert_close(Engine(view, 64).logits(ids[0].tolist()), want)
+    for bad in (0, model.config.n_layers, 1.5):
+        with pytest.raises(ValueError, match=f"n_layers={bad} must be in 1..{model.config.n_layers - 1}"):
+            speculative.LayerSkipDrafter(eng, n_layers=bad)
+
+
+def test_model_drafter_refuses_another_vocabulary_or_tokenizer(tiny):
+    model, root = tiny
+    eng = Engine(model, 64)
+    other = load_model(write_tiny_model(root / "v300", tiny_config(vocab_size=300), seed=2))
+    with pytest.raises(ValueError, match="vocab_size=300 .* vocab_size=259"):
+        speculative.generate(eng, speculative.ModelDrafter(Engine(other, 128)), [1, 2, 3], k=2, max_new_tokens=8)
+    folder = write_tiny_model(root / "swapped", tiny_config(), seed=2)
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="tokenizer .* differs"):
+        speculative.generate(eng, speculative.ModelDrafter(Engine(load_model(folder), 64)), [1, 2, 3], k=2,
+                             max_new_tokens=8)
+
+
+# ---- the default model -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smol(default_model_dir):
+    from engine import Tokenizer
+
+    model = load_model(default_model_dir)
+    tok = Tokenizer(default_model_dir)
+    prompts = [tok.encode("The capital of France is Paris. The capital of Germany is"),
+               tok.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
+                          "def fib2(n):\n")]
+    return model, prompts
+
+
+@pytest.mark.slow
+def test_default_model_greedy_matches_plain(smol):
+    model, prompts = smol
+    eng = Engine(model, 256)
+    cases = [(speculative.NgramDrafter(), 1), (speculative.NgramDrafter(), 8),
+             (speculative.LayerSkipDrafter(eng, n_layers=8), 2), (speculative.LayerSkipDrafter(eng, n_layers=12), 5),
+             (speculative.ModelDrafter(Engine(model, 256)), 4)]
+    for prompt in prompts:
+        want, _ = eng.generate(prompt, max_new_tokens=20, stop_ids=[])
+        for drafter, k in cases:
+            got, stats = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=20, stop_ids=[])
+            assert got == want, (drafter.name, k)
+            if drafter.name == "draft_model":  # the model drafting for itself agrees everywhere
+                assert stats.summary()["acceptance_rate"] == 1.0
