@@ -31,12 +31,10 @@ cudaError_t launch_silu_mul(T* out, const T* gate_up, int64_t rows, int inter, c
   constexpr int kThreads = 256;
   if (inter % V == 0 && aligned16(out) && aligned16(gate_up)) {
     const dim3 grid(static_cast<unsigned>(rows), ceil_div(inter / V, kThreads));
-    silu_mul_kernel<T, V><<<grid, kThreads, 0, stream>>>(out, gate_up, inter);
-  } else {
-    const dim3 grid(static_cast<unsigned>(rows), ceil_div(inter, kThreads));
-    silu_mul_kernel<T, 1><<<grid, kThreads, 0, stream>>>(out, gate_up, inter);
+    return launch(silu_mul_kernel<T, V>, grid, kThreads, stream, out, gate_up, inter);
   }
-  return cudaGetLastError();
+  const dim3 grid(static_cast<unsigned>(rows), ceil_div(inter, kThreads));
+  return launch(silu_mul_kernel<T, 1>, grid, kThreads, stream, out, gate_up, inter);
 }
 
 }  // namespace decodescope

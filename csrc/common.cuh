@@ -8,6 +8,26 @@
 
 #include <cstdint>
 
+#ifdef DECODESCOPE_CUDA_ON_CPU
+#include "testing/cuda_on_cpu.h"  // the tests' CPU-thread runtime; it provides launch()
+namespace decodescope {
+using cuda_on_cpu::check_vector_alignment;
+using cuda_on_cpu::launch;
+}
+#else
+#include <cuda_pipeline_primitives.h>
+namespace decodescope {
+// Every kernel launch goes through here, so the same launchers also run on CPU threads in the tests.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
+  kernel<<<grid, block, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
+// The CPU test runtime reports vector accesses that a GPU would fault on; here it costs nothing.
+__device__ __forceinline__ void check_vector_alignment(const void*, int) {}
+}  // namespace decodescope
+#endif
+
 namespace decodescope {
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -33,11 +53,13 @@ struct alignas(sizeof(T) * N) Vec {
 
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  check_vector_alignment(p, sizeof(Vec<T, N>));
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
 template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& x) {
+  check_vector_alignment(p, sizeof(Vec<T, N>));
   *reinterpret_cast<Vec<T, N>*>(p) = x;
 }
 

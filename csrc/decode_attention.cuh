@@ -12,8 +12,6 @@
 // past seq_len are never loaded, so rolling the cache back is just a write to seq_lens.
 #pragma once
 
-#include <cuda_pipeline_primitives.h>
-
 #include "common.cuh"
 #include "launchers.h"
 
@@ -39,7 +37,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(256) split_kernel(const DecodeAttentionArgs<T> a, int head_groups) {
   using S = Shape<T, D>;
   constexpr int kVec = S::kVec, kLanes = S::kLanes, kTile = S::kTile;
-  __shared__ alignas(16) unsigned char smem[4 * kTileBytes];
+  __shared__ __align__(16) unsigned char smem[4 * kTileBytes];
 
   const int split = blockIdx.x, kv_head = blockIdx.y / head_groups, b = blockIdx.z;
   const int len = min(max(a.seq_lens[b], 0), a.max_len);
@@ -185,11 +183,9 @@ cudaError_t launch_for_head_dim(const DecodeAttentionArgs<T>& a, cudaStream_t st
   while (2 * key_slots * S::kLanes * heads_per_block <= kTargetThreads) key_slots *= 2;
   const dim3 block(S::kLanes, heads_per_block, key_slots);  // at most 32 * 8 = 256 threads
   const dim3 grid(a.splits, a.n_kv_heads * head_groups, a.batch);
-  split_kernel<T, D><<<grid, block, 0, stream>>>(a, head_groups);
-  const cudaError_t err = cudaGetLastError();
+  const cudaError_t err = launch(split_kernel<T, D>, grid, block, stream, a, head_groups);
   if (err != cudaSuccess) return err;
-  merge_kernel<T, D><<<dim3(a.n_heads, a.batch), D, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch(merge_kernel<T, D>, dim3(a.n_heads, a.batch), D, stream, a);
 }
 
 }  // namespace attention

@@ -76,11 +76,9 @@ cudaError_t launch_rmsnorm(T* out, const T* x, const T* weight, int64_t rows, in
   constexpr int V = kVec16<T>;
   const unsigned grid = static_cast<unsigned>(rows);
   if (hidden % V == 0 && aligned16(out) && aligned16(x) && aligned16(weight)) {
-    rmsnorm_kernel<T, V><<<grid, row_threads(hidden / V), 0, stream>>>(out, x, weight, hidden, eps);
-  } else {
-    rmsnorm_kernel<T, 1><<<grid, row_threads(hidden), 0, stream>>>(out, x, weight, hidden, eps);
+    return launch(rmsnorm_kernel<T, V>, grid, row_threads(hidden / V), stream, out, x, weight, hidden, eps);
   }
-  return cudaGetLastError();
+  return launch(rmsnorm_kernel<T, 1>, grid, row_threads(hidden), stream, out, x, weight, hidden, eps);
 }
 
 template <typename T>
@@ -90,11 +88,9 @@ cudaError_t launch_add_rmsnorm(T* x, T* residual, const T* weight, int64_t rows,
   constexpr int V = kVec16<T>;
   const unsigned grid = static_cast<unsigned>(rows);
   if (hidden % V == 0 && aligned16(x) && aligned16(residual) && aligned16(weight)) {
-    add_rmsnorm_kernel<T, V><<<grid, row_threads(hidden / V), 0, stream>>>(x, residual, weight, hidden, eps);
-  } else {
-    add_rmsnorm_kernel<T, 1><<<grid, row_threads(hidden), 0, stream>>>(x, residual, weight, hidden, eps);
+    return launch(add_rmsnorm_kernel<T, V>, grid, row_threads(hidden / V), stream, x, residual, weight, hidden, eps);
   }
-  return cudaGetLastError();
+  return launch(add_rmsnorm_kernel<T, 1>, grid, row_threads(hidden), stream, x, residual, weight, hidden, eps);
 }
 
 }  // namespace decodescope

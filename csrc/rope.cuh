@@ -39,9 +39,8 @@ cudaError_t launch_rope(T* q, T* k, const float* cos, const float* sin, const Po
   if (tokens == 0) return cudaSuccess;
   const int pairs = (n_heads + n_kv_heads) * (head_dim / 2);
   const int threads = row_threads(pairs) > 256 ? 256 : row_threads(pairs);
-  rope_kernel<T, Pos><<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
-      q, k, cos, sin, positions, n_heads, n_kv_heads, head_dim, q_token_stride, k_token_stride, max_pos);
-  return cudaGetLastError();
+  return launch(rope_kernel<T, Pos>, static_cast<unsigned>(tokens), threads, stream, q, k, cos, sin, positions,
+                n_heads, n_kv_heads, head_dim, q_token_stride, k_token_stride, max_pos);
 }
 
 }  // namespace decodescope
