@@ -1,0 +1,79 @@
+"""What every benchmark writes next to its numbers: where they came from, as JSON and a markdown table.
+
+    result["provenance"] = provenance("cuda")
+    write_results(out_dir, "attention-cuda", result, header + markdown_table(result["rows"], cols))
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(*cmd: str) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def provenance(device: str | torch.device) -> dict:
+    """Commit (and whether the tree had uncommitted changes), versions, hardware, threads, time."""
+    device = torch.device(device)
+    status = _run("git", "status", "--porcelain")
+    info = dict(
+        commit=_run("git", "rev-parse", "HEAD"),
+        dirty=None if status is None else bool(status),
+        time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        platform=platform.platform(),
+        cpu=platform.processor() or platform.machine(),
+        cpu_count=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        device=str(device),
+    )
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            gpu=props.name,
+            gpu_capability=f"{props.major}.{props.minor}",
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            sm_count=props.multi_processor_count,
+            driver=_run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
+        )
+    return info
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown_table(rows: list[dict], cols: list[str]) -> str:
+    """One row per dict, the given columns in order; floats to 3 significant digits, None as blank."""
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out: str | Path, name: str, result: dict, md: str) -> tuple[Path, Path]:
+    """out/name.json (the full result) and out/name.md (the table a person reads); returns both paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
+    json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    md_path.write_text(md)
+    return json_path, md_path
