@@ -70,13 +70,14 @@ def set_number(page, elem_id, value):
     box.press("Enter")
 
 
-def generate(page, mode="n-gram", max_new_tokens=48):
+def generate(page, mode="n-gram", max_new_tokens=48, run_no=1):
     page.locator("#mode").get_by_label(mode, exact=True).check()
     page.fill("#prompt textarea", PROMPT)
     page.locator("#chat input").uncheck()
     set_number(page, "max-new-tokens", max_new_tokens)
     page.click("#generate-btn")
-    page.wait_for_function("document.querySelector('#status')?.innerText.includes('Done')", timeout=30_000)
+    page.wait_for_function(f"document.querySelector('#status')?.innerText.includes('Run {run_no} done')",
+                           timeout=30_000)
 
 
 def test_generate_n_gram_shows_coloured_spans_and_plots(page):
@@ -135,6 +136,6 @@ def test_stop_ends_a_long_run(page):
     page.click("#generate-btn")
     page.wait_for_selector("#output-tokens span.tok")
     page.click("#stop-btn")
-    page.wait_for_function("document.querySelector('#status')?.innerText.includes('Stopped')", timeout=10_000)
+    page.wait_for_function("document.querySelector('#status')?.innerText.includes('stopped after')", timeout=10_000)
     n = page.locator("#output-tokens span.tok").count()
     assert 0 < n < 1000

@@ -16,7 +16,7 @@ from ui import export, plots, render
 from ui.runtime import RoundPump, RunSettings, Runtime, as_int
 
 STREAM_INTERVAL_S = 1 / 15  # token updates to the page, at most this often
-PLOT_INTERVAL_S = 1.0  # figures are heavier: refreshed this often while a run streams
+PLOT_INTERVAL_S = 2.0  # figures cost far more (to build, send and draw): refreshed this often mid-run
 IDLE_TICK_S = 0.25  # a Compare run yields this often, so a closed tab or Stop is noticed
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
                    "temperature", "top_p", "top_k", "seed", "max_new_tokens")
@@ -167,10 +167,10 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
             rounds += batch
             html += render.render_rounds(batch, rt.text_of)
             stats = rt.stats(rounds, len(ids), settings)
-            figs = (skip,) * 3
-            if time.monotonic() - last_plot >= PLOT_INTERVAL_S:
-                figs, last_plot = figures(stats), time.monotonic()
-            yield (html, render.stats_line(stats.summary(), running=True), skip, *figs, *[skip] * 4)
+            yield (html, render.stats_line(stats.summary(), running=True), *[skip] * 8)
+            if time.monotonic() - last_plot >= PLOT_INTERVAL_S:  # after the tokens went out, not before
+                yield (skip, skip, skip, *figures(stats), *[skip] * 4)
+                last_plot = time.monotonic()
     except ValueError as e:  # a setting only the engine could judge
         raise gr.Error(str(e), print_exception=False) from None
     finally:
@@ -178,7 +178,8 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
     stopped = not (rounds and rounds[-1].finished)
     stats = rt.stats(rounds, len(ids), settings)
     files = record_run(rt, session, s, stats, s.label(), stopped)
-    note = f"Stopped after {len(stats.ids)} tokens." if stopped else f"Done: {s.label()}."
+    n = len(session.history)
+    note = f"Run {n} stopped after {len(stats.ids)} tokens." if stopped else f"Run {n} done: {s.label()}."
     yield (html, render.stats_line(stats.summary()), render.message_html(note), *figures(stats),
            runs_table(session), *files)
 

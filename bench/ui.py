@@ -1,0 +1,198 @@
+"""What the browser costs: engine tok/s while a run streams to a real page vs the same run headless, and the
+latency from a round leaving the engine to its spans being on screen.
+
+    python bench/ui.py                       # embedded default model, plain and n-gram, 256 tokens
+    python bench/ui.py --tiny --tokens 128   # smoke run on the random-weight model
+
+The app is served in-process and driven by headless Chromium (Playwright, Debian's /usr/bin/chromium).
+Each repeat runs the page first, then the exact same settings and prompt headless (the engine's own
+stream, no server, no page), so both see the same tokens. Latency: the engine side stamps each round
+as the engine yields it; the page stamps the first animation frame after the round's spans entered the
+DOM (performance.timeOrigin + performance.now(), the same wall clock). Goals: >= 95 % of headless tok/s,
+p95 latency < 100 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.stats import percentile  # noqa: E402
+from ui import layout  # noqa: E402
+from ui.startup import build_runtime  # noqa: E402
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PROMPT = ("Write a detailed, friendly explanation of how a lighthouse works, covering the lamp, the lens, "
+          "the clockwork that turns it, and the keeper's daily routine.")
+GOAL_RATIO, GOAL_P95_MS = 0.95, 100.0
+SETTLE_MS = 1000
+
+# Stamps each span's round the first frame after it appears; spans present before the click are ignored.
+OBSERVER_JS = """
+() => {
+  const root = document.getElementById('output-tokens');
+  root.querySelectorAll('span[data-r]').forEach(el => el.dataset.old = '1');
+  window.__seen = {};
+  if (window.__observer) return;
+  window.__observer = new MutationObserver(() => {
+    const fresh = [];
+    root.querySelectorAll('span[data-r]:not([data-old])').forEach(el => {
+      if (!(el.dataset.r in window.__seen) && !fresh.includes(el.dataset.r)) fresh.push(el.dataset.r);
+    });
+    if (fresh.length) requestAnimationFrame(() => {
+      const t = performance.timeOrigin + performance.now();
+      fresh.forEach(r => { if (!(r in window.__seen)) window.__seen[r] = t; });
+    });
+  });
+  window.__observer.observe(root, {childList: true, subtree: true});
+}
+"""
+
+
+class Recorder:
+    """Wraps the runtime's round source: keeps each run's settings, rounds and wall-clock stamps."""
+
+    def __init__(self, rounds_fn):
+        self.rounds_fn, self.runs = rounds_fn, []
+
+    def __call__(self, s, ids):
+        run = dict(settings=s, ids=ids, rounds=[], stamps=[])
+        self.runs.append(run)
+        for rnd in self.rounds_fn(s, ids):
+            run["stamps"].append(time.time() * 1e3)
+            run["rounds"].append(rnd)
+            yield rnd
+
+
+def headless(rt, rec: Recorder, s, ids) -> float:
+    with rt.lock:
+        rounds = list(rec.rounds_fn(s, ids))
+    return rt.stats(rounds, len(ids), {}).summary()["decode_tok_s"]
+
+
+def browser_run(page, rt, rec: Recorder, mode: str, tokens: int, run_no: int) -> tuple[float, list[float], dict]:
+    page.locator("#mode").get_by_label(mode, exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    box = page.locator("#max-new-tokens input[type=number]")
+    box.fill(str(tokens))
+    box.press("Enter")
+    page.evaluate(OBSERVER_JS)
+    n_before = len(rec.runs)
+    page.click("#generate-btn")
+    page.wait_for_function(f"document.querySelector('#status')?.innerText.includes('Run {run_no} done')",
+                           timeout=600_000)
+    # let the page finish drawing the final figures before anything else is timed
+    page.wait_for_selector("#plot-itl .js-plotly-plot .main-svg")
+    page.wait_for_timeout(SETTLE_MS)
+    run = rec.runs[n_before]
+    seen = page.evaluate("window.__seen")
+    lat = [seen[str(r.index)] - t for r, t in zip(run["rounds"], run["stamps"]) if str(r.index) in seen]
+    tok_s = rt.stats(run["rounds"], len(run["ids"]), {}).summary()["decode_tok_s"]
+    return tok_s, lat, run
+
+
+def bench(args) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    rt = build_runtime("default", device=args.device, tiny=args.tiny, bandwidth=False)
+    rec = Recorder(rt.rounds_fn)
+    rt.rounds_fn = rec
+    demo = layout.build(rt)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
+    rows = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(demo.local_url)
+            page.wait_for_selector("#generate-btn")
+            runs = 0
+            for mode in args.modes:
+                runs += 1
+                browser_run(page, rt, rec, mode, min(32, args.tokens), runs)  # warm-up: first-call costs
+                b_tok, h_tok, lats, n_rounds = [], [], [], 0
+                for i in range(args.repeats):
+                    # alternate which goes first, so drift in the machine's load falls on both sides
+                    if i % 2:
+                        h_tok.append(headless(rt, rec, rec.runs[-1]["settings"], rec.runs[-1]["ids"]))
+                    runs += 1
+                    tok_s, lat, run = browser_run(page, rt, rec, mode, args.tokens, runs)
+                    b_tok.append(tok_s)
+                    lats += lat
+                    n_rounds = len(run["rounds"])
+                    if not i % 2:
+                        h_tok.append(headless(rt, rec, run["settings"], run["ids"]))
+                    print(f"{mode}: page {tok_s:.1f} tok/s, headless {h_tok[-1]:.1f} tok/s, "
+                          f"p95 {percentile(lat, 95):.1f} ms", flush=True)
+                b, h = statistics.median(b_tok), statistics.median(h_tok)
+                rows.append(dict(
+                    mode=mode, tokens=args.tokens, rounds=n_rounds, headless_tok_s=round(h, 2),
+                    browser_tok_s=round(b, 2), ratio=round(b / h, 4), latency_p50_ms=round(percentile(lats, 50), 1),
+                    latency_p95_ms=round(percentile(lats, 95), 1), latency_max_ms=round(max(lats), 1),
+                    spans_timed=len(lats), ratio_goal_met=b / h >= GOAL_RATIO,
+                    latency_goal_met=percentile(lats, 95) < GOAL_P95_MS,
+                ))
+            browser.close()
+    finally:
+        demo.close()
+        rt.store.close()
+    return dict(model="tiny" if args.tiny else "default", device=args.device, repeats=args.repeats,
+                prompt=PROMPT, goals=dict(ratio=GOAL_RATIO, latency_p95_ms=GOAL_P95_MS), rows=rows,
+                env=rt.env)
+
+
+def report(result: dict) -> str:
+    cols = ["mode", "tokens", "headless_tok_s", "browser_tok_s", "ratio", "latency_p50_ms", "latency_p95_ms",
+            "latency_max_ms", "spans_timed"]
+    head = (f"# UI streaming cost ({result['model']} model, {result['device']})\n\n"
+            f"Median of {result['repeats']} page runs and as many headless runs of the same settings. "
+            f"Goals: ratio >= {GOAL_RATIO}, p95 latency < {GOAL_P95_MS:.0f} ms.\n\n")
+    return head + markdown_table(result["rows"], cols)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tiny", action="store_true", help="random-weight tiny model instead of the default")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", nargs="+", default=["plain", "n-gram"])
+    p.add_argument("--chromium", default="/usr/bin/chromium")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    result = bench(args)
+    result["provenance"] = provenance(args.device)
+    md = report(result)
+    print(md)
+    write_results(args.out, f"ui-{result['model']}-{args.device}", result, md)
+
+
+try:  # the project's provenance and table helpers, when bench/common.py is there
+    from bench.common import markdown_table, provenance, write_results  # noqa: E402
+except ImportError:
+    import json
+    import platform
+
+    def provenance(device: str) -> dict:
+        import torch
+
+        return dict(time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), python=platform.python_version(),
+                    torch=torch.__version__, machine=platform.machine(), device=device)
+
+    def markdown_table(rows: list[dict], cols: list[str]) -> str:
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        return "\n".join(lines + ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]) + "\n"
+
+    def write_results(out: str, name: str, result: dict, md: str) -> None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
+        Path(out, f"{name}.md").write_text(md)
+
+
+if __name__ == "__main__":
+    main()
