@@ -20,7 +20,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   check_cuda(partial_ml, "partial_ml", q);
   TORCH_CHECK(q.dim() == 3, "q must be [B, H, D], got ", q.sizes());
   const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
-  TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128 for the fused decode attention, got D = ", d);
+  TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128, got D = ", d, " (the kernel is compiled for those)");
   check_dense_heads(q, "q");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == b && k_cache.size(3) == d,
               "k_cache must be [B, Hkv, S, D] = [", b, ", Hkv, S, ", d, "], got ", k_cache.sizes());

@@ -65,7 +65,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("DECODESCOPE_CACHE", "~/.cache/decodescope")).expanduser() / "ext"
 
 
-def source_hash(csrc: Path = CSRC) -> str:
+def source_hash(csrc: Path) -> str:
     """Hash of every file in csrc/ (headers included) and of what else makes a binary incompatible."""
     h = hashlib.sha256(f"torch={torch.__version__} cuda={torch.version.cuda} {CXX_FLAGS} {CUDA_FLAGS}".encode())
     for f in sorted(p for p in csrc.iterdir() if p.is_file()):
@@ -73,7 +73,7 @@ def source_hash(csrc: Path = CSRC) -> str:
     return h.hexdigest()[:16]
 
 
-def build_dir(archs: list[str], csrc: Path = CSRC) -> Path:
+def build_dir(archs: list[str], csrc: Path) -> Path:
     tag = "_".join("sm" + a.replace(".", "").replace("+PTX", "ptx") for a in archs)
     return cache_root() / f"{tag}-{source_hash(csrc)}"
 
@@ -117,8 +117,9 @@ def _heartbeat(stop: threading.Event, started: float) -> None:
         log.info("still building CUDA kernels (%.0f s)", time.perf_counter() - started)
 
 
-def build(csrc: Path = CSRC, verbose: bool = False) -> ExtStatus:
+def build(csrc: Path | None = None, verbose: bool = False) -> ExtStatus:
     """Compile (or reuse) the extension for arch_list(); no device needed. Never raises for a failed build."""
+    csrc = csrc or CSRC
     if os.environ.get("DECODESCOPE_NO_EXT") == "1":
         return ExtStatus(None, "DECODESCOPE_NO_EXT=1: fused CUDA kernels switched off")
     problem = toolkit_problem()

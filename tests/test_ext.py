@@ -228,7 +228,6 @@ def test_failing_build_runs_the_twins_with_the_compiler_error(fresh_load, monkey
     monkeypatch.setattr(ext, "toolkit_problem", lambda: None)
     monkeypatch.setattr(ext, "_compile", nvcc_as_cpp_extension_would)
     monkeypatch.setattr(ext, "CSRC", broken)
-    monkeypatch.setattr(ext.build, "__defaults__", (broken, False))
     opset = ops.select("cuda")
     assert_twins(opset, "CUDA kernel build failed")
     assert "decode_attention.cuh" in opset.reason and 'identifier "flaot" is undefined' in opset.reason

@@ -100,7 +100,9 @@ inline void fail(const std::string& what) {
 
 // A GPU faults on a vector load or store that is not aligned to its size; x86 would not notice.
 inline void check_vector_alignment(const void* p, int bytes) {
-  if (reinterpret_cast<uintptr_t>(p) % bytes) fail(std::to_string(bytes) + "-byte vector access at a misaligned address");
+  if (reinterpret_cast<uintptr_t>(p) % bytes) {
+    fail(std::to_string(bytes) + "-byte vector access at a misaligned address");
+  }
 }
 
 inline void run_copies(std::vector<Copy>& group) {
