@@ -2,7 +2,7 @@
 
 Two backends run the same cases: "cuda" (the built extension; skipped with "needs a CUDA device") and
 "cpu", the same kernel source compiled by the host compiler against csrc/testing/cuda_on_cpu.h and run on
-CPU threads, so CI without a GPU still executes the kernels' indexing, barriers, shuffles and async-copy
+the CPU, so CI without a GPU still executes the kernels' indexing, barriers, shuffles and async-copy
 pipeline. The CPU backend runs a smaller sweep (it runs every CUDA thread as a coroutine).
 
 Outputs are poisoned with NaN before each launch, and so is every cache entry at or past seq_len (the

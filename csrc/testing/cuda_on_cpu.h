@@ -20,7 +20,6 @@
 #include <ucontext.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
