@@ -16,13 +16,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import markdown_table, provenance, write_results  # noqa: E402
 from engine.stats import percentile  # noqa: E402
 from ui import layout  # noqa: E402
+from ui.runtime import RoundPump  # noqa: E402
 from ui.startup import build_runtime  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -70,8 +73,12 @@ class Recorder:
 
 
 def headless(rt, rec: Recorder, s, ids) -> float:
-    with rt.lock:
-        rounds = list(rec.rounds_fn(s, ids))
+    """The same run through the same pump thread the page uses, with no server or page attached.
+
+    (Not from the main thread: on a loaded 2-core machine a 2-thread OpenMP team there ran the tiny model
+    up to 50x slower than the same code in a worker thread, which would flatter the page.)"""
+    pump = RoundPump(rt, s, ids, threading.Event())
+    rounds = [r for batch in pump.batches(1.0) for r in batch]
     return rt.stats(rounds, len(ids), {}).summary()["decode_tok_s"]
 
 
@@ -170,28 +177,6 @@ def main(argv=None) -> None:
     md = report(result)
     print(md)
     write_results(args.out, f"ui-{result['model']}-{args.device}", result, md)
-
-
-try:  # the project's provenance and table helpers, when bench/common.py is there
-    from bench.common import markdown_table, provenance, write_results  # noqa: E402
-except ImportError:
-    import json
-    import platform
-
-    def provenance(device: str) -> dict:
-        import torch
-
-        return dict(time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), python=platform.python_version(),
-                    torch=torch.__version__, machine=platform.machine(), device=device)
-
-    def markdown_table(rows: list[dict], cols: list[str]) -> str:
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        return "\n".join(lines + ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]) + "\n"
-
-    def write_results(out: str, name: str, result: dict, md: str) -> None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
-        Path(out, f"{name}.md").write_text(md)
 
 
 if __name__ == "__main__":

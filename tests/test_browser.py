@@ -3,6 +3,7 @@ import csv
 import io
 import os
 import shutil
+import time
 
 import pytest
 
@@ -139,3 +140,30 @@ def test_stop_ends_a_long_run(page):
     page.wait_for_function("document.querySelector('#status')?.innerText.includes('stopped after')", timeout=10_000)
     n = page.locator("#output-tokens span.tok").count()
     assert 0 < n < 1000
+
+
+def test_closing_the_tab_frees_the_engine(browser, served, monkeypatch):
+    rt, url = served
+    real = rt.rounds_fn
+
+    def slow(s, ids):  # 1000 rounds at >= 20 ms: the run cannot end by itself during this test
+        for rnd in real(s, ids):
+            time.sleep(0.02)
+            yield rnd
+
+    monkeypatch.setattr(rt, "rounds_fn", slow)
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_selector("#generate-btn")
+    page.locator("#mode").get_by_label("plain", exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    set_number(page, "max-new-tokens", 1000)
+    page.click("#generate-btn")
+    page.wait_for_selector("#output-tokens span.tok")
+    assert rt.lock.locked()  # the run is on the engine
+    t0 = time.monotonic()
+    context.close()
+    assert rt.lock.acquire(timeout=10)  # gradio dropped the run and the engine let go
+    rt.lock.release()
+    assert time.monotonic() - t0 < 5
