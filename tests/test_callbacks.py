@@ -206,3 +206,38 @@ def test_end_session_removes_its_files(rt):
 def test_parse_settings_converts_widget_values():
     s = callbacks.parse_settings(*values(k=5.0, seed=7.0, top_p="0.5"))
     assert (s.k, s.seed, s.top_p) == (5, 7, 0.5) and isinstance(s.k, int)
+
+
+def test_zero_gpu_wrapping_only_when_spaces_reports_it(monkeypatch):
+    import sys
+    import types
+
+    from ui import startup
+
+    def fn(s, ids):
+        yield from ()
+
+    monkeypatch.setitem(sys.modules, "spaces", None)  # not installed: import fails
+    assert startup.on_zero_gpu(fn) is fn
+    wrapped = []
+    spaces = types.ModuleType("spaces")
+    spaces.GPU = lambda duration: (lambda f: wrapped.append((f, duration)) or f)
+    config = types.ModuleType("spaces.config")
+    config.Config = types.SimpleNamespace(zero_gpu=False)
+    monkeypatch.setitem(sys.modules, "spaces", spaces)
+    monkeypatch.setitem(sys.modules, "spaces.config", config)
+    assert startup.on_zero_gpu(fn) is fn and not wrapped
+    config.Config.zero_gpu = True
+    startup.on_zero_gpu(fn)
+    assert wrapped == [(fn, startup.ZERO_GPU_DURATION_S)]
+
+
+def test_engine_side_takes_and_yields_plain_records(rt):
+    """On ZeroGPU the arguments and every yielded Round cross a process boundary by pickle."""
+    import pickle
+
+    s = callbacks.parse_settings(*values(mode="n-gram", max_new_tokens=8))
+    ids = rt.encode(PROMPT, chat=False)
+    pickle.dumps((s, ids))
+    rounds = list(rt.rounds_fn(s, ids))
+    assert pickle.loads(pickle.dumps(rounds)) == rounds
