@@ -99,7 +99,8 @@ def test_generate_n_gram_shows_coloured_spans_and_plots(page):
     page.locator("#show-rejected input").uncheck()
     assert page.locator("#output-tokens.hide-rejected").count() == 1
     if "tok-rejected" in classes:
-        assert page.locator("#output-tokens .tok-rejected").first.evaluate("e => getComputedStyle(e).display") == "none"
+        rejected = page.locator("#output-tokens .tok-rejected").first
+        assert rejected.evaluate("e => getComputedStyle(e).display") == "none"
 
 
 def test_model_text_renders_as_text(page):

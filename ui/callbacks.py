@@ -46,7 +46,8 @@ class Session:
         self.submitted_at: float | None = None  # when the page queued its last run (see submit)
         self.stopped_at = -math.inf
 
-    def __deepcopy__(self, memo):  # gradio deep-copies a fresh state value; the Event inside cannot be
+    def __deepcopy__(self, memo):
+        # gradio deep-copies each session's fresh value (an Event cannot be copied); it is already fresh
         return self
 
     @property
@@ -67,7 +68,8 @@ def parse_settings(*values) -> RunSettings:
             d[name] = float(d[name])
         except (TypeError, ValueError):
             raise ValueError(f"{name}={d[name]!r} must be a number") from None
-    d["cuda_graphs"], d["fused_kernels"], d["chat"] = bool(d["cuda_graphs"]), bool(d["fused_kernels"]), bool(d["chat"])
+    for name in ("cuda_graphs", "fused_kernels", "chat"):
+        d[name] = bool(d[name])
     return RunSettings(**d)
 
 
@@ -92,13 +94,15 @@ def runs_table(session: Session) -> list[list]:
     for i, r in enumerate(session.history, 1):
         s = r.summary
         acc = s.get("acceptance_rate")
-        rows.append([i, r.label, s["tokens"], num(s["ttft_ms"], 1), num(s["itl_p50_ms"], 2), num(s["itl_p99_ms"], 2),
-                     num(s["decode_tok_s"], 1), None if acc is None or math.isnan(acc) else f"{acc:.0%}",
-                     num(s["mean_accepted_len"], 2), "yes" if r.stopped else ""])
+        rows.append([
+            i, r.label, s["tokens"], num(s["ttft_ms"], 1), num(s["itl_p50_ms"], 2), num(s["itl_p99_ms"], 2),
+            num(s["decode_tok_s"], 1), None if acc is None or math.isnan(acc) else f"{acc:.0%}",
+            num(s["mean_accepted_len"], 2), "yes" if r.stopped else "",
+        ])
     return rows
 
 
-def record_run(rt: Runtime, session: Session, s: RunSettings, stats, label: str, stopped: bool):
+def record_run(rt: Runtime, session: Session, stats, label: str, stopped: bool) -> tuple[str, str, str]:
     """Add a finished run to the session; write its token CSV, trace and the session's summary CSV."""
     run_id = session.next_run_id()
     session.history.append(RunRecord(run_id, label, stats.summary(), stats.settings, stopped))
@@ -177,7 +181,7 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
         pump.close()
     stopped = not (rounds and rounds[-1].finished)
     stats = rt.stats(rounds, len(ids), settings)
-    files = record_run(rt, session, s, stats, s.label(), stopped)
+    files = record_run(rt, session, stats, s.label(), stopped)
     n = len(session.history)
     note = f"Run {n} stopped after {len(stats.ids)} tokens." if stopped else f"Run {n} done: {s.label()}."
     yield (html, render.stats_line(stats.summary()), render.message_html(note), *figures(stats),
@@ -245,7 +249,7 @@ def compare(rt: Runtime, session: Session, prompt: str, *values):
             yield (render.message_html(f"Compare stopped during {cfg.label()}."), *[skip] * 4)
             return
         done[cfg] = stats
-        record_run(rt, session, cfg, stats, f"compare: {cfg.label()}", False)
+        record_run(rt, session, stats, f"compare: {cfg.label()}", False)
     entries = [plots.CompareEntry(g, label, done.get(cfg), reason, base) for g, label, cfg, reason, base in plan]
     folder = rt.store.run_dir(session.compare_dir)
     yield (render.message_html(f"Compared {len(todo)} runs."), plots.compare_figure(entries),

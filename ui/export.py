@@ -102,7 +102,8 @@ def chrome_trace(run_id: str, stats: Stats) -> dict:
             t += ms
         if r.host_ms > 0:
             events.append(span("host", t, r.host_ms, {"round": r.index}))
-    meta = {k: clean_number(v) for k, v in stats.settings.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    scalars = (str, int, float, bool, type(None))
+    meta = {k: clean_number(v) for k, v in stats.settings.items() if isinstance(v, scalars)}
     return dict(traceEvents=events, displayTimeUnit="ms", otherData=dict(run_id=run_id, **meta))
 
 
