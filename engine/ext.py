@@ -141,7 +141,7 @@ def build(csrc: Path | None = None, verbose: bool = False) -> ExtStatus:
                 threading.Thread(target=_heartbeat, args=(stop, started), daemon=True).start()
             module = _compile(name, directory, archs, csrc, verbose)
         except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
-            return ExtStatus(None, f"CUDA kernel build failed (log in {directory}):\n{compiler_error(str(e))}")
+            return ExtStatus(None, f"CUDA kernel build failed (build dir {directory}):\n{compiler_error(str(e))}")
         finally:
             stop.set()
             fcntl.flock(lock, fcntl.LOCK_UN)
