@@ -66,10 +66,10 @@ def itl_figure(stats: Stats) -> go.Figure:
             marker=dict(color=KIND_COLORS[kind], size=5), customdata=[rounds[i] for i in sel],
             hovertemplate="token %{x} · round %{customdata}<br>%{y:.2f} ms<extra>" + kind + "</extra>",
         ))
-    for q, dash in ((50, "dot"), (99, "dash")):
+    for q, dash, where in ((50, "dot", "bottom left"), (99, "dash", "top right")):  # apart when p50 ~ p99
         v = percentile(ys, q)
         fig.add_hline(y=v, line=dict(dash=dash, color="#555", width=1),
-                      annotation_text=f"p{q} {v:.2f} ms", annotation_position="top left")
+                      annotation_text=f"p{q} {v:.2f} ms", annotation_position=where)
     ttft = stats.rounds[0].t_end_ms
     fig.update_xaxes(title_text="token index")
     fig.update_yaxes(title_text="ms per token", rangemode="tozero")

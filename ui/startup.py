@@ -15,6 +15,7 @@ import torch
 from ui.runtime import Runtime, engine_rounds
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
 # The models a launch may name without --allow-any-model: llama-family, same-vocabulary families for drafts.
 KNOWN_MODELS = (
     DEFAULT_MODEL,
@@ -107,7 +108,8 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
     if zero_gpu():
         graphs_reason = "off: on ZeroGPU the GPU is attached per call, after launch-time capture"
     fused_reason = None if eng.model.ops.name == "fused" else eng.model.ops.reason
-    rt = Runtime(eng, tok, model, drafts=draft_engines, fused_reason=fused_reason, graphs_reason=graphs_reason)
+    name = EMBEDDED_NAME if model == DEFAULT_MODEL else model
+    rt = Runtime(eng, tok, name, drafts=draft_engines, fused_reason=fused_reason, graphs_reason=graphs_reason)
     rt.rounds_fn = on_zero_gpu(partial(engine_rounds, rt))
     rt.env = environment(rt, device)
     return rt
