@@ -38,7 +38,7 @@ def random_model(cfg: ModelConfig, device, dtype) -> Transformer:
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02)
     model.requires_grad_(False).eval()
-    model.use_ops(ops.select(device))
+    model.use_ops(ops.select(device, head_dim=cfg.head_dim))
     return model
 
 
@@ -129,7 +129,7 @@ def cuda_bench(args) -> dict:
             model = load_model(None, device="cuda", dtype="bfloat16")
         prompt = prompt_ids(model.config.vocab_size, args.prompt_len)
         for fused in (False, True):
-            model.use_ops(ops.select("cuda", fused))
+            model.use_ops(ops.select("cuda", fused, model.config.head_dim))
             for use_graph in (False, True):
                 for batch in args.batch:
                     out["rows"].append(cuda_case(model, shape, fused, use_graph, batch, prompt, args, bw))

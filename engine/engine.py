@@ -40,7 +40,7 @@ class Engine:
 
     def use_fused(self, on: bool) -> str:
         """Switch kernels for the next run; captured graphs hold the old path, so they are re-captured."""
-        self.model.use_ops(ops.select(self.device, on))
+        self.model.use_ops(ops.select(self.device, on, self.config.head_dim))
         if self.graph is not None:
             from engine import graphs
 

@@ -155,5 +155,5 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, fused: 
             params[ours].copy_(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
     model.requires_grad_(False).eval()
     model.path, model.eos_ids = folder, generation_eos(folder, cfg)
-    model.use_ops(ops.select(device, fused))
+    model.use_ops(ops.select(device, fused, cfg.head_dim))
     return model

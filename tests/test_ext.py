@@ -185,6 +185,11 @@ def test_cpu_device_runs_the_twins():
     assert_twins(ops.select("cpu"), "no CUDA device")
 
 
+def test_unsupported_head_dim_runs_the_twins_before_any_build(monkeypatch):
+    monkeypatch.setattr(ext, "load", lambda: pytest.fail("no build for a head_dim the kernel lacks"))
+    assert_twins(ops.select("cuda", head_dim=80), "this model has 80")
+
+
 def test_no_device_reason(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("DECODESCOPE_NO_EXT", raising=False)

@@ -34,13 +34,19 @@ def torch_ops(reason: str) -> OpSet:
     return OpSet(name="torch", reason=reason, **TORCH_OPS)
 
 
-def select(device: torch.device | str, fused: bool = True) -> OpSet:
+# the head sizes the decode-attention kernel is instantiated for (csrc/kernels.cu)
+FUSED_HEAD_DIMS = (64, 128)
+
+
+def select(device: torch.device | str, fused: bool = True, head_dim: int | None = None) -> OpSet:
     """Fused kernels where they can run, else the torch twins with the reason recorded."""
     device = torch.device(device)
     if not fused:
         return torch_ops("fused kernels switched off")
     if device.type != "cuda":
         return torch_ops(f"no CUDA device (running on {device.type})")
+    if head_dim is not None and head_dim not in FUSED_HEAD_DIMS:
+        return torch_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; this model has {head_dim}")
     from engine import ext
 
     status = ext.load()
