@@ -124,6 +124,7 @@ class ModelDrafter(Drafter):
         self.pending: list[int] = []
         self.cached = 0  # sequence tokens whose K/V is in the draft cache
         self.written = 0  # drafts written into the cache by the last proposal
+        self.checked = None  # the target engine the tokenizers were compared against
 
     def begin(self, target, prompt_ids, sampling, extra) -> None:
         e = self.engine
@@ -135,7 +136,9 @@ class ModelDrafter(Drafter):
                              f"vocab_size={target.config.vocab_size}; a draft model must share the tokenizer")
         if e.device != target.device:
             raise ValueError(f"draft model is on {e.device}, the target on {target.device}; load both on one device")
-        check_tokenizers(e.model.path, target.model.path)
+        if self.checked is not target:  # reading two tokenizer.json files costs tens of ms: once per target
+            check_tokenizers(e.model.path, target.model.path)
+            self.checked = target
         e.check_prompt(prompt_ids, extra, f" + {extra} generated and draft slots (draft model)")
         e.prefill(list(prompt_ids))
         self.cached, self.pending, self.written = len(prompt_ids), [], 0

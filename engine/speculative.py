@@ -43,7 +43,7 @@ def accept(draft: torch.Tensor, p_target: torch.Tensor, p_draft: torch.Tensor | 
     rows = torch.arange(k, device=draft.device)
     pt = p_target[rows, draft].double()
     pd = torch.ones_like(pt) if p_draft is None else p_draft[rows, draft].double()
-    # u < p_t / p_d without dividing; float64 so u is almost never exactly 0 (a spurious accept of p_t = 0)
+    # u < p_t / p_d without dividing (p_d of a drawn draft is > 0); strict, so p_t = 0 is never kept
     u = torch.rand(k, dtype=torch.float64, device=draft.device, generator=gen)
     n = (u * pd < pt).long().cumprod(0).sum()
     # the residual's row n; padding with a zero draft row makes row k the plain target row: the bonus
@@ -70,8 +70,8 @@ def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, gen) -> 
     pd_next = nan if draft.probs is None else torch.cat([draft.probs[:, nxt], nan])[n, None]
     packed = torch.cat([torch.stack([n, nxt]).double(), draft.ids.double(), shown[rows, draft.ids].double(),
                         pd.double(), shown[n, nxt][None].double(), pd_next.double()]).tolist()
-    n, nxt, ids, pt, pd = int(packed[0]), int(packed[1]), packed[2:2 + k], packed[2 + k:2 + 2 * k], packed[2 + 2 * k:2 + 3 * k]
-    pt_next, pd_next = packed[-2], packed[-1]
+    n, nxt, pt_next, pd_next = int(packed[0]), int(packed[1]), packed[-2], packed[-1]
+    ids, pt, pd = (packed[2 + i * k:2 + (i + 1) * k] for i in range(3))
     tokens = [Token(int(ids[i]), "accepted", i, pt[i], pd[i]) for i in range(n)]
     if n < k:
         tokens.append(Token(int(ids[n]), "rejected", n, pt[n], pd[n]))

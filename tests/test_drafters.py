@@ -148,12 +148,12 @@ def test_default_model_greedy_matches_plain(smol):
     model, prompts = smol
     eng = Engine(model, 256)
     cases = [(speculative.NgramDrafter(), 1), (speculative.NgramDrafter(), 8),
-             (speculative.LayerSkipDrafter(eng, n_layers=8), 2), (speculative.LayerSkipDrafter(eng, n_layers=12), 5),
+             (speculative.LayerSkipDrafter(eng, n_layers=8), 2), (speculative.LayerSkipDrafter(eng, n_layers=26), 5),
              (speculative.ModelDrafter(Engine(model, 256)), 4)]
     for prompt in prompts:
-        want, _ = eng.generate(prompt, max_new_tokens=20, stop_ids=[])
+        want, _ = eng.generate(prompt, max_new_tokens=16, stop_ids=[])
         for drafter, k in cases:
-            got, stats = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=20, stop_ids=[])
+            got, stats = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=16, stop_ids=[])
             assert got == want, (drafter.name, k)
             if drafter.name == "draft_model":  # the model drafting for itself agrees everywhere
                 assert stats.summary()["acceptance_rate"] == 1.0
