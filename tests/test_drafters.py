@@ -157,3 +157,26 @@ def test_default_model_greedy_matches_plain(smol):
             assert got == want, (drafter.name, k)
             if drafter.name == "draft_model":  # the model drafting for itself agrees everywhere
                 assert stats.summary()["acceptance_rate"] == 1.0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graphed_speculative_matches_plain_on_cuda(tiny):
+    """Graph replays of the draft steps and the verify pass (their outputs are overwritten by the next
+    replay) give the plain greedy output; fp32, so the decode and chunk paths cannot flip a near-tie."""
+    from engine import graphs
+
+    _, root = tiny
+    model = load_model(root / "a", device="cuda", dtype="fp32")
+    eng = graphs.enable(Engine(model, 256))
+    assert eng.graph is not None, eng.graph_status
+    prompt = [72, 101, 108, 108, 111, 32, 72, 101, 108, 108, 111]
+    want, _ = eng.generate(prompt, max_new_tokens=48, stop_ids=[])
+    for drafter in (speculative.NgramDrafter(), speculative.LayerSkipDrafter(eng, n_layers=2),
+                    speculative.ModelDrafter(graphs.enable(Engine(model, 256)))):
+        for k in (1, 4):
+            got, _ = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=48, stop_ids=[])
+            assert got == want, (drafter.name, k)
+        ids, stats = speculative.generate(eng, drafter, prompt, k=3, max_new_tokens=48, temperature=1.0,
+                                          stop_ids=[])
+        assert len(ids) == 48 and ids == stats.ids
