@@ -9,7 +9,8 @@ Protocol (speculative.stream drives it; a test can implement it too):
                                               drafter's own drafts; the drafter rolls back or catches up
   propose(k, sampling, gen) -> Draft          up to k tokens following the sequence committed so far
 
-Drafts stay on the device: proposing needs no host sync, so a round's only sync is reading the outcome.
+Drafts live on the device and proposing reads nothing back from it, so a round's one device-to-host read
+is the outcome of the acceptance step.
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def draw(weights: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     """Sample from unnormalized weights [R, V] -> [R] long, without a host sync.
 
     argmax(w / E) with E ~ Exp(1) picks index i with probability w_i / sum(w) (the exponential race), so
-    the row never needs normalizing; torch.multinomial would check the row on the host. E is clamped away
-    from 0, where a zero weight would give 0/0 = NaN and win the argmax."""
+    the row never needs normalizing, and unlike torch.multinomial it never synchronizes on CUDA (gpt-fast
+    samples this way for the same reason). E is clamped away from 0, where a zero weight would give
+    0/0 = NaN and win the argmax."""
     e = torch.empty_like(weights, dtype=torch.float32).exponential_(generator=gen)
     return (weights / e.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(-1)
 
