@@ -22,34 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import markdown_table, provenance, write_results  # noqa: E402
 from engine import Engine, Tokenizer, graphs, load_model, speculative  # noqa: E402
-
-try:
-    from bench.common import markdown_table, provenance, write_results
-except ImportError:  # bench/common.py has not landed: minimal stand-ins with the same signatures
-    import json
-    import platform
-    import subprocess
-
-    def provenance(device: str) -> dict:
-        def git(*a):
-            return subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
-        return dict(commit=git("rev-parse", "HEAD"), dirty=bool(git("status", "--porcelain")),
-                    time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), python=platform.python_version(),
-                    torch=torch.__version__, cpu=platform.processor() or platform.machine(), device=device,
-                    gpu=torch.cuda.get_device_name() if device == "cuda" else None)
-
-    def markdown_table(rows: list[dict], cols: list[str]) -> str:
-        def cell(v):
-            return f"{v:.3g}" if isinstance(v, float) else "" if v is None else str(v)
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        return "\n".join(lines + ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]) + "\n"
-
-    def write_results(out, name: str, result: dict, md: str) -> None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
-        (out / f"{name}.md").write_text(md)
 
 PASSAGE = ("The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper "
            "climbed the narrow stairs, trimmed the wick and watched the beam sweep across the dark water, "
