@@ -16,15 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import engine  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import markdown_table, provenance, write_results  # noqa: E402
 from engine import Engine, graphs, load_model, ops  # noqa: E402
 from engine.bandwidth import measure_gbs  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.model import Transformer  # noqa: E402
+import torch  # noqa: E402
 
 TINYLLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                  num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4, rms_norm_eps=1e-5,

@@ -18,12 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import engine  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import markdown_table, provenance, write_results  # noqa: E402
 from engine import Engine, Tokenizer, graphs, load_model, speculative  # noqa: E402
+import torch  # noqa: E402
 
 PASSAGE = ("The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper "
            "climbed the narrow stairs, trimmed the wick and watched the beam sweep across the dark water, "
