@@ -6,9 +6,20 @@ pyproject.toml). They still run by default; `pytest -m "not slow"` skips them fo
 import pytest
 
 from engine import default_model
+import torch  # after engine, which sets OpenMP's wait policy before torch loads
 
 
 @pytest.fixture(scope="session")
 def default_model_dir():
     """The converted SmolLM2-135M-Instruct folder; the first run downloads and converts it (~10 s)."""
     return default_model.ensure()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models are all per-op overhead: OpenMP's thread handoffs cost more than the math, and far more
+    when the CPU is shared with other jobs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -15,13 +15,7 @@ from engine.sampling import SamplingParams
 from engine.testing import tiny_config, write_tiny_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models are per-op overhead; OpenMP thread handoffs cost more than the math (see test_speculative)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def brute_force(tokens, k, max_n, min_n):

@@ -13,16 +13,6 @@ from engine.testing import tiny_config, write_tiny_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    # Tiny models are all per-op overhead: OpenMP's thread handoffs cost more than the math, and far more
-    # when the CPU is shared with other jobs (a 3-token run went from 8 ms to 300 ms with 2 threads).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def chi2_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
     """Pearson's chi-square test of counts against probabilities p (same shape); cells expecting fewer than
     5 are pooled into one, so a count where p is 0 still lands somewhere the test sees it."""
