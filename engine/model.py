@@ -170,13 +170,11 @@ class Transformer(nn.Module):
         lengths: torch.Tensor | None = None,
         kv_limit: int | None = None,
         last_only: bool = False,
-        n_layers: int | None = None,
     ) -> torch.Tensor:
         """tokens: [B, T] -> float32 logits [B, T, V] ([B, V] with last_only).
 
         prefill: lengths [B] gives each right-padded row's real length (default T); last_only picks each
-        row's last real token. decode / chunk: appended at cache.seq_lens, which grows by T.
-        n_layers runs only the first layers (the self-speculative drafter) against the same cache layout."""
+        row's last real token. decode / chunk: appended at cache.seq_lens, which grows by T."""
         B, T = tokens.shape
         arange = torch.arange(T, device=tokens.device)
         if mode == "prefill":
@@ -188,7 +186,7 @@ class Transformer(nn.Module):
             cache.seq_lens.add_(T)
         s = Step(mode, B, T, positions, cache.seq_lens, cache, kv_limit or cache.max_seq_len, self.ops,
                  self.cos, self.sin)
-        layers = self.layers[: n_layers or len(self.layers)]
+        layers = self.layers
         h = self.embed(tokens).reshape(B * T, -1)  # residual stream: [N, C]
         x = self.ops.rmsnorm(h, layers[0].attn_norm.weight, self.config.rms_eps)
         for i, block in enumerate(layers):

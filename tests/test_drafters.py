@@ -1,16 +1,15 @@
 """The drafters on their own: the n-gram index against a brute-force scan, the draft model's cache
-after rollbacks and catch-ups, the layer-skip view against the model's own n_layers path, the checks that
+after rollbacks and catch-ups, the layer-skip view against a truncated checkpoint, the checks that
 refuse a mismatched draft model; and greedy speculative output on the default model."""
-import dataclasses
 import json
 import random
+import shutil
 
 import pytest
 import torch
 
 from engine import Engine, load_model, speculative
 from engine.drafters import NgramDrafter, truncated
-from engine.kv_cache import KVCache
 from engine.sampling import SamplingParams
 from engine.testing import tiny_config, write_tiny_model
 
@@ -92,16 +91,21 @@ def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
         emitted = draft.ids[:n].tolist() + [rng.randrange(model.config.vocab_size)]
 
 
-def test_layer_skip_shares_weights_and_matches_the_n_layers_path(tiny):
-    model, _ = tiny
+def test_layer_skip_shares_weights_and_matches_a_truncated_checkpoint(tiny):
+    """The view equals the same checkpoint loaded with num_hidden_layers=2 (the loader reads the first two
+    layers' tensors, the final norm and the head), without copying a weight."""
+    model, root = tiny
     eng = Engine(model, 64)
     view = truncated(model, 2)
     assert view.config.n_layers == 2 and view.layers[1] is model.layers[1] and view.embed is model.embed
-    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
-    cache = KVCache(dataclasses.replace(model.config, n_layers=2), 1, 64, model.dtype, model.device)
-    with torch.inference_mode():
-        want = model(ids, cache, "prefill", n_layers=2)[0]
-    torch.testing.assert_close(Engine(view, 64).logits(ids[0].tolist()), want)
+    config = json.loads((root / "a" / "config.json").read_text())
+    (root / "a2").mkdir(exist_ok=True)
+    for name in ("model.safetensors", "tokenizer.json"):
+        shutil.copy(root / "a" / name, root / "a2" / name)
+    (root / "a2" / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 2}))
+    ids = [5, 6, 7, 8, 9, 10]
+    want = Engine(load_model(root / "a2"), 64).logits(ids)
+    torch.testing.assert_close(Engine(view, 64).logits(ids), want)
     for bad in (0, model.config.n_layers, 1.5):
         with pytest.raises(ValueError, match=f"n_layers={bad} must be in 1..{model.config.n_layers - 1}"):
             speculative.LayerSkipDrafter(eng, n_layers=bad)
