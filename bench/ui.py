@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import markdown_table, provenance, write_results  # noqa: E402
 from engine.stats import percentile  # noqa: E402
-from ui import layout  # noqa: E402
+from ui import callbacks, layout  # noqa: E402
 from ui.runtime import RoundPump  # noqa: E402
 from ui.startup import build_runtime  # noqa: E402
 
@@ -149,6 +149,7 @@ def bench(args) -> dict:
         demo.close()
         rt.store.close()
     return dict(model="tiny" if args.tiny else "default", device=args.device, repeats=args.repeats,
+                plot_interval_s=callbacks.PLOT_INTERVAL_S, stream_interval_s=callbacks.STREAM_INTERVAL_S, torch_threads=__import__("torch").get_num_threads(),
                 prompt=PROMPT, goals=dict(ratio=GOAL_RATIO, latency_p95_ms=GOAL_P95_MS), rows=rows,
                 env=rt.env)
 
@@ -170,8 +171,21 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--modes", nargs="+", default=["plain", "n-gram"])
     p.add_argument("--chromium", default="/usr/bin/chromium")
+    p.add_argument("--plot-interval", type=float, default=None,
+                   help="seconds between live figure refreshes (default: the app's own)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the engine")
+    p.add_argument("--stream-interval", type=float, default=None,
+                   help="seconds between token updates (default: the app's own)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
+    if args.plot_interval is not None:
+        callbacks.PLOT_INTERVAL_S = args.plot_interval
+    if args.stream_interval is not None:
+        callbacks.STREAM_INTERVAL_S = args.stream_interval
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     result = bench(args)
     result["provenance"] = provenance(args.device)
     md = report(result)

@@ -48,7 +48,8 @@ def read_csv(path):
 
 
 def generate(c, prompt=PROMPT, **overrides):
-    return c.predict(prompt, *values(**overrides), api_name="/generate")
+    """/generate streams (tokens, stats, status); /last_run then gives figures, run table and files."""
+    return (*c.predict(prompt, *values(**overrides), api_name="/generate"), *c.predict(api_name="/last_run"))
 
 
 def test_parse_args_defaults_and_flags():
@@ -70,7 +71,7 @@ def test_models_outside_the_launch_list_need_the_flag():
 def test_api_exposes_only_the_user_actions(served):
     _, url = served
     names = set(client(url).view_api(print_info=False, return_format="dict")["named_endpoints"])
-    assert {"/generate", "/compare", "/stop"} <= names
+    assert {"/generate", "/last_run", "/compare", "/last_compare", "/stop"} <= names
     assert not names & {"/submit", "/setting_visibility"}
 
 
@@ -135,7 +136,7 @@ def test_stop_endpoint_ends_the_run_and_keeps_what_it_made(served):
     job = c.submit(PROMPT, *values(max_new_tokens=1900), api_name="/generate")
     wait_iterating(job)
     c.predict(api_name="/stop")
-    out = job.result(timeout=10)
+    out = (*job.result(timeout=10), *c.predict(api_name="/last_run"))
     assert "stopped after" in out[2]
     assert out[6]["data"][-1][-1] == "yes"
     assert len(read_csv(out[7])) < 1900
@@ -164,7 +165,9 @@ def test_prompt_longer_than_the_cache_through_the_client(served):
 
 def test_compare(served):
     rt, url = served
-    status, fig, table, runs, runs_csv = client(url).predict(PROMPT, *values(mode="n-gram"), api_name="/compare")
+    c = client(url)
+    status = c.predict(PROMPT, *values(mode="n-gram"), api_name="/compare")
+    fig, table, runs, runs_csv = c.predict(api_name="/last_compare")
     assert "Compared" in status
     notes = {row[1]: row[-1] for row in table["data"]}
     assert notes["CUDA graph"] == rt.graphs_reason and notes["fused kernels"] == rt.fused_reason

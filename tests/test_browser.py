@@ -79,6 +79,14 @@ def generate(page, mode="n-gram", max_new_tokens=48, run_no=1):
     page.click("#generate-btn")
     page.wait_for_function(f"document.querySelector('#status')?.innerText.includes('Run {run_no} done')",
                            timeout=30_000)
+    wait_for_runs(page, run_no)
+
+
+def wait_for_runs(page, n):
+    """The run table lists n runs: the run's figures, table and files (last_run) have landed."""
+    page.wait_for_function(
+        f"(document.querySelector('#runs')?.innerText.match(/ · (eager|graph) · /g) || []).length >= {n}",
+        timeout=30_000)
 
 
 def test_generate_n_gram_shows_coloured_spans_and_plots(page):
@@ -123,6 +131,7 @@ def test_compare_and_csv_download(page, served, tmp_path):
     assert {"run_id", "round", "token_index", "token_id", "token_text", "latency_ms", "p_target"} <= set(rows[0])
     page.click("#compare-btn")
     page.wait_for_function("document.querySelector('#status')?.innerText.includes('Compared')", timeout=60_000)
+    wait_for_runs(page, 3)
     page.wait_for_selector("#plot-compare .js-plotly-plot .main-svg", timeout=10_000)
     if os.environ.get("DECODESCOPE_SCREENSHOT"):  # for a person to look at
         page.screenshot(path=os.environ["DECODESCOPE_SCREENSHOT"], full_page=True)
@@ -131,7 +140,21 @@ def test_compare_and_csv_download(page, served, tmp_path):
     assert page.inner_text("#runs").count("compare:") == 2
 
 
-def test_stop_ends_a_long_run(page):
+@pytest.fixture
+def slow_engine(served, monkeypatch):
+    """Rounds of at least 20 ms: a 1000-token run cannot end by itself while a test stops it."""
+    rt = served[0]
+    real = rt.rounds_fn
+
+    def slow(s, ids):
+        for rnd in real(s, ids):
+            time.sleep(0.02)
+            yield rnd
+
+    monkeypatch.setattr(rt, "rounds_fn", slow)
+
+
+def test_stop_ends_a_long_run(page, slow_engine):
     page.locator("#mode").get_by_label("plain", exact=True).check()
     page.fill("#prompt textarea", PROMPT)
     set_number(page, "max-new-tokens", 1000)
@@ -143,16 +166,8 @@ def test_stop_ends_a_long_run(page):
     assert 0 < n < 1000
 
 
-def test_closing_the_tab_frees_the_engine(browser, served, monkeypatch):
+def test_closing_the_tab_frees_the_engine(browser, served, slow_engine):
     rt, url = served
-    real = rt.rounds_fn
-
-    def slow(s, ids):  # 1000 rounds at >= 20 ms: the run cannot end by itself during this test
-        for rnd in real(s, ids):
-            time.sleep(0.02)
-            yield rnd
-
-    monkeypatch.setattr(rt, "rounds_fn", slow)
     context = browser.new_context()
     page = context.new_page()
     page.goto(url)

@@ -7,7 +7,7 @@ import gradio as gr
 import pytest
 
 from engine.stats import KINDS
-from ui import callbacks
+from ui import callbacks, compare
 from ui.callbacks import SETTINGS_FIELDS, Session
 from ui.startup import build_runtime
 
@@ -29,8 +29,9 @@ def rt():
 
 
 def run(rt, session, prompt=PROMPT, **overrides):
+    """The page's chain: the streamed run, then last_run's figures, table and files, as one final tuple."""
     outs = list(callbacks.generate(rt, session, prompt, *values(**overrides)))
-    return outs, outs[-1]
+    return outs, (*outs[-1], *callbacks.last_run(rt, session))
 
 
 def read_csv(path):
@@ -70,7 +71,8 @@ def test_greedy_speculative_output_equals_plain(rt):
 
 def test_stream_is_throttled_and_append_only(rt):
     outs, _ = run(rt, Session(), max_new_tokens=200)
-    htmls = [o[0] for o in outs if isinstance(o[0], str) and o[0]]
+    assert all(isinstance(v, str) for o in outs for v in o)  # strings only while streaming
+    htmls = [o[0] for o in outs if o[0]]
     assert all(b.startswith(a) for a, b in zip(htmls, htmls[1:]))
     # 200 tokens come as a handful of updates, not one per token
     assert len(outs) < 200 / 4
@@ -126,7 +128,8 @@ def test_stop_ends_the_run_within_a_round_and_keeps_it(rt):
     *_, final = gen
     assert time.monotonic() - t0 < 2
     assert "stopped after" in final[2]
-    assert session.history[0].stopped and final[6][0][-1] == "yes"
+    table = callbacks.last_run(rt, session)[3]
+    assert session.history[0].stopped and table[0][-1] == "yes"
     assert rt.lock.acquire(timeout=2)
     rt.lock.release()
     run(rt, session)
@@ -152,6 +155,7 @@ def test_stop_while_queued_drops_the_run(rt):
     callbacks.stop(session)
     outs = list(callbacks.generate(rt, session, PROMPT, *values()))
     assert "before it started" in outs[-1][2] and session.history == []
+    assert callbacks.last_run(rt, session) == (gr.skip(),) * 7
     callbacks.submit(session)
     _, final = run(rt, session)  # a later run is not affected
     assert "done" in final[2]
@@ -183,15 +187,29 @@ def test_one_run_on_the_engine_at_a_time(rt):
 
 def test_compare_lists_what_this_machine_cannot_run(rt):
     session = Session()
-    outs = list(callbacks.compare(rt, session, PROMPT, *values(mode="n-gram")))
-    status, fig, rows, table, runs_csv = outs[-1]
-    assert "Compared 2 runs" in status
+    statuses = list(compare.compare(rt, session, PROMPT, *values(mode="n-gram")))
+    assert all(isinstance(x, str) for x in statuses) and "Compared 2 runs" in statuses[-1]
+    fig, rows, table, runs_csv = compare.last_compare(rt, session)
     by_label = {(r[0], r[1]): r for r in rows}
     assert by_label[("CUDA graphs", "CUDA graph")][-1] == rt.graphs_reason
     assert by_label[("kernels", "fused kernels")][-1] == rt.fused_reason
     assert by_label[("speculative", "plain")][2] > 0 and by_label[("speculative", "n-gram n=3 k=4")][5] > 0
-    assert len(session.history) == 2 and len(read_csv(runs_csv)) == 2
+    assert len(session.history) == 2 and len(read_csv(runs_csv)) == 2 and len(table) == 2
     fig.to_json()
+
+
+def test_live_figures_only_when_the_run_moved_on(rt):
+    session = Session()
+    assert callbacks.live_figures(rt, session) == (gr.skip(),) * 3  # no run
+    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=1500))
+    next(gen), next(gen)
+    figs = callbacks.live_figures(rt, session)
+    assert all(hasattr(f, "to_json") for f in figs)
+    if session.live is not None and len(session.live.rounds) == session.live.drawn:
+        assert callbacks.live_figures(rt, session) == (gr.skip(),) * 3
+    callbacks.stop(session)
+    list(gen)
+    assert session.live is None
 
 
 def test_end_session_removes_its_files(rt):

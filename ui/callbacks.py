@@ -7,7 +7,7 @@ import math
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -17,12 +17,19 @@ from ui.runtime import RoundPump, RunSettings, Runtime, as_int
 
 STREAM_INTERVAL_S = 1 / 15  # token updates to the page, at most this often
 PLOT_INTERVAL_S = 2.0  # figures cost far more (to build, send and draw): refreshed this often mid-run
-IDLE_TICK_S = 0.25  # a Compare run yields this often, so a closed tab or Stop is noticed
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
                    "temperature", "top_p", "top_k", "seed", "max_new_tokens")
 INT_FIELDS = ("k", "ngram", "layers", "top_k", "seed", "max_new_tokens")
 RUN_HEADERS = ["run", "label", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "acceptance",
                "mean accepted", "stopped"]
+
+
+@dataclass
+class LiveRun:
+    rounds: list[Round]
+    prompt_len: int
+    settings: dict
+    drawn: int = -1  # rounds the figures last showed
 
 
 @dataclass
@@ -45,6 +52,9 @@ class Session:
         self.run_stop = threading.Event()
         self.submitted_at: float | None = None  # when the page queued its last run (see submit)
         self.stopped_at = -math.inf
+        self.live: LiveRun | None = None  # the streaming run, for the figures' own refresh
+        self.last: tuple | None = None  # (Stats, (token CSV, trace, runs CSV)) of the last finished run
+        self.last_compare: list | None = None  # CompareEntry list of the last Compare
 
     def __deepcopy__(self, memo):
         # gradio deep-copies each session's fresh value (an Event cannot be copied); it is already fresh
@@ -150,107 +160,65 @@ def figures(stats) -> tuple:
 
 
 def generate(rt: Runtime, session: Session, prompt: str, *values):
-    """Stream one run. Yields (tokens html, stats html, status html, itl, steps, acceptance, runs table,
-    token CSV, trace JSON, runs CSV)."""
+    """Stream one run: yields (tokens html, stats html, status html), strings only.
+
+    Every other output of a streaming event would cost gradio a component rebuild on each update, skipped
+    or not, so figures refresh on their own timer (live_figures) and the run's figures, history and files
+    follow once it ends (last_run)."""
     s, ids = prepare(rt, prompt, values)
-    skip = gr.skip()
+    session.last = None
     if not begin_run(session):
-        yield (skip, skip, render.message_html("Stopped before it started."), *[skip] * 7)
+        yield (gr.skip(), gr.skip(), render.message_html("Stopped before it started."))
         return
     settings = s.as_dict(rt.model_name)
-    yield ("", render.stats_line({}, running=True), render.message_html(f"Running {s.label()}."), *[skip] * 7)
+    status = render.message_html(f"Running {s.label()}.")
+    html, stats_html = "", render.stats_line({}, running=True)
+    yield (html, stats_html, status)
     rounds: list[Round] = []
-    html = ""
-    last_plot = time.monotonic()
+    session.live = LiveRun(rounds, len(ids), settings)
     pump = RoundPump(rt, s, ids, session.run_stop)
     try:
         for batch in pump.batches(STREAM_INTERVAL_S):
-            if not batch:
-                yield (skip,) * 10
-                continue
-            rounds += batch
-            html += render.render_rounds(batch, rt.text_of)
-            stats = rt.stats(rounds, len(ids), settings)
-            yield (html, render.stats_line(stats.summary(), running=True), *[skip] * 8)
-            if time.monotonic() - last_plot >= PLOT_INTERVAL_S:  # after the tokens went out, not before
-                yield (skip, skip, skip, *figures(stats), *[skip] * 4)
-                last_plot = time.monotonic()
+            if batch:  # an empty batch still yields: that is when gradio can close a dropped run
+                rounds += batch
+                html += render.render_rounds(batch, rt.text_of)
+                stats_html = render.stats_line(rt.stats(rounds, len(ids), settings).summary(), running=True)
+            yield (html, stats_html, status)
     except ValueError as e:  # a setting only the engine could judge
         raise gr.Error(str(e), print_exception=False) from None
     finally:
         pump.close()
+        session.live = None
     stopped = not (rounds and rounds[-1].finished)
     stats = rt.stats(rounds, len(ids), settings)
     files = record_run(rt, session, stats, s.label(), stopped)
+    session.last = (stats, files)
     n = len(session.history)
     note = f"Run {n} stopped after {len(stats.ids)} tokens." if stopped else f"Run {n} done: {s.label()}."
-    yield (html, render.stats_line(stats.summary()), render.message_html(note), *figures(stats),
-           runs_table(session), *files)
+    yield (html, render.stats_line(stats.summary()), render.message_html(note))
 
 
-def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int], tick: tuple):
-    """Generator: runs s to the end yielding `tick` (no page update) now and then; returns its Stats,
-    or None when the run was stopped."""
-    rounds: list[Round] = []
-    pump = RoundPump(rt, s, ids, session.run_stop)
-    try:
-        for batch in pump.batches(IDLE_TICK_S):
-            rounds += batch
-            yield tick
-    except ValueError as e:
-        raise gr.Error(str(e), print_exception=False) from None
-    finally:
-        pump.close()
-    if not (rounds and rounds[-1].finished):
-        return None
-    return rt.stats(rounds, len(ids), s.as_dict(rt.model_name))
+def live_figures(rt: Runtime, session: Session) -> tuple:
+    """The timer's tick while a run streams: the three figures of the run so far, when it moved on."""
+    live = session.live
+    if live is None or len(live.rounds) == live.drawn:
+        return (gr.skip(),) * 3
+    rounds = list(live.rounds)
+    live.drawn = len(rounds)
+    return figures(rt.stats(rounds, live.prompt_len, live.settings))
 
 
-def compare_plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None, str | None, bool]]:
-    """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared."""
-    base = replace(s, mode="plain")
-    spec = s if s.speculative else replace(s, mode="n-gram")
-    plan = []
-    if rt.graphs_reason:
-        plan.append(("CUDA graphs", "CUDA graph", None, rt.graphs_reason, False))
-    else:
-        plan += [("CUDA graphs", "eager", replace(base, cuda_graphs=False), None, True),
-                 ("CUDA graphs", "CUDA graph", replace(base, cuda_graphs=True), None, False)]
-    if rt.fused_reason:
-        plan.append(("kernels", "fused kernels", None, rt.fused_reason, False))
-    else:
-        plan += [("kernels", "torch ops", replace(base, fused_kernels=False), None, True),
-                 ("kernels", "fused kernels", replace(base, fused_kernels=True), None, False)]
-    plan += [("speculative", "plain", base, None, True), ("speculative", spec.mode_label(), spec, None, False)]
-    return plan
+def last_run(rt: Runtime, session: Session) -> tuple:
+    """After a run: (itl, steps, acceptance figures, runs table, token CSV, trace JSON, runs CSV)."""
+    if session.last is None:
+        return (gr.skip(),) * 7
+    stats, files = session.last
+    return (*figures(stats), runs_table(session), *files)
 
 
-def compare(rt: Runtime, session: Session, prompt: str, *values):
-    """Run the prompt back to back under each configuration. Yields (status html, compare figure,
-    compare table, runs table, runs CSV)."""
-    s, ids = prepare(rt, prompt, values)
-    skip = gr.skip()
-    if not begin_run(session):
-        yield (render.message_html("Stopped before it started."), *[skip] * 4)
-        return
-    plan = compare_plan(rt, s)
-    for _, _, cfg, _, _ in plan:
-        if cfg is not None:
-            try:
-                rt.validate(cfg, ids)
-            except ValueError as e:
-                raise gr.Error(f"Compare cannot run {cfg.label()}: {e}", print_exception=False) from None
-    todo = list(dict.fromkeys(cfg for _, _, cfg, _, _ in plan if cfg is not None))
-    done: dict[RunSettings, object] = {}
-    for i, cfg in enumerate(todo, 1):
-        yield (render.message_html(f"Compare {i}/{len(todo)}: {cfg.label()}"), *[skip] * 4)
-        stats = yield from run_to_end(rt, session, cfg, ids, (skip,) * 5)
-        if stats is None:
-            yield (render.message_html(f"Compare stopped during {cfg.label()}."), *[skip] * 4)
-            return
-        done[cfg] = stats
-        record_run(rt, session, stats, f"compare: {cfg.label()}", False)
-    entries = [plots.CompareEntry(g, label, done.get(cfg), reason, base) for g, label, cfg, reason, base in plan]
-    folder = rt.store.run_dir(session.compare_dir)
-    yield (render.message_html(f"Compared {len(todo)} runs."), plots.compare_figure(entries),
-           plots.compare_rows(entries), runs_table(session), write_history(rt, session, folder))
+def live_on() -> gr.Timer:
+    return gr.Timer(active=True)
+
+
+def live_off() -> gr.Timer:
+    return gr.Timer(active=False)

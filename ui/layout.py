@@ -5,7 +5,7 @@ from functools import partial
 
 import gradio as gr
 
-from ui import callbacks, plots, render
+from ui import callbacks, compare, plots, render
 from ui.runtime import K_RANGE, NGRAM_RANGE, Runtime
 from ui.style import page_css
 
@@ -114,15 +114,22 @@ def build(rt: Runtime) -> gr.Blocks:
         assert len(settings) == len(callbacks.SETTINGS_FIELDS)
         # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
         # own range check would only say "Value 40 is greater than maximum value 16".
-        engine_event = dict(concurrency_limit=1, concurrency_id="engine", preprocess=False, show_progress="minimal")
+        engine_event = dict(concurrency_limit=1, concurrency_id="engine", preprocess=False, show_progress="hidden")
         quick = dict(queue=False, show_progress="hidden", api_visibility="private")
-        generate_btn.click(callbacks.submit, [session], None, **quick).then(
-            partial(callbacks.generate, rt), [session, prompt, *settings],
-            [output, stats, status, plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn],
-            api_name="generate", **engine_event)
-        compare_btn.click(callbacks.submit, [session], None, **quick).then(
-            partial(callbacks.compare, rt), [session, prompt, *settings],
-            [status, plot_cmp, cmp_table, runs, runs_btn], api_name="compare", **engine_event)
+        timer = gr.Timer(callbacks.PLOT_INTERVAL_S, active=False)
+        timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
+        (generate_btn.click(callbacks.submit, [session], None, **quick)
+         .then(callbacks.live_on, None, [timer], **quick)
+         .then(partial(callbacks.generate, rt), [session, prompt, *settings], [output, stats, status],
+               api_name="generate", **engine_event)
+         .then(callbacks.live_off, None, [timer], **quick)
+         .then(partial(callbacks.last_run, rt), [session],
+               [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn], api_name="last_run"))
+        (compare_btn.click(callbacks.submit, [session], None, **quick)
+         .then(partial(compare.compare, rt), [session, prompt, *settings], [status], api_name="compare",
+               **engine_event)
+         .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
+               api_name="last_compare"))
         stop_btn.click(callbacks.stop, [session], [status], queue=False, api_name="stop")
         mode.change(setting_visibility, [mode], [k, ngram, layers, draft], **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=(

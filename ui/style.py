@@ -17,8 +17,9 @@ def page_css() -> str:
     return f"""
 #output-tokens {{
   white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, Menlo, Consolas, monospace;
-  font-size: 0.95rem; line-height: 1.7; min-height: 8rem; max-height: 32rem; overflow-y: auto;
+  font-size: 0.95rem; line-height: 1.7; height: 24rem; overflow-y: auto;
   padding: 0.6rem; border: 1px solid var(--border-color-primary); border-radius: 6px;
+  contain: strict;  /* fixed size: a streamed update re-lays out this box only, never the page below */
 }}
 .tok {{ border-radius: 2px; padding: 0 1px; }}
 {kinds}

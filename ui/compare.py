@@ -1,0 +1,94 @@
+"""The Compare button: the current prompt back to back under eager vs CUDA graph, torch ops vs fused
+kernels, and plain vs the selected speculative mode. A configuration the machine cannot run is listed
+with its reason instead.
+
+Like generate, the queued event yields only a status string; the figure, table and files follow from
+last_compare once it ends.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gradio as gr
+
+from engine.stats import Round
+from ui import plots, render
+from ui.callbacks import Session, begin_run, prepare, record_run, runs_table, write_history
+from ui.runtime import RoundPump, RunSettings, Runtime
+
+IDLE_TICK_S = 0.25  # a run yields this often, so a closed tab or Stop is noticed
+
+
+def plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None, str | None, bool]]:
+    """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared."""
+    base = replace(s, mode="plain")
+    spec = s if s.speculative else replace(s, mode="n-gram")
+    out = []
+    if rt.graphs_reason:
+        out.append(("CUDA graphs", "CUDA graph", None, rt.graphs_reason, False))
+    else:
+        out += [("CUDA graphs", "eager", replace(base, cuda_graphs=False), None, True),
+                ("CUDA graphs", "CUDA graph", replace(base, cuda_graphs=True), None, False)]
+    if rt.fused_reason:
+        out.append(("kernels", "fused kernels", None, rt.fused_reason, False))
+    else:
+        out += [("kernels", "torch ops", replace(base, fused_kernels=False), None, True),
+                ("kernels", "fused kernels", replace(base, fused_kernels=True), None, False)]
+    out += [("speculative", "plain", base, None, True), ("speculative", spec.mode_label(), spec, None, False)]
+    return out
+
+
+def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int], status: str):
+    """Generator: runs s, yielding `status` now and then; returns its Stats, or None if it was stopped."""
+    rounds: list[Round] = []
+    pump = RoundPump(rt, s, ids, session.run_stop)
+    try:
+        for batch in pump.batches(IDLE_TICK_S):
+            rounds += batch
+            yield status
+    except ValueError as e:
+        raise gr.Error(str(e), print_exception=False) from None
+    finally:
+        pump.close()
+    if not (rounds and rounds[-1].finished):
+        return None
+    return rt.stats(rounds, len(ids), s.as_dict(rt.model_name))
+
+
+def compare(rt: Runtime, session: Session, prompt: str, *values):
+    """Run each configuration of the plan once (shared ones once in all); yields the status html."""
+    s, ids = prepare(rt, prompt, values)
+    session.last_compare = None
+    if not begin_run(session):
+        yield render.message_html("Stopped before it started.")
+        return
+    configs = plan(rt, s)
+    for _, _, cfg, _, _ in configs:
+        if cfg is not None:
+            try:
+                rt.validate(cfg, ids)
+            except ValueError as e:
+                raise gr.Error(f"Compare cannot run {cfg.label()}: {e}", print_exception=False) from None
+    todo = list(dict.fromkeys(cfg for _, _, cfg, _, _ in configs if cfg is not None))
+    done = {}
+    for i, cfg in enumerate(todo, 1):
+        status = render.message_html(f"Compare {i}/{len(todo)}: {cfg.label()}")
+        stats = yield from run_to_end(rt, session, cfg, ids, status)
+        if stats is None:
+            yield render.message_html(f"Compare stopped during {cfg.label()}.")
+            return
+        done[cfg] = stats
+        record_run(rt, session, stats, f"compare: {cfg.label()}", False)
+    session.last_compare = [plots.CompareEntry(g, label, done.get(cfg), why, base)
+                            for g, label, cfg, why, base in configs]
+    yield render.message_html(f"Compared {len(todo)} runs.")
+
+
+def last_compare(rt: Runtime, session: Session) -> tuple:
+    """After a Compare: (figure, table, runs table, runs CSV)."""
+    if session.last_compare is None:
+        return (gr.skip(),) * 4
+    entries = session.last_compare
+    folder = rt.store.run_dir(session.compare_dir)
+    return (plots.compare_figure(entries), plots.compare_rows(entries), runs_table(session),
+            write_history(rt, session, folder))
