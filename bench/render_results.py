@@ -1,0 +1,46 @@
+"""Render docs/RESULTS.md from the benchmark files in bench/results/ (never typed by hand).
+
+Each NAME.md table is copied under a heading, followed by the provenance its NAME.json recorded.
+
+    python bench/render_results.py [--results bench/results] [--out docs/RESULTS.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROVENANCE_KEYS = ("commit", "dirty", "time", "device", "gpu", "driver", "torch", "torch_cuda", "cpu",
+                   "cpu_count", "torch_threads")
+
+
+def provenance_line(prov: dict) -> str:
+    parts = [f"{k}={prov[k]}" for k in PROVENANCE_KEYS if prov.get(k) not in (None, "")]
+    return "Provenance: " + ", ".join(parts)
+
+
+def render(results: Path) -> str:
+    out = ["# decodescope benchmark results", "",
+           f"Rendered by `python bench/render_results.py` from the files in `{results.name}/`; each table is",
+           "the markdown its benchmark wrote, followed by the provenance in its JSON.", ""]
+    for md in sorted(results.glob("*.md")):
+        data = json.loads(md.with_suffix(".json").read_text()) if md.with_suffix(".json").exists() else {}
+        out += [f"## {md.stem}", "", md.read_text().rstrip(), ""]
+        if "provenance" in data:
+            out += [provenance_line(data["provenance"]), ""]
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=str(HERE / "results"))
+    p.add_argument("--out", default=str(HERE.parent / "docs" / "RESULTS.md"))
+    args = p.parse_args(argv)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(render(Path(args.results)))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
