@@ -16,7 +16,7 @@ from ui import export, plots, render
 from ui.runtime import RoundPump, RunSettings, Runtime, as_int
 
 STREAM_INTERVAL_S = 1 / 15  # token updates to the page, at most this often
-PLOT_INTERVAL_S = 2.0  # figures cost far more (to build, send and draw): refreshed this often mid-run
+PLOT_INTERVAL_S = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
                    "temperature", "top_p", "top_k", "seed", "max_new_tokens")
 INT_FIELDS = ("k", "ngram", "layers", "top_k", "seed", "max_new_tokens")
@@ -205,7 +205,8 @@ def live_figures(rt: Runtime, session: Session) -> tuple:
         return (gr.skip(),) * 3
     rounds = list(live.rounds)
     live.drawn = len(rounds)
-    return figures(rt.stats(rounds, live.prompt_len, live.settings))
+    # the latency panel only: drawing all three mid-run cost the engine ~10 % on a 2-core CPU
+    return plots.itl_figure(rt.stats(rounds, live.prompt_len, live.settings)), gr.skip(), gr.skip()
 
 
 def last_run(rt: Runtime, session: Session) -> tuple:
