@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     if not args.tiny:
         check_allowed([args.model, *args.draft], args.allow_any_model)
     rt = build_runtime(args.model, args.draft, args.device, args.dtype, args.max_seq_len, tiny=args.tiny)
-    atexit.register(rt.store.close)
+    atexit.register(rt.close)
     demo = layout.build(rt)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **layout.launch_kwargs())
 

@@ -149,7 +149,7 @@ def bench(args) -> dict:
             browser.close()
     finally:
         demo.close()
-        rt.store.close()
+        rt.close()
     return dict(model="tiny" if args.tiny else "default", device=args.device, repeats=args.repeats,
                 plot_interval_s=callbacks.PLOT_INTERVAL_S, stream_interval_s=callbacks.STREAM_INTERVAL_S, torch_threads=__import__("torch").get_num_threads(),
                 prompt=PROMPT, goals=dict(ratio=GOAL_RATIO, latency_p95_ms=GOAL_P95_MS), rows=rows,

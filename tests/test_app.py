@@ -35,7 +35,7 @@ def served():
     demo = serve(rt)
     yield rt, demo.local_url
     demo.close()
-    rt.store.close()
+    rt.close()
 
 
 def client(url):
@@ -189,7 +189,7 @@ def test_default_model_streams_real_text(default_model_dir):
         assert "acceptance" in out[1]
     finally:
         demo.close()
-        rt.store.close()
+        rt.close()
 
 
 def test_page_config_carries_no_runtime():
@@ -207,4 +207,4 @@ def test_page_config_carries_no_runtime():
 
     walk(layout.build(rt).get_config_file(), [])
     assert not found
-    rt.store.close()
+    rt.close()

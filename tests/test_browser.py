@@ -44,7 +44,7 @@ def served():
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     yield rt, demo.local_url
     demo.close()
-    rt.store.close()
+    rt.close()
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ def values(**overrides):
 def rt():
     rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
     yield rt
-    rt.store.close()
+    rt.close()
 
 
 def run(rt, session, prompt=PROMPT, **overrides):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextvars
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -89,11 +90,18 @@ class Runtime:
     rounds_fn: Callable | None = None  # (settings, prompt_ids) -> Round iterator; engine_rounds bound to this runtime
     lock: threading.Lock = field(default_factory=threading.Lock)
     layer_skip: dict = field(default_factory=dict)  # depth -> LayerSkipDrafter, see drafter_for
+    temp_dirs: list = field(default_factory=list)  # folders this runtime made (--tiny models), removed by close
 
     def __post_init__(self):
         self.weight_bytes = self.engine.model.weight_bytes
         self.store = self.store or ExportStore()
         self.rounds_fn = self.rounds_fn or partial(engine_rounds, self)
+
+    def close(self) -> None:
+        """Remove every file the app wrote: exports and any temporary model folders."""
+        self.store.close()
+        for d in self.temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
     @property
     def n_layers(self) -> int:

@@ -62,14 +62,14 @@ def on_zero_gpu(fn):
     return spaces.GPU(duration=ZERO_GPU_DURATION_S)(fn)
 
 
-def _tiny_folders(progress) -> tuple[Path, Path]:
+def _tiny_folders(progress) -> tuple[Path, Path, Path]:
     from engine.testing import tiny_config, write_tiny_model
 
     root = Path(tempfile.mkdtemp(prefix="decodescope-tiny-"))
     progress(f"writing tiny random-weight models to {root}")
     target = write_tiny_model(root / "target", tiny_config(), seed=0)
     draft = write_tiny_model(root / "draft", tiny_config(num_hidden_layers=2), seed=1)
-    return target, draft
+    return root, target, draft
 
 
 def _load_engine(name, device, dtype, max_seq_len, progress):
@@ -90,12 +90,11 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
     from engine import Tokenizer
 
     device = pick_device(device)
-    draft_names = list(drafts)
+    draft_names, temp_dirs, paths = list(drafts), [], {}
     if tiny:
-        target, draft = _tiny_folders(progress)
+        root, target, draft = _tiny_folders(progress)
         model, draft_names, paths = TINY, [TINY + "-draft"], {TINY: target, TINY + "-draft": draft}
-    else:
-        paths = {}
+        temp_dirs.append(root)
     eng = _load_engine(paths.get(model, model), device, dtype, max_seq_len, progress)
     draft_engines = {n: _load_engine(paths.get(n, n), device, dtype, max_seq_len, progress) for n in draft_names}
     tok = Tokenizer(eng.model.path)
@@ -109,7 +108,8 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
         graphs_reason = "off: on ZeroGPU the GPU is attached per call, after launch-time capture"
     fused_reason = None if eng.model.ops.name == "fused" else eng.model.ops.reason
     name = EMBEDDED_NAME if model == DEFAULT_MODEL else model
-    rt = Runtime(eng, tok, name, drafts=draft_engines, fused_reason=fused_reason, graphs_reason=graphs_reason)
+    rt = Runtime(eng, tok, name, drafts=draft_engines, fused_reason=fused_reason, graphs_reason=graphs_reason,
+                 temp_dirs=temp_dirs)
     rt.rounds_fn = on_zero_gpu(partial(engine_rounds, rt))
     rt.env = environment(rt, device)
     return rt
