@@ -153,7 +153,8 @@ class Runtime:
             raise ValueError(f"top_p={s.top_p} must be in (0, 1]; 1 switches nucleus sampling off")
         if s.top_k < 0:
             raise ValueError(f"top_k={s.top_k} must be >= 0; 0 switches top-k off")
-        self.engine.check_request(prompt_ids, s.max_new_tokens, extra=s.k if s.speculative else 0)  # as speculative.stream
+        # the same draft slots speculative.stream reserves
+        self.engine.check_request(prompt_ids, s.max_new_tokens, extra=s.k if s.speculative else 0)
 
 
 def drafter_for(rt: Runtime, s: RunSettings):
