@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import markdown_table, provenance, write_results  # noqa: E402
@@ -151,7 +153,8 @@ def bench(args) -> dict:
         demo.close()
         rt.close()
     return dict(model="tiny" if args.tiny else "default", device=args.device, repeats=args.repeats,
-                plot_interval_s=callbacks.PLOT_INTERVAL_S, stream_interval_s=callbacks.STREAM_INTERVAL_S, torch_threads=__import__("torch").get_num_threads(),
+                plot_interval_s=callbacks.PLOT_INTERVAL_S, stream_interval_s=callbacks.STREAM_INTERVAL_S,
+                torch_threads=torch.get_num_threads(),
                 prompt=PROMPT, goals=dict(ratio=GOAL_RATIO, latency_p95_ms=GOAL_P95_MS), rows=rows,
                 load_avg_before=load_before, load_avg_after=os.getloadavg(),  # other work on the machine
                 env=rt.env)
@@ -188,8 +191,6 @@ def main(argv=None) -> None:
     if args.stream_interval is not None:
         callbacks.STREAM_INTERVAL_S = args.stream_interval
     if args.threads is not None:
-        import torch
-
         torch.set_num_threads(args.threads)
     result = bench(args)
     result["provenance"] = provenance(args.device)
