@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from engine import ops
 from engine.config import ConfigError, ModelConfig
-from engine.model import Transformer
+from engine.model import Linear, Transformer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -152,7 +152,9 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, fused: 
     with torch.no_grad():
         for ours, names in our_targets(cfg).items():
             parts = [handles[found[n][0]].get_tensor(n).to(dt) for n in names]
-            params[ours].copy_(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
+            tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # HF layout: [out, in]
+            owner = model.get_submodule(ours.rsplit(".", 1)[0])
+            params[ours].copy_(tensor.t() if isinstance(owner, Linear) and ours.endswith("weight") else tensor)
     model.requires_grad_(False).eval()
     model.path, model.eos_ids = folder, generation_eos(folder, cfg)
     model.use_ops(ops.select(device, fused, cfg.head_dim))

@@ -42,6 +42,22 @@ class Step:
     sin: torch.Tensor
 
 
+class Linear(nn.Module):
+    """y = x @ weight + bias, the weight stored [in, out].
+
+    At batch 1 every projection is a matrix-vector product that streams its weight once. On our 2-core
+    CPU box MKL's vector-times-matrix over [in, out] rows reads 20-25 GB/s where F.linear's [out, in]
+    path reads ~11 GB/s (a SmolLM2 decode step: 65 -> 52 ms). cuBLAS takes either layout."""
+
+    def __init__(self, d_in: int, d_out: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_in, d_out))
+        self.bias = nn.Parameter(torch.empty(d_out)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -54,8 +70,8 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.layer = cfg, layer
         # q, k and v in one matmul: one weight read and one kernel launch instead of three
-        self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
-        self.wo = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.wqkv = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.wo = Linear(cfg.q_size, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, s: Step) -> torch.Tensor:
@@ -105,8 +121,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # [gate | up]
-        self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.w_gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # [gate | up]
+        self.w_down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, s: Step) -> torch.Tensor:
         return self.w_down(s.ops.silu_mul(self.w_gate_up(x)))
@@ -128,7 +144,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.ops = ops_mod.torch_ops("not yet placed on a device")
         self.cos = self.sin = None
         self.path = None  # the folder it was loaded from
@@ -159,8 +175,7 @@ class Transformer(nn.Module):
         self.cos, self.sin = angles.cos(), angles.sin()  # [max_pos, D/2] fp32
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, w).float()
+        return (F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)).float()
 
     def forward(
         self,
