@@ -133,11 +133,13 @@ def submit(session: Session) -> None:
     session.submitted_at = time.monotonic()
 
 
-def stop(session: Session) -> str:
-    """End this session's run after the round in flight, or drop the run it still has waiting in the queue."""
+def stop(session: Session) -> None:
+    """End this session's run after the round in flight, or drop the run it still has waiting in the queue.
+
+    It writes no output: the run's own last update says how it ended, and a second writer to the status
+    line could land after it and leave "Stopping." on the page."""
     session.stopped_at = time.monotonic()
     session.run_stop.set()
-    return render.message_html("Stopping.")
 
 
 def end_session(rt: Runtime, session: Session) -> None:

@@ -130,7 +130,7 @@ def build(rt: Runtime) -> gr.Blocks:
                **engine_event)
          .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
                api_name="last_compare"))
-        stop_btn.click(callbacks.stop, [session], [status], queue=False, api_name="stop")
+        stop_btn.click(callbacks.stop, [session], None, queue=False, api_name="stop")
         mode.change(setting_visibility, [mode], [k, ngram, layers, draft], **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=(
             "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"))
