@@ -33,6 +33,7 @@ class Engine:
         self.graph = None  # graphs.DecodeGraphs once graphs.enable() captured them
         self.graph_status = "off: not enabled (call graphs.enable)"
         self.bandwidth_gbs = float("nan")  # set by a caller that measured it (bench, app)
+        self.weight_bytes = model.weight_bytes  # counted once: stats() is asked for many times a second live
 
     @property
     def kernel_status(self) -> str:
@@ -147,7 +148,7 @@ class Engine:
 
     def stats(self, rounds: list[Round], prompt_len: int, settings: dict | None = None) -> Stats:
         return Stats(rounds, prompt_len, settings or {}, peak_memory_mb=self.clock.peak_memory_mb(),
-                     weight_bytes=self.model.weight_bytes, bandwidth_gbs=self.bandwidth_gbs)
+                     weight_bytes=self.weight_bytes, bandwidth_gbs=self.bandwidth_gbs)
 
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = 0, stop_ids=None) -> tuple[list[int], Stats]:

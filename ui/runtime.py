@@ -93,7 +93,6 @@ class Runtime:
     temp_dirs: list = field(default_factory=list)  # folders this runtime made (--tiny models), removed by close
 
     def __post_init__(self):
-        self.weight_bytes = self.engine.model.weight_bytes
         self.store = self.store or ExportStore()
         self.rounds_fn = self.rounds_fn or partial(engine_rounds, self)
 
@@ -122,11 +121,7 @@ class Runtime:
         return self.tokenizer.encode_chat(prompt) if chat else self.tokenizer.encode(prompt)
 
     def stats(self, rounds: list[Round], prompt_len: int, settings: dict) -> Stats:
-        """engine.stats, with the weight bytes counted once: the live stats line asks up to 15 times a
-        second, and counting walks every parameter of the model."""
-        eng = self.engine
-        return Stats(rounds, prompt_len, settings, peak_memory_mb=eng.clock.peak_memory_mb(),
-                     weight_bytes=self.weight_bytes, bandwidth_gbs=eng.bandwidth_gbs)
+        return self.engine.stats(rounds, prompt_len, settings)
 
     def validate(self, s: RunSettings, prompt_ids: list[int]) -> None:
         """Raise ValueError naming the setting to change; the engine re-checks what it owns."""
