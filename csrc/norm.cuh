@@ -6,6 +6,19 @@
 
 namespace decodescope {
 
+// The second pass of both kernels: dst = src * inv * w, each thread over the vectors it summed.
+template <typename T, int N>
+__device__ __forceinline__ void scale_row(T* dst, const T* src, const T* weight, float inv, int n_vec) {
+  for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
+    const Vec<T, N> sv = load_vec<T, N>(src + i * N);
+    const Vec<T, N> wv = load_vec<T, N>(weight + i * N);
+    Vec<T, N> yv;
+#pragma unroll
+    for (int e = 0; e < N; ++e) yv.v[e] = from_float<T>(to_float(sv.v[e]) * inv * to_float(wv.v[e]));
+    store_vec<T, N>(dst + i * N, yv);
+  }
+}
+
 // out may alias x: every thread reads its own elements before it writes them.
 template <typename T, int N>
 __global__ void rmsnorm_kernel(T* out, const T* x, const T* weight, int hidden, float eps) {
@@ -23,16 +36,7 @@ __global__ void rmsnorm_kernel(T* out, const T* x, const T* weight, int hidden, 
       ss += f * f;
     }
   }
-  const float inv = rsqrtf(block_sum(ss) / hidden + eps);
-
-  for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
-    const Vec<T, N> xv = load_vec<T, N>(xr + i * N);
-    const Vec<T, N> wv = load_vec<T, N>(weight + i * N);
-    Vec<T, N> yv;
-#pragma unroll
-    for (int e = 0; e < N; ++e) yv.v[e] = from_float<T>(to_float(xv.v[e]) * inv * to_float(wv.v[e]));
-    store_vec<T, N>(yr + i * N, yv);
-  }
+  scale_row<T, N>(yr, xr, weight, rsqrtf(block_sum(ss) / hidden + eps), n_vec);
 }
 
 // residual += x (rounded to T, as an unfused add would), then x = rmsnorm(residual). The second pass
@@ -56,16 +60,7 @@ __global__ void add_rmsnorm_kernel(T* x, T* residual, const T* weight, int hidde
     }
     store_vec<T, N>(rr + i * N, rv);
   }
-  const float inv = rsqrtf(block_sum(ss) / hidden + eps);
-
-  for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
-    const Vec<T, N> rv = load_vec<T, N>(rr + i * N);
-    const Vec<T, N> wv = load_vec<T, N>(weight + i * N);
-    Vec<T, N> yv;
-#pragma unroll
-    for (int e = 0; e < N; ++e) yv.v[e] = from_float<T>(to_float(rv.v[e]) * inv * to_float(wv.v[e]));
-    store_vec<T, N>(xr + i * N, yv);
-  }
+  scale_row<T, N>(xr, rr, weight, rsqrtf(block_sum(ss) / hidden + eps), n_vec);
 }
 
 // 16-byte loads when every row starts 16-byte aligned; hidden sizes like 111 take the scalar path.
