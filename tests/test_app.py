@@ -10,17 +10,15 @@ from gradio_client.utils import Status
 
 import app
 from ui import layout
-from ui.callbacks import SETTINGS_FIELDS
 from ui.startup import build_runtime
+from ui.testing import settings_values
 
-DEFAULTS = dict(mode="plain", k=4, ngram=3, layers=2, draft_model="tiny-draft", cuda_graphs=False,
-                fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=16)
+MAX_NEW_TOKENS = 16
 PROMPT = "one two three, one two three, one two"
 
 
 def values(**overrides):
-    d = dict(DEFAULTS, **overrides)
-    return [d[name] for name in SETTINGS_FIELDS]
+    return settings_values(**{"max_new_tokens": MAX_NEW_TOKENS, **overrides})
 
 
 def serve(rt):

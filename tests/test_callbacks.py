@@ -8,17 +8,16 @@ import pytest
 
 from engine.stats import KINDS
 from ui import callbacks, compare
-from ui.callbacks import SETTINGS_FIELDS, Session
+from ui.callbacks import Session
 from ui.startup import build_runtime
+from ui.testing import settings_values
 
-DEFAULTS = dict(mode="plain", k=4, ngram=3, layers=2, draft_model="tiny-draft", cuda_graphs=False,
-                fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=24)
+MAX_NEW_TOKENS = 24
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
 
 
 def values(**overrides):
-    d = dict(DEFAULTS, **overrides)
-    return [d[name] for name in SETTINGS_FIELDS]
+    return settings_values(**{"max_new_tokens": MAX_NEW_TOKENS, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +53,7 @@ def test_generate_each_mode(rt, mode):
     assert len(rows) == html.count('class="tok ')
     assert {r["mode"] for r in rows} == {mode}
     emitted = [r for r in rows if r["kind"] != "rejected"]
-    assert len(emitted) == DEFAULTS["max_new_tokens"] or rows[-1]["token_id"] in map(str, rt.engine.model.eos_ids)
+    assert len(emitted) == MAX_NEW_TOKENS or rows[-1]["token_id"] in map(str, rt.engine.model.eos_ids)
     assert len(table) == 1 and table[0][1].startswith(mode)
     assert read_csv(runs_csv)[0]["run_id"] == session.history[0].run_id
 

@@ -43,3 +43,16 @@ def synthetic_stats(n_rounds: int = 12, k: int = 0, seed: int = 0, **settings) -
 
 def text_of(token_id: int) -> str:
     return f"<t{token_id}>" if token_id % 7 == 0 else f" w{token_id}"
+
+
+# The tiny runtime's settings, in the form the page's inputs send them (tests and benchmarks).
+TINY_SETTINGS = dict(mode="plain", k=4, ngram=3, layers=2, draft_model="tiny-draft", cuda_graphs=False,
+                     fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=16)
+
+
+def settings_values(**overrides) -> list:
+    """TINY_SETTINGS with overrides, ordered as callbacks.SETTINGS_FIELDS (the page's input order)."""
+    from ui.callbacks import SETTINGS_FIELDS
+
+    d = dict(TINY_SETTINGS, **overrides)
+    return [d[name] for name in SETTINGS_FIELDS]
