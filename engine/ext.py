@@ -1,18 +1,20 @@
-"""The one place csrc/ is compiled: a lazy JIT build (ninja), cached by arch and source hash, under a file lock.
+"""The one place csrc/ is compiled: a lazy JIT build (ninja), cached by target and source hash, under a file lock.
 
-`load()` never raises for the expected reasons the kernels cannot run (no device, DECODESCOPE_NO_EXT=1, no
-CUDA toolkit, a failed build); it returns an ExtStatus whose `.reason` says which, and the caller runs the
-torch twins. `python -m engine.ext build` builds ahead of time.
+Two targets share the mechanism: "cpu" (csrc/cpu/*.cpp, the host compiler, SIMD picked at run time inside
+the module) and "cuda" (nvcc for csrc/kernels.cu plus the torch-facing host files). `load(target)` never
+raises for the expected reasons the kernels cannot run (no device, DECODESCOPE_NO_EXT=1, no compiler or
+CUDA toolkit, a bad arch list, a failed build); it returns an ExtStatus whose `.reason` says which, and the
+caller runs the torch twins. `python -m engine.ext build [--target cpu|cuda|all]` builds ahead of time.
 """
 from __future__ import annotations
 
 import argparse
-import fcntl
 import functools
 import hashlib
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,28 +24,53 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from filelock import FileLock
 
 log = logging.getLogger("decodescope.ext")
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
-SOURCES = ("kernels.cu", "ops.cpp", "ops_attention.cpp", "bindings.cpp")
+# In an installed package the kernel sources ship inside it (engine/csrc); in a source checkout they sit
+# beside engine/.
+_HERE = Path(__file__).resolve().parent
+CSRC = next((p for p in (_HERE / "csrc", _HERE.parent / "csrc") if p.is_dir()), _HERE.parent / "csrc")
+CACHE_ENV = "DECODESCOPE_EXT_CACHE"  # compiled extensions; models live under DECODESCOPE_CACHE
+CUDA_SOURCES = ("kernels.cu", "ops.cpp", "ops_attention.cpp", "bindings.cpp")
 DEFAULT_ARCHS = ("8.0", "8.6", "8.9", "9.0", "12.0")  # when no device is visible to ask
+MIN_ARCH = (7, 5)  # the oldest compute capability nvcc 13 builds for
+# The CPU module picks its instruction set at run time (csrc/cpu/isa.h), so no -march here: one build
+# serves every x86-64 CPU. No -fopenmp either: threads come from torch's own pool (at::parallel_for).
+CPU_FLAGS = ["-O3", "-std=c++17"]
 CXX_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3", "-lineinfo"]  # line info costs nothing at run time and lets Nsight map time to source
+TARGETS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
 class ExtStatus:
     module: ModuleType | None  # the compiled extension, or None when the torch twins must run
-    reason: str  # "fused CUDA kernels ..." or why not
+    reason: str  # "fused CPU kernels ..." / "fused CUDA kernels ..." or why not
     build_s: float | None = None  # seconds spent in the build step (near zero when the cache was warm)
 
 
+class ArchListError(ValueError):
+    """TORCH_CUDA_ARCH_LIST holds an entry nvcc would reject; the message names it."""
+
+
 def arch_list() -> list[str]:
-    """TORCH_CUDA_ARCH_LIST if set, else the visible devices' compute capabilities, else DEFAULT_ARCHS."""
+    """TORCH_CUDA_ARCH_LIST if set, else the visible devices' compute capabilities, else DEFAULT_ARCHS.
+
+    Entries are checked here, before a minute of nvcc: 'X.Y' or 'X.Y+PTX', at least sm_75."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(" ", ";")
     if env.strip(";") and env != "native":
-        return [a for a in env.split(";") if a]
+        archs = [a for a in env.split(";") if a]
+        for a in archs:
+            m = re.fullmatch(r"(\d+)\.(\d+)(\+PTX)?", a)
+            if m is None:
+                raise ArchListError(f"TORCH_CUDA_ARCH_LIST entry {a!r} is not of the form 8.0 or 9.0+PTX "
+                                    "(named archs such as 'Hopper' are not accepted); fix or unset it")
+            if (int(m[1]), int(m[2])) < MIN_ARCH:
+                raise ArchListError(f"TORCH_CUDA_ARCH_LIST entry {a!r} is older than sm_75, which nvcc 13 no "
+                                    "longer builds; drop it")
+        return archs
     if torch.cuda.is_available():
         caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
         return [f"{major}.{minor}" for major, minor in sorted(caps)]
@@ -62,26 +89,41 @@ def gencode_flags(archs: list[str]) -> list[str]:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("DECODESCOPE_CACHE", "~/.cache/decodescope")).expanduser() / "ext"
+    return Path(os.environ.get(CACHE_ENV, "~/.cache/decodescope/ext")).expanduser()
 
 
-def source_hash(csrc: Path) -> str:
-    """Hash of every file in csrc/ (headers included) and of what else makes a binary incompatible."""
-    h = hashlib.sha256(f"torch={torch.__version__} cuda={torch.version.cuda} {CXX_FLAGS} {CUDA_FLAGS}".encode())
-    for f in sorted(p for p in csrc.iterdir() if p.is_file()):
+def sources(target: str, csrc: Path) -> list[Path]:
+    if target == "cpu":
+        return sorted((csrc / "cpu").glob("*.cpp"))
+    return [csrc / s for s in CUDA_SOURCES]
+
+
+def source_hash(target: str, csrc: Path) -> str:
+    """Hash of the target's sources and headers and of what else makes a binary incompatible."""
+    flags = CPU_FLAGS if target == "cpu" else CXX_FLAGS + CUDA_FLAGS
+    h = hashlib.sha256(f"{target} torch={torch.__version__} cuda={torch.version.cuda} {flags}".encode())
+    folder = csrc / "cpu" if target == "cpu" else csrc
+    files = [p for p in folder.iterdir() if p.is_file()] + ([p for p in csrc.glob("*.h")] if target == "cpu" else [])
+    for f in sorted(set(files)):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
-def build_dir(archs: list[str], csrc: Path) -> Path:
-    tag = "_".join("sm" + a.replace(".", "").replace("+PTX", "ptx") for a in archs)
-    return cache_root() / f"{tag}-{source_hash(csrc)}"
+def build_dir(target: str, archs: list[str], csrc: Path) -> Path:
+    tag = "cpu" if target == "cpu" else "_".join("sm" + a.replace(".", "").replace("+PTX", "ptx") for a in archs)
+    return cache_root() / f"{tag}-{source_hash(target, csrc)}"
 
 
-def toolkit_problem() -> str | None:
-    """Why this torch cannot compile CUDA code here, or None."""
+def toolkit_problem(target: str) -> str | None:
+    """Why this machine cannot compile the target, or None."""
     from torch.utils import cpp_extension
 
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return (f"no C++ compiler ({cxx!r} is not on PATH); install one (build-essential, or packages.txt on "
+                "a Space) to build the kernels")
+    if target == "cpu":
+        return None
     if torch.version.cuda is None:
         return (f"torch {torch.__version__} is a CPU build (torch.version.cuda is None), so it cannot build "
                 "CUDA extensions; install a CUDA build of torch")
@@ -98,12 +140,15 @@ def compiler_error(text: str, max_lines: int = 6) -> str:
     return "\n".join((errors or lines[-max_lines:])[:max_lines])
 
 
-def _compile(name: str, directory: Path, archs: list[str], csrc: Path, verbose: bool) -> ModuleType:
+def _compile(target: str, name: str, directory: Path, archs: list[str], csrc: Path, verbose: bool) -> ModuleType:
     from torch.utils import cpp_extension
 
+    if target == "cpu":
+        return cpp_extension.load(name=name, sources=[str(s) for s in sources("cpu", csrc)], extra_cflags=CPU_FLAGS,
+                                  extra_include_paths=[str(csrc)], build_directory=str(directory), verbose=verbose)
     return cpp_extension.load(
         name=name,
-        sources=[str(csrc / s) for s in SOURCES],
+        sources=[str(s) for s in sources("cuda", csrc)],
         extra_cflags=CXX_FLAGS,
         extra_cuda_cflags=CUDA_FLAGS + gencode_flags(archs),
         extra_include_paths=[str(csrc)],
@@ -112,65 +157,83 @@ def _compile(name: str, directory: Path, archs: list[str], csrc: Path, verbose: 
     )
 
 
-def _heartbeat(stop: threading.Event, started: float) -> None:
+def _heartbeat(stop: threading.Event, started: float, what: str) -> None:
     while not stop.wait(15.0):
-        log.info("still building CUDA kernels (%.0f s)", time.perf_counter() - started)
+        log.warning("still building %s kernels (%.0f s)", what, time.perf_counter() - started)
 
 
-def build(csrc: Path | None = None, verbose: bool = False) -> ExtStatus:
-    """Compile (or reuse) the extension for arch_list(); no device needed. Never raises for a failed build."""
+def build(target: str = "cuda", csrc: Path | None = None, verbose: bool = False) -> ExtStatus:
+    """Compile (or reuse) the target's extension; no device needed. Never raises for a failed build."""
     csrc = csrc or CSRC
+    what = target.upper()
     if os.environ.get("DECODESCOPE_NO_EXT") == "1":
-        return ExtStatus(None, "DECODESCOPE_NO_EXT=1: fused CUDA kernels switched off")
-    problem = toolkit_problem()
+        return ExtStatus(None, f"DECODESCOPE_NO_EXT=1: fused {what} kernels switched off")
+    if not sources(target, csrc) or not all(s.is_file() for s in sources(target, csrc)):
+        return ExtStatus(None, f"the {what} kernel sources are missing from {csrc}; reinstall decodescope")
+    problem = toolkit_problem(target)
     if problem:
         return ExtStatus(None, problem)
-    archs = arch_list()
-    directory = build_dir(archs, csrc)
+    try:
+        archs = arch_list() if target == "cuda" else []
+    except ArchListError as e:
+        return ExtStatus(None, str(e))
+    directory = build_dir(target, archs, csrc)
     directory.mkdir(parents=True, exist_ok=True)
-    name = "decodescope_ops_" + directory.name.rsplit("-", 1)[1]
+    name = f"decodescope_{target}_" + directory.name.rsplit("-", 1)[1]
     started = time.perf_counter()
     stop = threading.Event()
-    with open(directory / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the build done
+    with FileLock(directory / "build.lock"):  # a second process waits here, then finds the build done
+        # torch's own `lock` file outlives a build that was killed, and its loader then waits on it forever;
+        # holding our lock, no build of ours is running, so a leftover one is stale.
+        (directory / "lock").unlink(missing_ok=True)
         try:
             if not any(directory.glob(f"{name}*.so")):
-                # A warning so that it shows without logging set up: the caller is about to wait a minute.
-                log.warning("building CUDA kernels for %s into %s (the first build takes about a minute)",
-                            ";".join(archs), directory)
-                threading.Thread(target=_heartbeat, args=(stop, started), daemon=True).start()
-            module = _compile(name, directory, archs, csrc, verbose)
+                # A warning so that it shows without logging set up: the caller is about to wait.
+                log.warning("building %s kernels%s into %s (the first build takes about a minute)", what,
+                            f" for {';'.join(archs)}" if archs else "", directory)
+                threading.Thread(target=_heartbeat, args=(stop, started, what), daemon=True).start()
+            module = _compile(target, name, directory, archs, csrc, verbose)
         except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
-            return ExtStatus(None, f"CUDA kernel build failed (build dir {directory}):\n{compiler_error(str(e))}")
+            return ExtStatus(None, f"{what} kernel build failed (build dir {directory}):\n{compiler_error(str(e))}")
         finally:
             stop.set()
-            fcntl.flock(lock, fcntl.LOCK_UN)
     seconds = time.perf_counter() - started
-    log.info("CUDA kernels ready in %.1f s (%s)", seconds, directory)
-    return ExtStatus(module, f"fused CUDA kernels ({';'.join(archs)})", seconds)
+    log.info("%s kernels ready in %.1f s (%s)", what, seconds, directory)
+    detail = ";".join(archs) if archs else module.isa()
+    return ExtStatus(module, f"fused {what} kernels ({detail})", seconds)
 
 
 @functools.lru_cache(maxsize=None)
-def load() -> ExtStatus:
-    """The extension for this process, built on first use; memoized (tests reset it with load.cache_clear())."""
+def load(target: str = "cuda") -> ExtStatus:
+    """The target's extension for this process, built on first use; memoized (tests reset it with
+    load.cache_clear())."""
+    if target not in TARGETS:
+        raise ValueError(f"target={target!r} is not one of {TARGETS}")
     if os.environ.get("DECODESCOPE_NO_EXT") == "1":
-        return ExtStatus(None, "DECODESCOPE_NO_EXT=1: fused CUDA kernels switched off")
-    if not torch.cuda.is_available():
+        return ExtStatus(None, f"DECODESCOPE_NO_EXT=1: fused {target.upper()} kernels switched off")
+    if target == "cuda" and not torch.cuda.is_available():
         return ExtStatus(None, "no CUDA device")
-    return build()
+    status = build(target)
+    if target == "cpu" and status.module is not None and (why := status.module.unsupported()):
+        return ExtStatus(None, why, status.build_s)  # built, but this CPU lacks what the kernels need
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.ext", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["build"], help="build the CUDA kernels ahead of time")
+    parser.add_argument("command", choices=["build"], help="build the kernels ahead of time")
+    parser.add_argument("--target", choices=[*TARGETS, "all"], default="all",
+                        help="which kernels (default: all; a CPU-only torch reports why CUDA cannot build)")
     parser.add_argument("--verbose", action="store_true", help="show the compiler commands")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    status = build(verbose=args.verbose)
-    print(f"archs: {';'.join(arch_list())}\ncache: {cache_root()}\nstatus: {status.reason}")
-    if status.build_s is not None:
-        print(f"build_s: {status.build_s:.1f}")
-    return 0 if status.module is not None else 1
+    ok = True
+    for target in TARGETS if args.target == "all" else (args.target,):
+        status = build(target, verbose=args.verbose)
+        print(f"{target}: {status.reason}" + (f" ({status.build_s:.1f} s)" if status.build_s is not None else ""))
+        ok &= status.module is not None
+    print(f"cache: {cache_root()}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ a CPU-only torch and a failing build all fall back to the torch twins with the r
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,15 +134,56 @@ def test_arch_list_and_gencode(monkeypatch):
 
 
 def test_build_dir_is_keyed_by_arch_and_sources(tmp_path, monkeypatch):
-    monkeypatch.setenv("DECODESCOPE_CACHE", str(tmp_path))
+    monkeypatch.setenv("DECODESCOPE_EXT_CACHE", str(tmp_path / "ext"))
     src = tmp_path / "csrc"
     shutil.copytree(ext.CSRC, src)
-    a = ext.build_dir(["9.0"], src)
+    a = ext.build_dir("cuda", ["9.0"], src)
     assert a.parent == tmp_path / "ext" and a.name.startswith("sm90-")
-    assert ext.build_dir(["8.0", "9.0"], src).name.startswith("sm80_sm90-")
-    assert ext.build_dir(["9.0"], src) == a
+    assert ext.build_dir("cuda", ["8.0", "9.0"], src).name.startswith("sm80_sm90-")
+    assert ext.build_dir("cuda", ["9.0"], src) == a
     (src / "rope.cuh").write_text((src / "rope.cuh").read_text() + "\n// edited\n")
-    assert ext.build_dir(["9.0"], src) != a
+    assert ext.build_dir("cuda", ["9.0"], src) != a
+
+
+@pytest.mark.parametrize("entry", ["Hopper", "9", "7.0", "6.1+PTX"])
+def test_arch_list_rejects_what_nvcc_13_would(monkeypatch, entry):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", f"8.0;{entry}")
+    with pytest.raises(ext.ArchListError, match=re.escape(repr(entry))):
+        ext.arch_list()
+
+
+def test_bad_arch_list_is_a_reason_not_a_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("DECODESCOPE_EXT_CACHE", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "Hopper")
+    monkeypatch.setattr(ext, "toolkit_problem", lambda target: None)
+    monkeypatch.setattr(ext, "_compile", lambda *a: pytest.fail("no compile with a bad arch list"))
+    status = ext.build("cuda")
+    assert status.module is None and "'Hopper'" in status.reason
+
+
+def test_a_stale_torch_lock_is_removed_under_our_lock(monkeypatch, tmp_path):
+    """A build killed mid-way leaves cpp_extension's `lock` file behind; its next load would wait forever."""
+    monkeypatch.setenv("DECODESCOPE_EXT_CACHE", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    monkeypatch.setattr(ext, "toolkit_problem", lambda target: None)
+    directory = ext.build_dir("cuda", ["8.0"], ext.CSRC)
+    directory.mkdir(parents=True)
+    (directory / "lock").write_text("")
+    seen = []
+
+    def compile_(target, name, d, archs, csrc, verbose):
+        seen.append((d / "lock").exists())
+        raise RuntimeError("Error building extension 'x': stop here")
+
+    monkeypatch.setattr(ext, "_compile", compile_)
+    assert ext.build("cuda").module is None
+    assert seen == [False]
+
+
+def test_missing_sources_are_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(ext, "toolkit_problem", lambda target: None)
+    status = ext.build("cuda", csrc=tmp_path)
+    assert status.module is None and "sources are missing" in status.reason
 
 
 def test_compiler_error_keeps_the_error_lines():
@@ -166,7 +208,7 @@ def test_plan_splits_covers_the_cache_and_fills_the_gpu():
 @pytest.fixture
 def fresh_load(monkeypatch, tmp_path):
     """ext.load() un-memoized, caching into tmp_path, pretending a CUDA device is visible."""
-    monkeypatch.setenv("DECODESCOPE_CACHE", str(tmp_path))
+    monkeypatch.setenv("DECODESCOPE_EXT_CACHE", str(tmp_path / "ext"))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
     monkeypatch.delenv("DECODESCOPE_NO_EXT", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -186,7 +228,7 @@ def test_cpu_device_runs_the_twins():
 
 
 def test_unsupported_head_dim_runs_the_twins_before_any_build(monkeypatch):
-    monkeypatch.setattr(ext, "load", lambda: pytest.fail("no build for a head_dim the kernel lacks"))
+    monkeypatch.setattr(ext, "load", lambda target: pytest.fail("no build for a head_dim the kernel lacks"))
     assert_twins(ops.select("cuda", head_dim=80), "this model has 80")
 
 
@@ -195,7 +237,7 @@ def test_no_device_reason(monkeypatch):
     monkeypatch.delenv("DECODESCOPE_NO_EXT", raising=False)
     ext.load.cache_clear()
     try:
-        status = ext.load()
+        status = ext.load("cuda")
         assert status.module is None and status.reason == "no CUDA device"
     finally:
         ext.load.cache_clear()
@@ -208,10 +250,10 @@ def test_no_ext_env_runs_the_twins(fresh_load, monkeypatch):
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks the report of a CPU-only torch build")
 def test_cpu_torch_reports_instead_of_building(fresh_load):
-    status = ext.build()
+    status = ext.build("cuda")
     assert status.module is None and "CPU build" in status.reason and "torch.version.cuda is None" in status.reason
     assert_twins(ops.select("cuda"), "CPU build")
-    proc = run([sys.executable, "-m", "engine.ext", "build"])
+    proc = run([sys.executable, "-m", "engine.ext", "build", "--target", "cuda"])
     assert proc.returncode == 1 and "CPU build" in proc.stdout
 
 
@@ -223,14 +265,14 @@ def test_failing_build_runs_the_twins_with_the_compiler_error(fresh_load, monkey
     path.write_text(path.read_text().replace("const float rescale", "const flaot rescale"))
     calls = []
 
-    def nvcc_as_cpp_extension_would(name, directory, archs, csrc, verbose):
+    def nvcc_as_cpp_extension_would(target, name, directory, archs, csrc, verbose):
         # cpp_extension.load needs a CUDA torch; compile the real (broken) sources the same way and raise
         # what it raises: RuntimeError("Error building extension ...") with the compiler's output.
         calls.append((name, directory, archs, csrc))
         proc = run([NVCC, *NVCC_FLAGS, "-arch=sm_80", "-c", str(csrc / "kernels.cu"), "-o", str(tmp_path / "k.o")])
         raise RuntimeError(f"Error building extension '{name}': {proc.stdout}{proc.stderr}")
 
-    monkeypatch.setattr(ext, "toolkit_problem", lambda: None)
+    monkeypatch.setattr(ext, "toolkit_problem", lambda target: None)
     monkeypatch.setattr(ext, "_compile", nvcc_as_cpp_extension_would)
     monkeypatch.setattr(ext, "CSRC", broken)
     opset = ops.select("cuda")
@@ -238,4 +280,4 @@ def test_failing_build_runs_the_twins_with_the_compiler_error(fresh_load, monkey
     assert "decode_attention.cuh" in opset.reason and 'identifier "flaot" is undefined' in opset.reason
     (name, directory, archs, csrc), = calls
     assert csrc == broken and archs == ["8.0"] and directory.parent == tmp_path / "ext"
-    assert name.startswith("decodescope_ops_") and (directory / "build.lock").exists()
+    assert name.startswith("decodescope_cuda_") and (directory / "build.lock").exists()

@@ -132,7 +132,7 @@ def backend(request) -> Backend:
             pytest.skip("needs a CUDA device")
         opset = select("cuda")
         assert opset.name == "fused", f"the extension did not load: {opset.reason}"
-        return Backend("cuda", opset, "cuda", ext.load().module)
+        return Backend("cuda", opset, "cuda", ext.load("cuda").module)
     module = request.getfixturevalue("emulated_extension")
     return Backend("cpu", OpSet(name="fused", reason="CPU threads", **fused.ops(module)), "cpu", module)
 
@@ -301,9 +301,10 @@ def test_errors_name_the_values(backend):
 
 @pytest.mark.parametrize("backend", ["cuda"], indirect=True)
 def test_extension_builds_from_a_clean_cache(backend, tmp_path):
-    env = {**os.environ, "DECODESCOPE_CACHE": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "engine.ext", "build"], capture_output=True, text=True, env=env,
+    env = {**os.environ, "DECODESCOPE_EXT_CACHE": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "engine.ext", "build", "--target", "cuda"], capture_output=True,
+                          text=True, env=env,
                           cwd=Path(ext.__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fused CUDA kernels" in proc.stdout
-    assert list((tmp_path / "ext").glob("*/decodescope_ops_*.so"))
+    assert list(tmp_path.glob("*/decodescope_cuda_*.so"))

@@ -49,7 +49,7 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
         return torch_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; this model has {head_dim}")
     from engine import ext
 
-    status = ext.load()
+    status = ext.load("cuda")
     if status.module is None:
         return torch_ops(status.reason)
     from engine.ops import fused as fused_ops
