@@ -47,25 +47,81 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
     return out.copy_(y)
 
 
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    sinks: int = 0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """T new queries per row against the cache that already holds their keys.
+
+    q: [B, T, H, D], k_cache/v_cache: [B, Hkv, S, D], seq_lens: [B] int32 (live length, the T new tokens
+    included) -> [B, T, H, D]. Query t of row b sits at position p = seq_lens[b] - T + t and attends keys
+    j <= p; with window > 0 only the first `sinks` keys and the last `window` up to p (j < sinks or
+    j > p - window), the StreamingLLM pattern. GQA by a view: no copies of the cache."""
+    B, T, H, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    qg = q.float().view(B, T, Hkv, H // Hkv, D).permute(0, 2, 3, 1, 4)  # [B, Hkv, n_rep, T, D]
+    scores = torch.matmul(qg, k_cache.float().transpose(-1, -2).unsqueeze(2)) * scale  # [B, Hkv, n_rep, T, S]
+    pos = (seq_lens.long().view(B, 1) - T + torch.arange(T, device=q.device)).unsqueeze(-1)  # [B, T, 1]
+    keys = torch.arange(S, device=q.device)
+    live = keys <= pos  # [B, T, S]
+    if window > 0:
+        live &= (keys < sinks) | (keys > pos - window)
+    scores = scores.masked_fill(~live[:, None, None], float("-inf"))
+    y = torch.matmul(scores.softmax(-1), v_cache.float().unsqueeze(2))  # [B, Hkv, n_rep, T, D]
+    y = y.permute(0, 3, 1, 2, 4).reshape(B, T, H, D).to(q.dtype)
+    if out is None:
+        return y
+    return out.copy_(y)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
+    sinks: int = 0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query per row against its cache; keys j >= seq_lens[b] are masked.
-
-    q: [B, H, D], k_cache/v_cache: [B, Hkv, S, D], seq_lens: [B] int32 -> [B, H, D].
-    GQA by a view: the H/Hkv query heads of a group share one K/V, no copies of the cache."""
-    B, H, D = q.shape
-    Hkv, S = k_cache.shape[1], k_cache.shape[2]
-    qg = q.float().view(B, Hkv, H // Hkv, D)
-    scores = torch.matmul(qg, k_cache.float().transpose(-1, -2)) * scale  # [B, Hkv, n_rep, S]
-    live = torch.arange(S, device=q.device) < seq_lens.view(B, 1, 1, 1)
-    scores = scores.masked_fill(~live, float("-inf"))
-    y = torch.matmul(scores.softmax(-1), v_cache.float()).view(B, H, D).to(q.dtype)
+    """One query per row, at position seq_lens[b] - 1: q [B, H, D] -> [B, H, D]; keys j >= seq_lens[b] are
+    masked (and, with a window, the keys between the sinks and the window)."""
+    y = attention(q.unsqueeze(1), k_cache, v_cache, seq_lens, scale, window, sinks)[:, 0]
     if out is None:
         return y
     return out.copy_(y)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [N, in] @ weight [out, in]^T (+ bias) with fp32 accumulation, cast back to x's dtype: the twin of
+    every weight-only format (fp32, fp16, bf16, and int8 / q4 once dequantized)."""
+    y = x.float() @ weight.float().t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def quantize_activations(x: torch.Tensor, in_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU int8 kernels' activation recipe: x [N, in] fp32, zero-padded to in_pad, per block of 32:
+    amax = max|x|, q = round_half_even(x * (127 / amax)) in [-127, 127], dx = amax / 127 (q = 0, dx = 0 for
+    an all-zero block). Returns q as float [N, nb, 32] (exact small integers) and dx [N, nb] fp32."""
+    xb = F.pad(x.float(), (0, in_pad - x.shape[-1])).view(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return torch.round(xb * inv[..., None]), amax / 127
+
+
+def linear_a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """int8 weights times int8 activations (the CPU int8 kernel, W8A8 as llama.cpp's Q8_0 path):
+    x [N, in] fp32, q int8 [out, in_pad], d fp16 [out, nb] ->
+    y[n, o] = sum_b (d[o, b] * dx[n, b]) * sum_i q[o, b, i] * qx[n, b, i]. The integer sums are exact in fp32
+    (|sum| <= 32 * 127 * 127 < 2^24)."""
+    qx, dx = quantize_activations(x, q.shape[1])
+    sums = torch.einsum("nbi,obi->nob", qx, q.float().view(q.shape[0], -1, 32))  # [N, out, nb]
+    return ((d.float()[None] * dx[:, None]) * sums).sum(-1)
