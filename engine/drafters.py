@@ -22,24 +22,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from engine.sampling import SamplingParams, probs
+from engine.sampling import SamplingParams, sample, shown_probs
 
 
 class Draft(NamedTuple):
     ids: torch.Tensor  # [k] long, on the target's device; k may be 0
     probs: torch.Tensor | None  # [k, V] the distributions the ids were drawn from; None: one-hot on the ids
     p: torch.Tensor | None  # [k] the drafter's probability of each id, for display (softmax when greedy)
-
-
-def draw(weights: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
-    """Sample from unnormalized weights [R, V] -> [R] long, without a host sync.
-
-    argmax(w / E) with E ~ Exp(1) picks index i with probability w_i / sum(w) (the exponential race), so
-    the row never needs normalizing, and unlike torch.multinomial it never synchronizes on CUDA (gpt-fast
-    samples this way for the same reason). E is clamped away from 0, where a zero weight would give
-    0/0 = NaN and win the argmax."""
-    e = torch.empty_like(weights, dtype=torch.float32).exponential_(generator=gen)
-    return (weights / e.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(-1)
 
 
 class Drafter:
@@ -154,14 +143,10 @@ class ModelDrafter(Drafter):
         for i in range(k):
             if i:
                 logits = e.decode(ids[-1])
-            if sampling.greedy:
-                tok = logits.argmax(-1)  # [1]
-                ps.append(logits.softmax(-1).gather(1, tok[:, None])[:, 0])
-            else:
-                row = probs(logits, sampling)  # [1, V]; a graph's logits buffer is overwritten next step
-                tok = draw(row, gen)
-                rows.append(row)
-                ps.append(row.gather(1, tok[:, None])[:, 0])
+            tok, row = sample(logits, sampling, gen)  # [1], [1, V] (None when greedy)
+            if row is not None:
+                rows.append(row)  # kept: a graph's logits buffer is overwritten by the next step
+            ps.append(shown_probs(logits, row, sampling).gather(1, tok[:, None])[:, 0])
             ids.append(tok)
         self.written = k - 1
         return Draft(torch.cat(ids), torch.cat(rows) if rows else None, torch.cat(ps))
@@ -222,7 +207,7 @@ def truncated(model: nn.Module, n_layers: int) -> nn.Module:
         view = Transformer(dataclasses.replace(model.config, n_layers=n_layers))
     view.embed, view.norm, view.lm_head = model.embed, model.norm, model.lm_head
     view.layers = nn.ModuleList(model.layers[:n_layers])
-    view.ops, view.cos, view.sin = model.ops, model.cos, model.sin
+    view.ops, view.cos, view.sin, view.version = model.ops, model.cos, model.sin, model.version
     view.path, view.eos_ids = model.path, model.eos_ids
     assert all(p.device == model.device for p in view.parameters())
     return view

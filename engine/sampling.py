@@ -2,6 +2,7 @@
 
 `probs()` is the one place logits become a sampling distribution, so plain decoding and speculative
 acceptance shape p_target and p_draft identically (the condition for speculative sampling to be exact).
+`draw()` is the one way a token is drawn from a distribution, in plain and speculative decoding alike.
 """
 from __future__ import annotations
 
@@ -60,8 +61,28 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return mask_logits(logits.float() / params.temperature, params.top_k, params.top_p).softmax(-1)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """logits [R, V] -> token ids [R] (long)."""
+def shown_probs(logits: torch.Tensor, dist: torch.Tensor | None, params: SamplingParams) -> torch.Tensor:
+    """The probabilities a token is reported with: the sampling distribution `dist`, except when greedy,
+    where that is one-hot and says nothing, so the model's own softmax is shown instead."""
+    return logits.float().softmax(-1) if params.greedy else dist
+
+
+def draw(weights: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """Sample from unnormalized weights [R, V] -> [R] long, without a host sync.
+
+    argmax(w / E) with E ~ Exp(1) picks index i with probability w_i / sum(w) (the exponential race), so
+    the row never needs normalizing, and unlike torch.multinomial it never synchronizes on CUDA (gpt-fast
+    samples this way for the same reason). E is clamped away from 0, where a zero weight would give
+    0/0 = NaN and win the argmax."""
+    e = torch.empty_like(weights, dtype=torch.float32).exponential_(generator=gen)
+    return (weights / e.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(-1)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None,
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [R, V] -> (token ids [R] long, the distribution [R, V] they were drawn from), on the device.
+    Greedy takes the argmax and leaves the one-hot distribution unbuilt (None)."""
     if params.greedy:
-        return logits.argmax(-1)
-    return torch.multinomial(probs(logits, params), 1, generator=generator).squeeze(-1)
+        return logits.argmax(-1), None
+    dist = probs(logits, params)
+    return draw(dist, gen), dist

@@ -20,14 +20,19 @@ from typing import Iterator
 
 import torch
 
-from engine.drafters import Draft, Drafter, LayerSkipDrafter, ModelDrafter, NgramDrafter, draw
-from engine.sampling import SamplingParams, probs
+from engine.drafters import Draft, Drafter, LayerSkipDrafter, ModelDrafter, NgramDrafter
+from engine.sampling import SamplingParams, draw, probs, shown_probs
 from engine.stats import EMITTED_KINDS, Round, Stats, Token
 from engine.timing import now_ms
 
 __all__ = ["accept", "stream", "generate", "Draft", "Drafter", "NgramDrafter", "ModelDrafter", "LayerSkipDrafter"]
 
 K_MAX = 16
+
+
+def check_k(k) -> None:
+    if not (isinstance(k, int) and 1 <= k <= K_MAX):
+        raise ValueError(f"k={k} must be an integer in 1..{K_MAX} (draft tokens per round)")
 
 
 def accept(draft: torch.Tensor, p_target: torch.Tensor, p_draft: torch.Tensor | None = None,
@@ -63,7 +68,7 @@ def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, gen) -> 
     k = draft.ids.shape[0]
     p_t = probs(logits, sampling)
     n, nxt = accept(draft.ids, p_t, draft.probs, gen)
-    shown = logits.softmax(-1) if sampling.greedy else p_t  # what Engine.pick reports as p_target
+    shown = shown_probs(logits, p_t, sampling)
     rows = torch.arange(k, device=logits.device)
     pd = torch.ones(k, device=logits.device) if draft.p is None else draft.p
     nan = torch.full((1,), float("nan"), device=logits.device)
@@ -97,8 +102,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
            top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None) -> Iterator[Round]:
     """Round 0 is the prefill (its token is the first output, as in Engine.stream), then one Round per
     draft -> verify -> accept. A drafter that proposes nothing makes that round a plain decode step."""
-    if not (isinstance(k, int) and 1 <= k <= K_MAX):
-        raise ValueError(f"k={k} must be an integer in 1..{K_MAX} (draft tokens per round)")
+    check_k(k)
     sampling = SamplingParams(temperature, top_p, top_k, seed)
     gen = eng.begin(prompt_ids, max_new_tokens, sampling, extra=k)
     stop = set(eng.model.eos_ids if stop_ids is None else stop_ids)
@@ -114,7 +118,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
     d = clock.mark()
     done = tok in stop or max_new_tokens == 1
     yield Round(0, [Token(tok, "target", p_target=p)], start, now_ms(t0), draft_ms=clock.ms(a, b),
-                verify_ms=clock.ms(b, c), sample_ms=clock.ms(c, d), finished=done)
+                target_ms=clock.ms(b, c), sample_ms=clock.ms(c, d), finished=done)
     n_out, n_acc, emitted = 1, 0, [tok]
 
     for index in count(1):
@@ -145,13 +149,13 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
             tokens, n_drafted = kept, sum(t.kind == "accepted" for t in kept)
         emitted = [t.token_id for t in tokens if t.kind in EMITTED_KINDS]
         n_out += len(emitted)
-        yield Round(index, tokens, start, now_ms(t0), draft_ms=clock.ms(a, b), verify_ms=clock.ms(b, c),
+        yield Round(index, tokens, start, now_ms(t0), draft_ms=clock.ms(a, b), target_ms=clock.ms(b, c),
                     sample_ms=clock.ms(c, d), n_drafted=n_drafted, finished=done)
 
 
 def generate(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 64, temperature: float = 0.0,
              top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None) -> tuple[list[int], Stats]:
-    """-> (the new ids, Stats); Stats.plain_tok_s is left for the caller that measured a plain run."""
+    """-> (the new ids, Stats); Stats.baseline_tok_s is left for a caller that measured a plain run."""
     settings = dict(mode=drafter.name, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                     top_k=top_k, seed=seed, **drafter.describe())
     rounds = list(stream(eng, drafter, prompt_ids, k, max_new_tokens, temperature, top_p, top_k, seed, stop_ids))

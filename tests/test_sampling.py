@@ -7,7 +7,7 @@ from engine.sampling import SamplingParams, mask_logits, probs, sample
 def test_greedy_is_argmax_and_one_hot():
     logits = torch.tensor([[0.1, 2.0, -1.0, 1.9]])
     params = SamplingParams(temperature=0)
-    assert sample(logits, params, None).tolist() == [1]
+    assert sample(logits, params, None)[0].tolist() == [1]
     assert probs(logits, params).tolist() == [[0.0, 1.0, 0.0, 0.0]]
 
 
@@ -39,7 +39,7 @@ def test_probs_renormalise_after_masks():
 def test_sampling_reproducible_per_seed_and_matches_distribution():
     logits = torch.tensor([[1.0, 0.0, -1.0, 0.5]])
     params = SamplingParams(temperature=1.0, seed=7)
-    draw = lambda p: [sample(logits, p, g).item() for g in [p.generator("cpu")] for _ in range(4000)]
+    draw = lambda p: [sample(logits, p, g)[0].item() for g in [p.generator("cpu")] for _ in range(4000)]
     a, b = draw(params), draw(params)
     assert a == b
     assert a != draw(SamplingParams(temperature=1.0, seed=8))

@@ -6,9 +6,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, load_model, speculative
-from engine.drafters import Draft, Drafter, draw
+from engine.drafters import Draft, Drafter
+from engine.sampling import draw
 from engine.sampling import SamplingParams, probs
-from engine.testing import tiny_config, write_tiny_model
+from engine.tiny import tiny_config, write_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
