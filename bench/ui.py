@@ -111,6 +111,8 @@ def bench(args) -> dict:
 
     load_before = os.getloadavg()
     rt = build_runtime("default", device=args.device, tiny=args.tiny, bandwidth=False)
+    rt.plot_interval_s = args.plot_interval or rt.plot_interval_s
+    rt.stream_interval_s = args.stream_interval or rt.stream_interval_s
     rec = Recorder(rt.rounds_fn)
     rt.rounds_fn = rec
     demo = layout.build(rt)
@@ -153,7 +155,7 @@ def bench(args) -> dict:
         demo.close()
         rt.close()
     return dict(model="tiny" if args.tiny else "default", device=args.device, repeats=args.repeats,
-                plot_interval_s=callbacks.PLOT_INTERVAL_S, stream_interval_s=callbacks.STREAM_INTERVAL_S,
+                plot_interval_s=rt.plot_interval_s, stream_interval_s=rt.stream_interval_s,
                 torch_threads=torch.get_num_threads(),
                 prompt=PROMPT, goals=dict(ratio=GOAL_RATIO, latency_p95_ms=GOAL_P95_MS), rows=rows,
                 load_avg_before=load_before, load_avg_after=os.getloadavg(),  # other work on the machine
@@ -186,10 +188,6 @@ def main(argv=None) -> None:
                    help="seconds between token updates (default: the app's own)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
-    if args.plot_interval is not None:
-        callbacks.PLOT_INTERVAL_S = args.plot_interval
-    if args.stream_interval is not None:
-        callbacks.STREAM_INTERVAL_S = args.stream_interval
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     result = bench(args)

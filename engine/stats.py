@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 KINDS = ("target", "accepted", "rejected", "resampled", "bonus")
 EMITTED_KINDS = ("target", "accepted", "resampled", "bonus")  # `rejected` is shown, never output
+PHASES = ("draft", "target", "sample", "host")  # what a round's time is spent on, in order (Round.phases)
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Round:
     t_start_ms: float  # since the run started (prompt handed to the engine)
     t_end_ms: float
     draft_ms: float = 0.0  # drafter's time (speculative rounds)
-    verify_ms: float = 0.0  # target forward: prefill, decode step, or k+1 verify chunk
+    target_ms: float = 0.0  # the target's forward: prefill, decode step, or the k+1 verify chunk
     sample_ms: float = 0.0  # sampling / acceptance on the logits
     n_drafted: int = 0
     finished: bool = False  # set on the round that ends the run (EOS or max_new_tokens)
@@ -40,16 +41,45 @@ class Round:
 
     @property
     def host_ms(self) -> float:
-        """Round time not inside draft / verify / sample: Python, syncs, bookkeeping."""
-        return max(0.0, self.total_ms - self.draft_ms - self.verify_ms - self.sample_ms)
+        """Round time not inside draft / target / sample: Python, syncs, bookkeeping."""
+        return max(0.0, self.total_ms - self.draft_ms - self.target_ms - self.sample_ms)
 
     @property
     def emitted(self) -> list[Token]:
         return [t for t in self.tokens if t.kind in EMITTED_KINDS]
 
     @property
+    def token_ms(self) -> float | None:
+        """Each emitted token's latency: the round's time shared by the tokens it emitted.
+
+        A speculative round delivers several tokens at once; sharing its time is what makes ITL comparable
+        between plain and speculative runs (the sum of ITLs is the decode time either way)."""
+        n = len(self.emitted)
+        return self.total_ms / n if n else None
+
+    def phases(self) -> list[tuple[str, float, float]]:
+        """(phase, start ms, duration ms) of the round's non-empty phases, in the order they ran:
+        draft -> target -> sample, then host (the rest of the round)."""
+        out, t = [], self.t_start_ms
+        for phase, ms in (("draft", self.draft_ms), ("target", self.target_ms), ("sample", self.sample_ms)):
+            if ms > 0:
+                out.append((phase, t, ms))
+            t += ms
+        if self.host_ms > 0:
+            out.append(("host", t, self.host_ms))
+        return out
+
+    @property
     def n_accepted(self) -> int:
         return sum(t.kind == "accepted" for t in self.tokens)
+
+
+def finite(x) -> float | None:
+    """x as a float, or None for a missing, NaN or infinite figure (CSV cells, JSON, the page)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -70,22 +100,15 @@ class Stats:
     peak_memory_mb: float = float("nan")
     weight_bytes: int = 0  # bytes read per decode step for weights (for % of bandwidth ceiling)
     bandwidth_gbs: float = float("nan")  # measured memory bandwidth, when a caller measured it
-    plain_tok_s: float | None = None  # a plain run's decode tok/s to report a speedup against
+    baseline_tok_s: float | None = None  # another run's decode tok/s this one's speedup is against (Compare)
 
     @property
     def ids(self) -> list[int]:
         return [t.token_id for r in self.rounds for t in r.emitted]
 
     def token_latencies_ms(self) -> list[float]:
-        """Per emitted token after the first: its round's time shared by the tokens the round emitted.
-
-        A speculative round delivers several tokens at once; sharing its time is what makes ITL comparable
-        between plain and speculative runs (the sum of ITLs is the decode time either way)."""
-        out = []
-        for r in self.rounds[1:]:
-            n = len(r.emitted)
-            out += [r.total_ms / n] * n
-        return out
+        """Round.token_ms of each emitted token after the first (whose latency is the TTFT)."""
+        return [r.token_ms for r in self.rounds[1:] for _ in r.emitted]
 
     def summary(self) -> dict:
         rs = self.rounds
@@ -119,8 +142,8 @@ class Stats:
         ceiling = self.bandwidth_gbs * 1e9 / self.weight_bytes if self.weight_bytes else float("nan")
         s["bandwidth_ceiling_tok_s"] = ceiling
         s["pct_of_ceiling"] = 100 * decode_tok_s / ceiling if ceiling == ceiling and ceiling > 0 else float("nan")
-        if self.plain_tok_s:
-            s["speedup"] = decode_tok_s / self.plain_tok_s
+        if self.baseline_tok_s:
+            s["speedup"] = decode_tok_s / self.baseline_tok_s
         return s
 
     def per_position_acceptance(self) -> list[float]:
@@ -144,13 +167,12 @@ class Stats:
         """One dict per token a round touched (rejected drafts included), in order, for CSV."""
         rows, index = [], 0
         for r in self.rounds:
-            share = r.total_ms / max(1, len(r.emitted))
             for t in r.tokens:
                 emitted = t.kind in EMITTED_KINDS
                 rows.append(dict(
                     round=r.index, token_index=index if emitted else None, **asdict(t),
-                    latency_ms=share if emitted else None, round_ms=r.total_ms,
-                    draft_ms=r.draft_ms, verify_ms=r.verify_ms, sample_ms=r.sample_ms,
+                    latency_ms=r.token_ms if emitted else None, round_ms=r.total_ms,
+                    draft_ms=r.draft_ms, target_ms=r.target_ms, sample_ms=r.sample_ms,
                     t_end_ms=r.t_end_ms,
                 ))
                 index += emitted

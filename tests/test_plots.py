@@ -4,7 +4,7 @@ import plotly.graph_objects as go
 import pytest
 
 from engine.stats import Stats
-from ui import plots
+from ui import compare, plots
 from ui.testing import synthetic_stats
 
 RUNS = {"plain": synthetic_stats(30), "spec": synthetic_stats(30, k=4, seed=3)}
@@ -46,7 +46,7 @@ def test_steps_lanes_cover_each_rounds_time():
     fig = plots.steps_figure(s)
     total = sum(sum(t.x) for t in fig.data)
     assert total == pytest.approx(sum(r.total_ms for r in s.rounds))
-    assert {t.name for t in fig.data} == {"draft", "verify", "sample", "host"}
+    assert {t.name for t in fig.data} == {"draft", "target", "sample", "host"}
 
 
 def test_acceptance_panels_match_stats():
@@ -65,15 +65,14 @@ def test_acceptance_for_plain_run_says_why_it_is_empty():
 
 
 def test_compare_figure_speedups_and_reasons():
-    entries = [
-        plots.CompareEntry("speculative", "plain", RUNS["plain"], baseline=True),
-        plots.CompareEntry("speculative", "n-gram k=4", RUNS["spec"]),
-        plots.CompareEntry("CUDA graphs", "eager", reason="needs a CUDA device", baseline=True),
-        plots.CompareEntry("CUDA graphs", "graph", reason="needs a CUDA device"),
-    ]
-    ups = plots.speedups(entries)
-    want = RUNS["spec"].summary()["decode_tok_s"] / RUNS["plain"].summary()["decode_tok_s"]
-    assert ups == {"speculative: n-gram k=4": pytest.approx(want)}
+    plain, spec = RUNS["plain"], RUNS["spec"]
+    configs = [("speculative", "plain", "p", None, True), ("speculative", "n-gram k=4", "s", None, False),
+               ("CUDA graphs", "eager", None, "needs a CUDA device", True),
+               ("CUDA graphs", "graph", None, "needs a CUDA device", False)]
+    entries = compare.entries(configs, {"p": plain, "s": spec})
+    want = spec.summary()["decode_tok_s"] / plain.summary()["decode_tok_s"]
+    assert [e.speedup for e in entries] == [None, pytest.approx(want), None, None]
+    assert spec.baseline_tok_s is None  # the run itself is left as it was
     fig = plots.compare_figure(entries)
     assert fig.data[0].text[1] == f"×{want:.2f}"
     notes = " ".join(a.text for a in fig.layout.annotations)

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.stats import Round
+from engine.stats import Round, finite
 from ui import export, plots, render
 from ui.runtime import RoundPump, RunSettings, Runtime, as_int
 
-STREAM_INTERVAL_S = 1 / 15  # token updates to the page, at most this often
-PLOT_INTERVAL_S = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
                    "temperature", "top_p", "top_k", "seed", "max_new_tokens")
 INT_FIELDS = ("k", "ngram", "layers", "top_k", "seed", "max_new_tokens")
@@ -98,15 +96,15 @@ def prepare(rt: Runtime, prompt: str, values) -> tuple[RunSettings, list[int]]:
 
 def runs_table(session: Session) -> list[list]:
     def num(x, nd):
-        return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
+        return None if (x := finite(x)) is None else round(x, nd)
 
     rows = []
     for i, r in enumerate(session.history, 1):
         s = r.summary
-        acc = s.get("acceptance_rate")
+        acc = finite(s.get("acceptance_rate"))
         rows.append([
             i, r.label, s["tokens"], num(s["ttft_ms"], 1), num(s["itl_p50_ms"], 2), num(s["itl_p99_ms"], 2),
-            num(s["decode_tok_s"], 1), None if acc is None or math.isnan(acc) else f"{acc:.0%}",
+            num(s["decode_tok_s"], 1), None if acc is None else f"{acc:.0%}",
             num(s["mean_accepted_len"], 2), "yes" if r.stopped else "",
         ])
     return rows
@@ -180,7 +178,7 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
     session.live = LiveRun(rounds, len(ids), settings)
     pump = RoundPump(rt, s, ids, session.run_stop)
     try:
-        for batch in pump.batches(STREAM_INTERVAL_S):
+        for batch in pump.batches(rt.stream_interval_s):
             if batch:  # an empty batch still yields: that is when gradio can close a dropped run
                 rounds += batch
                 html += render.render_rounds(batch, rt.text_of)

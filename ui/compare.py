@@ -7,6 +7,7 @@ last_compare once it ends.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import gradio as gr
@@ -79,9 +80,21 @@ def compare(rt: Runtime, session: Session, prompt: str, *values):
             return
         done[cfg] = stats
         record_run(rt, session, stats, f"compare: {cfg.label()}", False)
-    session.last_compare = [plots.CompareEntry(g, label, done.get(cfg), why, base)
-                            for g, label, cfg, why, base in configs]
+    session.last_compare = entries(configs, done)
     yield render.message_html(f"Compared {len(todo)} runs.")
+
+
+def entries(configs, done: dict) -> list[plots.CompareEntry]:
+    """One entry per configuration; a non-baseline run's stats carry its group's baseline tok/s, so its
+    summary reports the speedup (a copy: one run can be a baseline in one group and compared in another)."""
+    base = {g: done[cfg].summary()["decode_tok_s"] for g, _, cfg, _, is_base in configs if is_base and cfg in done}
+    out = []
+    for g, label, cfg, why, is_base in configs:
+        stats = done.get(cfg)
+        if stats is not None and not is_base and g in base:
+            stats = dataclasses.replace(stats, baseline_tok_s=base[g])
+        out.append(plots.CompareEntry(g, label, stats, why, is_base))
+    return out
 
 
 def last_compare(rt: Runtime, session: Session) -> tuple:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import shutil
 import tempfile
 import threading
@@ -15,11 +14,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.stats import Stats
+from engine.stats import PHASES, Stats, finite
 
 TOKEN_COLUMNS = [
     "run_id", "round", "token_index", "token_id", "token_text", "kind", "draft_position",
-    "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "verify_ms", "sample_ms", "t_end_ms",
+    "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "target_ms", "sample_ms", "t_end_ms",
 ]
 # The settings a run was asked for, repeated on every row so a CSV stands alone.
 SETTINGS_COLUMNS = [
@@ -31,7 +30,7 @@ SUMMARY_COLUMNS = [
     "itl_p99_ms", "decode_tok_s", "total_ms", "peak_memory_mb", "acceptance_rate", "mean_accepted_len",
     "draft_overhead_pct", "bandwidth_ceiling_tok_s", "pct_of_ceiling", "speedup",
 ]
-TRACE_LANES = ("round", "draft", "verify", "sample", "host")
+TRACE_LANES = ("round", *PHASES)
 
 
 def _settings_columns(settings: dict) -> list[str]:
@@ -74,11 +73,6 @@ def write_runs_csv(path: str | Path, rows: list[dict]) -> Path:
     return path
 
 
-def clean_number(x):
-    """NaN / inf -> None: JSON has no NaN and Perfetto rejects it."""
-    return None if isinstance(x, float) and (math.isnan(x) or math.isinf(x)) else x
-
-
 def chrome_trace(run_id: str, stats: Stats) -> dict:
     """Trace Event Format: one complete ('X') event per round and per phase, microseconds, one thread per lane."""
     events: list[dict] = [
@@ -95,15 +89,9 @@ def chrome_trace(run_id: str, stats: Stats) -> dict:
     for r in stats.rounds:
         args = dict(round=r.index, emitted=len(r.emitted), drafted=r.n_drafted, accepted=r.n_accepted)
         events.append(span("round", r.t_start_ms, r.total_ms, args))
-        t = r.t_start_ms
-        for lane, ms in (("draft", r.draft_ms), ("verify", r.verify_ms), ("sample", r.sample_ms)):
-            if ms > 0:
-                events.append(span(lane, t, ms, {"round": r.index}))
-            t += ms
-        if r.host_ms > 0:
-            events.append(span("host", t, r.host_ms, {"round": r.index}))
-    scalars = (str, int, float, bool, type(None))
-    meta = {k: clean_number(v) for k, v in stats.settings.items() if isinstance(v, scalars)}
+        events += [span(phase, start, ms, {"round": r.index}) for phase, start, ms in r.phases()]
+    meta = {k: finite(v) if isinstance(v, float) else v for k, v in stats.settings.items()
+            if isinstance(v, (str, int, float, bool, type(None)))}
     return dict(traceEvents=events, displayTimeUnit="ms", otherData=dict(run_id=run_id, **meta))
 
 

@@ -116,7 +116,7 @@ def build(rt: Runtime) -> gr.Blocks:
         # own range check would only say "Value 40 is greater than maximum value 16".
         engine_event = dict(concurrency_limit=1, concurrency_id="engine", preprocess=False, show_progress="hidden")
         quick = dict(queue=False, show_progress="hidden", api_visibility="private")
-        timer = gr.Timer(callbacks.PLOT_INTERVAL_S, active=False)
+        timer = gr.Timer(rt.plot_interval_s, active=False)
         timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
         (generate_btn.click(callbacks.submit, [session], None, **quick)
          .then(callbacks.live_on, None, [timer], **quick)

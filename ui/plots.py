@@ -1,17 +1,15 @@
 """Figure builders: Stats (or compare results) in, a plotly Figure out. Nothing here measures anything."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.stats import EMITTED_KINDS, Stats, percentile
+from engine.stats import EMITTED_KINDS, PHASES, Stats, finite, percentile
 from ui.render import KIND_COLORS
 
-LANES = ("draft", "verify", "sample", "host")
-LANE_COLORS = {"draft": "#72b7b2", "verify": "#4c78a8", "sample": "#f58518", "host": "#bab0ac"}
+LANE_COLORS = {"draft": "#72b7b2", "target": "#4c78a8", "sample": "#f58518", "host": "#bab0ac"}
 ROLLING_WINDOW = 8
 
 
@@ -42,10 +40,9 @@ def itl_figure(stats: Stats) -> go.Figure:
     xs, ys, kinds, rounds, round_x, round_y = [], [], [], [], [], []
     index = 1  # token 0 came from the prefill round; its latency is the TTFT
     for r in stats.rounds[1:]:
-        emitted = r.emitted
-        for t in emitted:
+        for t in r.emitted:
             xs.append(index)
-            ys.append(r.total_ms / len(emitted))
+            ys.append(r.token_ms)
             kinds.append(t.kind)
             rounds.append(r.index)
             index += 1
@@ -76,27 +73,17 @@ def itl_figure(stats: Stats) -> go.Figure:
     return _base(fig, f"{title} (TTFT {ttft:.1f} ms)", "itl")
 
 
-def _segments(stats: Stats) -> dict[str, list[tuple[float, float, int]]]:
-    """(start, duration, round) per lane. Phases run draft -> verify -> sample; host is the rest."""
-    out: dict[str, list[tuple[float, float, int]]] = {lane: [] for lane in LANES}
-    for r in stats.rounds:
-        t = r.t_start_ms
-        for lane, ms in (("draft", r.draft_ms), ("verify", r.verify_ms), ("sample", r.sample_ms)):
-            if ms > 0:
-                out[lane].append((t, ms, r.index))
-            t += ms
-        if r.host_ms > 0:
-            out["host"].append((t, r.host_ms, r.index))
-    return out
-
-
 def steps_figure(stats: Stats) -> go.Figure:
     """Where each round's time went: one lane per phase, bars over wall time since the run started."""
     title = "Step timeline"
     if not stats.rounds:
         return empty_figure(title, "The timeline appears when a run starts.", "steps")
+    segments: dict[str, list[tuple[float, float, int]]] = {lane: [] for lane in PHASES}  # (start, ms, round)
+    for r in stats.rounds:
+        for phase, start, ms in r.phases():
+            segments[phase].append((start, ms, r.index))
     fig = go.Figure()
-    for lane, segs in _segments(stats).items():
+    for lane, segs in segments.items():
         if not segs:
             continue
         fig.add_trace(go.Bar(
@@ -107,7 +94,7 @@ def steps_figure(stats: Stats) -> go.Figure:
             + lane + "</extra>",
         ))
     fig.update_layout(barmode="overlay", bargap=0.3)
-    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(LANES)))
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(PHASES)))
     fig.update_xaxes(title_text="wall time since the prompt was handed over (ms)")
     return _base(fig, title, "steps", height=260)
 
@@ -163,18 +150,13 @@ class CompareEntry:
     def tok_s(self) -> float:
         return self.stats.summary()["decode_tok_s"] if self.stats else float("nan")
 
+    @property
+    def speedup(self) -> float | None:
+        """Over the group's baseline (Stats.baseline_tok_s, which Compare sets); None for the baseline."""
+        return finite(self.stats.summary().get("speedup")) if self.stats else None
+
     def step_ms(self, q: float) -> float:
         return percentile([r.total_ms for r in self.stats.rounds[1:]], q) if self.stats else float("nan")
-
-
-def speedups(entries: list[CompareEntry]) -> dict[str, float]:
-    """tok/s of each non-baseline entry over its group's baseline, keyed by 'group: label'."""
-    base = {e.group: e.tok_s for e in entries if e.baseline and e.stats}
-    out = {}
-    for e in entries:
-        if not e.baseline and e.stats and e.group in base and base[e.group] > 0:
-            out[f"{e.group}: {e.label}"] = e.tok_s / base[e.group]
-    return out
 
 
 def compare_figure(entries: list[CompareEntry]) -> go.Figure:
@@ -187,9 +169,8 @@ def compare_figure(entries: list[CompareEntry]) -> go.Figure:
         return empty_figure(title, notes or "Press Compare to run the prompt under each configuration.", "cmp")
     fig = make_subplots(rows=1, cols=3, subplot_titles=(
         "decode tok/s", "step ms: p50 (blue), p99 (red)", "ITL distribution"))
-    ups = speedups(entries)
     names = [f"{e.group}<br>{e.label}" for e in ran]
-    text = [f"×{ups[f'{e.group}: {e.label}']:.2f}" if f"{e.group}: {e.label}" in ups else "" for e in ran]
+    text = [f"×{e.speedup:.2f}" if e.speedup is not None else "" for e in ran]
     colors = ["#bab0ac" if e.baseline else "#4c78a8" for e in ran]
     fig.add_trace(go.Bar(x=names, y=[e.tok_s for e in ran], text=text, textposition="outside",
                          marker_color=colors, name="tok/s", hovertemplate="%{x}<br>%{y:.1f} tok/s<extra></extra>"),
@@ -213,15 +194,13 @@ def compare_figure(entries: list[CompareEntry]) -> go.Figure:
 
 def compare_rows(entries: list[CompareEntry]) -> list[list]:
     """A table of the same figures for the page and the summary CSV: one row per configuration."""
-    ups = speedups(entries)
     rows = []
     for e in entries:
         if e.stats is None:
             rows.append([e.group, e.label, None, None, None, None, e.reason])
             continue
-        up = ups.get(f"{e.group}: {e.label}")
         rows.append([e.group, e.label, round(e.tok_s, 2), round(e.step_ms(50), 3), round(e.step_ms(99), 3),
-                     None if up is None or math.isnan(up) else round(up, 3), "baseline" if e.baseline else ""])
+                     None if e.speedup is None else round(e.speedup, 3), "baseline" if e.baseline else ""])
     return rows
 
 

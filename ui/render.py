@@ -5,11 +5,10 @@ them), so gradio's streaming diff sends only the new spans each update.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from html import escape
 
-from engine.stats import EMITTED_KINDS, KINDS, Round, Token
+from engine.stats import EMITTED_KINDS, KINDS, Round, Token, finite
 
 KIND_COLORS = {
     "target": "#4c78a8",
@@ -28,9 +27,8 @@ KIND_HELP = {
 
 
 def _num(x: float | None, fmt: str) -> str | None:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return None
-    return format(x, fmt)
+    x = finite(x)
+    return None if x is None else format(x, fmt)
 
 
 def token_tooltip(tok: Token, round_index: int, latency_ms: float | None) -> str:
@@ -55,10 +53,8 @@ def token_span(tok: Token, text: str, round_index: int, latency_ms: float | None
 
 def round_spans(rnd: Round, text_of: Callable[[int], str]) -> str:
     """A round's tokens in engine order; an emitted token's latency is its share of the round's time."""
-    n = len(rnd.emitted)
-    share = rnd.total_ms / n if n else None
     return "".join(
-        token_span(t, text_of(t.token_id), rnd.index, share if t.kind in EMITTED_KINDS else None)
+        token_span(t, text_of(t.token_id), rnd.index, rnd.token_ms if t.kind in EMITTED_KINDS else None)
         for t in rnd.tokens
     )
 
@@ -84,7 +80,7 @@ def stats_line(summary: dict, *, running: bool = False) -> str:
     itl = None
     if (p50 := _num(s.get("itl_p50_ms"), ".1f")) and (p99 := _num(s.get("itl_p99_ms"), ".1f")):
         itl = f"{p50} / {p99} ms"
-    acc = _num(s.get("acceptance_rate", float("nan")) * 100, ".0f")
+    acc = _num(100 * (finite(s.get("acceptance_rate")) or float("nan")), ".0f")
     ceiling = _num(s.get("pct_of_ceiling"), ".0f")
     mem = _num(s.get("peak_memory_mb"), ".0f")
     speedup = _num(s.get("speedup"), ".2f")

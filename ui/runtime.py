@@ -16,11 +16,13 @@ from functools import partial
 
 import torch
 
+from engine.sampling import SamplingParams
+from engine.speculative import K_MAX, check_k
 from engine.stats import Round, Stats
 from ui.export import ExportStore
 
 MODES = ("plain", "n-gram", "draft model", "layer-skip")
-K_RANGE = (1, 16)
+K_RANGE = (1, K_MAX)
 NGRAM_RANGE = (1, 8)
 LAYER_SKIP_KEEP = 2
 
@@ -91,6 +93,8 @@ class Runtime:
     lock: threading.Lock = field(default_factory=threading.Lock)
     layer_skip: dict = field(default_factory=dict)  # depth -> LayerSkipDrafter, see drafter_for
     temp_dirs: list = field(default_factory=list)  # folders this runtime made (--tiny models), removed by close
+    stream_interval_s: float = 1 / 15  # token updates to the page, at most this often
+    plot_interval_s: float = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
 
     def __post_init__(self):
         self.store = self.store or ExportStore()
@@ -129,8 +133,8 @@ class Runtime:
             raise ValueError(f"mode={s.mode!r} is not one of {', '.join(MODES)}")
         if (why := self.modes()[s.mode]) is not None:
             raise ValueError(f"{s.mode} mode is unavailable: {why}")
-        if s.speculative and not K_RANGE[0] <= s.k <= K_RANGE[1]:
-            raise ValueError(f"k={s.k} drafts per round is out of range; pick {K_RANGE[0]}..{K_RANGE[1]}")
+        if s.speculative:
+            check_k(s.k)
         if s.mode == "n-gram" and not NGRAM_RANGE[0] <= s.ngram <= NGRAM_RANGE[1]:
             raise ValueError(f"n-gram size {s.ngram} is out of range; pick {NGRAM_RANGE[0]}..{NGRAM_RANGE[1]}")
         if s.mode == "layer-skip" and not 1 <= s.layers < self.n_layers:
@@ -142,12 +146,7 @@ class Runtime:
             raise ValueError(f"CUDA graphs are unavailable here ({self.graphs_reason}); switch them off")
         if s.fused_kernels and self.fused_reason:
             raise ValueError(f"fused kernels are unavailable here ({self.fused_reason}); switch them off")
-        if not s.temperature >= 0:
-            raise ValueError(f"temperature={s.temperature} must be >= 0 (0 is greedy)")
-        if not 0 < s.top_p <= 1:
-            raise ValueError(f"top_p={s.top_p} must be in (0, 1]; 1 switches nucleus sampling off")
-        if s.top_k < 0:
-            raise ValueError(f"top_k={s.top_k} must be >= 0; 0 switches top-k off")
+        SamplingParams(s.temperature, s.top_p, s.top_k, s.seed)  # raises naming the bad setting
         # the same draft slots speculative.stream reserves
         self.engine.check_request(prompt_ids, s.max_new_tokens, extra=s.k if s.speculative else 0)
 

@@ -63,7 +63,7 @@ def on_zero_gpu(fn):
 
 
 def _tiny_folders(progress) -> tuple[Path, Path, Path]:
-    from engine.testing import tiny_config, write_tiny_model
+    from engine.tiny import tiny_config, write_tiny_model
 
     root = Path(tempfile.mkdtemp(prefix="decodescope-tiny-"))
     progress(f"writing tiny random-weight models to {root}")

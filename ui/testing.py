@@ -14,10 +14,10 @@ def synthetic_rounds(n_rounds: int = 12, k: int = 0, seed: int = 0, vocab: int =
     for i in range(n_rounds):
         start = t
         if i == 0:
-            verify, draft, sample = 20.0 + rng.random(), 0.0, 0.3
+            target, draft, sample = 20.0 + rng.random(), 0.0, 0.3
             tokens = [Token(rng.randrange(vocab), "target", p_target=rng.random())]
         elif k == 0:
-            verify, draft, sample = 8.0 + rng.random(), 0.0, 0.2
+            target, draft, sample = 8.0 + rng.random(), 0.0, 0.2
             tokens = [Token(rng.randrange(vocab), "target", p_target=rng.random())]
         else:
             n_acc = rng.randint(0, k)
@@ -27,9 +27,9 @@ def synthetic_rounds(n_rounds: int = 12, k: int = 0, seed: int = 0, vocab: int =
                 tokens.append(Token(rng.randrange(vocab), "resampled", None, rng.random()))
             else:
                 tokens.append(Token(rng.randrange(vocab), "bonus", None, rng.random()))
-            draft, verify, sample = 1.0 + rng.random(), 10.0 + rng.random(), 0.5
-        t += draft + verify + sample + 0.1 + 0.2 * rng.random()
-        rounds.append(Round(i, tokens, start, t, draft, verify, sample, k if i else 0, i == n_rounds - 1))
+            draft, target, sample = 1.0 + rng.random(), 10.0 + rng.random(), 0.5
+        t += draft + target + sample + 0.1 + 0.2 * rng.random()
+        rounds.append(Round(i, tokens, start, t, draft, target, sample, k if i else 0, i == n_rounds - 1))
     return rounds
 
 
