@@ -56,9 +56,8 @@ def decode_loop(eng: Engine, batch: int, prompt: list[int], steps: int) -> list[
     """ms per step for `steps` greedy steps on `batch` identical rows, each step read back to the host
     as a real decode loop must (to sample, stream, or stop)."""
     tokens = torch.tensor([prompt] * batch, device=eng.device)
-    logits = eng.model(tokens, eng.cache, "prefill", last_only=True)
-    eng.length = len(prompt)
-    tok = logits.argmax(-1)
+    eng.cache.set_length(len(prompt))
+    tok = eng.model(tokens, eng.cache, "prefill", last_only=True).argmax(-1)
     times = []
     for _ in range(steps):
         t = time.perf_counter()

@@ -13,7 +13,7 @@ import torch
 from engine import ops
 from engine.kv_cache import KVCache
 from engine.model import Transformer
-from engine.sampling import SamplingParams, probs, sample
+from engine.sampling import SamplingParams, sample, shown_probs
 from engine.stats import Round, Stats, Token
 from engine.timing import Clock, now_ms
 
@@ -29,8 +29,7 @@ class Engine:
         model.ensure_rope(max_seq_len)
         self.cache = KVCache(model.config, batch_size, max_seq_len, model.dtype, model.device)
         self.clock = Clock(model.device)
-        self.length = 0  # host-side mirror of cache.seq_lens for batch 1: never read back from the device
-        self.graph = None  # graphs.DecodeGraphs once graphs.enable() captured them
+        self.graph = None  # graphs.DecodeGraphs: the step runs as graph replays when set (use_graphs)
         self.graph_status = "off: not enabled (call graphs.enable)"
         self.bandwidth_gbs = float("nan")  # set by a caller that measured it (bench, app)
         self.weight_bytes = model.weight_bytes  # counted once: stats() is asked for many times a second live
@@ -39,50 +38,55 @@ class Engine:
     def kernel_status(self) -> str:
         return f"{self.model.ops.name}: {self.model.ops.reason}"
 
-    def use_fused(self, on: bool) -> str:
-        """Switch kernels for the next run; captured graphs hold the old path, so they are re-captured."""
-        self.model.use_ops(ops.select(self.device, on, self.config.head_dim))
-        if self.graph is not None:
-            from engine import graphs
+    @property
+    def length(self) -> int:
+        """Live positions in the cache (the cache owns it)."""
+        return self.cache.length
 
-            graphs.enable(self)
+    def use_fused(self, on: bool) -> str:
+        """Switch kernels for the next run; a captured graph sees the model change and is captured again."""
+        self.model.use_ops(ops.select(self.device, on, self.config.head_dim))
         return self.kernel_status
 
     def use_graphs(self, on: bool) -> str:
+        """Choose the step's runner once: graph replays (captured now) or eager calls. Off with the reason
+        on CPU, or when capture fails."""
         from engine import graphs
 
-        graphs.enable(self) if on else graphs.disable(self)
+        self.graph = None
+        if not on:
+            self.graph_status = "off: switched off"
+        else:
+            self.graph, self.graph_status = graphs.capture(self)
         return self.graph_status
 
-    # ---- the three forward paths -------------------------------------------------------------------
+    # ---- the forward paths: the cache's length moves here and only here ---------------------------------
     def _kv_limit(self, upto: int) -> int:
         return min(self.max_seq_len, -(-upto // KV_BLOCK) * KV_BLOCK)
 
     def prefill(self, ids: list[int], all_logits: bool = False) -> torch.Tensor:
         """Fill the cache with the prompt; float32 logits [V] of its last token ([T, V] with all_logits)."""
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(tokens, self.cache, "prefill", last_only=not all_logits)
-        self.length = len(ids)
-        return out[0]
+        self.cache.set_length(len(ids))
+        return self.model(tokens, self.cache, "prefill", last_only=not all_logits)[0]
 
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """token: [B] long -> logits [B, V]; a graph replay when graphs are on."""
-        self.length += 1
-        if self.graph is not None:
-            return self.graph.decode(token)
-        return self.model(token[:, None], self.cache, "decode", kv_limit=self._kv_limit(self.length), last_only=True)
+        return self._forward(token[:, None])[:, -1]
 
     def chunk(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [B, T] on top of the cache -> logits [B, T, V] (the verify pass)."""
-        self.length += tokens.shape[1]
+        return self._forward(tokens)
+
+    def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.cache.advance(tokens.shape[1])
         if self.graph is not None:
-            return self.graph.chunk(tokens)
-        return self.model(tokens, self.cache, "chunk", kv_limit=self._kv_limit(self.length))
+            return self.graph.run(tokens)
+        return self.model(tokens, self.cache, "cached", kv_limit=self._kv_limit(self.cache.length))
 
     def rollback(self, n: int) -> None:
         """Keep the first n cache entries (entries past seq_len are never read, so this is a fill)."""
-        self.cache.fill(n)
-        self.length = n
+        self.cache.set_length(n)
 
     @torch.inference_mode()
     def logits(self, ids: list[int]) -> torch.Tensor:
@@ -118,9 +122,9 @@ class Engine:
 
     def pick(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[int, float]:
         """Sample one token from logits [V]; returns (id, p_target) in one host sync."""
-        tok = sample(logits[None], sampling, gen)[0]
-        dist = logits.softmax(-1) if sampling.greedy else probs(logits[None], sampling)[0]
-        tok_id, p = torch.stack((tok.double(), dist[tok].double())).tolist()
+        tok, dist = sample(logits[None], sampling, gen)
+        shown = shown_probs(logits[None], dist, sampling)[0]
+        tok_id, p = torch.stack((tok[0].double(), shown[tok[0]].double())).tolist()
         return int(tok_id), p
 
     @torch.inference_mode()
@@ -141,7 +145,7 @@ class Engine:
             c = self.clock.mark()
             done = tok_id in stop or i == max_new_tokens - 1
             yield Round(i, [Token(tok_id, "target", p_target=p)], start, now_ms(t0),
-                        verify_ms=self.clock.ms(a, b), sample_ms=self.clock.ms(b, c), finished=done)
+                        target_ms=self.clock.ms(a, b), sample_ms=self.clock.ms(b, c), finished=done)
             if done:
                 return
             token = torch.tensor([tok_id], device=self.device)

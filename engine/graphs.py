@@ -2,9 +2,14 @@
 
 A decode step at batch 1 is hundreds of small kernels; launching them from Python costs more than
 running them. A captured graph replays them with one launch. Shapes never depend on position (positions
-come from cache.seq_lens on the device, attention masks by seq_lens, the fused decode kernel's split count
-is sized for the cache's max), so one capture serves every length. A step is then a copy into the static
-token buffer plus a replay; the only host sync stays the read of the sampled id.
+come from cache.seq_lens on the device, attention reads by seq_lens, the fused decode kernel plans its
+splits on the device), so one capture serves every length. A step is then the cache's length advance,
+a copy into the static token buffer and a replay; the only host sync stays the read of the sampled id.
+
+A graph reads its inputs by address: the model's weights, rope tables and kernel workspaces. Whatever
+replaces one of those (a larger Engine growing the rope table, switching kernels) bumps model.version, and
+a graph captured under another version is captured again before its next replay. The graph also holds
+references to what it read, so nothing it points at is freed while it exists.
 """
 from __future__ import annotations
 
@@ -16,61 +21,65 @@ WARMUP_ITERS = 3
 
 
 class DecodeGraphs:
-    """The decode-step graph, and one verify graph per chunk length T (captured on first use)."""
+    """One graph per token count T: T = 1 (the decode step) at once, verify lengths on first use."""
 
     def __init__(self, eng):
         self.eng = eng
         self.pool = torch.cuda.graph_pool_handle()
         self.capture_ms: dict[str, float] = {}
-        self.step_tokens = torch.zeros(eng.cache.batch_size, dtype=torch.long, device=eng.device)
-        self.step = self._capture("decode", lambda: eng.model(
-            self.step_tokens[:, None], eng.cache, "decode", last_only=True))
-        self.verify: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[int, tuple | None] = {}  # T -> (graph, token buffer, logits) or None (runs eager)
+        self._capture(1)
 
-    def _capture(self, name: str, fn):
-        """Warm up on a side stream (cuBLAS workspaces, allocator pools), then capture fn.
+    def _capture(self, T: int) -> None:
+        """Warm up on a side stream (cuBLAS workspaces, allocator pools), then capture the forward of T tokens.
 
-        Warm-up runs really execute: they write K/V at the current seq_lens (the positions the next real
-        call overwrites) and advance seq_lens, which is restored afterwards."""
+        Warm-up and capture really execute: they write K/V past the live length (cache.scratch), where
+        nothing reads, and the length is restored afterwards."""
+        eng, model = self.eng, self.eng.model
         t0 = time.perf_counter()
-        saved = self.eng.cache.seq_lens.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_ITERS):
-                fn()
-                self.eng.cache.seq_lens.copy_(saved)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = fn()
-        self.eng.cache.seq_lens.copy_(saved)
+        buf = torch.zeros(eng.cache.batch_size, T, dtype=torch.long, device=eng.device)
+
+        def forward():
+            return model(buf, eng.cache, "cached")
+
+        with eng.cache.scratch(T):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_ITERS):
+                    forward()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = forward()
         torch.cuda.synchronize()
-        self.capture_ms[name] = (time.perf_counter() - t0) * 1e3
-        return graph, out
+        # held, so nothing the graph reads by address is freed while it exists
+        self.pinned = (model.version, model.ops, model.cos, model.sin)
+        self.graphs[T] = (graph, buf, out)
+        self.capture_ms["decode" if T == 1 else f"verify{T}"] = (time.perf_counter() - t0) * 1e3
 
-    def decode(self, token: torch.Tensor) -> torch.Tensor:
-        graph, logits = self.step
-        self.step_tokens.copy_(token)
-        graph.replay()
-        return logits  # [B, V]; overwritten by the next replay
+    def stale(self) -> bool:
+        return self.pinned[0] != self.eng.model.version
 
-    def chunk(self, tokens: torch.Tensor) -> torch.Tensor:
+    def run(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] -> logits [B, T, V] (a buffer the next replay overwrites). The cache's length
+        already counts the T tokens."""
         T = tokens.shape[1]
-        if T not in self.verify:
-            buf = torch.zeros_like(tokens)
+        if self.stale():
+            self.graphs.clear()
+            self._capture(1)
+        if T not in self.graphs:
             try:
-                graph, out = self._capture(f"verify{T}", lambda: self.eng.model(buf, self.eng.cache, "chunk"))
-                self.verify[T] = (graph, buf, out)
+                self._capture(T)
             except RuntimeError as e:
-                self.verify[T] = None
+                self.graphs[T] = None
                 self.eng.graph_status += f"; verify pass T={T} runs eager (capture failed: {first_line(e)})"
-        if self.verify[T] is None:
-            return self.eng.model(tokens, self.eng.cache, "chunk")
-        graph, buf, out = self.verify[T]
+        if self.graphs[T] is None:
+            return self.eng.model(tokens, self.eng.cache, "cached")
+        graph, buf, out = self.graphs[T]
         buf.copy_(tokens)
         graph.replay()
-        return out  # [B, T, V]
+        return out
 
 
 def first_line(e: Exception) -> str:
@@ -78,26 +87,25 @@ def first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def enable(eng):
-    """Capture the decode step; on CPU, or if capture fails, the engine runs eager and says why."""
+def capture(eng) -> tuple[DecodeGraphs | None, str]:
+    """(graphs, status) for eng: None and the reason on CPU, or when capture fails."""
     if eng.device.type != "cuda":
-        eng.graph = None
-        eng.graph_status = f"off: CUDA graphs need a CUDA device (running on {eng.device.type})"
-        return eng
-    eng.graph = None
+        return None, f"off: CUDA graphs need a CUDA device (running on {eng.device.type})"
     try:
         with torch.inference_mode():
             graphs = DecodeGraphs(eng)
     except RuntimeError as e:  # capture errors (unsupported op, allocator, illegal sync) surface as RuntimeError
-        eng.graph_status = f"off: capture failed ({first_line(e)}); running eager"
         torch.cuda.synchronize()
-        return eng
-    eng.graph = graphs
-    eng.graph_status = f"on: decode step captured in {graphs.capture_ms['decode']:.0f} ms"
+        return None, f"off: capture failed ({first_line(e)}); running eager"
+    return graphs, f"on: decode step captured in {graphs.capture_ms['decode']:.0f} ms"
+
+
+def enable(eng):
+    """Run eng's steps as graph replays where CUDA graphs can run; eng.graph_status says how it went."""
+    eng.use_graphs(True)
     return eng
 
 
 def disable(eng):
-    eng.graph = None
-    eng.graph_status = "off: switched off"
+    eng.use_graphs(False)
     return eng

@@ -1,10 +1,14 @@
-"""Static, preallocated KV cache.
+"""Static, preallocated KV cache, and the one owner of the sequence length.
 
 seq_lens lives on the device, so a decode step never reads a length back to the host and its shapes never
 depend on position: positions come from seq_lens, the KV write is an index_put at those positions, and
-attention masks keys j >= seq_len. Entries past seq_len are never read, so rollback is a fill.
+attention reads keys j < seq_len only. Entries past seq_len are never read, so rollback is a fill.
+`length` is seq_lens' host mirror (batch 1 and equal rows), moved only by the methods below, always together
+with the device copy, so nothing ever reads the device to learn it.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -17,20 +21,38 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=device)  # [B]
+        self.length = 0
         self.batch_size = batch_size
         self.max_seq_len = max_seq_len
         self.rows = torch.arange(batch_size, device=device)  # [B], for index_put
 
     @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+    def bytes_per_token(self) -> int:
+        """K and V bytes one position adds, over all layers (what a decode step reads per cached token)."""
+        L, B, Hkv, S, D = self.k.shape
+        return 2 * L * Hkv * D * self.k.element_size()
 
-    def reset(self) -> None:
-        self.seq_lens.zero_()
+    def advance(self, n: int) -> None:
+        """n new positions per row, whose K/V the next forward writes (a device add: no sync)."""
+        self.seq_lens.add_(n)
+        self.length += n
 
-    def fill(self, n: int) -> None:
-        """Roll every row back (or forward) to n live entries."""
+    def set_length(self, n: int) -> None:
+        """Every row to n live entries: a rollback after rejected drafts, or the prompt length at prefill."""
         self.seq_lens.fill_(n)
+        self.length = n
+
+    @contextmanager
+    def scratch(self, n: int):
+        """n positions past the live length for a forward whose K/V are thrown away (graph warm-up and
+        capture); the length is restored afterwards, so the writes land where nothing is read."""
+        saved, saved_length = self.seq_lens.clone(), self.length
+        self.advance(n)
+        try:
+            yield
+        finally:
+            self.seq_lens.copy_(saved)
+            self.length = saved_length
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
         # k, v: [B, T, Hkv, D]; positions: [B, T] (values < S)

@@ -1,13 +1,14 @@
-"""The llama-family transformer: Transformer -> Block -> Attention / MLP, with three attention paths.
+"""The llama-family transformer: Transformer -> Block -> Attention / MLP, with two attention paths.
 
 Letters used in shape comments:
   B batch rows, T tokens per row in this call, N = B*T, H query heads, Hkv kv heads, D head_dim,
   S the cache's max length, V vocab size, C hidden size, I intermediate size.
 
-Paths (all write their new K/V into the static cache at positions taken from cache.seq_lens):
-  prefill  causal attention over the prompt itself (SDPA); the cache starts empty.
-  decode   one query per row against the cache (ops.decode_attention; the fused kernel on CUDA).
-  chunk    a few queries per row on top of the cache (verifying drafts), masked key j <= position.
+Paths (both write their new K/V into the static cache, at positions seq_lens - T + t: the caller has already
+advanced the cache's length by T, see Engine._forward):
+  prefill  causal attention over the prompt itself (SDPA); the cache held nothing before it.
+  cached   T queries per row against the cache: a decode step (T = 1) or a verify pass (T = k + 1),
+           ops.attention (the fused kernel where it runs), optionally windowed with attention sinks.
 The residual stream goes through add+rmsnorm, so a block is attn -> (add + norm) -> mlp -> (add + norm)
 and the norm of the next block (or the final norm) is fused into this block's last add.
 """
@@ -23,23 +24,21 @@ from engine import ops as ops_mod
 from engine.config import ModelConfig, rope_inv_freq
 from engine.kv_cache import KVCache
 
-# SDPA learned grouped-query attention in torch 2.5; older torch repeats K/V on the prefill path only.
-_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
-
 
 @dataclass
-class Step:
+class ForwardContext:
     """What every layer needs for one forward call."""
-    mode: str  # "prefill" | "decode" | "chunk"
+    mode: str  # "prefill" | "cached"
     B: int
     T: int
     positions: torch.Tensor  # [B, T] long
-    seq_lens: torch.Tensor  # [B] int32, live lengths after this call's tokens are written
     cache: KVCache
     kv_limit: int  # keys read from the cache: S, or a host-known bound for eager calls
     ops: ops_mod.OpSet
     cos: torch.Tensor
     sin: torch.Tensor
+    window: int = 0  # > 0: cached attention reads the first `sinks` keys and the last `window` only
+    sinks: int = 0
 
 
 class Linear(nn.Module):
@@ -74,48 +73,21 @@ class Attention(nn.Module):
         self.wo = Linear(cfg.q_size, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, s: Step) -> torch.Tensor:
-        cfg, B, T = self.cfg, s.B, s.T
-        q, k, v = self.wqkv(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.reshape(B * T, cfg.n_heads, cfg.head_dim).contiguous()  # [N, H, D]
-        k = k.reshape(B * T, cfg.n_kv_heads, cfg.head_dim).contiguous()  # [N, Hkv, D]
-        s.ops.rope_(q, k, s.cos, s.sin, s.positions.reshape(-1))
-        s.cache.write(self.layer, k.view(B, T, -1, cfg.head_dim), v.reshape(B, T, -1, cfg.head_dim), s.positions)
+    def forward(self, x: torch.Tensor, s: ForwardContext) -> torch.Tensor:
+        cfg, B, T, D = self.cfg, s.B, s.T, self.cfg.head_dim
+        # views into the one qkv output: rope and attention take a free token stride, so no copies
+        q, k, v = self.wqkv(x).view(B, T, -1).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q, k, v = q.unflatten(-1, (cfg.n_heads, D)), k.unflatten(-1, (cfg.n_kv_heads, D)), v.unflatten(-1, (-1, D))
+        s.ops.rope_(q.flatten(0, 1), k.flatten(0, 1), s.cos, s.sin, s.positions.reshape(-1))  # [N, H|Hkv, D]
+        s.cache.write(self.layer, k, v, s.positions)
         if s.mode == "prefill":
-            y = self._prefill(q, k, v.reshape(B * T, -1, cfg.head_dim), s)
-        elif s.mode == "decode":
-            kc = s.cache.k[self.layer][:, :, : s.kv_limit]
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                               scale=self.scale, enable_gqa=cfg.n_rep > 1).transpose(1, 2)
+        else:
+            kc = s.cache.k[self.layer][:, :, : s.kv_limit]  # [B, Hkv, S', D]
             vc = s.cache.v[self.layer][:, :, : s.kv_limit]
-            y = s.ops.decode_attention(q, kc, vc, s.seq_lens, self.scale)  # [B, H, D]
-        else:
-            y = self._chunk(q, s)
-        return self.wo(y.reshape(B * T, cfg.q_size))
-
-    def _prefill(self, q, k, v, s: Step) -> torch.Tensor:
-        B, T, cfg = s.B, s.T, self.cfg
-        q = q.view(B, T, -1, cfg.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = k.view(B, T, -1, cfg.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = v.view(B, T, -1, cfg.head_dim).transpose(1, 2)
-        if _SDPA_GQA:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=cfg.n_rep > 1)
-        else:
-            k, v = k.repeat_interleave(cfg.n_rep, 1), v.repeat_interleave(cfg.n_rep, 1)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        return y.transpose(1, 2)  # [B, T, H, D]
-
-    def _chunk(self, q, s: Step) -> torch.Tensor:
-        # The H/Hkv query heads of a group are folded into the query axis, [B, Hkv, n_rep*T, D],
-        # so one SDPA call reads each cached K/V once with no repeat_interleave copies.
-        B, T, cfg = s.B, s.T, self.cfg
-        kc = s.cache.k[self.layer][:, :, : s.kv_limit]  # [B, Hkv, S', D]
-        vc = s.cache.v[self.layer][:, :, : s.kv_limit]
-        qg = q.view(B, T, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim).permute(0, 2, 3, 1, 4)
-        qg = qg.reshape(B, cfg.n_kv_heads, cfg.n_rep * T, cfg.head_dim)
-        keys = torch.arange(kc.shape[2], device=q.device)
-        mask = keys.view(1, 1, -1) <= s.positions.unsqueeze(-1)  # [B, T, S']
-        mask = mask.unsqueeze(1).expand(B, cfg.n_rep, T, -1).reshape(B, 1, cfg.n_rep * T, -1)
-        y = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask, scale=self.scale)
-        return y.view(B, cfg.n_kv_heads, cfg.n_rep, T, cfg.head_dim).permute(0, 3, 1, 2, 4)  # [B, T, H, D]
+            y = s.ops.attention(q, kc, vc, s.cache.seq_lens, self.scale, s.window, s.sinks)
+        return self.wo(y.reshape(B * T, cfg.q_size))  # y: [B, T, H, D]
 
 
 class MLP(nn.Module):
@@ -124,7 +96,7 @@ class MLP(nn.Module):
         self.w_gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # [gate | up]
         self.w_down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, s: Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, s: ForwardContext) -> torch.Tensor:
         return self.w_down(s.ops.silu_mul(self.w_gate_up(x)))
 
 
@@ -135,6 +107,13 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, next_norm: RMSNorm, s: ForwardContext) -> torch.Tensor:
+        """x: this block's attn_norm(h), [N, C]; h: the residual stream. Returns next_norm(h) for the block
+        after it; add_rmsnorm adds each branch into h IN PLACE, so h leaves as the new residual stream."""
+        eps = self.attn_norm.eps
+        x = s.ops.add_rmsnorm(self.attn(x, s), h, self.mlp_norm.weight, eps)
+        return s.ops.add_rmsnorm(self.mlp(x, s), h, next_norm.weight, eps)
 
 
 class Transformer(nn.Module):
@@ -149,6 +128,7 @@ class Transformer(nn.Module):
         self.cos = self.sin = None
         self.path = None  # the folder it was loaded from
         self.eos_ids: tuple[int, ...] = cfg.eos_token_ids
+        self.version = 0  # bumped whenever something a captured graph reads by address is replaced
 
     @property
     def device(self) -> torch.device:
@@ -164,8 +144,9 @@ class Transformer(nn.Module):
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
     def use_ops(self, ops: ops_mod.OpSet) -> None:
-        """Fix the kernel-or-twin choice; callers re-capture any CUDA graph afterwards."""
+        """Fix the kernel-or-twin choice; a captured CUDA graph notices (version) and is captured again."""
         self.ops = ops
+        self.version += 1
 
     def ensure_rope(self, n_positions: int) -> None:
         if self.cos is not None and self.cos.shape[0] >= n_positions:
@@ -173,42 +154,23 @@ class Transformer(nn.Module):
         inv = rope_inv_freq(self.config).to(self.device)
         angles = torch.outer(torch.arange(n_positions, device=self.device, dtype=torch.float32), inv)
         self.cos, self.sin = angles.cos(), angles.sin()  # [max_pos, D/2] fp32
+        self.version += 1
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return (F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)).float()
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache,
-        mode: str,
-        lengths: torch.Tensor | None = None,
-        kv_limit: int | None = None,
-        last_only: bool = False,
-    ) -> torch.Tensor:
-        """tokens: [B, T] -> float32 logits [B, T, V] ([B, V] with last_only).
-
-        prefill: lengths [B] gives each right-padded row's real length (default T); last_only picks each
-        row's last real token. decode / chunk: appended at cache.seq_lens, which grows by T."""
+    def forward(self, tokens: torch.Tensor, cache: KVCache, mode: str, kv_limit: int | None = None,
+                last_only: bool = False, window: int = 0, sinks: int = 0) -> torch.Tensor:
+        """tokens: [B, T] -> float32 logits [B, T, V] ([B, V] with last_only). The cache's length already
+        counts these T tokens (the caller advanced it), so positions are seq_lens - T + t."""
         B, T = tokens.shape
-        arange = torch.arange(T, device=tokens.device)
-        if mode == "prefill":
-            positions = arange.expand(B, T)
-            lengths = torch.full((B,), T, device=tokens.device) if lengths is None else lengths
-            cache.seq_lens.copy_(lengths)
-        else:
-            positions = cache.seq_lens.long().unsqueeze(1) + arange  # [B, T]
-            cache.seq_lens.add_(T)
-        s = Step(mode, B, T, positions, cache.seq_lens, cache, kv_limit or cache.max_seq_len, self.ops,
-                 self.cos, self.sin)
+        positions = cache.seq_lens.long().unsqueeze(1) - T + torch.arange(T, device=tokens.device)  # [B, T]
+        s = ForwardContext(mode, B, T, positions, cache, kv_limit or cache.max_seq_len, self.ops, self.cos, self.sin,
+                           window, sinks)
         layers = self.layers
         h = self.embed(tokens).reshape(B * T, -1)  # residual stream: [N, C]
         x = self.ops.rmsnorm(h, layers[0].attn_norm.weight, self.config.rms_eps)
         for i, block in enumerate(layers):
-            x = self.ops.add_rmsnorm(block.attn(x, s), h, block.mlp_norm.weight, self.config.rms_eps)
-            nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm
-            x = self.ops.add_rmsnorm(block.mlp(x, s), h, nxt.weight, self.config.rms_eps)
+            x = block(x, h, layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm, s)
         x = x.view(B, T, -1)
-        if last_only:
-            x = x[torch.arange(B, device=x.device), lengths.long() - 1] if mode == "prefill" else x[:, -1]
-        return self.head(x)
+        return self.head(x[:, -1] if last_only else x)

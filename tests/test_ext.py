@@ -220,7 +220,7 @@ def fresh_load(monkeypatch, tmp_path):
 def assert_twins(opset, reason_part: str):
     assert opset.name == "torch"
     assert reason_part in opset.reason
-    assert opset.rmsnorm is ref.rmsnorm and opset.decode_attention is ref.decode_attention
+    assert opset.rmsnorm is ref.rmsnorm and opset.attention is ref.attention
 
 
 def test_cpu_device_runs_the_twins():

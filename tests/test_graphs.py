@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine import Engine, graphs, load_model
-from engine.testing import tiny_config, write_tiny_model
+from engine.tiny import tiny_config, write_tiny_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -18,6 +18,31 @@ def test_enable_on_cpu_returns_engine_with_reason(folder):
     eng = Engine(load_model(folder), max_seq_len=64)
     assert graphs.enable(eng) is eng
     assert eng.graph is None and "CUDA device" in eng.graph_status and "cpu" in eng.graph_status
+
+
+def test_what_a_graph_reads_by_address_bumps_the_model_version(folder):
+    """A captured graph is captured again when the model's version moved: a larger Engine on the same model
+    grows the rope table, and switching kernels replaces the ops (and their workspaces)."""
+    model = load_model(folder)
+    eng = Engine(model, max_seq_len=64)
+    v = model.version
+    Engine(model, max_seq_len=32)  # fits the table: nothing replaced
+    assert model.version == v
+    Engine(model, max_seq_len=128)
+    assert model.version == v + 1 and model.cos.shape[0] == 128
+    eng.use_fused(False)
+    assert model.version == v + 2
+
+
+@needs_cuda
+def test_a_graph_is_recaptured_when_its_inputs_are_replaced(folder):
+    model = load_model(folder, device="cuda", dtype="fp32")
+    eng = graphs.enable(Engine(model, max_seq_len=64))
+    want, _ = eng.generate([1, 2, 3], max_new_tokens=40)
+    old = eng.graph.graphs[1]
+    Engine(model, max_seq_len=2048)  # replaces model.cos / model.sin
+    got, _ = eng.generate([1, 2, 3], max_new_tokens=40)
+    assert got == want and eng.graph.graphs[1] is not old
 
 
 @needs_cuda

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import Engine, load_model
-from engine.testing import tiny_config, write_tiny_model
+from engine.tiny import tiny_config, write_tiny_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -58,26 +58,38 @@ def test_decode_and_chunk_paths_match_prefill(tmp_path):
     torch.testing.assert_close(torch.cat(chunks), full[16:], atol=1e-4, rtol=1e-4)
 
 
-def test_batch_right_padded_prefill_and_decode(tmp_path):
-    """Rows of different lengths in one batch give each row's own single-row logits."""
+def test_batch_rows_give_their_single_row_logits(tmp_path):
+    """Rows of one batch (equal lengths, as the batched CUDA benchmark runs them) each get the logits they
+    would get alone."""
     from engine.kv_cache import KVCache
 
     cfg = tiny_config()
     model = load_model(write_tiny_model(tmp_path, cfg))
     model.ensure_rope(64)
-    lens = [5, 12, 9]
-    g = torch.Generator().manual_seed(4)
-    rows = [torch.randint(0, cfg.vocab_size, (n + 4,), generator=g) for n in lens]
-    padded = torch.zeros(3, max(lens), dtype=torch.long)
-    for i, (r, n) in enumerate(zip(rows, lens)):
-        padded[i, :n] = r[:n]
+    n = 9
+    rows = torch.randint(0, cfg.vocab_size, (3, n + 4), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         cache = KVCache(cfg, 3, 64, model.dtype, "cpu")
-        batch = [model(padded, cache, "prefill", lengths=torch.tensor(lens), last_only=True)]
+        cache.set_length(n)
+        batch = [model(rows[:, :n], cache, "prefill", last_only=True)]
         for t in range(4):
-            nxt = torch.stack([r[n + t] for r, n in zip(rows, lens)])
-            batch.append(model(nxt[:, None], cache, "decode", last_only=True))
-        for i, (r, n) in enumerate(zip(rows, lens)):
-            one = Engine(model, max_seq_len=64)
-            want = one.prefill(r.tolist(), all_logits=True)[n - 1:]
+            cache.advance(1)
+            batch.append(model(rows[:, n + t, None], cache, "cached", last_only=True))
+        for i in range(3):
+            want = Engine(model, max_seq_len=64).prefill(rows[i].tolist(), all_logits=True)[n - 1:]
             torch.testing.assert_close(torch.stack([b[i] for b in batch]), want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_cache_owns_the_length(tmp_path):
+    """Prefill, steps, verify passes and rollbacks move seq_lens (device) and length (host) together."""
+    eng = Engine(load_model(write_tiny_model(tmp_path)), max_seq_len=64)
+    with torch.inference_mode():
+        eng.prefill([1, 2, 3])
+        eng.decode(torch.tensor([4]))
+        eng.chunk(torch.tensor([[5, 6, 7]]))
+        assert eng.length == eng.cache.length == 7 and eng.cache.seq_lens.tolist() == [7]
+        eng.rollback(5)
+        assert eng.cache.length == 5 and eng.cache.seq_lens.tolist() == [5]
+        with eng.cache.scratch(4):
+            assert eng.cache.length == 9 and eng.cache.seq_lens.tolist() == [9]
+        assert eng.cache.length == 5 and eng.cache.seq_lens.tolist() == [5]

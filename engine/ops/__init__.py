@@ -1,4 +1,4 @@
-"""The five math ops the model runs, and the one place the kernel-or-twin choice is made.
+"""The math ops the model runs besides its matmuls, and the one place the kernel-or-twin choice is made.
 
 `select(device, fused=True)` returns an OpSet; the model holds it from construction on, so every call
 (and every captured CUDA graph) runs one fixed path.
@@ -21,12 +21,12 @@ class OpSet:
     add_rmsnorm: Callable
     rope_: Callable
     silu_mul: Callable
-    decode_attention: Callable
+    attention: Callable  # T queries per row against the cache, ref.attention's signature
 
 
 TORCH_OPS = dict(
     rmsnorm=ref.rmsnorm, add_rmsnorm=ref.add_rmsnorm, rope_=ref.rope_,
-    silu_mul=ref.silu_mul, decode_attention=ref.decode_attention,
+    silu_mul=ref.silu_mul, attention=ref.attention,
 )
 
 
@@ -54,4 +54,20 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
         return torch_ops(status.reason)
     from engine.ops import fused as fused_ops
 
-    return OpSet(name="fused", reason=status.reason, **fused_ops.ops(status.module))
+    kernels = fused_ops.ops(status.module)
+    return OpSet(name="fused", reason=status.reason, attention=cuda_attention(kernels.pop("decode_attention")),
+                 **kernels)
+
+
+def cuda_attention(decode_attention: Callable) -> Callable:
+    """ref.attention's signature over the CUDA decode kernel: one query per row runs the kernel; a verify
+    pass (T > 1, a few queries) runs the twin, whose masks come from seq_lens on the device, so a captured
+    verify graph stays valid at every length too."""
+
+    def attention(q, k_cache, v_cache, seq_lens, scale, window=0, sinks=0, out=None):
+        if q.shape[1] != 1:
+            return ref.attention(q, k_cache, v_cache, seq_lens, scale, window, sinks, out)
+        y = decode_attention(q[:, 0], k_cache, v_cache, seq_lens, scale, window=window, sinks=sinks)
+        return y.unsqueeze(1) if out is None else out.copy_(y.unsqueeze(1))
+
+    return attention
