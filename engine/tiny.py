@@ -1,4 +1,4 @@
-"""Tiny random-weight llama models written as real HF folders, for tests, smoke runs and `--tiny`.
+"""Tiny random-weight llama models written as real HF folders: for tests, smoke runs and the app's `--tiny`.
 
 The folder goes through the same loader as any model, and transformers can read it too, so tests compare
 our engine and the reference on identical weights."""
@@ -50,26 +50,15 @@ def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.1) -> dict[st
 def byte_tokenizer_json() -> str:
     """A byte-level BPE tokenizer with no merges: token i < 256 is byte i, then the specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
 
-    alphabet = ByteLevel.alphabet()
-    byte_to_char = {b: c for b, c in zip(range(256), sorted(alphabet, key=lambda c: _byte_of(c)))}
-    vocab = {byte_to_char[b]: b for b in range(256)}
+    from engine.tokenizer import BYTE_TO_CHAR
+
+    vocab = {BYTE_TO_CHAR[b]: b for b in range(256)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     return tok.to_str()
-
-
-def _byte_of(ch: str) -> int:
-    """GPT-2's byte-to-unicode table, inverted: which byte a byte-level character stands for."""
-    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    code = ord(ch)
-    if code in printable:
-        return code
-    others = [b for b in range(256) if b not in printable]
-    return others[code - 256]
 
 
 def write_tiny_model(folder: str | Path, cfg: ModelConfig | None = None, seed: int = 0, std: float = 0.1) -> Path:

@@ -21,7 +21,6 @@ CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>
 # the named special tokens transformers hands a chat template as variables
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")  # sentencepiece byte-fallback tokens
-_REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that do not yet form a character
 
 
 class Tokenizer:
@@ -52,11 +51,13 @@ class Tokenizer:
 
     @cached_property
     def eos_ids(self) -> set[int]:
-        """Every id that ends a reply: eos_token, the chat end tokens in the vocab, generation_config's eos."""
+        """Every id that ends a reply (the one definition; load_model gives the model a copy): eos_token, the
+        chat end tokens in the vocab, and the eos ids of config.json and generation_config.json."""
         names = [self.eos_token, *CHAT_END_TOKENS]
         ids = {self._tok.token_to_id(name) for name in names if name}
-        gen = self._generation.get("eos_token_id")
-        ids.update(gen if isinstance(gen, list) else [gen])
+        for config in (_read_json(self.path / "config.json"), self._generation):
+            eos = config.get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [eos])
         return {i for i in ids if i is not None}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -120,35 +121,24 @@ class Tokenizer:
 
 
 class StreamDecoder:
-    """Incremental detokenization (the TGI / vLLM scheme): decode a short window of ids and emit what
-    it adds beyond the already-emitted part of the same window.
-
-    Decoding the window rather than everything keeps each push O(window); decoding from one token
-    back (`prefix`) keeps decoders that strip or merge across token boundaries right. Text ending in
-    U+FFFD is held back: the next token may complete that character.
-    """
+    """Incremental detokenization through tokenizers' DecodeStream, which decodes a short window of ids
+    (the TGI / vLLM scheme) and holds back a character whose bytes span tokens until it is whole.
+    flush() gives what it still holds when the stream ends, as the full decode has it."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
         self._tok, self._skip = tokenizer, skip_special_tokens
+        self._stream = tokenizers.decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
         self.ids: list[int] = []
-        self._prefix = 0  # window start: ids[_prefix:_read] were already emitted
-        self._read = 0
+        self._shown = 0  # characters emitted so far
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        return self._advance(final=False)
+        text = self._stream.step(self._tok._tok, token_id) or ""
+        self._shown += len(text)
+        return text
 
     def flush(self) -> str:
-        """Whatever is held back (a character the stream ended in the middle of), as the full decode has it."""
-        return self._advance(final=True)
-
-    def _advance(self, final: bool) -> str:
-        done = self._tok.decode(self.ids[self._prefix:self._read], self._skip)
-        text = self._tok.decode(self.ids[self._prefix:], self._skip)
-        if not final and (len(text) <= len(done) or text.endswith(_REPLACEMENT)):
-            return ""
-        self._prefix, self._read = self._read, len(self.ids)
-        return text[len(done):]
+        return self._tok.decode(self.ids, self._skip)[self._shown:]
 
 
 def _chat_environment() -> ImmutableSandboxedEnvironment:
@@ -179,7 +169,8 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+BYTE_TO_CHAR = _bytes_to_unicode()
+_BYTE_DECODER = {c: b for b, c in BYTE_TO_CHAR.items()}
 
 
 def _show_bytes(raw: bytes) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import Engine, Tokenizer, graphs, load_model  # noqa: E402
-from engine.testing import write_tiny_model  # noqa: E402
+from engine.tiny import write_tiny_model  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -11,7 +11,7 @@ import torch
 from engine import Engine, load_model, speculative
 from engine.drafters import NgramDrafter, truncated
 from engine.sampling import SamplingParams
-from engine.testing import tiny_config, write_tiny_model
+from engine.tiny import tiny_config, write_tiny_model
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
