@@ -1,44 +1,5 @@
-"""python app.py -> the decodescope Gradio app. Argument parsing and launch only; see ui/ for the page."""
-from __future__ import annotations
-
-import argparse
-import atexit
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    from ui.startup import DEFAULT_MODEL, KNOWN_MODELS
-
-    p = argparse.ArgumentParser(description="Stream LLM decoding token by token and see where the time goes.")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="model folder or hub id (default: the embedded SmolLM2-135M); one of "
-                        f"{', '.join(KNOWN_MODELS)} unless --allow-any-model")
-    p.add_argument("--draft", action="append", default=[], metavar="PATH_OR_ID",
-                   help="a draft model for 'draft model' mode (same vocabulary); repeat for several")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
-                   help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--max-seq-len", type=int, default=2048, help="KV cache positions (prompt + new tokens)")
-    p.add_argument("--host", default=None, help="default 127.0.0.1 (GRADIO_SERVER_NAME overrides)")
-    p.add_argument("--port", type=int, default=None, help="default 7860 (GRADIO_SERVER_PORT overrides)")
-    p.add_argument("--share", action="store_true", help="open a public gradio.live link")
-    p.add_argument("--allow-any-model", action="store_true",
-                   help="accept any folder or hub id for --model / --draft, not only the launch list")
-    p.add_argument("--tiny", action="store_true", help="tiny random-weight models (tests, smoke runs)")
-    return p.parse_args(argv)
-
-
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    from ui import layout
-    from ui.startup import build_runtime, check_allowed
-
-    if not args.tiny:
-        check_allowed([args.model, *args.draft], args.allow_any_model)
-    rt = build_runtime(args.model, args.draft, args.device, args.dtype, args.max_seq_len, tiny=args.tiny)
-    atexit.register(rt.close)
-    demo = layout.build(rt)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, **layout.launch_kwargs())
-
+"""python app.py -> the decodescope Gradio app (the Space's entry point; `decodescope` once installed)."""
+from ui.app import main
 
 if __name__ == "__main__":
     main()

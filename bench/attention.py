@@ -1,6 +1,6 @@
 """Decode attention alone: the split-KV kernel against torch SDPA and the torch twin, batch 1.
 
-    python bench/attention.py [--out bench/results] [--contexts 1024 4096 32768] [--shapes 32x8x128 9x3x64]
+    python -m bench.attention [--out bench/results] [--contexts 1024 4096 32768] [--shapes 32x8x128 9x3x64]
 
 A shape is HxHkvxD (query heads x kv heads x head dim). Every call is timed with CUDA events right after
 writing a buffer twice the size of L2, so K and V come from HBM as they do in a real decode step (the
@@ -17,11 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import markdown_table, provenance, write_results  # noqa: E402
-from engine.bandwidth import measure_gbs  # noqa: E402
-from engine.ops import ref, select  # noqa: E402
+from bench.common import markdown_table, provenance, write_results
+from engine.bandwidth import measure_gbs
+from engine.ops import ref, select
 
 
 def time_us(fn, flush: torch.Tensor, iters: int, warmup: int) -> float:
@@ -92,7 +90,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("bench/attention.py needs a CUDA device: it times the fused decode-attention kernel, and torch "
+        sys.exit("bench.attention needs a CUDA device: it times the fused decode-attention kernel, and torch "
                  "sees no GPU here")
     ops = select("cuda")
     if ops.name != "fused":

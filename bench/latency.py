@@ -5,8 +5,8 @@ CPU:  our engine vs transformers' generate on the same weights and dtype (the em
 CUDA: the matrix eager/graph x torch/fused at batch 1 and 8, on a TinyLlama-1.1B-shaped model with
       random bf16 weights and on the default model.
 
-    python bench/latency.py --device cpu
-    python bench/latency.py --device cuda --out bench/results
+    python -m bench.latency --device cpu
+    python -m bench.latency --device cuda --out bench/results
 """
 from __future__ import annotations
 
@@ -17,15 +17,13 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import engine  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads)
-from bench.common import markdown_table, provenance, write_results  # noqa: E402
-from engine import Engine, graphs, load_model, ops  # noqa: E402
-from engine.bandwidth import measure_gbs  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.model import Transformer  # noqa: E402
-import torch  # noqa: E402
+import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+from bench.common import markdown_table, provenance, write_results
+from engine import Engine, graphs, load_model, ops
+from engine.bandwidth import measure_gbs
+from engine.config import ModelConfig
+from engine.model import Transformer
+import torch
 
 TINYLLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                  num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4, rms_norm_eps=1e-5,
@@ -179,7 +177,8 @@ def markdown(result: dict, device: str) -> str:
         head = (f"Decode on CPU, {result['model']}, {result['dtype']}, batch 1, {result['prompt_tokens']}-token "
                 f"prompt, {result['new_tokens']} new tokens. Read bandwidth {result['bandwidth_gbs']:.1f} GB/s -> "
                 f"ceiling {result['ceiling_tok_s']:.1f} tok/s. decodescope / transformers = "
-                f"**{result['speedup_vs_transformers']:.2f}x**; same greedy tokens: {result['same_greedy_tokens']}.\n\n")
+                f"**{result['speedup_vs_transformers']:.2f}x**; "
+                f"same greedy tokens: {result['same_greedy_tokens']}.\n\n")
         cols = ["engine", "tok_s", "ms_per_token", "itl_p50_ms", "itl_p99_ms", "pct_of_ceiling"]
     else:
         head = f"Decode on CUDA; copy bandwidth {result['bandwidth_gbs']:.0f} GB/s measured in the same run.\n\n"

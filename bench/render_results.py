@@ -2,7 +2,7 @@
 
 Each NAME.md table is copied under a heading, followed by the provenance its NAME.json recorded.
 
-    python bench/render_results.py [--results bench/results] [--out docs/RESULTS.md]
+    python -m bench.render_results [--results bench/results] [--out docs/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def provenance_line(prov: dict) -> str:
 
 def render(results: Path) -> str:
     out = ["# decodescope benchmark results", "",
-           f"Rendered by `python bench/render_results.py` from the files in `{results.name}/`; each table is",
+           f"Rendered by `python -m bench.render_results` from the files in `{results.name}/`; each table is",
            "the markdown its benchmark wrote, followed by the provenance in its JSON.", ""]
     for md in sorted(results.glob("*.md")):
         data = json.loads(md.with_suffix(".json").read_text()) if md.with_suffix(".json").exists() else {}

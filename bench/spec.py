@@ -5,7 +5,7 @@ plain decoding against each drafter at several k, after a layer-skip depth sweep
 used in the grid. Speedup = decode tok/s of the mode / decode tok/s of plain decoding on the same prompts
 at the same temperature, both from this run (decode tok/s excludes the first token, as Stats does).
 
-    python bench/spec.py --device cpu [--out bench/results] [--quick]
+    python -m bench.spec --device cpu [--out bench/results] [--quick]
 
 Draft model: no second model with SmolLM2's vocabulary is available offline, so the draft model is the
 default model itself on its own engine and cache. That bounds acceptance from above (it always agrees)
@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import engine  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads)
-from bench.common import markdown_table, provenance, write_results  # noqa: E402
-from engine import Engine, Tokenizer, graphs, load_model, speculative  # noqa: E402
-import torch  # noqa: E402
+import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+from bench.common import markdown_table, provenance, write_results
+from engine import Engine, Tokenizer, graphs, load_model, speculative
+import torch
 
 PASSAGE = ("The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper "
            "climbed the narrow stairs, trimmed the wick and watched the beam sweep across the dark water, "

@@ -1,8 +1,8 @@
 """What the browser costs: engine tok/s while a run streams to a real page vs the same run headless, and the
 latency from a round leaving the engine to its spans being on screen.
 
-    python bench/ui.py                       # embedded default model, plain and n-gram, 256 tokens
-    python bench/ui.py --tiny --tokens 128   # smoke run on the random-weight model
+    python -m bench.ui                       # embedded default model, plain and n-gram, 256 tokens
+    python -m bench.ui --tiny --tokens 128   # smoke run on the random-weight model
 
 The app is served in-process and driven by headless Chromium (Playwright, Debian's /usr/bin/chromium).
 Each repeat runs the page first, then the exact same settings and prompt headless (the engine's own
@@ -16,20 +16,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import markdown_table, provenance, write_results  # noqa: E402
-from engine.stats import percentile  # noqa: E402
-from ui import callbacks, layout  # noqa: E402
-from ui.runtime import RoundPump  # noqa: E402
-from ui.startup import build_runtime  # noqa: E402
+from bench.common import markdown_table, provenance, write_results
+from engine.stats import percentile
+from ui import layout
+from ui.runtime import RoundPump
+from ui.startup import build_runtime
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -101,7 +98,7 @@ def browser_run(page, rt, rec: Recorder, mode: str, tokens: int, run_no: int) ->
     page.wait_for_timeout(SETTLE_MS)
     run = rec.runs[n_before]
     seen = page.evaluate("window.__seen")
-    lat = [seen[str(r.index)] - t for r, t in zip(run["rounds"], run["stamps"]) if str(r.index) in seen]
+    lat = [seen[str(r.index)] - t for r, t in zip(run["rounds"], run["stamps"], strict=True) if str(r.index) in seen]
     tok_s = rt.stats(run["rounds"], len(run["ids"]), {}).summary()["decode_tok_s"]
     return tok_s, lat, run
 

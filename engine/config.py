@@ -54,7 +54,7 @@ class ModelConfig:
         return dict(self.rope_scaling)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         model_type = d.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(
@@ -62,7 +62,8 @@ class ModelConfig:
                 "Pick a llama-family model (Llama, TinyLlama, SmolLM2, Mistral, Qwen2)."
             )
         if d.get("sliding_window") and d.get("use_sliding_window", model_type == "mistral"):
-            raise ConfigError(f"sliding_window={d['sliding_window']} is not supported; pick a model with full attention")
+            raise ConfigError(f"sliding_window={d['sliding_window']} is not supported; "
+                              "pick a model with full attention")
         n_heads = d["num_attention_heads"]
         hidden = d["hidden_size"]
         scaling = d.get("rope_scaling") or {}
@@ -95,7 +96,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "ModelConfig":
+    def from_json(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         try:
             return cls.from_dict(json.loads(path.read_text()))

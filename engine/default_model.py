@@ -19,7 +19,7 @@ import time
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from filelock import FileLock, Timeout
@@ -266,7 +266,7 @@ def build_tokenizer(reader) -> Tokenizer:
     tok.post_processor = processors.ByteLevel(trim_offsets=False)  # adds no bos: add_bos_token is false
     types = _meta(reader, "tokenizer.ggml.token_type")
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, kind in zip(tokens, types) if kind == CONTROL])
+                            for t, kind in zip(tokens, types, strict=True) if kind == CONTROL])
     return tok
 
 

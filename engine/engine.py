@@ -6,7 +6,7 @@ benchmark prints come from one loop. A step's only host sync is reading the samp
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -35,7 +35,8 @@ def resolve_path(name: str | None, cache_dir: str | Path | None = None, progress
         return path
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ModelLoadError(f"model folder {name!r} does not exist; pass a folder with config.json, "
-                             "*.safetensors and tokenizer.json, a hub id such as 'org/model', or nothing for the default")
+                             "*.safetensors and tokenizer.json, a hub id such as 'org/model', "
+                             "or nothing for the default")
     try:
         from huggingface_hub import snapshot_download
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from itertools import count
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -116,7 +116,7 @@ class Tokenizer:
 
     # ---- streaming ----------------------------------------------------------------------------------
 
-    def stream_decoder(self, skip_special_tokens: bool = False) -> "StreamDecoder":
+    def stream_decoder(self, skip_special_tokens: bool = False) -> StreamDecoder:
         return StreamDecoder(self, skip_special_tokens)
 
 

@@ -60,15 +60,15 @@ TESTS=(tests/test_kernels_cuda.py)
 [[ -f tests/test_graphs.py ]] && TESTS+=(tests/test_graphs.py)
 step tests 240 $PY -m pytest -q -rs "${TESTS[@]}"
 
-step bench_attention 90 $PY bench/attention.py --out "$OUT"
+step bench_attention 90 $PY -m bench.attention --out "$OUT"
 
 if [[ -f bench/latency.py ]]; then
-  step bench_latency 120 $PY bench/latency.py --device cuda --out "$OUT"
+  step bench_latency 120 $PY -m bench.latency --device cuda --out "$OUT"
 else
   SUMMARY+=("bench_latency|skipped: bench/latency.py not present|0")
 fi
 if [[ -f bench/spec.py ]]; then
-  step bench_spec 120 $PY bench/spec.py --device cuda --out "$OUT"
+  step bench_spec 120 $PY -m bench.spec --device cuda --out "$OUT"
 else
   SUMMARY+=("bench_spec|skipped: bench/spec.py not present|0")
 fi

@@ -6,15 +6,12 @@ then Compare. Writes docs/screenshot.png; the figures in it are whatever this ma
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import engine  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads)
-from ui import layout  # noqa: E402
-from ui.layout import EDIT  # noqa: E402
-from ui.startup import build_runtime  # noqa: E402
+import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+from ui import layout
+from ui.layout import EDIT
+from ui.startup import build_runtime
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]

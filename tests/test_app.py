@@ -8,7 +8,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
-import app
+from ui import app
 from ui import layout
 from ui.startup import build_runtime
 from ui.testing import settings_values

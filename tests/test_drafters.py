@@ -35,7 +35,7 @@ def brute_force(tokens, k, max_n, min_n):
 def test_ngram_index_matches_brute_force(max_n, min_n):
     rng = random.Random(max_n * 10 + min_n)
     checked = 0
-    for trial in range(60):
+    for _ in range(60):
         vocab = rng.choice([2, 4, 12])
         tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
         d = NgramDrafter(max_n, min_n)

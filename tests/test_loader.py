@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, ModelLoadError, load_model
-from engine.tiny import tiny_config, write_tiny_model
+from engine.tiny import write_tiny_model
 
 
 @pytest.fixture

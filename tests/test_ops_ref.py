@@ -35,7 +35,8 @@ def rmsnorm64(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=torch.float64)
     for r, row in enumerate(x.double().tolist()):
         inv = 1.0 / math.sqrt(math.fsum(v * v for v in row) / len(row) + eps)
-        out[r] = torch.tensor([v * inv * wj for v, wj in zip(row, w.double().tolist())], dtype=torch.float64)
+        scaled = [v * inv * wj for v, wj in zip(row, w.double().tolist(), strict=True)]
+        out[r] = torch.tensor(scaled, dtype=torch.float64)
     return out
 
 

@@ -53,7 +53,7 @@ def test_acceptance_panels_match_stats():
     s = RUNS["spec"]
     fig = plots.acceptance_figure(s)
     hist, pos, rolling = fig.data
-    assert {x: y for x, y in zip(hist.x, hist.y) if y} == s.accepted_histogram()
+    assert {x: y for x, y in zip(hist.x, hist.y, strict=True) if y} == s.accepted_histogram()
     assert list(hist.x) == list(range(5))  # every count 0..k, zeros included
     assert list(pos.y) == pytest.approx(s.per_position_acceptance())
     assert all(0 <= y <= 1 for y in rolling.y)

@@ -39,7 +39,11 @@ def test_probs_renormalise_after_masks():
 def test_sampling_reproducible_per_seed_and_matches_distribution():
     logits = torch.tensor([[1.0, 0.0, -1.0, 0.5]])
     params = SamplingParams(temperature=1.0, seed=7)
-    draw = lambda p: [sample(logits, p, g)[0].item() for g in [p.generator("cpu")] for _ in range(4000)]
+
+    def draw(p):
+        g = p.generator("cpu")
+        return [sample(logits, p, g)[0].item() for _ in range(4000)]
+
     a, b = draw(params), draw(params)
     assert a == b
     assert a != draw(SamplingParams(temperature=1.0, seed=8))

@@ -178,7 +178,7 @@ def compare_figure(entries: list[CompareEntry]) -> go.Figure:
     for q, color in ((50, "#4c78a8"), (99, "#e45756")):
         fig.add_trace(go.Bar(x=names, y=[e.step_ms(q) for e in ran], name=f"step p{q}", marker_color=color,
                              hovertemplate="%{x}<br>%{y:.2f} ms<extra>p" + str(q) + "</extra>"), row=1, col=2)
-    for e, name in zip(ran, names):
+    for e, name in zip(ran, names, strict=True):
         fig.add_trace(go.Box(y=e.stats.token_latencies_ms(), name=name, boxpoints=False, showlegend=False,
                              marker_color="#bab0ac" if e.baseline else "#4c78a8"), row=1, col=3)
     fig.update_layout(barmode="group", bargap=0.25, showlegend=False)

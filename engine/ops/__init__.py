@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -46,7 +46,8 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
     if device.type != "cuda":
         return torch_ops(f"no CUDA device (running on {device.type})")
     if head_dim is not None and head_dim not in FUSED_HEAD_DIMS:
-        return torch_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; this model has {head_dim}")
+        return torch_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; "
+                         f"this model has {head_dim}")
     from engine import ext
 
     status = ext.load("cuda")

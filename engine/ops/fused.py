@@ -15,7 +15,7 @@ MAX_CHUNK = 256  # keys per split when there are enough (batch, kv head) pairs t
 MIN_CHUNK = 64
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device: torch.device) -> int:
     if device.type != "cuda":  # the kernels' CPU test runtime (csrc/testing/) runs one block at a time
         return 1

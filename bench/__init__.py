@@ -1,0 +1,1 @@
+"""Benchmarks: run from the repository root as `python -m bench.<name>`; results go to bench/results/."""

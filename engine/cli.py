@@ -1,0 +1,103 @@
+"""decodescope-generate: generate text from the command line, streaming it, then print the run's stats.
+
+    decodescope-generate -p "The capital of France is" -n 32
+    decodescope-generate --chat -p "Repeat this list: ..." --ngram -k 5
+    decodescope-generate MODEL_DIR --device cuda --graphs -p "..."
+
+(`python scripts/generate.py ...` runs the same from a source checkout.)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+from engine import Engine, Tokenizer, graphs, load_model
+from engine.tiny import write_tiny_model
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="decodescope-generate", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    p.add_argument("model", nargs="?", help="model folder or hub id (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--graphs", action="store_true", help="capture the decode step as a CUDA graph")
+    p.add_argument("--no-fused", action="store_true", help="run the torch twins instead of the fused kernels")
+    p.add_argument("--tiny", action="store_true", help="a small random-weight model (smoke tests)")
+    spec = p.add_mutually_exclusive_group()
+    spec.add_argument("--ngram", action="store_true", help="speculate with n-gram prompt lookup")
+    spec.add_argument("--layer-skip", type=int, metavar="L", help="speculate with the model's first L layers")
+    spec.add_argument("--draft", metavar="MODEL", help="speculate with a smaller model of the same vocabulary")
+    p.add_argument("-k", type=int, default=5, help="draft tokens per round")
+    p.add_argument("--ngram-max", type=int, default=3)
+    return p.parse_args(argv)
+
+
+def make_drafter(args, eng):
+    from engine import speculative
+
+    if args.ngram:
+        return speculative.NgramDrafter(max_n=args.ngram_max)
+    if args.layer_skip:
+        return speculative.LayerSkipDrafter(eng, n_layers=args.layer_skip)
+    if args.draft:
+        draft = load_model(args.draft, device=args.device, dtype=args.dtype, fused=not args.no_fused)
+        draft_eng = Engine(draft, max_seq_len=args.max_seq_len)
+        return speculative.ModelDrafter(graphs.enable(draft_eng) if args.graphs else draft_eng)
+    return None
+
+
+def format_summary(s: dict) -> str:
+    line = (f"{s['tokens']} tokens | TTFT {s['ttft_ms']:.1f} ms | ITL p50 {s['itl_p50_ms']:.1f} ms "
+            f"p99 {s['itl_p99_ms']:.1f} ms | {s['decode_tok_s']:.1f} tok/s | peak {s['peak_memory_mb']:.0f} MB")
+    if s["acceptance_rate"] == s["acceptance_rate"]:
+        line += (f"\nacceptance {100 * s['acceptance_rate']:.1f}% | mean accepted length "
+                 f"{s['mean_accepted_len']:.2f} tokens/round | drafting {s['draft_overhead_pct']:.1f}% of round time")
+    return line
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    name = write_tiny_model(tempfile.mkdtemp(prefix="decodescope-tiny-")) if args.tiny else args.model
+    try:
+        model = load_model(name, device=args.device, dtype=args.dtype, fused=not args.no_fused,
+                           progress=lambda msg: print(msg, file=sys.stderr))
+        tok = Tokenizer(model.path)
+        eng = Engine(model, max_seq_len=args.max_seq_len)
+        if args.graphs:
+            graphs.enable(eng)
+        print(f"[kernels {eng.kernel_status} | graphs {eng.graph_status}]", file=sys.stderr)
+        ids = tok.encode_chat(args.prompt) if args.chat else tok.encode(args.prompt)
+        drafter = make_drafter(args, eng) if args.ngram or args.layer_skip or args.draft else None
+        sample = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                      top_k=args.top_k, seed=args.seed)
+        if drafter:
+            from engine import speculative
+
+            rounds = speculative.stream(eng, drafter, ids, k=args.k, **sample)
+        else:
+            rounds = eng.stream(ids, **sample)
+        text = tok.stream_decoder()
+        done = []
+        for rnd in rounds:
+            done.append(rnd)
+            for t in rnd.emitted:
+                print(text.push(t.token_id), end="", flush=True)
+        print(text.flush())
+    except ValueError as e:  # bad input: the message names the value and what to do
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_summary(eng.stats(done, len(ids), sample).summary()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
