@@ -12,7 +12,9 @@ import torch
 from safetensors import safe_open
 
 from engine import ops
+from engine import weights as wts
 from engine.config import ConfigError, ModelConfig
+from engine.gguf_convert import BLOCKS_FILE
 from engine.model import Linear, Transformer
 from engine.tokenizer import Tokenizer
 
@@ -86,9 +88,12 @@ def _tensors(cfg: ModelConfig):
     """(our parameter, HF tensor, its shape) for every tensor the model needs, in load order."""
     shapes = hf_shapes(cfg)
     for ours, parts in TOP_MODULES.items():
-        if not (ours == "lm_head" and cfg.tie_word_embeddings):
-            for hf, _ in parts:
-                yield f"{ours}.weight", f"{hf}.weight", shapes[hf]
+        if cfg.tie_word_embeddings and ours == "lm_head":
+            continue
+        if cfg.tie_word_embeddings and ours == "embed":  # the head holds the tied embedding (Transformer)
+            ours = "lm_head"
+        for hf, _ in parts:
+            yield f"{ours}.weight", f"{hf}.weight", shapes[hf]
     for i in range(cfg.n_layers):
         for ours, parts in LAYER_MODULES.items():
             for hf, _ in parts:
@@ -142,15 +147,63 @@ def check_folder(folder: Path) -> tuple[ModelConfig, dict]:
     return cfg, found
 
 
-def load_model(name: str | Path | None = None, device="cpu", dtype=None, fused: bool = True,
-               cache_dir=None, progress=print) -> Transformer:
-    """Load a model folder / hub id / the embedded default (None) straight onto `device`."""
+def pick_format(weights: str | None, dtype: torch.dtype, opset: ops.OpSet, native: bool) -> str:
+    """The projections' format: as asked, else q4 for a model with native q4 blocks where the q4 kernel runs
+    (lossless there, and the fastest), else the activations' dtype."""
+    dense = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    if weights is None:
+        return "q4" if native and opset.name == "fused" else dense
+    fmt = check_format_name(weights)
+    if opset.layout == "cpu" and fmt not in wts.CPU_FORMATS:
+        raise ModelLoadError(f"weights={fmt!r} has no CPU kernel; pick one of {', '.join(wts.CPU_FORMATS)}")
+    return fmt
+
+
+def check_format_name(weights: str) -> str:
+    try:
+        return wts.check_format(weights)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def head_format(fmt: str) -> str:
+    """The LM head's format: a q4 model keeps its head in int8, as the GGUF files of small models do (the
+    default model's is Q8_0): the head sees every token's logits, where 4 bits cost the most quality."""
+    return "int8" if fmt == "q4" else fmt
+
+
+def native_blocks(folder: Path, names: list[str], fmt: str, device) -> wts.Blocks | None:
+    """The HF tensors' own blocks in `fmt`, concatenated like their weights, when the folder kept them
+    (a converted GGUF file: engine/gguf_convert.py); None otherwise."""
+    file = folder / BLOCKS_FILE
+    if fmt not in wts.QUANTIZED or not file.is_file():
+        return None
+    with safe_open(file, framework="pt", device=str(device)) as f:
+        keys = set(f.keys())
+        if not all(f"{n}.{fmt}.q" in keys for n in names):
+            return None
+        kinds = [k for k in ("q", "d", "m") if f"{names[0]}.{fmt}.{k}" in keys]
+        parts = [[f.get_tensor(f"{n}.{fmt}.{k}") for n in names] for k in kinds]
+    out, n_in = sum(p.shape[0] for p in parts[0]), parts[0][0].shape[1]
+    return wts.Blocks(fmt, out, n_in, *(torch.cat(p) for p in parts))
+
+
+def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights: str | None = None,
+               fused: bool = True, cache_dir=None, progress=print) -> Transformer:
+    """Load a model folder / hub id / the embedded default (None) straight onto `device`.
+
+    dtype: the activations' (default fp32 on CPU, bf16 on CUDA). weights: the projections' format, one of
+    engine/weights.py FORMATS (default: q4 where the model ships q4 blocks and its kernel runs, else dtype)."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for but torch sees no CUDA device; use device='cpu'")
+    if weights is not None:
+        check_format_name(weights)  # a typo fails before any download or build
     folder = resolve_path(None if name is None else str(name), cache_dir, progress)
     cfg, found = check_folder(folder)
     dt = pick_dtype(dtype, device)
+    opset = ops.select(device, fused, cfg.head_dim)
+    fmt = pick_format(weights, dt, opset, native=(folder / BLOCKS_FILE).is_file())
     with torch.device("meta"):
         model = Transformer(cfg)
     model = model.to_empty(device=device).to(dt)
@@ -158,11 +211,39 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, fused: 
     handles = {f: safe_open(f, framework="pt", device=str(device)) for f, _ in set(found.values())}
     with torch.no_grad():
         for ours, names in our_targets(cfg).items():
-            parts = [handles[found[n][0]].get_tensor(n).to(dt) for n in names]
-            tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # HF layout: [out, in]
-            owner = model.get_submodule(ours.rsplit(".", 1)[0])
-            params[ours].copy_(tensor.t() if isinstance(owner, Linear) and ours.endswith("weight") else tensor)
+            owner, kind = ours.rsplit(".", 1)
+            module = model.get_submodule(owner)
+            if not (isinstance(module, Linear) and kind == "weight"):
+                params[ours].copy_(torch.cat([handles[found[n][0]].get_tensor(n) for n in names]))
+                continue
+            f = head_format(fmt) if module is model.lm_head else fmt
+            blocks = native_blocks(folder, names, f, device)
+            if blocks is None:  # HF layout: [out, in]
+                blocks = wts.quantize(torch.cat([handles[found[n][0]].get_tensor(n).to(dt) for n in names]), f)
+            module.weight = wts.pack(blocks, opset.layout)
     model.requires_grad_(False).eval()
     model.path, model.eos_ids = folder, tuple(sorted(Tokenizer(folder).eos_ids))
-    model.use_ops(ops.select(device, fused, cfg.head_dim))
+    model.use_ops(opset)
+    return model
+
+
+def random_model(cfg: ModelConfig, device="cpu", dtype=None, weights: str | None = None, fused: bool = True,
+                 std: float = 0.02, seed: int = 0) -> Transformer:
+    """Random weights of a real model's shape, in a format: decode speed depends on the shape, the format
+    and the kernels, not on the values, so benchmarks time these where a checkpoint is out of reach."""
+    device = torch.device(device)
+    dt = pick_dtype(dtype, device)
+    opset = ops.select(device, fused, cfg.head_dim)
+    fmt = pick_format(weights, dt, opset, native=False)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.device(device):
+        model = Transformer(cfg).to(dt)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, std, generator=g) if p.dim() > 1 else p.fill_(1.0)
+        for m in model.linears():
+            w = torch.randn(m.out_features, m.in_features, generator=g, device=device, dtype=dt) * std
+            m.weight = wts.pack(wts.quantize(w, head_format(fmt) if m is model.lm_head else fmt), opset.layout)
+    model.requires_grad_(False).eval()
+    model.use_ops(opset)
     return model

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import ops as ops_mod
+from engine import weights
 from engine.config import ModelConfig, rope_inv_freq
 from engine.kv_cache import KVCache
 
@@ -42,19 +43,26 @@ class ForwardContext:
 
 
 class Linear(nn.Module):
-    """y = x @ weight + bias, the weight stored [in, out].
+    """y = x @ W^T (+ bias) for a weight W [out, in] held in a format and a layout (engine/weights.py).
 
-    At batch 1 every projection is a matrix-vector product that streams its weight once. On our 2-core
-    CPU box MKL's vector-times-matrix over [in, out] rows reads 20-25 GB/s where F.linear's [out, in]
-    path reads ~11 GB/s (a SmolLM2 decode step: 65 -> 52 ms). cuBLAS takes either layout."""
+    The loader sets the weight; Transformer.use_ops repacks it into the layout the chosen path streams and
+    fixes the matmul that streams it, once: the kernel for the format where it runs, else its torch twin."""
 
     def __init__(self, d_in: int, d_out: int, bias: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(d_in, d_out))
+        self.in_features, self.out_features = d_in, d_out
         self.bias = nn.Parameter(torch.empty(d_out)) if bias else None
+        self.weight: weights.Packed | None = None
+        self.matmul = None
+
+    def place(self, ops: ops_mod.OpSet) -> None:
+        if self.weight.layout != ops.layout:  # exact: switching paths never changes a weight
+            self.weight = weights.pack(weights.unpack(self.weight), ops.layout)
+        self.matmul = ops.linear[self.weight.fmt]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
+        y = self.matmul(x, *self.weight.tensors)  # x: [N, in] -> [N, out]
+        return y if self.bias is None else y.add_(self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -120,10 +128,11 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # A tied model's embedding is its head's weight: a lookup dequantizes the rows it needs from it.
+        self.embed = None if cfg.tie_word_embeddings else nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.ops = ops_mod.torch_ops("not yet placed on a device")
         self.cos = self.sin = None
         self.path = None  # the folder it was loaded from
@@ -132,21 +141,47 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
+        return self.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        """The activations' dtype (a weight format may store less: engine/weights.py)."""
+        return self.norm.weight.dtype
+
+    def linears(self) -> list[Linear]:
+        return [m for m in self.modules() if isinstance(m, Linear)]
+
+    @property
+    def weight_format(self) -> str:
+        """The projections' format (a q4 model keeps its head in int8, see loader.head_format)."""
+        return self.layers[0].attn.wqkv.weight.fmt
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights one decode step reads (a tied head is the embedding, read once)."""
-        return sum(p.numel() * p.element_size() for p in self.parameters())
+        """Bytes of weights one decode step reads: every projection and norm once, the head included (an
+        untied embedding table is not streamed: a step reads one row of it)."""
+        norms = sum(p.numel() * p.element_size() for n, p in self.named_parameters() if not n.startswith("embed."))
+        return norms + sum(m.weight.nbytes for m in self.linears())
+
+    @property
+    def n_params(self) -> int:
+        embed = 0 if self.embed is None else self.embed.weight.numel()
+        return embed + sum(m.in_features * m.out_features for m in self.linears()) + sum(
+            p.numel() for n, p in self.named_parameters() if not n.startswith("embed."))
 
     def use_ops(self, ops: ops_mod.OpSet) -> None:
-        """Fix the kernel-or-twin choice; a captured CUDA graph notices (version) and is captured again."""
+        """Fix the kernel-or-twin choice (and the weights' layout with it); a captured CUDA graph notices
+        (version) and is captured again."""
+        for m in self.linears():
+            m.place(ops)
         self.ops = ops
         self.version += 1
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] -> [B*T, C] in the activations' dtype."""
+        if self.embed is not None:
+            return self.embed(tokens).reshape(tokens.numel(), -1)
+        return weights.rows(self.lm_head.weight, tokens.reshape(-1)).to(self.dtype)
 
     def ensure_rope(self, n_positions: int) -> None:
         if self.cos is not None and self.cos.shape[0] >= n_positions:
@@ -157,7 +192,7 @@ class Transformer(nn.Module):
         self.version += 1
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return (F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)).float()
+        return self.lm_head(x).float()
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, mode: str, kv_limit: int | None = None,
                 last_only: bool = False, window: int = 0, sinks: int = 0) -> torch.Tensor:
@@ -168,9 +203,10 @@ class Transformer(nn.Module):
         s = ForwardContext(mode, B, T, positions, cache, kv_limit or cache.max_seq_len, self.ops, self.cos, self.sin,
                            window, sinks)
         layers = self.layers
-        h = self.embed(tokens).reshape(B * T, -1)  # residual stream: [N, C]
+        h = self.embed_tokens(tokens)  # residual stream: [N, C]
         x = self.ops.rmsnorm(h, layers[0].attn_norm.weight, self.config.rms_eps)
         for i, block in enumerate(layers):
             x = block(x, h, layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm, s)
         x = x.view(B, T, -1)
-        return self.head(x[:, -1] if last_only else x)
+        x = x[:, -1] if last_only else x.reshape(B * T, -1)
+        return self.head(x).view(B, -1) if last_only else self.head(x).view(B, T, -1)

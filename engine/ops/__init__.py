@@ -1,7 +1,7 @@
-"""The math ops the model runs besides its matmuls, and the one place the kernel-or-twin choice is made.
+"""The math ops the model runs, and the one place the kernel-or-twin choice is made.
 
-`select(device, fused=True)` returns an OpSet; the model holds it from construction on, so every call
-(and every captured CUDA graph) runs one fixed path.
+`select(device, fused=True)` returns an OpSet; the model holds it from construction on (and packs its
+weights into the OpSet's layout), so every call and every captured CUDA graph runs one fixed path.
 """
 from __future__ import annotations
 
@@ -22,16 +22,15 @@ class OpSet:
     rope_: Callable
     silu_mul: Callable
     attention: Callable  # T queries per row against the cache, ref.attention's signature
+    layout: str  # the weight layout its matmuls stream (engine/weights.py LAYOUTS)
+    linear: dict[str, Callable]  # weight format -> matmul(x [N, in], *packed tensors) -> [N, out]
 
 
-TORCH_OPS = dict(
-    rmsnorm=ref.rmsnorm, add_rmsnorm=ref.add_rmsnorm, rope_=ref.rope_,
-    silu_mul=ref.silu_mul, attention=ref.attention,
-)
-
-
-def torch_ops(reason: str) -> OpSet:
-    return OpSet(name="torch", reason=reason, **TORCH_OPS)
+def torch_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
+    """The twins: every format's weights dequantized, the activations left as they are."""
+    linear = dict(fp32=ref.matmul_t, fp16=ref.matmul_t, bf16=ref.matmul_t, q4=ref.matmul_q4, int8=ref.matmul_int8)
+    return OpSet(name="torch", reason=reason, rmsnorm=ref.rmsnorm, add_rmsnorm=ref.add_rmsnorm, rope_=ref.rope_,
+                 silu_mul=ref.silu_mul, attention=ref.attention, layout="torch", linear=linear)
 
 
 # the head sizes the decode-attention kernel is instantiated for (csrc/kernels.cu)
@@ -42,22 +41,24 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
     """Fused kernels where they can run, else the torch twins with the reason recorded."""
     device = torch.device(device)
     if not fused:
-        return torch_ops("fused kernels switched off")
+        return torch_ops("fused kernels switched off", device)
     if device.type != "cuda":
-        return torch_ops(f"no CUDA device (running on {device.type})")
+        return torch_ops(f"no CUDA device (running on {device.type})", device)
     if head_dim is not None and head_dim not in FUSED_HEAD_DIMS:
         return torch_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; "
-                         f"this model has {head_dim}")
+                         f"this model has {head_dim}", device)
     from engine import ext
 
     status = ext.load("cuda")
     if status.module is None:
-        return torch_ops(status.reason)
+        return torch_ops(status.reason, device)
     from engine.ops import fused as fused_ops
 
     kernels = fused_ops.ops(status.module)
+    linear = dict(fp32=ref.matmul_t, fp16=ref.matmul_t, bf16=ref.matmul_t,  # dense: cuBLAS through torch
+                  int8=kernels.pop("linear_int8"), q4=kernels.pop("linear_q4"))
     return OpSet(name="fused", reason=status.reason, attention=cuda_attention(kernels.pop("decode_attention")),
-                 **kernels)
+                 layout="cuda", linear=linear, **kernels)
 
 
 def cuda_attention(decode_attention: Callable) -> Callable:
