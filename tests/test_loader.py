@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, ModelLoadError, load_model
-from engine.tiny import write_tiny_model
+from engine.tiny import tiny_config, write_tiny_model
 
 
 @pytest.fixture
@@ -101,3 +101,65 @@ def test_generation_stops_at_eos(tmp_path):
     cut, stats = eng.generate([1, 2, 3], max_new_tokens=20, stop_ids=[stop])
     assert cut == ids[: ids.index(stop) + 1]
     assert stats.rounds[-1].finished
+
+
+# --- weight formats -----------------------------------------------------------------------------------
+
+
+def test_unknown_weight_format_names_the_value(folder):
+    with pytest.raises(ModelLoadError, match=r"weights='q3'.*fp32, fp16, bf16, int8, q4"):
+        load_model(folder, weights="q3")
+
+
+def snapped_folder(tmp_path, fmt: str):
+    """A tiny model whose weights already sit on the format's grid (as the default model's fp32 weights sit on
+    its Q4_1 / Q8_0 grid), so loading it in that format must change nothing."""
+    from engine import weights
+
+    folder = write_tiny_model(tmp_path / fmt, tiny_config(tie_word_embeddings=True))
+    tensors = load_file(folder / "model.safetensors")
+    for name, t in tensors.items():
+        if t.dim() == 2:
+            grid = "int8" if fmt == "q4" and name == "model.embed_tokens.weight" else fmt  # a q4 model's head: int8
+            tensors[name] = weights.dequantize(weights.quantize(t, grid))
+    save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fmt", ["fp16", "int8", "q4"])
+def test_each_format_is_exact_on_weights_already_on_its_grid(tmp_path, fmt, fused):
+    """fp32 accumulation in a different order is all that may differ: 1e-5 of the logits' spread."""
+    folder = snapped_folder(tmp_path, fmt)
+    ids = list(range(3, 40))
+    want = Engine(load_model(folder, weights="fp32"), 64).logits(ids)
+    model = load_model(folder, weights=fmt, fused=fused)
+    assert model.weight_format == fmt and model.lm_head.weight.fmt == ("int8" if fmt == "q4" else fmt)
+    got = Engine(model, 64).logits(ids)
+    assert (got - want).abs().max().item() <= 1e-5 * want.std().item() + 1e-6
+
+
+@pytest.mark.parametrize("fmt, bound", [("fp16", 0.005), ("bf16", 0.04), ("int8", 0.1), ("q4", 1.0)])
+def test_formats_on_random_weights_stay_near_fp32(folder, fmt, bound):
+    """Off the grid each format rounds every weight: fp16 ~2^-11, bf16 ~2^-8 of it, int8 ~1/254 and q4 ~1/30 of
+    its block's range, which for random normal weights is several std (q4's error is then as large as the
+    spread of random logits: the bound only catches a broken path, the grid test above checks exactness)."""
+    ids = list(range(3, 40))
+    want = Engine(load_model(folder, weights="fp32"), 64).logits(ids)
+    got = Engine(load_model(folder, weights=fmt), 64).logits(ids)
+    assert (got - want).abs().max().item() <= bound * want.std().item()
+
+
+def test_weight_bytes_follow_the_format(folder):
+    sizes = {f: load_model(folder, weights=f).weight_bytes for f in ("fp32", "fp16", "int8", "q4")}
+    assert sizes["fp32"] > 1.9 * sizes["fp16"] > 1.7 * sizes["int8"] > sizes["q4"]
+
+
+def test_switching_kernels_repacks_exactly(folder):
+    """use_fused moves every weight between layouts; the logits must not move at all."""
+    eng = Engine(load_model(folder, weights="q4"), 64)
+    ids = list(range(3, 20))
+    a = eng.logits(ids)
+    eng.use_fused(not (eng.model.ops.name == "fused"))
+    eng.use_fused(not (eng.model.ops.name == "fused"))
+    torch.testing.assert_close(eng.logits(ids), a, rtol=0, atol=0)
