@@ -21,7 +21,9 @@ from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import markdown_table, provenance, write_results
+from bench.steps import prompt_ids, shape_config, verify_costs
 from engine import Engine, Tokenizer, graphs, load_model, speculative
+from engine.loader import random_model
 import torch
 
 PASSAGE = ("The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper "
@@ -143,7 +145,25 @@ def bench(args) -> dict:
                 wall_s=time.perf_counter() - t_start, kernels=eng.kernel_status, graphs=eng.graph_status)
 
 
+def cuda_bench(args, save) -> dict:
+    """On a GPU machine (offline: no model to load) what needs no real text: a verify pass of k + 1 tokens
+    against one decode step, eager and graphed, on random weights of TinyLlama's shape."""
+    model = random_model(shape_config("tinyllama"), "cuda", torch.bfloat16)
+    prompt = prompt_ids(model.config.vocab_size, 128)
+    out = dict(device="cuda", model="random weights, TinyLlama-1.1B shape, bf16", kernels=model.ops.reason, rows=[])
+    for use_graph in (False, True):
+        eng = Engine(model, max_seq_len=512)
+        eng.use_graphs(use_graph)
+        out["rows"].append(dict(graph=eng.graph is not None, **verify_costs(eng, prompt, ts=range(1, 10))))
+        save(out)
+    return out
+
+
 def markdown(result: dict) -> str:
+    if result["device"] == "cuda":
+        cols = ["graph", "step_ms"] + [f"verify{T}_over_step" for T in range(1, 10)]
+        return (f"Verify pass of T tokens over one decode step on CUDA, {result['model']} "
+                f"({result['kernels']}).\n\n" + markdown_table(result["rows"], cols))
     g = result["grid"]
     head = (f"Speculative decoding on {result['device']} ({result['threads']} threads), {result['model']}, "
             f"{g['new_tokens']} new tokens, {g['prompts_per_set']} chat prompt(s) per set; speedup = decode tok/s "
@@ -168,11 +188,13 @@ def main(argv=None):
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = bench(args)
-    result["provenance"] = provenance(args.device)
-    md = markdown(result)
-    write_results(args.out, f"spec-{args.device}" + ("-quick" if args.quick else ""), result, md)
-    print(md)
+    def save(result):
+        result["provenance"] = provenance(args.device)
+        write_results(args.out, f"spec-{args.device}" + ("-quick" if args.quick else ""), result, markdown(result))
+
+    result = cuda_bench(args, save) if args.device == "cuda" else bench(args)
+    save(result)
+    print(markdown(result))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""What this machine has for the GPU check, before a minute is spent on a build: torch and its CUDA, a
+visible device, nvcc, ninja, pytest and transformers, the arch list, disk. Writes JSON; the last line
+printed says whether the check can go on, and if not, why. No network.
+
+    python -m bench.preflight OUT.json     # exit 0: ready; 1: not, with the reason
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def _version(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.splitlines()[-1] if out else None
+
+
+def check() -> tuple[dict, str | None]:
+    """(facts, the reason the GPU check cannot run here or None)."""
+    from torch.utils import cpp_extension
+
+    from engine import ext
+
+    facts = dict(python=sys.version.split()[0], torch=torch.__version__, torch_cuda=torch.version.cuda,
+                 cuda_home=cpp_extension.CUDA_HOME, nvcc=_version(["nvcc", "--version"]),
+                 ninja=_version(["ninja", "--version"]),
+                 nvidia_smi=_version(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                      "--format=csv,noheader"]),
+                 pytest=importlib.util.find_spec("pytest") is not None,
+                 transformers=importlib.util.find_spec("transformers") is not None,
+                 tmp_free_gb=round(shutil.disk_usage(tempfile.gettempdir()).free / 2**30, 1))
+    if torch.version.cuda is None:
+        return facts, f"torch {torch.__version__} is a CPU build: install a CUDA build of torch"
+    if not torch.cuda.is_available():
+        return facts, f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device"
+    props = torch.cuda.get_device_properties(0)
+    facts.update(gpu=props.name, capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
+                 memory_gib=round(props.total_memory / 2**30, 1))
+    try:
+        facts["archs"] = ext.arch_list()
+    except ext.ArchListError as e:
+        return facts, str(e)
+    missing = [name for name in ("nvcc", "ninja", "pytest", "transformers") if not facts[name]]
+    if missing:
+        return facts, f"missing {', '.join(missing)}: the build or the tests cannot run"
+    return facts, None
+
+
+def main(argv=None) -> int:
+    out = Path((argv or sys.argv[1:] or ["preflight.json"])[0])
+    facts, problem = check()
+    facts["ready"], facts["problem"] = problem is None, problem
+    out.write_text(json.dumps(facts, indent=2) + "\n")
+    for key, value in facts.items():
+        print(f"{key}: {value}")
+    print("ready: the GPU check goes on" if problem is None else f"not ready: {problem}")
+    return 0 if problem is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
