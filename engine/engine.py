@@ -21,9 +21,22 @@ KV_BLOCK = 128  # eager calls read the cache up to the live length rounded up to
 
 
 class Engine:
-    def __init__(self, model: Transformer, max_seq_len: int = 2048, batch_size: int = 1):
+    """window: None for full attention; an int W makes every decode step and verify pass attend to the
+    first `sinks` positions and the last W only (StreamingLLM's attention sinks). The prompt's prefill stays
+    full, and a context shorter than sinks + W is attended in full. Keys keep the rotary angle of their
+    original position: the window sees its true distances, while the sinks sit ever further back, as far as
+    the model was trained to look (its max_position_embeddings) but no further than full attention would
+    put them; the quality cost is measured by bench/long.py, not assumed."""
+
+    def __init__(self, model: Transformer, max_seq_len: int = 2048, batch_size: int = 1, window: int | None = None,
+                 sinks: int = 4):
         if max_seq_len < 2:
             raise ValueError(f"max_seq_len={max_seq_len} must be at least 2")
+        if window is not None and not (isinstance(window, int) and window >= 1):
+            raise ValueError(f"window={window!r} must be a positive number of positions, or None for full attention")
+        if not (isinstance(sinks, int) and sinks >= 0):
+            raise ValueError(f"sinks={sinks!r} must be a whole number of positions >= 0")
+        self.window, self.sinks = window, sinks if window else 0
         self.model, self.config = model, model.config
         self.device, self.max_seq_len = model.device, max_seq_len
         model.ensure_rope(max_seq_len)
@@ -78,11 +91,16 @@ class Engine:
         """tokens: [B, T] on top of the cache -> logits [B, T, V] (the verify pass)."""
         return self._forward(tokens)
 
+    @property
+    def attention_mode(self) -> str:
+        return "full" if self.window is None else f"window {self.window} + {self.sinks} sinks"
+
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
         self.cache.advance(tokens.shape[1])
         if self.graph is not None:
             return self.graph.run(tokens)
-        return self.model(tokens, self.cache, "cached", kv_limit=self._kv_limit(self.cache.length))
+        return self.model(tokens, self.cache, "cached", kv_limit=self._kv_limit(self.cache.length),
+                          window=self.window or 0, sinks=self.sinks)
 
     def rollback(self, n: int) -> None:
         """Keep the first n cache entries (entries past seq_len are never read, so this is a fill)."""

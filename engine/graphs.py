@@ -40,7 +40,7 @@ class DecodeGraphs:
         buf = torch.zeros(eng.cache.batch_size, T, dtype=torch.long, device=eng.device)
 
         def forward():
-            return model(buf, eng.cache, "cached")
+            return model(buf, eng.cache, "cached", window=eng.window or 0, sinks=eng.sinks)
 
         with eng.cache.scratch(T):
             side = torch.cuda.Stream()
@@ -75,7 +75,8 @@ class DecodeGraphs:
                 self.graphs[T] = None
                 self.eng.graph_status += f"; verify pass T={T} runs eager (capture failed: {first_line(e)})"
         if self.graphs[T] is None:
-            return self.eng.model(tokens, self.eng.cache, "cached")
+            eng = self.eng
+            return eng.model(tokens, eng.cache, "cached", window=eng.window or 0, sinks=eng.sinks)
         graph, buf, out = self.graphs[T]
         buf.copy_(tokens)
         graph.replay()

@@ -81,3 +81,19 @@ def test_default_model_golden_tokens(default):
     assert tok.decode(ids).startswith(" Paris")
     # recorded from this engine and checked against transformers' greedy output on the same weights
     assert ids == [7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33]
+
+
+@pytest.mark.parametrize("window, sinks", [(0, 4), (-1, 4), (8, -1), (2.5, 4)])
+def test_bad_window_or_sinks_name_the_value(tiny, window, sinks):
+    with pytest.raises(ValueError, match="window=" if window != 8 else "sinks="):
+        Engine(tiny.model, 64, window=window, sinks=sinks)
+
+
+def test_window_engine_matches_full_attention_while_the_context_fits(tiny):
+    """Greedy tokens equal full attention's up to sinks + window positions, then (on random weights) part."""
+    full, win = Engine(tiny.model, 128), Engine(tiny.model, 128, window=24, sinks=4)
+    prompt = list(range(5, 25))  # 20 tokens: 8 more fit sinks + window = 28
+    assert win.generate(prompt, 8, stop_ids=[])[0] == full.generate(prompt, 8, stop_ids=[])[0]
+    long = list(range(5, 105))
+    assert win.generate(long, 16, stop_ids=[])[0] != full.generate(long, 16, stop_ids=[])[0]
+    assert win.attention_mode == "window 24 + 4 sinks" and full.attention_mode == "full"

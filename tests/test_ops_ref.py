@@ -163,3 +163,46 @@ def test_decode_attention(dtype, n_heads, n_kv_heads, lens):
     out = torch.full_like(q, float("nan"))
     assert ref.decode_attention(q, k, v, seq_lens, scale, out=out) is out
     torch.testing.assert_close(out, y, rtol=0, atol=0)
+
+
+# --- attention over T queries, with a window and sinks ----------------------------------------------------
+
+
+def attention64(q, k_cache, v_cache, seq_lens, scale, window=0, sinks=0) -> torch.Tensor:
+    """Explicit softmax, query by query, over the keys the definition allows: j <= p, and with a window only
+    j < sinks or j > p - window, where p = seq_lens[b] - T + t."""
+    B, T, H, D = q.shape
+    n_rep = H // k_cache.shape[1]
+    out = torch.empty(B, T, H, D, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            p = int(seq_lens[b]) - T + t
+            keys = [j for j in range(p + 1) if window == 0 or j < sinks or j > p - window]
+            for h in range(H):
+                k = k_cache[b, h // n_rep, keys].double()
+                s = torch.softmax(scale * (k @ q[b, t, h].double()), 0)
+                out[b, t, h] = s @ v_cache[b, h // n_rep, keys].double()
+    return out
+
+
+@pytest.mark.parametrize("T", [1, 3, 6])
+@pytest.mark.parametrize("window, sinks", [(0, 0), (4, 0), (4, 4), (16, 2), (1, 1)])
+def test_attention_windows_and_sinks(T, window, sinks):
+    g = torch.Generator().manual_seed(T * 100 + window + sinks)
+    lens, S, D, H, Hkv = [40, 9, 3 + T], 48, 16, 6, 2
+    q = torch.randn(len(lens), T, H, D, generator=g)
+    k, v = torch.randn(2, len(lens), Hkv, S, D, generator=g)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    for b, n in enumerate(lens):  # entries past seq_len must not matter: make them loud
+        k[b, :, n:] = v[b, :, n:] = 300.0
+    y = ref.attention(q, k, v, seq_lens, 0.25, window, sinks)
+    close(y, attention64(q, k, v, seq_lens, 0.25, window, sinks), rtol=1e-5, atol=1e-6)
+
+
+def test_a_window_wider_than_the_context_is_full_attention():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 4, 8, generator=g)
+    k, v = torch.randn(2, 1, 2, 30, 8, generator=g)
+    seq_lens = torch.tensor([20], dtype=torch.int32)
+    full = ref.attention(q, k, v, seq_lens, 0.3)
+    torch.testing.assert_close(ref.attention(q, k, v, seq_lens, 0.3, window=16, sinks=4), full, rtol=0, atol=0)
