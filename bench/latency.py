@@ -1,9 +1,11 @@
 """Decode latency, measured as ratios within one run.
 
-CPU:  our engine vs transformers' generate on the same weights and dtype (the embedded default model,
-      batch 1, 128-token prompt, 128 new tokens), and % of the bandwidth ceiling.
-CUDA: the matrix eager/graph x torch/fused at batch 1 and 8, on a TinyLlama-1.1B-shaped model with
-      random bf16 weights and on the default model.
+CPU:  the embedded default model, batch 1, a 128-token prompt, 128 greedy tokens: transformers (fp32), our
+      torch path (fp32), our fused kernels in every weight format, and llama.cpp on the same GGUF file in the
+      types of the same bytes per weight (when llama-cpp-python is installed); TTFT, ms per step, achieved
+      GB/s and % of the read bandwidth measured in the same run, and a 6-token verify pass over one step.
+CUDA: weight formats x torch/fused x eager/graph at batch 1 and 8, on random weights of TinyLlama-1.1B's and
+      the default model's shapes.
 
     python -m bench.latency --device cpu
     python -m bench.latency --device cuda --out bench/results
@@ -25,11 +27,14 @@ from engine.bandwidth import measure_gbs
 from engine.loader import random_model
 import torch
 
-def transformers_decode(model_path, prompt, new_tokens, dtype) -> tuple[float, list[int]]:
-    """transformers' greedy generate on the same weights: decode ms/token = (t(n) - t(1)) / (n - 1)."""
+TEXT = Path(__file__).parent / "data" / "prose.txt"
+
+def transformers_decode(model_path, prompt, new_tokens) -> dict:
+    """transformers' greedy generate on the same fp32 weights: TTFT = generate(1 token), ms per token =
+    (t(n) - t(1)) / (n - 1), best of three each."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=dtype).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     ids = torch.tensor([prompt])
 
     def run(n):
@@ -39,45 +44,69 @@ def transformers_decode(model_path, prompt, new_tokens, dtype) -> tuple[float, l
 
     run(4)  # warm-up
     t1 = min(run(1)[0] for _ in range(3))
-    tn, out = run(new_tokens)
-    return (tn - t1) / (new_tokens - 1), out
+    tn, out = min(run(new_tokens) for _ in range(2))
+    ms = (tn - t1) / (new_tokens - 1)
+    return dict(ttft_ms=t1, ms_per_token=ms, tok_s=1e3 / ms, ids=out)
 
 
-def ours_decode(eng: Engine, prompt, new_tokens) -> tuple[float, list[int], dict]:
-    """Same wall-clock method as transformers_decode, plus our own per-step figures from the stream."""
-    eng.generate(prompt, 4, stop_ids=[])  # warm-up
+@torch.inference_mode()
+def ours_decode(eng: Engine, prompt, new_tokens, repeats: int = 3) -> dict:
+    """TTFT (prefill + the first pick) and the median step of greedy decoding through Engine.stream, the
+    loop the app runs, best of `repeats`; plus a 6-token verify pass over one step."""
+    eng.generate(prompt, 8, stop_ids=[])  # warm-up
+    best = None
+    for _ in range(repeats):
+        rounds = list(eng.stream(prompt, new_tokens, stop_ids=[]))
+        step = statistics.median(r.total_ms for r in rounds[1:])
+        if best is None or step < best[1]:
+            best = (rounds[0].t_end_ms, step, [r.tokens[0].token_id for r in rounds])
+    ttft, ms, ids = best
+    verify = verify_costs(eng, prompt, ts=(6,))
+    return dict(ttft_ms=ttft, ms_per_token=ms, tok_s=1e3 / ms, ids=ids, verify6_over_step=verify["verify6_over_step"])
 
-    def run(n):
-        t = time.perf_counter()
-        ids, stats = eng.generate(prompt, n, stop_ids=[])
-        return (time.perf_counter() - t) * 1e3, ids, stats
 
-    t1 = min(run(1)[0] for _ in range(3))
-    tn, ids, stats = run(new_tokens)
-    return (tn - t1) / (new_tokens - 1), ids, stats.summary()
+def cpu_bench(args, save) -> dict:
+    """One run, side by side: transformers fp32; decodescope's torch path (fp32) and fused kernels in every
+    format; llama.cpp on the default model's GGUF file in the types of the same bytes per weight."""
+    from bench import llamacpp
+    from engine import Tokenizer, default_model
 
-
-def cpu_bench(args) -> dict:
-    torch.manual_seed(0)
-    model = load_model(None, device="cpu", dtype="float32")
     bw = measure_gbs("cpu")
-    ceiling = bw * 1e9 / model.weight_bytes
-    prompt = prompt_ids(model.config.vocab_size, args.prompt_len)
-    eng = Engine(model, max_seq_len=args.prompt_len + args.new_tokens + 8)
-    ours_ms, ours_ids, s = ours_decode(eng, prompt, args.new_tokens)
-    hf_ms, hf_ids = transformers_decode(model.path, prompt, args.new_tokens, torch.float32)
-    rows = [
-        dict(engine="decodescope", ms_per_token=ours_ms, tok_s=1e3 / ours_ms, itl_p50_ms=s["itl_p50_ms"],
-             itl_p99_ms=s["itl_p99_ms"], pct_of_ceiling=100 * 1e3 / ours_ms / ceiling),
-        dict(engine="transformers", ms_per_token=hf_ms, tok_s=1e3 / hf_ms, itl_p50_ms=None, itl_p99_ms=None,
-             pct_of_ceiling=100 * 1e3 / hf_ms / ceiling),
-    ]
-    return dict(
-        model="SmolLM2-135M-Instruct (embedded default)", dtype="float32", batch=1, prompt_tokens=args.prompt_len,
-        new_tokens=args.new_tokens, bandwidth_gbs=bw, weight_bytes=model.weight_bytes, ceiling_tok_s=ceiling,
-        speedup_vs_transformers=hf_ms / ours_ms, same_greedy_tokens=ours_ids == hf_ids, rows=rows,
-        kernels=eng.kernel_status,
-    )
+    tok = Tokenizer(load_model(None, weights="fp32", progress=lambda msg: None).path)
+    prompt = tok.encode(TEXT.read_text())[: args.prompt_len]
+    out = dict(model="SmolLM2-135M-Instruct (embedded default)", batch=1, prompt_tokens=len(prompt),
+               new_tokens=args.new_tokens, threads=torch.get_num_threads(), bandwidth_gbs=bw, rows=[],
+               llamacpp=llamacpp.unavailable() or "llama-cpp-python " + __import__("llama_cpp").__version__)
+
+    def add(engine_name, fmt, path, weight_bytes, r):
+        ids = r.pop("ids")
+        row = dict(engine=engine_name, weights=fmt, path=path, **r, weight_mb=weight_bytes / 1e6,
+                   gb_s=weight_bytes / r["ms_per_token"] / 1e6, pct_of_ceiling=100 * weight_bytes / r["ms_per_token"]
+                   / 1e6 / bw, same_tokens_as_fp32=None)
+        out["rows"].append(row)
+        print({k: v for k, v in row.items()}, flush=True)
+        save(out)
+        return ids
+
+    fp32 = load_model(None, weights="fp32", fused=False)
+    ref_ids = add("transformers", "fp32", "torch", fp32.weight_bytes, transformers_decode(fp32.path, prompt,
+                                                                                          args.new_tokens))
+    eng = Engine(fp32, max_seq_len=len(prompt) + args.new_tokens + 64)
+    same = add("decodescope", "fp32", fp32.ops.name, fp32.weight_bytes, ours_decode(eng, prompt, args.new_tokens))
+    out["rows"][-1]["same_tokens_as_fp32"] = same == ref_ids
+    del fp32, eng
+    for fmt in args.formats:
+        model = load_model(None, weights=fmt)
+        eng = Engine(model, max_seq_len=len(prompt) + args.new_tokens + 64)
+        ids = add("decodescope", fmt, model.ops.name, model.weight_bytes, ours_decode(eng, prompt, args.new_tokens))
+        out["rows"][-1]["same_tokens_as_fp32"] = ids == ref_ids
+        del model, eng
+        if out["llamacpp"].startswith("llama-cpp-python"):
+            path = llamacpp.model_file(default_model.gguf_path(progress=lambda msg: None), fmt)
+            r = llamacpp.time_decode(path, prompt, args.new_tokens, torch.get_num_threads())
+            ids = add("llama.cpp", llamacpp.FORMATS[fmt], "ggml", path.stat().st_size, r)
+            out["rows"][-1]["same_tokens_as_fp32"] = ids == ref_ids
+    return out
 
 
 def cuda_bench(args, save) -> dict:
@@ -121,12 +150,13 @@ def cuda_case(model, shape, fmt, use_graph, batch, prompt, args, bw) -> dict:
 
 def markdown(result: dict, device: str) -> str:
     if device == "cpu":
-        head = (f"Decode on CPU, {result['model']}, {result['dtype']}, batch 1, {result['prompt_tokens']}-token "
-                f"prompt, {result['new_tokens']} new tokens. Read bandwidth {result['bandwidth_gbs']:.1f} GB/s -> "
-                f"ceiling {result['ceiling_tok_s']:.1f} tok/s. decodescope / transformers = "
-                f"**{result['speedup_vs_transformers']:.2f}x**; "
-                f"same greedy tokens: {result['same_greedy_tokens']}.\n\n")
-        cols = ["engine", "tok_s", "ms_per_token", "itl_p50_ms", "itl_p99_ms", "pct_of_ceiling"]
+        head = (f"Decode on CPU ({result['threads']} threads), {result['model']}, batch 1, "
+                f"{result['prompt_tokens']}-token prompt (bench/data/prose.txt), {result['new_tokens']} greedy tokens, "
+                f"all in one run. Read bandwidth measured in the same run: {result['bandwidth_gbs']:.1f} GB/s; "
+                "% of ceiling = weight bytes per step / step time over it. llama.cpp: "
+                f"{result['llamacpp']}.\n\n")
+        cols = ["engine", "weights", "path", "tok_s", "ttft_ms", "ms_per_token", "weight_mb", "gb_s",
+                "pct_of_ceiling", "verify6_over_step", "same_tokens_as_fp32"]
     else:
         head = f"Decode on CUDA; copy bandwidth {result['bandwidth_gbs']:.0f} GB/s measured in the same run.\n\n"
         cols = ["shape", "weights", "kernels", "graph", "batch", "tok_s", "ms_per_step", "step_p99_ms",
@@ -139,19 +169,21 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--shapes", nargs="+", default=["tinyllama", "default"], choices=["tinyllama", "default"],
                    help="CUDA only")
-    p.add_argument("--formats", nargs="+", default=["bf16", "int8", "q4"], help="CUDA only")
+    p.add_argument("--formats", nargs="+", default=None,
+                   help="default: fp32 fp16 int8 q4 on CPU, bf16 int8 q4 on CUDA")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="CUDA only")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
+    args.formats = args.formats or (["fp32", "fp16", "int8", "q4"] if args.device == "cpu" else ["bf16", "int8", "q4"])
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
     def save(result):
         result["provenance"] = provenance(args.device)
         write_results(args.out, f"latency-{args.device}", result, markdown(result, args.device))
 
-    result = cpu_bench(args) if args.device == "cpu" else cuda_bench(args, save)
+    result = cpu_bench(args, save) if args.device == "cpu" else cuda_bench(args, save)
     save(result)
     print(markdown(result, args.device))
 
