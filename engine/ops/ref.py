@@ -80,18 +80,10 @@ def attention(
     return out.copy_(y)
 
 
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    window: int = 0,
-    sinks: int = 0,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One query per row, at position seq_lens[b] - 1: q [B, H, D] -> [B, H, D]; keys j >= seq_lens[b] are
-    masked (and, with a window, the keys between the sinks and the window)."""
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                     scale: float, window: int = 0, sinks: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """attention() for one query per row, at position seq_lens[b] - 1: q [B, H, D] -> [B, H, D]; keys
+    j >= seq_lens[b] are masked (and, with a window, the keys between the sinks and the window)."""
     y = attention(q.unsqueeze(1), k_cache, v_cache, seq_lens, scale, window, sinks)[:, 0]
     if out is None:
         return y
