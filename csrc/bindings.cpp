@@ -14,7 +14,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &decodescope::silu_mul, "out = silu(gate) * up for gate_up = [gate | up]", py::arg("out"),
         py::arg("gate_up"));
   m.def("decode_attention", &decodescope::decode_attention,
-        "split-KV single-query attention over a [B, Hkv, S, D] cache with device-side seq_lens", py::arg("out"),
-        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"), py::arg("scale"),
-        py::arg("partial_acc"), py::arg("partial_ml"), py::arg("chunk"));
+        "split-KV single-query attention over a [B, Hkv, S, D] cache with device-side seq_lens, window and sinks",
+        py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"), py::arg("scale"),
+        py::arg("window"), py::arg("sinks"), py::arg("partials"), py::arg("counters"));
+  m.def("decode_attention_plan", &decodescope::decode_attention_plan,
+        "(splits, groups) of decode_attention's workspace: one full wave of q's GPU", py::arg("q"),
+        py::arg("n_kv_heads"));
 }

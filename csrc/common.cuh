@@ -13,7 +13,13 @@
 namespace decodescope {
 using cuda_on_cpu::check_vector_alignment;
 using cuda_on_cpu::launch;
+template <typename... Params>
+cudaError_t max_blocks_per_sm(int* blocks, void (*)(Params...), int) {
+  *blocks = cuda_on_cpu::blocks_per_sm;
+  return cudaSuccess;
 }
+__device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }
+}  // namespace decodescope
 #else
 #include <cuda_pipeline_primitives.h>
 namespace decodescope {
@@ -25,6 +31,17 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
 }
 // The CPU test runtime reports vector accesses that a GPU would fault on; here it costs nothing.
 __device__ __forceinline__ void check_vector_alignment(const void*, int) {}
+// How many blocks of `threads` threads fit on one SM (registers, shared memory, thread slots).
+template <typename... Params>
+cudaError_t max_blocks_per_sm(int* blocks, void (*kernel)(Params...), int threads) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, 0);
+}
+// One MUFU instruction (exp2f adds range handling around it); 2^-inf = 0, denormal results flush to 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 }  // namespace decodescope
 #endif
 
@@ -61,6 +78,13 @@ template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& x) {
   check_vector_alignment(p, sizeof(Vec<T, N>));
   *reinterpret_cast<Vec<T, N>*>(p) = x;
+}
+
+// 4 floats written by other blocks of this grid, read through L2 only (ld.global.cg: no stale L1 line).
+__device__ __forceinline__ Vec<float, 4> load_float4_cg(const float* p) {
+  check_vector_alignment(p, 16);
+  const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
+  return {{v.x, v.y, v.z, v.w}};
 }
 
 template <typename T>

@@ -18,7 +18,8 @@ namespace decodescope {
                                                int64_t, int, int, int, int64_t, int64_t, int64_t,         \
                                                cudaStream_t);                                             \
   template cudaError_t launch_silu_mul<T>(T*, const T*, int64_t, int, cudaStream_t);                      \
-  template cudaError_t launch_decode_attention<T>(const DecodeAttentionArgs<T>&, cudaStream_t);
+  template cudaError_t launch_decode_attention<T>(const DecodeAttentionArgs<T>&, cudaStream_t);          \
+  template cudaError_t plan_decode_attention<T>(int, int, int, int, int, DecodeAttentionPlan*);
 
 DECODESCOPE_INSTANTIATE(float)
 DECODESCOPE_INSTANTIATE(__half)
