@@ -17,6 +17,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "split-KV single-query attention over a [B, Hkv, S, D] cache with device-side seq_lens, window and sinks",
         py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"), py::arg("scale"),
         py::arg("window"), py::arg("sinks"), py::arg("partials"), py::arg("counters"));
+  m.def("linear_int8", &decodescope::linear_int8, "out = x @ W^T for W in int8 (GGUF Q8_0) blocks, T <= 16",
+        py::arg("out"), py::arg("x"), py::arg("qs"), py::arg("d"));
+  m.def("linear_q4", &decodescope::linear_q4, "out = x @ W^T for W in q4 (GGUF Q4_1) blocks, T <= 16", py::arg("out"),
+        py::arg("x"), py::arg("qs"), py::arg("d"), py::arg("m"));
   m.def("decode_attention_plan", &decodescope::decode_attention_plan,
         "(splits, groups) of decode_attention's workspace: one full wave of q's GPU", py::arg("q"),
         py::arg("n_kv_heads"));

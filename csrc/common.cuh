@@ -87,6 +87,14 @@ __device__ __forceinline__ Vec<float, 4> load_float4_cg(const float* p) {
   return {{v.x, v.y, v.z, v.w}};
 }
 
+// 16 bytes read once per call (streamed weights): ld.global.cs, evict-first, so they do not push the
+// activations and the KV cache out of L2.
+__device__ __forceinline__ Vec<uint32_t, 4> load_stream16(const void* p) {
+  check_vector_alignment(p, 16);
+  const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
+  return {{v.x, v.y, v.z, v.w}};
+}
+
 template <typename T>
 constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));  // elements in one 16-byte load
 

@@ -66,4 +66,21 @@ template <typename T>
 cudaError_t plan_decode_attention(int batch, int n_heads, int n_kv_heads, int head_dim, int sm_count,
                                   DecodeAttentionPlan* plan);
 
+// Weight-only GEMV over GGUF blocks of 32 inputs, read in place (gemv.cuh): out = x @ dequantize(W)^T.
+template <typename T>
+struct GemvArgs {
+  T* out;          // [tokens, out_features], dense
+  const T* x;      // [tokens, in_features], rows x_stride apart
+  const void* qs;  // int8: int8 [out_features, in_pad]; q4: uint8 [out_features, in_pad / 2], two nibbles a byte
+  const __half* d;  // [out_features, in_pad / 32] block scales
+  const __half* m;  // q4: [out_features, in_pad / 32] block mins (w = d * q + m); int8: unused
+  int tokens, in_features, out_features;  // tokens 1..16; in_pad = in_features rounded up to 32
+  int64_t x_stride;
+};
+
+template <typename T>
+cudaError_t launch_linear_int8(const GemvArgs<T>& args, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_linear_q4(const GemvArgs<T>& args, cudaStream_t stream);
+
 }  // namespace decodescope

@@ -117,7 +117,7 @@ def test_no_kernel_spills(compiled, arch):
     text = compiled[arch][0].stderr
     report = ptxas_report(text)
     assert len(report) == text.count("Compiling entry function") > 0, text[-2000:]
-    assert any("decode_kernel" in name for name in report)
+    assert any("decode_kernel" in name for name in report) and any("gemv" in name for name in report)
     spilled = {name: r for name, r in report.items() if r["stores"] or r["loads"] or r["stack"]}
     assert not spilled, spilled
 
@@ -142,8 +142,8 @@ def test_every_launcher_the_host_code_calls_is_instantiated(compiled):
     needed = set()
     for name in ("ops", "ops_attention"):
         needed |= launcher_symbols(assert_compiled(compiled, name), defined=False)
-    # 3 dtypes x (rmsnorm, add_rmsnorm, 2 rope position types, silu_mul, attention and its plan)
-    assert len(needed) == 21
+    # 3 dtypes x (rmsnorm, add_rmsnorm, 2 rope position types, silu_mul, attention, its plan, int8 and q4 GEMV)
+    assert len(needed) == 27
     assert needed <= defined, sorted(needed - defined)
 
 

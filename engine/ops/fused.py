@@ -93,6 +93,24 @@ class FusedOps:
             )
         return self._workspaces[key]
 
+    # --- weight-only GEMV: int8 (GGUF Q8_0) and q4 (GGUF Q4_1) blocks read in place, T = 1..16 tokens ---------
+    # Twin: ref.linear(x, weights.dequantize(blocks)). Outside the OpSet: which linear a projection runs follows
+    # its weight format, not the op set.
+
+    def linear_int8(self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: torch.Tensor | None = None):
+        """x [T, in] @ W^T with W = d * q: qs int8 [out, in_pad], d fp16 [out, in_pad / 32] -> [T, out]."""
+        out = x.new_empty(x.shape[0], qs.shape[0]) if out is None else out
+        self.module.linear_int8(out, x, qs, d)
+        return out
+
+    def linear_q4(self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                  out: torch.Tensor | None = None):
+        """x [T, in] @ W^T with W = d * q + m: qs uint8 [out, in_pad / 2] from weights.pack_nibbles, d and m
+        fp16 [out, in_pad / 32] -> [T, out]."""
+        out = x.new_empty(x.shape[0], qs.shape[0]) if out is None else out
+        self.module.linear_q4(out, x, qs, d, m)
+        return out
+
 
 def ops(module: ModuleType) -> dict:
     """The five ops, keyed as in engine.ops.OpSet, bound to one FusedOps."""
