@@ -22,6 +22,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q4", &decodescope::linear_q4, "out = x @ W^T for W in q4 (GGUF Q4_1) blocks, T <= 16", py::arg("out"),
         py::arg("x"), py::arg("qs"), py::arg("d"), py::arg("m"));
   m.def("decode_attention_plan", &decodescope::decode_attention_plan,
-        "(splits, groups) of decode_attention's workspace: one full wave of q's GPU", py::arg("q"),
+        "(splits, groups, blocks per SM) of decode_attention's grid: one full wave of q's GPU", py::arg("q"),
         py::arg("n_kv_heads"));
 }

@@ -326,7 +326,7 @@ cudaError_t plan_decode_attention(int batch, int n_heads, int n_kv_heads, int he
     fan = 1;
     while (fan * fan < splits) ++fan;
   }
-  *plan = {splits, ceil_div(splits, fan)};
+  *plan = {splits, ceil_div(splits, fan), per_sm};
   return cudaSuccess;
 }
 

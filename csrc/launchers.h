@@ -57,10 +57,10 @@ struct DecodeAttentionArgs {
 template <typename T>
 cudaError_t launch_decode_attention(const DecodeAttentionArgs<T>& args, cudaStream_t stream);
 
-// The grid for one full wave on sm_count SMs: splits per (row, kv head) from the kernel's occupancy, and the
-// merge groups (the workspace's shape). Depends on the shapes only, never on a length.
+// The grid for one full wave on sm_count SMs: splits per (row, kv head) from the kernel's occupancy
+// (blocks_per_sm), and the merge groups (with splits, the workspace's shape). Depends on shapes only.
 struct DecodeAttentionPlan {
-  int splits, groups;
+  int splits, groups, blocks_per_sm;
 };
 template <typename T>
 cudaError_t plan_decode_attention(int batch, int n_heads, int n_kv_heads, int head_dim, int sm_count,

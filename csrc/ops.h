@@ -35,7 +35,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);
 void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m);
 
-// (splits, groups) for q's shape, dtype and device with n_kv_heads cache heads: one full wave of the GPU.
-std::tuple<int64_t, int64_t> decode_attention_plan(const at::Tensor& q, int64_t n_kv_heads);
+// (splits, groups, blocks per SM) for q's shape, dtype and device with n_kv_heads cache heads: one full wave.
+std::tuple<int64_t, int64_t, int64_t> decode_attention_plan(const at::Tensor& q, int64_t n_kv_heads);
 
 }  // namespace decodescope

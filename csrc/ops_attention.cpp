@@ -97,7 +97,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   });
 }
 
-std::tuple<int64_t, int64_t> decode_attention_plan(const at::Tensor& q, int64_t n_kv_heads) {
+std::tuple<int64_t, int64_t, int64_t> decode_attention_plan(const at::Tensor& q, int64_t n_kv_heads) {
   check_cuda(q, "q", q);
   TORCH_CHECK(q.dim() == 3, "q must be [B, H, D], got ", q.sizes());
   TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "head_dim must be 64 or 128, got D = ", q.size(2),
@@ -116,7 +116,7 @@ std::tuple<int64_t, int64_t> decode_attention_plan(const at::Tensor& q, int64_t 
     TORCH_CHECK(err == cudaSuccess, "decode_attention_plan: ", cudaGetErrorString(err), " for q ", q.sizes(),
                 " with Hkv = ", n_kv_heads);
   });
-  return {plan.splits, plan.groups};
+  return {plan.splits, plan.groups, plan.blocks_per_sm};
 }
 
 }  // namespace decodescope

@@ -67,7 +67,8 @@ def assert_matches_twin(out: torch.Tensor, x: torch.Tensor, b: weights.Blocks) -
     bound = 1e-5 * magnitude + (0 if x.dtype == torch.float32 else torch.finfo(x.dtype).eps) * want.float().abs()
     err = (out.float() - want.float()).abs()
     assert not out.isnan().any(), "an output was never written"
-    assert torch.all(err <= bound + 1e-7), f"max error {err.max():.3g} where the bound is {bound.flatten()[err.argmax()]:.3g}"
+    worst = (err - bound).argmax()
+    assert torch.all(err <= bound + 1e-7), f"error {err.flatten()[worst]:.3g} over the bound {bound.flatten()[worst]:.3g}"
 
 
 SIZES = [(o, i) for o in (1, 17, 769) for i in (32, 96, 576)]

@@ -67,10 +67,10 @@ class EmulatedExtension(Emulated):
                    ptr(partials), ptr(counters), ints, strides, ctypes.c_float(scale))
 
     def decode_attention_plan(self, q, n_kv_heads):
-        plan = (ctypes.c_int * 2)()
+        plan = (ctypes.c_int * 3)()
         self._call("decode_attention_plan", CODES[q.dtype], q.shape[0], q.shape[1], n_kv_heads, q.shape[2],
                    self.sm_count, plan)
-        return plan[0], plan[1]
+        return plan[0], plan[1], plan[2]
 
 
 @pytest.fixture(scope="module", params=["cuda", "cpu"])

@@ -85,7 +85,7 @@ int emu_decode_attention(int dtype, void* out, const void* q, const void* k_cach
   });
 }
 
-// plan: out {splits, groups} for sm_count emulated SMs, each holding cuda_on_cpu::blocks_per_sm blocks.
+// plan: out {splits, groups, blocks_per_sm} for sm_count emulated SMs, each holding cuda_on_cpu::blocks_per_sm blocks.
 int emu_decode_attention_plan(int dtype, int batch, int n_heads, int n_kv_heads, int head_dim, int sm_count,
                               int* plan) {
   return with_dtype(dtype, [&](auto zero) {
@@ -95,6 +95,7 @@ int emu_decode_attention_plan(int dtype, int batch, int n_heads, int n_kv_heads,
         decodescope::plan_decode_attention<T>(batch, n_heads, n_kv_heads, head_dim, sm_count, &p);
     plan[0] = p.splits;
     plan[1] = p.groups;
+    plan[2] = p.blocks_per_sm;
     return static_cast<int>(err);
   });
 }

@@ -86,7 +86,7 @@ class FusedOps:
         B, H, D = q.shape
         key = (B, H, D, q.dtype, n_kv_heads, q.device)
         if key not in self._workspaces:
-            splits, groups = self.module.decode_attention_plan(q, n_kv_heads)
+            splits, groups, _ = self.module.decode_attention_plan(q, n_kv_heads)
             self._workspaces[key] = (
                 torch.empty(B, H, splits + groups, D + 4, dtype=torch.float32, device=q.device),
                 torch.zeros(B, H, groups + 1, dtype=torch.int32, device=q.device),
