@@ -19,6 +19,9 @@ cudaError_t max_blocks_per_sm(int* blocks, void (*)(Params...), int) {
   return cudaSuccess;
 }
 __device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool zero) {
+  __pipeline_memcpy_async(smem, gmem, 16, zero ? 16 : 0);
+}
 }  // namespace decodescope
 #else
 #include <cuda_pipeline_primitives.h>
@@ -35,6 +38,14 @@ __device__ __forceinline__ void check_vector_alignment(const void*, int) {}
 template <typename... Params>
 cudaError_t max_blocks_per_sm(int* blocks, void (*kernel)(Params...), int threads) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, 0);
+}
+// 16 bytes from global to shared memory without passing through registers (cp.async.cg, L2 only); with
+// `zero`, 16 zero bytes land instead and gmem is not read. The source size is a register operand: the
+// zfill argument of __pipeline_memcpy_async must be a constant, else every copy becomes a branch.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool zero) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(zero ? 0 : 16)
+               : "memory");
 }
 // One MUFU instruction (exp2f adds range handling around it); 2^-inf = 0, denormal results flush to 0.
 __device__ __forceinline__ float fast_exp2(float x) {

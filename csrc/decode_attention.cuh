@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeAttentionA
       const bool in = v < v_end;  // past the split's end: zero-fill, nothing read
       const int64_t src = kv_base + static_cast<int64_t>(live.position(in ? v : v_begin)) * a.kv_stride_s;
       const int dst = (stage * kTile + row) * D + tx * kVec;
-      __pipeline_memcpy_async(k_tiles + dst, a.k_cache + src, 16, in ? 0 : 16);
-      __pipeline_memcpy_async(v_tiles + dst, a.v_cache + src, 16, in ? 0 : 16);
+      cp_async16(k_tiles + dst, a.k_cache + src, !in);
+      cp_async16(v_tiles + dst, a.v_cache + src, !in);
     }
   };
 
