@@ -43,6 +43,32 @@ struct Shape {
 // different bank quads.
 __device__ __forceinline__ int swizzle(int c) { return (c & ~31) | ((((c >> 2) & 7) ^ ((c >> 5) & 7)) << 2) | (c & 3); }
 
+// 16 bytes of weights as small integers in fp32, exactly and without I2F (a quarter-rate conversion): a byte u
+// placed under the exponent of 2^23 reads as 2^23 + u, one PRMT (or LOP3) and one FADD. int8: q in [-127, 127]
+// (the sign bit flipped first: u = q + 128). q4: q in [0, 15] in GGUF order, byte j holding element j in its
+// low nibble and element j + 16 in its high one.
+template <Format F>
+__device__ __forceinline__ void unpack(const Vec<uint32_t, 4>& w, float (&q)[F == Format::int8 ? 16 : 32]) {
+  constexpr float k2p23 = 8388608.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (F == Format::int8) {
+      const uint32_t u = w.v[k] ^ 0x80808080u;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        q[4 * k + b] = __uint_as_float(__byte_perm(u, 0x4b00u, 0x5440u | b)) - (k2p23 + 128.f);
+      }
+    } else {
+      const uint32_t lo = w.v[k] & 0x0f0f0f0fu, hi = (w.v[k] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        q[4 * k + b] = __uint_as_float(__byte_perm(lo, 0x4b00u, 0x5440u | b)) - k2p23;
+        q[4 * k + b + 16] = __uint_as_float(__byte_perm(hi, 0x4b00u, 0x5440u | b)) - k2p23;
+      }
+    }
+  }
+}
+
 template <typename T, Format F, int kT>
 __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_kernel(const GemvArgs<T> a) {
   using S = Shape<F, kT>;
@@ -114,22 +140,9 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
       fetch(c + 1);
       stage(c + 1, buf ^ 1);  // read by nobody since the barrier that ended chunk c - 1
     }
-    // This chunk's weights as small integers in fp32: int8 q in [-127, 127], q4 q in [0, 15] (GGUF order:
-    // byte j holds element j in its low nibble and element j + 16 in its high one).
     float q[kRows][kPerLane];
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-#pragma unroll
-      for (int b = 0; b < 16; ++b) {
-        const uint32_t byte = (wc[i].v[b / 4] >> (8 * (b % 4))) & 0xffu;
-        if constexpr (F == Format::int8) {
-          q[i][b] = static_cast<float>(static_cast<int8_t>(byte));
-        } else {
-          q[i][b] = static_cast<float>(byte & 0xfu);
-          q[i][b + 16] = static_cast<float>(byte >> 4);
-        }
-      }
-    }
+    for (int i = 0; i < kRows; ++i) unpack<F>(wc[i], q[i]);
     const int col = lx * kPerLane;  // within the chunk
 #pragma unroll
     for (int t = 0; t < kT; ++t) {

@@ -280,6 +280,19 @@ inline T __ldcs(const T* p) {
   return *p;
 }
 
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t bytes = (uint64_t{y} << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>(bytes >> (8 * ((s >> (4 * i)) & 7)) & 0xffu) << (8 * i);
+  return r;
+}
+
+inline float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask, unsigned width = 32) {
   using namespace cuda_on_cpu;
   Block* b = block_now;
