@@ -206,13 +206,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeAttentionA
   __pipeline_wait_prior(0);
   __syncthreads();  // every thread is done with the tiles: reuse them for the slots' states
 
-  // Fold the slots: the block's state per head is the log-sum-exp merge of its kSlots slot states.
+  // The slots' states become rows in shared memory; merging them is the block's state per head, and that
+  // is the output when the block holds the whole row, else the split's partial row.
   using Row = PartialRow<D>;
-  float* slot_states = reinterpret_cast<float*>(smem);  // [kSlots][kHeads][Row::kFloats]
+  float* states = reinterpret_cast<float*>(smem);  // row (slot, h) at (slot * kHeads + h) * Row::kFloats
   static_assert(kSlots * kHeads * Row::kFloats * 4 <= kStages * 2 * kTileBytes, "slot states fit the tiles");
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
-    float* row = slot_states + (slot * kHeads + h) * Row::kFloats;
+    float* row = states + (slot * kHeads + h) * Row::kFloats;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) row[tx * kVec + e] = acc[h][e];
     if (tx == 0) {
@@ -221,49 +222,25 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeAttentionA
     }
   }
   __syncthreads();
-  const int rows = a.splits + a.groups;
+  const int rows = a.splits + a.groups;  // per (batch row, head) in the workspace
   const int64_t head0_row = static_cast<int64_t>(b) * a.n_heads + head0;
-  float* partials = a.partials;
-  for (int item = threadIdx.x; item < n_heads * (D / 4); item += kThreads) {
-    const int h = item / (D / 4), c = item % (D / 4);
-    float mb = -INFINITY;
-    for (int z = 0; z < kSlots; ++z) mb = fmaxf(mb, slot_states[(z * kHeads + h) * Row::kFloats + Row::kMax]);
-    const float base = mb == -INFINITY ? 0.f : mb;  // seq_len 0: no key anywhere
-    float lb = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int z = 0; z < kSlots; ++z) {
-      const float* row = slot_states + (z * kHeads + h) * Row::kFloats;
-      const float w = fast_exp2(row[Row::kMax] - base);
-      lb += row[Row::kSum] * w;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] += row[c * 4 + e] * w;
-    }
-    if (plan.active == 1) {  // the whole row in one block: normalise and write the output directly
-      Vec<T, 4> y;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) y.v[e] = from_float<T>(lb > 0.f ? o[e] / lb : 0.f);  // seq_len 0: zeros
-      store_vec<T, 4>(a.out + (head0_row + h) * D + c * 4, y);
-    } else {
-      float* row = partials + ((head0_row + h) * rows + split) * Row::kFloats;
-      store_vec<float, 4>(row + c * 4, {{o[0], o[1], o[2], o[3]}});
-      if (c == 0) {
-        row[Row::kMax] = mb;
-        row[Row::kSum] = lb;
-      }
-    }
-  }
+  const int64_t head_rows = static_cast<int64_t>(rows) * Row::kFloats;
+  float* partials = a.partials + head0_row * head_rows;  // this block's first head
+  T* out = a.out + head0_row * D;
+  merge_rows<T, D, false>(states, Row::kFloats, kHeads * Row::kFloats, kSlots, n_heads,
+                          partials + split * Row::kFloats, head_rows, plan.active == 1 ? out : nullptr);
   if (plan.active == 1) return;
 
   int* counters = a.counters + head0_row * (a.groups + 1);
   const int fan = ceil_div(a.splits, a.groups), n_groups = ceil_div(plan.active, fan), grp = split / fan;
-  if (!arrive_last(counters + grp, imin(fan, plan.active - grp * fan))) return;
-  if (n_groups == 1) {
-    merge_rows<T, D>(partials, a.out, head0_row, head0_row, n_heads, rows, 0, plan.active, -1);
-    return;
-  }
-  merge_rows<T, D>(partials, a.out, head0_row, head0_row, n_heads, rows, grp * fan,
-                   imin(fan, plan.active - grp * fan), a.splits + grp);
-  if (!arrive_last(counters + a.groups, n_groups)) return;
-  merge_rows<T, D>(partials, a.out, head0_row, head0_row, n_heads, rows, a.splits, n_groups, -1);
+  const int members = imin(fan, plan.active - grp * fan);
+  if (!arrive_last(counters + grp, members)) return;
+  float* group_row = partials + (a.splits + grp) * Row::kFloats;
+  merge_rows<T, D, true>(partials + grp * fan * Row::kFloats, head_rows, Row::kFloats, members, n_heads, group_row,
+                         head_rows, n_groups == 1 ? out : nullptr);
+  if (n_groups == 1 || !arrive_last(counters + a.groups, n_groups)) return;
+  merge_rows<T, D, true>(partials + a.splits * Row::kFloats, head_rows, Row::kFloats, n_groups, n_heads, nullptr, 0,
+                         out);
 }
 
 // Calls fn with the kernel instance for head_dim and a block's heads (the smallest kHeads that holds them).

@@ -38,30 +38,36 @@ __device__ __forceinline__ bool arrive_last(int* counter, int expected) {
   return last != 0;
 }
 
-// Merges rows [first, first + count) of heads [head0, head0 + n_heads) (each `rows` rows apart in `partials`)
-// into row `dst` of the same heads, or into out (normalised, rounded once to T) when dst < 0. One thread per
-// 4 floats of output: m and l of each row are reread per thread, a few bytes against the 16 of o.
-template <typename T, int D>
-__device__ void merge_rows(float* partials, T* out, int64_t head0_row, int64_t out_head0, int n_heads,
-                           int rows, int first, int count, int dst) {
+// Merges `count` (o, m, l) rows of each of n_heads heads: row r of head h at src + h * head_stride + r * row_stride
+// floats. The result is a row of the same form at dst + h * dst_head_stride or, when out is not null, the
+// normalised output at out + h * D, rounded once to T. kL2: the rows come from other blocks, read through L2.
+// One thread per 4 floats of a head's output; m and l are reread per thread, a few bytes against o's 16.
+template <typename T, int D, bool kL2>
+__device__ void merge_rows(const float* src, int64_t head_stride, int row_stride, int count, int n_heads, float* dst,
+                           int64_t dst_head_stride, T* out) {
   using Row = PartialRow<D>;
   constexpr int kChunks = D / 4;
+  auto load = [](const float* p) {
+    if constexpr (kL2) return __ldcg(p);
+    return *p;
+  };
   for (int item = threadIdx.x; item < n_heads * kChunks; item += blockDim.x) {
     const int h = item / kChunks, c = item % kChunks;
-    const float* base = partials + ((head0_row + h) * rows + first) * Row::kFloats;
+    const float* rows = src + h * head_stride;
     float m = -INFINITY;
-    for (int r = 0; r < count; ++r) m = fmaxf(m, __ldcg(base + r * Row::kFloats + Row::kMax));
+    for (int r = 0; r < count; ++r) m = fmaxf(m, load(rows + r * row_stride + Row::kMax));
+    const float base = m == -INFINITY ? 0.f : m;  // no row saw a key (seq_len 0): weights 0, not NaN
     float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
     for (int r = 0; r < count; ++r) {
-      const float* row = base + r * Row::kFloats;
-      const float w = fast_exp2(__ldcg(row + Row::kMax) - m);  // every merged row saw a live key: m is finite
-      l += __ldcg(row + Row::kSum) * w;
-      const Vec<float, 4> v = load_float4_cg(row + c * 4);
+      const float* row = rows + r * row_stride;
+      const float w = fast_exp2(load(row + Row::kMax) - base);
+      l += load(row + Row::kSum) * w;
+      const Vec<float, 4> v = kL2 ? load_float4_cg(row + c * 4) : load_vec<float, 4>(row + c * 4);
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[e] += v.v[e] * w;
     }
-    if (dst >= 0) {
-      float* row = partials + ((head0_row + h) * rows + dst) * Row::kFloats;
+    if (out == nullptr) {
+      float* row = dst + h * dst_head_stride;
       store_vec<float, 4>(row + c * 4, {{o[0], o[1], o[2], o[3]}});
       if (c == 0) {
         row[Row::kMax] = m;
@@ -70,8 +76,8 @@ __device__ void merge_rows(float* partials, T* out, int64_t head0_row, int64_t o
     } else {
       Vec<T, 4> y;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) y.v[e] = from_float<T>(o[e] / l);
-      store_vec<T, 4>(out + (out_head0 + h) * D + c * 4, y);
+      for (int e = 0; e < 4; ++e) y.v[e] = from_float<T>(l > 0.f ? o[e] / l : 0.f);  // seq_len 0: zeros
+      store_vec<T, 4>(out + h * D + c * 4, y);
     }
   }
 }
