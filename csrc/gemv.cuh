@@ -5,7 +5,8 @@
 // byte once per call, 16 bytes per lane with ld.global.cs (streamed: it does not evict x or the KV cache from
 // L2), one chunk ahead of the math. A warp holds kSlots rows side by side, kLanes lanes across each, and
 // every lane kRows rows' pieces of the same columns: x, staged per chunk of kCols inputs in shared memory as
-// fp32 for all T tokens, is read once per kRows rows, and each converted weight serves all T tokens.
+// fp32 for all T tokens by the whole block, is read once per kRows rows, and each converted weight serves all
+// T tokens.
 // The block's scale (and min) leave the inner loop: sum_i (d q_i + m) x_i = d sum_i q_i x_i + m sum_i x_i,
 // with sum_i x_i per (token, block) added up once while staging.
 #pragma once
@@ -73,7 +74,7 @@ template <typename T, Format F, int kT>
 __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_kernel(const GemvArgs<T> a) {
   using S = Shape<F, kT>;
   constexpr int kCols = S::kCols, kLanes = S::kLanes, kSlots = S::kSlots, kRows = S::kRows;
-  constexpr int kWords = 4, kPerLane = S::kColsPerLane;
+  constexpr int kPerLane = S::kColsPerLane;
   __shared__ __align__(16) float xs[2][kT][kCols];
   __shared__ float xsums[2][kT][S::kChunkBlocks];
 
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
   const int row0 = blockIdx.x * S::kRowsPerBlock + threadIdx.x / 32 * kSlots * kRows + lane / kLanes;
   const unsigned char* qs = static_cast<const unsigned char*>(a.qs);
 
-  Vec<uint32_t, kWords> w[kRows];  // the next chunk's weights, in flight while this one computes
+  Vec<uint32_t, 4> w[kRows];  // the next chunk's weights, in flight while this one computes
   float d[kRows], m[kRows];
   auto fetch = [&](int chunk) {
     const int col = chunk * kCols + lx * kPerLane;
@@ -96,22 +97,38 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
       m[i] = F == Format::q4 && live ? to_float(a.m[static_cast<int64_t>(row) * nb + col / kBlock]) : 0.f;
     }
   };
-  // Item (token, block): 32 inputs converted to fp32 (zeros past `in` and past T: q4 padding has w = m) and
-  // summed. Each item starts at a different column so that a warp's stores spread over the banks.
+  // Item (token, 8 inputs): read as 16-byte vectors where x's rows allow, converted to fp32 (zeros past `in`
+  // and past T: q4 padding has w = m) and stored; the 4 items of a block add up its sum_i x_i with 2 shuffles.
+  // Items per chunk are a multiple of 32, so every lane of a warp takes part in them.
+  constexpr int kV = kVec16<T>, kItems = kT * kCols / 8;
+  static_assert(kItems % 32 == 0, "whole warps stage x");
+  const bool x_vectors = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % kV == 0;
   auto stage = [&](int chunk, int buf) {
-    for (int item = threadIdx.x; item < kT * S::kChunkBlocks; item += kThreads) {
-      const int t = item / S::kChunkBlocks, blk = item % S::kChunkBlocks;
-      const int col0 = chunk * kCols + blk * kBlock;
-      const bool token = t < a.tokens;
-      float sum = 0.f;
-#pragma unroll 8
-      for (int k = 0; k < kBlock; ++k) {
-        const int e = (k + item) % kBlock;
-        const float v = token && col0 + e < a.in_features ? to_float(a.x[t * a.x_stride + col0 + e]) : 0.f;
-        xs[buf][t][swizzle(blk * kBlock + e)] = v;
-        sum += v;
+    for (int item = threadIdx.x; item < kItems; item += kThreads) {
+      const int t = item / (kCols / 8), col = item % (kCols / 8) * 8, x_col = chunk * kCols + col;
+      const T* src = a.x + t * a.x_stride + x_col;
+      float v[8];
+      if (x_vectors && t < a.tokens && x_col + 8 <= a.in_features) {
+#pragma unroll
+        for (int h = 0; h < 8; h += kV) {
+          const Vec<T, kV> xv = load_vec<T, kV>(src + h);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) v[h + e] = to_float(xv.v[e]);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = t < a.tokens && x_col + e < a.in_features ? to_float(src[e]) : 0.f;
       }
-      if constexpr (F == Format::q4) xsums[buf][t][blk] = sum;
+      store_vec<float, 4>(&xs[buf][t][swizzle(col)], {{v[0], v[1], v[2], v[3]}});
+      store_vec<float, 4>(&xs[buf][t][swizzle(col + 4)], {{v[4], v[5], v[6], v[7]}});
+      if constexpr (F == Format::q4) {
+        float sum = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum += v[e];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (item % 4 == 0) xsums[buf][t][col / kBlock] = sum;
+      }
     }
   };
 
@@ -127,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
   stage(0, 0);
   __syncthreads();
   for (int c = 0; c < n_chunks; ++c) {
-    Vec<uint32_t, kWords> wc[kRows];
+    Vec<uint32_t, 4> wc[kRows];
     float dc[kRows], mc[kRows];
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
