@@ -3,8 +3,9 @@
 // Grid (split, kv head x head block, batch row), sized once for one full wave of the GPU (plan_decode_attention),
 // so a captured CUDA graph holds one launch that serves every length. Each block reads seq_len and derives
 // the live keys (all of them, or the sinks plus the window: the masked middle is skipped, never read), how
-// many splits that length deserves (at least kMinTilesPerSplit tiles each, so a short context runs few
-// splits and a long one every SM) and its own key range; splits with no work leave at once.
+// many splits that length deserves (at least kMinTilesPerSplit tiles each: a short context gets short splits,
+// as many as its tiles allow, a long one every split of the wave) and its own key range; splits with no work
+// leave at once.
 //
 // A block serves up to 8 query heads of one kv head, all in each thread's registers, so every K and V
 // element is read from HBM once and from shared memory once, then used by the whole group. Thread
