@@ -255,9 +255,12 @@ def main(argv=None) -> None:
     l2 = props.L2_cache_size
     flush = torch.empty(2 * max(l2, 2**20), dtype=torch.uint8, device="cuda")
     bw = measure_gbs("cuda")
-    clock = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True).stdout.split()
-    machine = dict(gb_s=bw, sms=props.multi_processor_count, clock_ghz=float(clock[0]) / 1e3 if clock else 1.5)
+    smi = shutil.which("nvidia-smi")
+    clock = smi and subprocess.run([smi, "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
+                                   capture_output=True, text=True).stdout.split()
+    # the issue budget needs the SM clock; without nvidia-smi, an H200's
+    machine = dict(gb_s=bw, sms=props.multi_processor_count,
+                   clock_ghz=float(clock[0]) / 1e3 if clock else H200["clock_ghz"])
     module = ext.load("cuda").module
     analyses = []
     for shape in args.shapes:
