@@ -141,8 +141,9 @@ def test_rope(backend, dtype, n_heads, n_kv_heads, head_dim, pos_dtype):
 
 ATTN_LENS = [[1], [255], [256], [257], [4097], [4097, 1, 300]]  # B = 1, and B = 3 with different lengths
 CPU_ATTN_LENS = [[1], [255], [256], [257], [4097], [700, 1, 300]]
-ATTN_SHAPES = [(64, 1), (64, 3), (64, 8), (64, 12), (128, 1), (128, 3), (128, 6), (128, 8)]  # (head_dim, H / Hkv)
-CPU_ATTN_SHAPES = [(64, 3), (128, 1), (128, 8)]
+# (head_dim, H / Hkv): every heads-per-block instance (1, 2, 3, 4, 6, 8), and 12 = two head blocks of 6
+ATTN_SHAPES = [(64, 1), (64, 2), (64, 3), (64, 8), (64, 12), (128, 1), (128, 3), (128, 4), (128, 6), (128, 8)]
+CPU_ATTN_SHAPES = [(64, 3), (128, 1), (128, 8)]  # 2 and 4 heads per block: the plan and merge tests below
 
 
 def attended(n: int, S: int, window: int, sinks: int) -> torch.Tensor:
@@ -215,7 +216,7 @@ def test_one_plan_serves_every_length(backend):
     """A captured graph holds one launch planned for the cache's max: the same arguments (cache, workspace,
     seq_lens buffer) must serve a long step, then short ones, then long again, with or without a window.
     The merge counters are back at zero after every call."""
-    q, k, v, seq_lens, _ = attention_case(backend, torch.float32, 64, 3, [2000])
+    q, k, v, seq_lens, _ = attention_case(backend, torch.float32, 64, 4, [2000])
     k.nan_to_num_(0.0)
     v.nan_to_num_(0.0)
     partials, counters = backend.fused.attention_workspace(q, k.shape[1])
@@ -255,7 +256,7 @@ def test_two_level_merge(backend, lens):
     merges the group, and the last group the groups."""
     wide = EmulatedExtension(sm_count=24 * len(lens))  # 24 splits per (row, kv head), in 5 groups of 5
     f = fused.FusedOps(wide)
-    q, k, v, seq_lens, want = attention_case(backend, torch.float32, 64, 3, lens)
+    q, k, v, seq_lens, want = attention_case(backend, torch.float32, 64, 2, lens)
     want = ref.decode_attention(q, k.nan_to_num(0.0), v.nan_to_num(0.0), seq_lens, 0.125)
     partials, counters = f.attention_workspace(q, k.shape[1])
     assert partials.shape[2] == 24 + 5 and counters.shape[2] == 5 + 1
