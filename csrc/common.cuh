@@ -13,7 +13,16 @@
 namespace decodescope {
 using cuda_on_cpu::check_vector_alignment;
 using cuda_on_cpu::launch;
+template <typename... Params>
+cudaError_t max_blocks_per_sm(int* blocks, void (*)(Params...), int) {
+  *blocks = cuda_on_cpu::blocks_per_sm;
+  return cudaSuccess;
 }
+__device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool zero) {
+  __pipeline_memcpy_async(smem, gmem, 16, zero ? 16 : 0);
+}
+}  // namespace decodescope
 #else
 #include <cuda_pipeline_primitives.h>
 namespace decodescope {
@@ -25,6 +34,25 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
 }
 // The CPU test runtime reports vector accesses that a GPU would fault on; here it costs nothing.
 __device__ __forceinline__ void check_vector_alignment(const void*, int) {}
+// How many blocks of `threads` threads fit on one SM (registers, shared memory, thread slots).
+template <typename... Params>
+cudaError_t max_blocks_per_sm(int* blocks, void (*kernel)(Params...), int threads) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, 0);
+}
+// 16 bytes from global to shared memory without passing through registers (cp.async.cg, L2 only); with
+// `zero`, 16 zero bytes land instead and gmem is not read. The source size is a register operand: the
+// zfill argument of __pipeline_memcpy_async must be a constant, else every copy becomes a branch.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool zero) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(zero ? 0 : 16)
+               : "memory");
+}
+// One MUFU instruction (exp2f adds range handling around it); 2^-inf = 0, denormal results flush to 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 }  // namespace decodescope
 #endif
 
@@ -61,6 +89,21 @@ template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& x) {
   check_vector_alignment(p, sizeof(Vec<T, N>));
   *reinterpret_cast<Vec<T, N>*>(p) = x;
+}
+
+// 4 floats written by other blocks of this grid, read through L2 only (ld.global.cg: no stale L1 line).
+__device__ __forceinline__ Vec<float, 4> load_float4_cg(const float* p) {
+  check_vector_alignment(p, 16);
+  const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
+  return {{v.x, v.y, v.z, v.w}};
+}
+
+// 16 bytes read once per call (streamed weights): ld.global.cs, evict-first, so they do not push the
+// activations and the KV cache out of L2.
+__device__ __forceinline__ Vec<uint32_t, 4> load_stream16(const void* p) {
+  check_vector_alignment(p, 16);
+  const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
+  return {{v.x, v.y, v.z, v.w}};
 }
 
 template <typename T>

@@ -1,212 +1,311 @@
-// Split-KV single-query decode attention (flash-decoding), GQA-aware.
+// Split-KV single-query decode attention (flash-decoding), GQA-aware, planned on the device.
 //
-// At batch 1 one block per kv head would leave most SMs idle while it walks the whole cache, so the cache
-// is cut into splits of `chunk` keys: grid (split, kv head x head group, batch). A block serves every
-// query head of its kv head's group, so each K/V tile is read from HBM once, staged in shared memory by
-// cp.async (double-buffered), and used by all of the group's heads. Each block writes unnormalised
-// partials (m, l, acc) for its chunk; a second kernel merges the live splits with log-sum-exp.
+// Grid (split, kv head x head block, batch row), sized once for one full wave of the GPU (plan_decode_attention),
+// so a captured CUDA graph holds one launch that serves every length. Each block reads seq_len and derives
+// the live keys (all of them, or the sinks plus the window: the masked middle is skipped, never read), how
+// many splits that length deserves (at least kMinTilesPerSplit tiles each: a short context gets short splits,
+// as many as its tiles allow, a long one every split of the wave) and its own key range; splits with no work
+// leave at once.
 //
-// The live length is read from seq_lens in device memory and the grid is sized for the cache's max length,
-// so one launch (and one captured CUDA graph) serves every length: blocks whose chunk starts at or past
-// seq_len leave at once, and the merge reads only the ceil(seq_len / chunk) splits that ran. Keys at or
-// past seq_len are never loaded, so rolling the cache back is just a write to seq_lens.
+// A block serves up to 8 query heads of one kv head, all in each thread's registers, so every K and V
+// element is read from HBM once and from shared memory once, then used by the whole group. Thread
+// (slot, lane): `lane` owns 16 bytes of the head dim, `slot` every kSlots-th key of a tile. Tiles of 8 KB of
+// K and of V stream in by cp.async, kStages - 1 tiles ahead (the bytes in flight cost no registers). Per
+// tile a thread scores its kKeys keys for all heads, then takes one max and one rescale per head, with
+// ex2.approx. Splits then fold their partials together (split_merge.cuh): no merge kernel.
 #pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "launchers.h"
+#include "split_merge.cuh"
 
 namespace decodescope {
 namespace attention {
 
-constexpr int kTileBytes = 8192;       // one K (or V) tile; 2 stages x (K, V) = 32 KB of static smem
-constexpr int kMaxHeadsPerBlock = 8;   // bigger GQA groups take several blocks (K/V then re-read from L2)
-constexpr int kTargetThreads = 128;    // grow the key-parallel dimension up to this block size
+constexpr int kThreads = 128;
+constexpr int kTileBytes = 8192;                 // K (and V) per pipeline stage
+constexpr int kStages = 3;                       // 3 x (K, V) x 8 KB = 48 KB, the static shared-memory limit
+constexpr int kMinTilesPerSplit = kStages - 1;   // a shorter split cannot fill its own pipeline
+constexpr int kMaxHeadsPerBlock = 8;             // bigger GQA groups take several head blocks
+constexpr int kMaxSplits = 256;
+constexpr int kDirectMergeSplits = 16;           // up to this many splits merge in one level
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Thread (tx, ty, tz): tx owns kVec dims of the head dim, ty one query head of the group, tz every
-// key_slots-th key of a tile. The kLanes threads with the same (ty, tz) are adjacent lanes of one warp.
-template <typename T, int D>
+template <typename T, int D, int kHeads>
 struct Shape {
-  static constexpr int kVec = kVec16<T>;                                   // elements per 16-byte load
-  static constexpr int kLanes = D / kVec;                                  // threads per key row: 8..32
-  static constexpr int kTile = kTileBytes / (D * static_cast<int>(sizeof(T)));  // keys per tile
-  static_assert(kLanes >= 8 && kLanes <= 32 && 32 % kLanes == 0, "a key row must fit one warp");
+  static constexpr int kVec = kVec16<T>;                                        // elements per 16-byte load
+  static constexpr int kLanes = D / kVec;                                       // threads across a key row
+  static constexpr int kSlots = kThreads / kLanes;                              // key rows in flight
+  static constexpr int kTile = kTileBytes / (D * static_cast<int>(sizeof(T)));  // keys per stage
+  static constexpr int kKeys = kTile / kSlots;                                  // keys per thread per stage
+  static_assert(kLanes >= 8 && kLanes <= 32 && kKeys >= 1 && kTile % kSlots == 0, "tile shape");
 };
 
-template <typename T, int D>
-__global__ void __launch_bounds__(256) split_kernel(const DecodeAttentionArgs<T> a, int head_groups) {
-  using S = Shape<T, D>;
-  constexpr int kVec = S::kVec, kLanes = S::kLanes, kTile = S::kTile;
-  __shared__ __align__(16) unsigned char smem[4 * kTileBytes];
+__host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 
-  const int split = blockIdx.x, kv_head = blockIdx.y / head_groups, b = blockIdx.z;
-  const int len = min(max(a.seq_lens[b], 0), a.max_len);
-  const int start = split * a.chunk;
-  if (start >= len) return;  // uniform across the block and before any barrier
-  const int end = min(start + a.chunk, len);
+// The keys a row attends, as virtual keys [0, n): virtual key v is cache position v below `head` (the sinks)
+// and v + gap above (the window). Without a window, or once sinks and window cover the row, gap is 0.
+struct LiveKeys {
+  int n, head, gap;
+  __host__ __device__ int position(int v) const { return v < head ? v : v + gap; }
+};
 
-  const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
-  const int heads_per_block = blockDim.y, key_slots = blockDim.z;
-  const int tid = tx + kLanes * (ty + heads_per_block * tz);
-  const int n_threads = kLanes * heads_per_block * key_slots;
+__host__ __device__ inline LiveKeys live_keys(int len, int window, int sinks) {
+  if (window > 0 && len > sinks + window) return {sinks + window, sinks, len - window - sinks};
+  return {len, len, 0};
+}
+
+// Splits that get work for n live keys: `active` splits of tiles_per_split tiles (the last may be shorter).
+struct SplitPlan {
+  int tiles_per_split, active;
+};
+
+__host__ __device__ inline SplitPlan plan_splits(int n, int tile_keys, int splits) {
+  const int tiles = ceil_div(n, tile_keys);
+  const int want = imax(1, imin(splits, ceil_div(tiles, kMinTilesPerSplit)));
+  const int per = imax(1, ceil_div(tiles, want));
+  return {per, imax(1, ceil_div(tiles, per))};
+}
+
+template <typename T, int D, int kHeads>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeAttentionArgs<T> a) {
+  using S = Shape<T, D, kHeads>;
+  constexpr int kVec = S::kVec, kLanes = S::kLanes, kSlots = S::kSlots, kTile = S::kTile, kKeys = S::kKeys;
+  __shared__ __align__(16) unsigned char smem[kStages * 2 * kTileBytes];
+
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int len = imin(imax(a.seq_lens[b], 0), a.max_len);
+  const LiveKeys live = live_keys(len, a.window, a.sinks);
+  const SplitPlan plan = plan_splits(live.n, kTile, a.splits);
+  if (split >= plan.active) return;  // uniform across the block and before any barrier
+  const int v_begin = split * plan.tiles_per_split * kTile;
+  const int v_end = imin(live.n, v_begin + plan.tiles_per_split * kTile);
+
   const int group = a.n_heads / a.n_kv_heads;
-  const int g = (blockIdx.y % head_groups) * heads_per_block + ty;
-  const bool live_head = g < group;  // the last head group may be partly empty
-  const int head = kv_head * group + g;
-  const int lane = tid % 32;
-  const unsigned row_mask = kLanes == 32 ? 0xffffffffu : ((1u << kLanes) - 1u) << (lane - tx);
+  const int head_blocks = gridDim.y / a.n_kv_heads, per_block = ceil_div(group, head_blocks);
+  const int kv_head = blockIdx.y / head_blocks, g0 = (blockIdx.y % head_blocks) * per_block;
+  const int n_heads = imin(per_block, group - g0);  // heads this block serves; the rest of kHeads is padding
+  const int head0 = kv_head * group + g0;
+  const int tx = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
 
-  // Scores are kept in log2 units (scale * log2 e folded into q) so that exp is one exp2f.
-  float q[kVec];
-  const T* qp = a.q + b * a.q_stride_b + head * a.q_stride_h + tx * kVec;
+  // Scores in log2 units (scale * log2 e folded into q), so softmax's exp is one ex2.
+  float q[kHeads][kVec];
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) q[e] = live_head ? to_float(qp[e]) * (a.scale * kLog2e) : 0.f;
+  for (int h = 0; h < kHeads; ++h) {
+    const T* qp = a.q + b * a.q_stride_b + (head0 + h) * a.q_stride_h + tx * kVec;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) q[h][e] = h < n_heads ? to_float(qp[e]) * (a.scale * kLog2e) : 0.f;
+  }
 
-  T* k_tiles = reinterpret_cast<T*>(smem);  // [2 stages][kTile][D]
-  T* v_tiles = k_tiles + 2 * kTile * D;
-  const T* k_base = a.k_cache + b * a.kv_stride_b + kv_head * a.kv_stride_h;
-  const T* v_base = a.v_cache + b * a.kv_stride_b + kv_head * a.kv_stride_h;
+  // A thread copies exactly the 16-byte pieces it later reads (rows j * kSlots + slot, bytes of lane tx), so
+  // its own cp.async wait is all the synchronisation the pipeline needs: no barrier per tile.
+  T* k_tiles = reinterpret_cast<T*>(smem);  // [kStages][kTile][D]
+  T* v_tiles = k_tiles + kStages * kTile * D;
+  const int64_t kv_base = b * a.kv_stride_b + kv_head * a.kv_stride_h + tx * kVec;
   auto load_tile = [&](int stage, int first) {
-    const int keys = min(kTile, end - first);
-    for (int i = tid; i < keys * kLanes; i += n_threads) {
-      const int key = i / kLanes, part = i % kLanes;
-      const int64_t src = static_cast<int64_t>(first + key) * a.kv_stride_s + part * kVec;
-      const int dst = (stage * kTile + key) * D + part * kVec;
-      __pipeline_memcpy_async(k_tiles + dst, k_base + src, 16);
-      __pipeline_memcpy_async(v_tiles + dst, v_base + src, 16);
+#pragma unroll
+    for (int j = 0; j < kKeys; ++j) {
+      const int row = j * kSlots + slot, v = first + row;
+      const bool in = v < v_end;  // past the split's end: zero-fill, nothing read
+      const int64_t src = kv_base + static_cast<int64_t>(live.position(in ? v : v_begin)) * a.kv_stride_s;
+      const int dst = (stage * kTile + row) * D + tx * kVec;
+      cp_async16(k_tiles + dst, a.k_cache + src, !in);
+      cp_async16(v_tiles + dst, a.v_cache + src, !in);
     }
   };
 
-  float m = -INFINITY, l = 0.f, acc[kVec];
+  float m[kHeads], l[kHeads], acc[kHeads][kVec];
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) acc[e] = 0.f;
+  for (int h = 0; h < kHeads; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[h][e] = 0.f;
+  }
 
-  const int n_tiles = ceil_div(end - start, kTile);
-  load_tile(0, start);
-  __pipeline_commit();
+  const int n_tiles = ceil_div(v_end - v_begin, kTile);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) load_tile(s, v_begin + s * kTile);
+    __pipeline_commit();
+  }
   for (int t = 0; t < n_tiles; ++t) {
-    const int first = start + t * kTile;
-    if (t + 1 < n_tiles) load_tile((t + 1) & 1, first + kTile);
-    __pipeline_commit();        // possibly empty, so the group count is the same in every thread
-    __pipeline_wait_prior(1);   // this thread's copies of tile t have landed ...
-    __syncthreads();            // ... and everyone else's
-    if (live_head) {
-      const T* k_tile = k_tiles + (t & 1) * kTile * D + tx * kVec;
-      const T* v_tile = v_tiles + (t & 1) * kTile * D + tx * kVec;
-      const int keys = min(kTile, end - first);
-      for (int key = tz; key < keys; key += key_slots) {
-        const Vec<T, kVec> kv = load_vec<T, kVec>(k_tile + key * D);
-        float s = 0.f;
+    __pipeline_wait_prior(kStages - 2);  // this thread's copies of tile t have landed
+    const int first = v_begin + t * kTile, stage = t % kStages;
+    const T* k_row = k_tiles + (stage * kTile + slot) * D + tx * kVec;
+    const T* v_row = v_tiles + (stage * kTile + slot) * D + tx * kVec;
+
+    float s[kKeys][kHeads];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) s += q[e] * to_float(kv.v[e]);
+    for (int j = 0; j < kKeys; ++j) {
+      const Vec<T, kVec> kv = load_vec<T, kVec>(k_row + j * kSlots * D);
 #pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(row_mask, s, offset, kLanes);
-        // Online softmax; the first key has m = -inf, so rescale = exp2(-inf) = 0.
-        const float m_new = fmaxf(m, s);
-        const float rescale = exp2f(m - m_new), p = exp2f(s - m_new);
-        l = l * rescale + p;
-        const Vec<T, kVec> vv = load_vec<T, kVec>(v_tile + key * D);
+      for (int h = 0; h < kHeads; ++h) {
+        float dot = 0.f;
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[e] = acc[e] * rescale + p * to_float(vv.v[e]);
-        m = m_new;
+        for (int e = 0; e < kVec; ++e) dot += q[h][e] * to_float(kv.v[e]);
+        s[j][h] = dot;
       }
     }
-    __syncthreads();  // the next iteration's copies overwrite the stage just read
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+#pragma unroll
+      for (int j = 0; j < kKeys; ++j) {
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) s[j][h] += __shfl_xor_sync(0xffffffffu, s[j][h], offset);
+      }
+    }
+    if (first + kTile > v_end) {  // only the split's last tile can hold keys past its end (zero-filled)
+#pragma unroll
+      for (int j = 0; j < kKeys; ++j) {
+        if (first + j * kSlots + slot >= v_end) {
+#pragma unroll
+          for (int h = 0; h < kHeads; ++h) s[j][h] = -INFINITY;
+        }
+      }
+    }
+    // One max and one rescale per head per tile. A slot that has seen no live key yet has max -inf; it
+    // subtracts 0 instead, so every exp2 argument stays -inf or finite (2^-inf = 0, never NaN).
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      float m_new = m[h];
+#pragma unroll
+      for (int j = 0; j < kKeys; ++j) m_new = fmaxf(m_new, s[j][h]);
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      const float rescale = fast_exp2(m[h] - base);
+      m[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kKeys; ++j) {
+        s[j][h] = fast_exp2(s[j][h] - base);
+        sum += s[j][h];
+      }
+      l[h] = l[h] * rescale + sum;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[h][e] *= rescale;
+    }
+#pragma unroll
+    for (int j = 0; j < kKeys; ++j) {
+      const Vec<T, kVec> vv = load_vec<T, kVec>(v_row + j * kSlots * D);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float x = to_float(vv.v[e]);
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) acc[h][e] += s[j][h] * x;
+      }
+    }
+    // The stage read above is refilled only after this thread's reads: the loads feed the math above.
+    const int next = t + kStages - 1;
+    if (next < n_tiles) load_tile(next % kStages, v_begin + next * kTile);
+    __pipeline_commit();  // possibly empty, so that the wait count above stays right
   }
   __pipeline_wait_prior(0);
+  __syncthreads();  // every thread is done with the tiles: reuse them for the slots' states
 
-  if (key_slots > 1) {  // fold the key slots into slot 0; the tiles are free to reuse after the barrier above
-    float* red_acc = reinterpret_cast<float*>(smem);                // [key_slots][heads_per_block][D]
-    float* red_ml = red_acc + key_slots * heads_per_block * D;      // [key_slots][heads_per_block][2]
-    const int slot = tz * heads_per_block + ty;
+  // The slots' states become rows in shared memory; merging them is the block's state per head, and that
+  // is the output when the block holds the whole row, else the split's partial row.
+  using Row = PartialRow<D>;
+  float* states = reinterpret_cast<float*>(smem);  // row (slot, h) at (slot * kHeads + h) * Row::kFloats
+  static_assert(kSlots * kHeads * Row::kFloats * 4 <= kStages * 2 * kTileBytes, "slot states fit the tiles");
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) red_acc[slot * D + tx * kVec + e] = acc[e];
+  for (int h = 0; h < kHeads; ++h) {
+    float* row = states + (slot * kHeads + h) * Row::kFloats;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) row[tx * kVec + e] = acc[h][e];
     if (tx == 0) {
-      red_ml[2 * slot] = m;
-      red_ml[2 * slot + 1] = l;
-    }
-    __syncthreads();
-    if (tz != 0) return;  // no barrier follows
-    m = -INFINITY;
-    for (int z = 0; z < key_slots; ++z) m = fmaxf(m, red_ml[2 * (z * heads_per_block + ty)]);
-    l = 0.f;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) acc[e] = 0.f;
-    for (int z = 0; z < key_slots; ++z) {
-      const int zs = z * heads_per_block + ty;
-      const float mz = red_ml[2 * zs];
-      const float w = mz == -INFINITY ? 0.f : exp2f(mz - m);  // a slot that saw no key adds nothing
-      l += red_ml[2 * zs + 1] * w;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[e] += red_acc[zs * D + tx * kVec + e] * w;
+      row[Row::kMax] = m[h];
+      row[Row::kSum] = l[h];
     }
   }
-  if (!live_head) return;
-  const int64_t idx = (static_cast<int64_t>(b) * a.n_heads + head) * a.splits + split;
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) a.partial_acc[idx * D + tx * kVec + e] = acc[e];
-  if (tx == 0) {
-    a.partial_ml[2 * idx] = m;
-    a.partial_ml[2 * idx + 1] = l;
+  __syncthreads();
+  const int rows = a.splits + a.groups;  // per (batch row, head) in the workspace
+  const int64_t head0_row = static_cast<int64_t>(b) * a.n_heads + head0;
+  const int64_t head_rows = static_cast<int64_t>(rows) * Row::kFloats;
+  float* partials = a.partials + head0_row * head_rows;  // this block's first head
+  T* out = a.out + head0_row * D;
+  merge_rows<T, D, false>(states, Row::kFloats, kHeads * Row::kFloats, kSlots, n_heads,
+                          partials + split * Row::kFloats, head_rows, plan.active == 1 ? out : nullptr);
+  if (plan.active == 1) return;
+
+  int* counters = a.counters + head0_row * (a.groups + 1);
+  const int fan = ceil_div(a.splits, a.groups), n_groups = ceil_div(plan.active, fan), grp = split / fan;
+  const int members = imin(fan, plan.active - grp * fan);
+  if (!arrive_last(counters + grp, members)) return;
+  float* group_row = partials + (a.splits + grp) * Row::kFloats;
+  merge_rows<T, D, true>(partials + grp * fan * Row::kFloats, head_rows, Row::kFloats, members, n_heads, group_row,
+                         head_rows, n_groups == 1 ? out : nullptr);
+  if (n_groups == 1 || !arrive_last(counters + a.groups, n_groups)) return;
+  merge_rows<T, D, true>(partials + a.splits * Row::kFloats, head_rows, Row::kFloats, n_groups, n_heads, nullptr, 0,
+                         out);
+}
+
+// Calls fn with the kernel instance for head_dim and a block's heads (the smallest kHeads that holds them).
+template <typename T, typename Fn>
+cudaError_t with_kernel(int head_dim, int heads, Fn&& fn) {
+  auto pick = [&](auto d) -> cudaError_t {
+    constexpr int D = decltype(d)::value;
+    if (heads <= 1) return fn(decode_kernel<T, D, 1>);
+    if (heads <= 2) return fn(decode_kernel<T, D, 2>);
+    if (heads <= 3) return fn(decode_kernel<T, D, 3>);
+    if (heads <= 4) return fn(decode_kernel<T, D, 4>);
+    if (heads <= 6) return fn(decode_kernel<T, D, 6>);
+    return fn(decode_kernel<T, D, 8>);
+  };
+  switch (head_dim) {
+    case 64: return pick(std::integral_constant<int, 64>{});
+    case 128: return pick(std::integral_constant<int, 128>{});
+    default: return cudaErrorInvalidValue;
   }
 }
 
-// grid (n_heads, batch), one thread per output dim: out = sum_i acc_i 2^(m_i - M) / sum_i l_i 2^(m_i - M)
-// over the live splits only (the others were not written this step and may hold stale values).
-template <typename T, int D>
-__global__ void __launch_bounds__(D) merge_kernel(const DecodeAttentionArgs<T> a) {
-  const int head = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
-  const int len = min(max(a.seq_lens[b], 0), a.max_len);
-  const int live = ceil_div(len, a.chunk);
-  const int64_t base = (static_cast<int64_t>(b) * a.n_heads + head) * a.splits;
-  const float* ml = a.partial_ml + 2 * base;
-  const float* acc = a.partial_acc + base * D + d;
-  float m = -INFINITY;
-  for (int i = 0; i < live; ++i) m = fmaxf(m, ml[2 * i]);
-  float l = 0.f, o = 0.f;
-  for (int i = 0; i < live; ++i) {
-    const float w = exp2f(ml[2 * i] - m);
-    l += ml[2 * i + 1] * w;
-    o += acc[static_cast<int64_t>(i) * D] * w;
-  }
-  // seq_len 0 has no keys to attend to: write zeros rather than 0/0.
-  a.out[(static_cast<int64_t>(b) * a.n_heads + head) * D + d] = from_float<T>(live > 0 ? o / l : 0.f);
-}
-
-template <typename T, int D>
-cudaError_t launch_for_head_dim(const DecodeAttentionArgs<T>& a, cudaStream_t stream) {
-  using S = Shape<T, D>;
-  const int group = a.n_heads / a.n_kv_heads;
-  const int head_groups = ceil_div(group, kMaxHeadsPerBlock);
-  const int heads_per_block = ceil_div(group, head_groups);
-  int key_slots = 1;
-  while (2 * key_slots * S::kLanes * heads_per_block <= kTargetThreads) key_slots *= 2;
-  const dim3 block(S::kLanes, heads_per_block, key_slots);  // at most 32 * 8 = 256 threads
-  const dim3 grid(a.splits, a.n_kv_heads * head_groups, a.batch);
-  const cudaError_t err = launch(split_kernel<T, D>, grid, block, stream, a, head_groups);
-  if (err != cudaSuccess) return err;
-  return launch(merge_kernel<T, D>, dim3(a.n_heads, a.batch), D, stream, a);
-}
+inline int head_blocks(int group) { return ceil_div(group, kMaxHeadsPerBlock); }
 
 }  // namespace attention
 
 template <typename T>
 cudaError_t launch_decode_attention(const DecodeAttentionArgs<T>& a, cudaStream_t stream) {
   if (a.batch == 0 || a.n_heads == 0) return cudaSuccess;
-  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.chunk <= 0 || a.splits <= 0 ||
-      static_cast<int64_t>(a.splits) * a.chunk < a.max_len) {
+  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.splits <= 0 || a.groups <= 0 ||
+      a.splits > attention::kMaxSplits || a.window < 0 || a.sinks < 0) {
     return cudaErrorInvalidValue;
   }
   constexpr int V = kVec16<T>;
-  if (!aligned16(a.k_cache) || !aligned16(a.v_cache) || a.kv_stride_b % V || a.kv_stride_h % V ||
-      a.kv_stride_s % V) {
+  if (!aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.partials) || a.kv_stride_b % V ||
+      a.kv_stride_h % V || a.kv_stride_s % V) {
     return cudaErrorMisalignedAddress;  // cp.async copies whole 16-byte vectors
   }
-  switch (a.head_dim) {
-    case 64: return attention::launch_for_head_dim<T, 64>(a, stream);
-    case 128: return attention::launch_for_head_dim<T, 128>(a, stream);
-    default: return cudaErrorInvalidValue;
+  const int group = a.n_heads / a.n_kv_heads, blocks = attention::head_blocks(group);
+  const dim3 grid(a.splits, a.n_kv_heads * blocks, a.batch);
+  return attention::with_kernel<T>(a.head_dim, ceil_div(group, blocks), [&](auto kernel) {
+    return launch(kernel, grid, dim3(attention::kThreads), stream, a);
+  });
+}
+
+template <typename T>
+cudaError_t plan_decode_attention(int batch, int n_heads, int n_kv_heads, int head_dim, int sm_count,
+                                  DecodeAttentionPlan* plan) {
+  if (batch <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || sm_count <= 0) return cudaErrorInvalidValue;
+  const int group = n_heads / n_kv_heads, blocks = attention::head_blocks(group);
+  int per_sm = 0;
+  const cudaError_t err = attention::with_kernel<T>(head_dim, ceil_div(group, blocks), [&](auto kernel) {
+    return max_blocks_per_sm(&per_sm, kernel, attention::kThreads);
+  });
+  if (err != cudaSuccess) return err;
+  const int64_t pairs = static_cast<int64_t>(batch) * n_kv_heads * blocks;
+  const int64_t wave = static_cast<int64_t>(sm_count) * (per_sm > 0 ? per_sm : 1);
+  const int splits = static_cast<int>(std::min<int64_t>(attention::kMaxSplits, std::max<int64_t>(1, wave / pairs)));
+  int fan = splits;  // one merge level, or about sqrt(splits) per group and as many groups
+  if (splits > attention::kDirectMergeSplits) {
+    fan = 1;
+    while (fan * fan < splits) ++fan;
   }
+  *plan = {splits, ceil_div(splits, fan), per_sm};
+  return cudaSuccess;
 }
 
 }  // namespace decodescope

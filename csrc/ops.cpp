@@ -1,4 +1,5 @@
-// Torch-facing host code: check, pick the stream, dispatch the dtype, call a launcher from launchers.h.
+// Torch-facing host code for the norms, rope, silu and the weight-only GEMV: check, pick the stream, dispatch
+// the dtype, call a launcher from launchers.h.
 // Compiled by the host compiler; the kernels live in kernels.cu.
 #include "ops.h"
 
@@ -109,6 +110,74 @@ void silu_mul(at::Tensor& out, const at::Tensor& gate_up) {
   dispatch_float(gate_up.scalar_type(), "gate_up", [&](auto zero) {
     using T = decltype(zero);
     check_launch(launch_silu_mul<T>(ptr<T>(out), ptr<T>(gate_up), rows, inter, stream), "silu_mul");
+  });
+}
+
+// --- weight-only GEMV over GGUF blocks (gemv.cuh) ---------------------------------------------------------
+
+namespace {
+
+// x: [T, in] with T in 1..16; qs: [out, row_bytes] of qs_dtype holding in_pad = row_bytes * per_byte inputs;
+// d (and m): [out, in_pad / 32] fp16; out: [T, out] of x's dtype. Returns the launcher's arguments.
+template <typename T>
+GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
+                      const at::Tensor* m, at::ScalarType qs_dtype, int per_byte) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) <= 16, "x must be [T, in] with T <= 16 tokens, got ", x.sizes());
+  TORCH_CHECK(x.stride(1) == 1, "x's rows must be dense, got strides ", x.strides());
+  check_cuda(qs, "qs", x);
+  check_cuda(out, "out", x);
+  const int64_t t = x.size(0), in = x.size(1), rows = qs.size(0);
+  const int64_t in_pad = (in + 31) / 32 * 32;
+  check_dtype(qs, "qs", qs_dtype);
+  TORCH_CHECK(qs.dim() == 2 && qs.size(1) * per_byte == in_pad, "qs must be [out, ", in_pad / per_byte,
+              "] for in = ", in, " (", in_pad, " inputs padded to whole blocks of 32), got ", qs.sizes());
+  check_dense(qs, "qs");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(qs.data_ptr()) % 16 == 0, "qs must start 16-byte aligned");
+  auto check_scales = [&](const at::Tensor& s, const char* name) {
+    check_cuda(s, name, x);
+    check_dtype(s, name, at::kHalf);
+    TORCH_CHECK(s.dim() == 2 && s.size(0) == rows && s.size(1) == in_pad / 32, name, " must be [out, in_pad / 32] = [",
+                rows, ", ", in_pad / 32, "], got ", s.sizes());
+    check_dense(s, name);
+  };
+  check_scales(d, "d");
+  if (m != nullptr) check_scales(*m, "m");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == t && out.size(1) == rows, "out must be [T, out] = [", t, ", ", rows,
+              "], got ", out.sizes());
+  check_dtype(out, "out", x.scalar_type());
+  check_dense(out, "out");
+  GemvArgs<T> a{};
+  a.out = ptr<T>(out);
+  a.x = ptr<T>(x);
+  a.qs = qs.data_ptr();
+  a.d = ptr<__half>(d);
+  a.m = m == nullptr ? nullptr : ptr<__half>(*m);
+  a.tokens = static_cast<int>(t);
+  a.in_features = checked_int(in, "in");
+  a.out_features = checked_int(rows, "out");
+  a.x_stride = x.stride(0);
+  return a;
+}
+
+}  // namespace
+
+void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d) {
+  check_cuda(x, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
+  dispatch_float(x.scalar_type(), "x", [&](auto zero) {
+    using T = decltype(zero);
+    check_launch(launch_linear_int8<T>(gemv_args<T>(out, x, qs, d, nullptr, at::kChar, 1), stream), "linear_int8");
+  });
+}
+
+void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m) {
+  check_cuda(x, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
+  dispatch_float(x.scalar_type(), "x", [&](auto zero) {
+    using T = decltype(zero);
+    check_launch(launch_linear_q4<T>(gemv_args<T>(out, x, qs, d, &m, at::kByte, 2), stream), "linear_q4");
   });
 }
 

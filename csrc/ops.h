@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <tuple>
 
 namespace decodescope {
 
@@ -21,11 +22,20 @@ void rope(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor&
 // gate_up: [..., 2I] -> out: [..., I].
 void silu_mul(at::Tensor& out, const at::Tensor& gate_up);
 
-// q: [B, H, D]; k_cache, v_cache: [B, Hkv, S, D]; seq_lens: [B] int32; out: [B, H, D].
-// partial_acc: [B, H, splits, D] fp32 and partial_ml: [B, H, splits, 2] fp32 are the split workspace,
-// with splits * chunk >= S.
+// q: [B, H, D]; k_cache, v_cache: [B, Hkv, S, D]; seq_lens: [B] int32; out: [B, H, D]. window 0 attends every key
+// below seq_len, else keys j < sinks or j >= seq_len - window. partials: [B, H, splits + groups, D + 4] fp32
+// and counters: [B, H, groups + 1] int32 (zeroed once) are the workspace decode_attention_plan sizes.
 void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                      const at::Tensor& seq_lens, double scale, at::Tensor& partial_acc, at::Tensor& partial_ml,
-                      int64_t chunk);
+                      const at::Tensor& seq_lens, double scale, int64_t window, int64_t sinks, at::Tensor& partials,
+                      at::Tensor& counters);
+
+// out [T, out_features] = x [T, in] @ W^T for T <= 16, W in GGUF blocks of 32 inputs read in place: int8 (Q8_0)
+// qs int8 [out, in_pad], d fp16 [out, in_pad / 32], w = d * q; q4 (Q4_1) qs uint8 [out, in_pad / 2] (two nibbles
+// a byte, engine/weights.py pack_nibbles), d and m fp16 [out, in_pad / 32], w = d * q + m.
+void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);
+void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m);
+
+// (splits, groups, blocks per SM) for q's shape, dtype and device with n_kv_heads cache heads: one full wave.
+std::tuple<int64_t, int64_t, int64_t> decode_attention_plan(const at::Tensor& q, int64_t n_kv_heads);
 
 }  // namespace decodescope

@@ -1,4 +1,4 @@
-// Torch-facing host code for split-KV decode attention (kernels in decode_attention.cuh).
+// Torch-facing host code for split-KV decode attention (kernels in decode_attention.cuh) and its plan.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -9,15 +9,15 @@
 namespace decodescope {
 
 void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                      const at::Tensor& seq_lens, double scale, at::Tensor& partial_acc, at::Tensor& partial_ml,
-                      int64_t chunk) {
+                      const at::Tensor& seq_lens, double scale, int64_t window, int64_t sinks, at::Tensor& partials,
+                      at::Tensor& counters) {
   check_cuda(q, "q", q);
   check_cuda(out, "out", q);
   check_cuda(k_cache, "k_cache", q);
   check_cuda(v_cache, "v_cache", q);
   check_cuda(seq_lens, "seq_lens", q);
-  check_cuda(partial_acc, "partial_acc", q);
-  check_cuda(partial_ml, "partial_ml", q);
+  check_cuda(partials, "partials", q);
+  check_cuda(counters, "counters", q);
   TORCH_CHECK(q.dim() == 3, "q must be [B, H, D], got ", q.sizes());
   const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
   TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128, got D = ", d, " (the kernel is compiled for those)");
@@ -45,21 +45,24 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   check_dense(seq_lens, "seq_lens");
   TORCH_CHECK(out.sizes() == q.sizes(), "out must be [B, H, D] = ", q.sizes(), ", got ", out.sizes());
   check_dense(out, "out");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0, "out must start 16-byte aligned");
+  TORCH_CHECK(window >= 0 && sinks >= 0, "window and sinks must be >= 0, got window = ", window, ", sinks = ", sinks);
 
-  TORCH_CHECK(chunk > 0, "chunk must be positive, got ", chunk);
-  TORCH_CHECK(partial_acc.dim() == 4 && partial_acc.size(0) == b && partial_acc.size(1) == h &&
-                  partial_acc.size(3) == d,
-              "partial_acc must be [B, H, splits, D] = [", b, ", ", h, ", splits, ", d, "], got ", partial_acc.sizes());
-  const int64_t splits = partial_acc.size(2);
-  TORCH_CHECK(splits * chunk >= s, "the workspace must cover the cache: splits * chunk = ", splits, " * ", chunk,
-              " < S = ", s);
-  TORCH_CHECK(partial_ml.dim() == 4 && partial_ml.size(0) == b && partial_ml.size(1) == h &&
-                  partial_ml.size(2) == splits && partial_ml.size(3) == 2,
-              "partial_ml must be [B, H, splits, 2] = [", b, ", ", h, ", ", splits, ", 2], got ", partial_ml.sizes());
-  check_dtype(partial_acc, "partial_acc", at::kFloat);
-  check_dtype(partial_ml, "partial_ml", at::kFloat);
-  check_dense(partial_acc, "partial_acc");
-  check_dense(partial_ml, "partial_ml");
+  TORCH_CHECK(counters.dim() == 3 && counters.size(0) == b && counters.size(1) == h && counters.size(2) >= 2,
+              "counters must be [B, H, groups + 1] = [", b, ", ", h, ", groups + 1] with groups >= 1, got ",
+              counters.sizes());
+  const int64_t groups = counters.size(2) - 1;
+  TORCH_CHECK(partials.dim() == 4 && partials.size(0) == b && partials.size(1) == h && partials.size(2) > groups &&
+                  partials.size(3) == d + 4,
+              "partials must be [B, H, splits + groups, D + 4] = [", b, ", ", h, ", splits + ", groups, ", ", d + 4,
+              "], got ", partials.sizes());
+  const int64_t splits = partials.size(2) - groups;
+  TORCH_CHECK(groups <= splits, "the workspace must have no more merge groups (", groups, ") than splits (", splits,
+              ")");
+  check_dtype(partials, "partials", at::kFloat);
+  check_dtype(counters, "counters", at::kInt);
+  check_dense(partials, "partials");
+  check_dense(counters, "counters");
   TORCH_CHECK(b <= 65535 && hkv * ((h / hkv + 7) / 8) <= 65535, "B = ", b, " and Hkv = ", hkv,
               " exceed the kernel's grid limits (65535)");
 
@@ -73,15 +76,17 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     args.k_cache = ptr<T>(k_cache);
     args.v_cache = ptr<T>(v_cache);
     args.seq_lens = ptr<int>(seq_lens);
-    args.partial_acc = ptr<float>(partial_acc);
-    args.partial_ml = ptr<float>(partial_ml);
+    args.partials = ptr<float>(partials);
+    args.counters = ptr<int>(counters);
     args.batch = static_cast<int>(b);
     args.n_heads = checked_int(h, "H");
     args.n_kv_heads = static_cast<int>(hkv);
     args.head_dim = static_cast<int>(d);
     args.max_len = checked_int(s, "S");
-    args.chunk = checked_int(chunk, "chunk");
+    args.window = checked_int(window, "window");
+    args.sinks = checked_int(sinks, "sinks");
     args.splits = checked_int(splits, "splits");
+    args.groups = checked_int(groups, "groups");
     args.q_stride_b = q.stride(0);
     args.q_stride_h = q.stride(1);
     args.kv_stride_b = k_cache.stride(0);
@@ -90,6 +95,28 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     args.scale = static_cast<float>(scale);
     check_launch(launch_decode_attention<T>(args, stream), "decode_attention");
   });
+}
+
+std::tuple<int64_t, int64_t, int64_t> decode_attention_plan(const at::Tensor& q, int64_t n_kv_heads) {
+  check_cuda(q, "q", q);
+  TORCH_CHECK(q.dim() == 3, "q must be [B, H, D], got ", q.sizes());
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "head_dim must be 64 or 128, got D = ", q.size(2),
+              " (the kernel is compiled for those)");
+  TORCH_CHECK(n_kv_heads > 0 && q.size(1) % n_kv_heads == 0, "q heads H = ", q.size(1),
+              " must be a multiple of cache heads Hkv = ", n_kv_heads);
+  const c10::cuda::CUDAGuard guard(q.device());
+  int sms = 0;
+  check_launch(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()), "decode_attention_plan");
+  DecodeAttentionPlan plan{};
+  dispatch_float(q.scalar_type(), "q", [&](auto zero) {
+    using T = decltype(zero);
+    const cudaError_t err = plan_decode_attention<T>(checked_int(q.size(0), "B"), checked_int(q.size(1), "H"),
+                                                     static_cast<int>(n_kv_heads), checked_int(q.size(2), "D"), sms,
+                                                     &plan);
+    TORCH_CHECK(err == cudaSuccess, "decode_attention_plan: ", cudaGetErrorString(err), " for q ", q.sizes(),
+                " with Hkv = ", n_kv_heads);
+  });
+  return {plan.splits, plan.groups, plan.blocks_per_sm};
 }
 
 }  // namespace decodescope

@@ -71,7 +71,7 @@ SUMMARY+=("preflight|ok|$(($(date +%s) - START))")
 step build 240 $PY -m engine.ext build --target cuda
 
 # The CUDA cases only: the emulated ones run in CI already, and the clean-cache build is the step above.
-step tests 150 $PY -m pytest -q -rs tests/test_kernels_cuda.py tests/test_graphs.py tests/test_drafters.py \
+step tests 150 $PY -m pytest -q -rs tests/test_kernels_cuda.py tests/test_gemv_cuda.py tests/test_graphs.py tests/test_drafters.py \
   -k "not emulated and not clean_cache" --junitxml="$OUT/tests.xml"
 
 step bench_attention 60 $PY -m bench.attention --out "$OUT"

@@ -1,6 +1,7 @@
 """engine/ext.py and the csrc/ sources, without a GPU.
 
-Compiles every kernel for sm_80 and sm_90 with nvcc alone (csrc/kernels.cu is torch-free), compiles the
+Compiles every kernel for sm_80 and sm_90 with nvcc alone (csrc/kernels.cu is torch-free; ptxas reports each
+kernel's registers and spills, and none may spill), compiles the
 torch-facing host files against torch's headers, and checks that a missing device, DECODESCOPE_NO_EXT=1,
 a CPU-only torch and a failing build all fall back to the torch twins with the reason recorded.
 """
@@ -64,7 +65,8 @@ def compiled(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, P
     if NVCC:
         for arch in ("sm_80", "sm_90"):
             obj = out / f"kernels_{arch}.o"
-            jobs[arch] = ([NVCC, *NVCC_FLAGS, f"-arch={arch}", "-c", str(ext.CSRC / "kernels.cu"), "-o", str(obj)], obj)
+            jobs[arch] = ([NVCC, *NVCC_FLAGS, f"-arch={arch}", "-Xptxas=-v", "-c", str(ext.CSRC / "kernels.cu"), "-o",
+                           str(obj)], obj)
     if host_compile_skip_reason() is None:
         # The CPU wheel ships c10/cuda but not its build-generated cuda_cmake_macros.h; that header only sets
         # the Windows export macro, which C10_CUDA_NO_CMAKE_CONFIGURE_FILE lets us skip on Linux.
@@ -93,10 +95,37 @@ def test_kernels_compile_with_nvcc_alone(compiled, arch):
     assert_compiled(compiled, arch)
 
 
+# ptxas -v, per entry function: its name, then its stack frame and spills, then its registers.
+PTXAS_ENTRY = re.compile(
+    r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\d+)'\n"
+    r"ptxas info\s*: Function properties for (?P=name)\n"
+    r"\s*(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads\n"
+    r"ptxas info\s*: Used (?P<registers>\d+) registers")
+
+
+def ptxas_report(text: str) -> dict[str, dict[str, int]]:
+    """{mangled kernel name: {stack, stores, loads, registers}} from nvcc -Xptxas=-v output."""
+    return {m["name"]: {k: int(m[k]) for k in ("stack", "stores", "loads", "registers")}
+            for m in PTXAS_ENTRY.finditer(text)}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_no_kernel_spills(compiled, arch):
+    """Every kernel keeps its state in registers: 0 bytes spill stores (and loads, and stack) per ptxas."""
+    assert_compiled(compiled, arch)
+    text = compiled[arch][0].stderr
+    report = ptxas_report(text)
+    assert len(report) == text.count("Compiling entry function") > 0, text[-2000:]
+    assert any("decode_kernel" in name for name in report) and any("gemv" in name for name in report)
+    spilled = {name: r for name, r in report.items() if r["stores"] or r["loads"] or r["stack"]}
+    assert not spilled, spilled
+
+
 def launcher_symbols(obj: Path, defined: bool) -> set[str]:
     flag = "--defined-only" if defined else "--undefined-only"
     lines = run(["nm", "-C", flag, str(obj)]).stdout.splitlines()
-    return {ln[ln.index("decodescope::launch_"):] for ln in lines if "decodescope::launch_" in ln}
+    return {m[0] for ln in lines if (m := re.search(r"decodescope::(launch|plan)_.*", ln))}
 
 
 @pytest.mark.skipif(host_compile_skip_reason() is not None, reason=str(host_compile_skip_reason()))
@@ -113,7 +142,8 @@ def test_every_launcher_the_host_code_calls_is_instantiated(compiled):
     needed = set()
     for name in ("ops", "ops_attention"):
         needed |= launcher_symbols(assert_compiled(compiled, name), defined=False)
-    assert len(needed) == 18  # 3 dtypes x (rmsnorm, add_rmsnorm, 2 rope position types, silu_mul, attention)
+    # 3 dtypes x (rmsnorm, add_rmsnorm, 2 rope position types, silu_mul, attention, its plan, int8 and q4 GEMV)
+    assert len(needed) == 27
     assert needed <= defined, sorted(needed - defined)
 
 
@@ -193,13 +223,20 @@ def test_compiler_error_keeps_the_error_lines():
     assert ext.compiler_error("a\nb\nc", max_lines=2) == "b\nc"
 
 
-def test_plan_splits_covers_the_cache_and_fills_the_gpu():
-    assert fused.plan_splits(1, 8, 32768, 132) == (256, 128)
-    chunk, splits = fused.plan_splits(1, 3, 2048, 132)  # few (batch, kv head) pairs: smaller chunks
-    assert chunk == 64 and splits == 32
-    for B, hkv, S in [(1, 1, 1), (3, 3, 257), (2, 8, 4097)]:
-        chunk, splits = fused.plan_splits(B, hkv, S, 132)
-        assert chunk * splits >= S > chunk * (splits - 1)
+def test_active_splits_cover_the_live_keys():
+    """The mirror of the kernel's device-side plan (tests/test_kernels_cuda.py checks it against the kernel):
+    whole tiles per split, at least two of them, every live key covered by exactly the active splits."""
+    tile = fused.attention_tile_keys(128, torch.bfloat16)
+    assert tile == 32
+    assert fused.active_splits(1000, tile, 49) == (16, 64)  # short: fewer, still whole-pipeline splits
+    assert fused.active_splits(32768, tile, 49) == (49, 672)  # long: every split of the wave
+    for n, splits in [(1, 8), (63, 8), (64, 8), (65, 8), (4097, 8), (4097, 256), (100000, 256)]:
+        active, per = fused.active_splits(n, tile, splits)
+        assert 1 <= active <= splits and per % tile == 0
+        assert per * (active - 1) < n <= per * active
+        assert active == 1 or per >= fused.ATTN_MIN_TILES_PER_SPLIT * tile
+    assert fused.live_keys(4097, 512, 4) == 516 and fused.live_keys(516, 512, 4) == 516
+    assert fused.live_keys(300, 0, 4) == 300
 
 
 # --- fallbacks -----------------------------------------------------------------------------------------

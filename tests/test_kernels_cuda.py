@@ -1,146 +1,81 @@
-"""Each fused kernel against its torch twin, through the wrappers in engine/ops/fused.py.
+"""Each fused kernel against its torch twin, through the wrappers in engine/ops/fused.py, on both backends of
+tests/cuda_backends.py: the built extension on a GPU, and the same kernel source on CPU threads.
 
-Two backends run the same cases: "cuda" (the built extension; skipped with "needs a CUDA device") and
-"cpu", the same kernel source compiled by the host compiler against csrc/testing/cuda_on_cpu.h and run on
-the CPU, so CI without a GPU still executes the kernels' indexing, barriers, shuffles and async-copy
-pipeline. The CPU backend runs a smaller sweep (it runs every CUDA thread as a coroutine).
-
-Outputs are poisoned with NaN before each launch, and so is every cache entry at or past seq_len (the
-twin gets zeros there: it multiplies masked keys by 0, and 0 * NaN is NaN).
+Outputs are poisoned with NaN before each launch, and so is every cache entry a row does not attend (past
+seq_len, and the middle a window skips): the twin gets zeros there (it multiplies masked keys by 0, and
+0 * NaN is NaN), so a kernel that reads one shows NaN.
 
 Tolerances, kernel vs twin (both compute in fp32 and round once):
   rmsnorm, silu_mul, rope: a different summation order, rsqrtf/expf and FMA contraction leave ~1e-6
       relative in fp32 -> fp32 rtol 1e-5; bf16/fp16 may round that to the neighbouring value: one ulp,
       rtol = finfo(dtype).eps, with atol 1e-5 for outputs near zero.
   add_rmsnorm's residual: the same fp32 sum rounded once, so exact.
-  decode_attention: online softmax with exp2f and split merges over up to 4097 keys -> fp32 rtol 1e-4,
-      atol 1e-5; bf16/fp16 one ulp as above.
+  decode_attention: online softmax with ex2.approx (2 ulp) and split merges over up to 4097 keys -> fp32
+      rtol 1e-4, atol 1e-5; bf16/fp16 one ulp as above.
 """
 from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from cuda_backends import CODES, DTYPES, NAN, Emulated, emulated_library, make_backend, ptr, randn, tol
 from engine import ext
 from engine.ops import fused, ref
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-NAN = float("nan")
+EMULATED_SMS = 8  # with 2 blocks per SM: 16 blocks a wave, e.g. 8 splits for B = 1, Hkv = 2
 
 
-def tol(dtype: torch.dtype, fp32_rtol: float = 1e-5) -> dict:
-    if dtype == torch.float32:
-        return dict(rtol=fp32_rtol, atol=1e-5)
-    return dict(rtol=torch.finfo(dtype).eps, atol=1e-5)
+class EmulatedExtension(Emulated):
+    """The extension's functions, backed by csrc/testing/emulated_kernels.cpp."""
 
-
-# --- the CPU backend ----------------------------------------------------------------------------------
-
-
-def cuda_include() -> Path | None:
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    if shutil.which("nvcc"):
-        homes.append(str(Path(shutil.which("nvcc")).resolve().parent.parent))
-    for home in filter(None, homes):
-        if (Path(home) / "include" / "cuda_fp16.h").exists():
-            return Path(home) / "include"
-    return None
-
-
-class EmulatedExtension:
-    """The extension's five functions, backed by csrc/testing/emulated_kernels.cpp through ctypes."""
-
-    CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-    def __init__(self, lib_path: Path):
-        self.lib = ctypes.CDLL(str(lib_path))
-        self.lib.emu_last_error.restype = ctypes.c_char_p
-
-    def set_schedule(self, eager_copies: bool, reverse_order: bool) -> None:
-        self.lib.emu_set_schedule(int(eager_copies), int(reverse_order))
-
-    def _call(self, name: str, *args) -> None:
-        rc = getattr(self.lib, "emu_" + name)(*args)
-        if rc != 0:
-            raise RuntimeError(f"{name} failed ({rc}): {self.lib.emu_last_error().decode()}")
-
-    @staticmethod
-    def _p(t: torch.Tensor) -> ctypes.c_void_p:
-        return ctypes.c_void_p(t.data_ptr())
+    def __init__(self, sm_count: int = EMULATED_SMS):
+        super().__init__(emulated_library("emulated_kernels"))
+        self.sm_count = sm_count
 
     def rmsnorm(self, out, x, weight, eps):
         hidden = x.shape[-1]
-        self._call("rmsnorm", self.CODES[x.dtype], self._p(out), self._p(x), self._p(weight),
-                   ctypes.c_int64(x.numel() // hidden), hidden, ctypes.c_float(eps))
+        self._call("rmsnorm", CODES[x.dtype], ptr(out), ptr(x), ptr(weight), ctypes.c_int64(x.numel() // hidden),
+                   hidden, ctypes.c_float(eps))
 
     def add_rmsnorm(self, x, residual, weight, eps):
         hidden = x.shape[-1]
-        self._call("add_rmsnorm", self.CODES[x.dtype], self._p(x), self._p(residual), self._p(weight),
+        self._call("add_rmsnorm", CODES[x.dtype], ptr(x), ptr(residual), ptr(weight),
                    ctypes.c_int64(x.numel() // hidden), hidden, ctypes.c_float(eps))
 
     def rope(self, q, k, cos, sin, positions):
-        self._call("rope", self.CODES[q.dtype], positions.element_size(), self._p(q), self._p(k), self._p(cos),
-                   self._p(sin), self._p(positions), ctypes.c_int64(q.shape[0]), q.shape[1], k.shape[1], q.shape[2],
+        self._call("rope", CODES[q.dtype], positions.element_size(), ptr(q), ptr(k), ptr(cos), ptr(sin),
+                   ptr(positions), ctypes.c_int64(q.shape[0]), q.shape[1], k.shape[1], q.shape[2],
                    ctypes.c_int64(q.stride(0)), ctypes.c_int64(k.stride(0)), ctypes.c_int64(cos.shape[0]))
 
     def silu_mul(self, out, gate_up):
         inter = out.shape[-1]
-        self._call("silu_mul", self.CODES[out.dtype], self._p(out), self._p(gate_up),
-                   ctypes.c_int64(out.numel() // inter), inter)
+        self._call("silu_mul", CODES[out.dtype], ptr(out), ptr(gate_up), ctypes.c_int64(out.numel() // inter), inter)
 
-    def decode_attention(self, out, q, k_cache, v_cache, seq_lens, scale, partial_acc, partial_ml, chunk):
+    def decode_attention(self, out, q, k_cache, v_cache, seq_lens, scale, window, sinks, partials, counters):
         B, H, D = q.shape
-        ints = (ctypes.c_int * 7)(B, H, k_cache.shape[1], D, k_cache.shape[2], chunk, partial_acc.shape[2])
+        groups = counters.shape[2] - 1
+        ints = (ctypes.c_int * 9)(B, H, k_cache.shape[1], D, k_cache.shape[2], window, sinks,
+                                  partials.shape[2] - groups, groups)
         strides = (ctypes.c_int64 * 5)(q.stride(0), q.stride(1), *k_cache.stride()[:3])
-        self._call("decode_attention", self.CODES[q.dtype], self._p(out), self._p(q), self._p(k_cache),
-                   self._p(v_cache), self._p(seq_lens), self._p(partial_acc), self._p(partial_ml), ints, strides,
-                   ctypes.c_float(scale))
+        self._call("decode_attention", CODES[q.dtype], ptr(out), ptr(q), ptr(k_cache), ptr(v_cache), ptr(seq_lens),
+                   ptr(partials), ptr(counters), ints, strides, ctypes.c_float(scale))
+
+    def decode_attention_plan(self, q, n_kv_heads):
+        plan = (ctypes.c_int * 3)()
+        self._call("decode_attention_plan", CODES[q.dtype], q.shape[0], q.shape[1], n_kv_heads, q.shape[2],
+                   self.sm_count, plan)
+        return plan[0], plan[1], plan[2]
 
 
-def build_emulator(out_dir: Path) -> Path:
-    lib = out_dir / "emulated_kernels.so"
-    cmd = ["c++", "-std=c++20", "-O2", "-shared", "-fPIC", "-DDECODESCOPE_CUDA_ON_CPU", f"-I{cuda_include()}",
-           str(ext.CSRC / "testing" / "emulated_kernels.cpp"), "-o", str(lib)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return lib
-
-
-class Backend:
-    def __init__(self, name: str, ops, device: str, module):
-        self.name, self.ops, self.device, self.module = name, ops, device, module
-
-
-@pytest.fixture(scope="session")
-def emulated_extension(tmp_path_factory) -> EmulatedExtension:
-    if shutil.which("c++") is None or cuda_include() is None:
-        pytest.skip("the CPU backend needs a C++20 compiler and the CUDA toolkit headers (cuda_fp16.h)")
-    return EmulatedExtension(build_emulator(tmp_path_factory.mktemp("emulated")))
-
-
-@pytest.fixture(scope="module", params=["cuda", "cpu"])
-def backend(request) -> Backend:
-    if request.param == "cuda":
-        if not torch.cuda.is_available():
-            pytest.skip("needs a CUDA device")
-        status = ext.load("cuda")
-        assert status.module is not None, f"the extension did not load: {status.reason}"
-        return Backend("cuda", SimpleNamespace(**fused.ops(status.module)), "cuda", status.module)
-    module = request.getfixturevalue("emulated_extension")
-    return Backend("cpu", SimpleNamespace(**fused.ops(module)), "cpu", module)
-
-
-def randn(*shape, dtype, device, scale=1.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype=dtype, device=device)
+@pytest.fixture(scope="module", params=["cuda", "emulated"])
+def backend(request):
+    return make_backend(request.param, EmulatedExtension)
 
 
 # --- elementwise and norms ----------------------------------------------------------------------------
@@ -205,13 +140,24 @@ def test_rope(backend, dtype, n_heads, n_kv_heads, head_dim, pos_dtype):
 # --- decode attention ---------------------------------------------------------------------------------
 
 ATTN_LENS = [[1], [255], [256], [257], [4097], [4097, 1, 300]]  # B = 1, and B = 3 with different lengths
-CPU_ATTN_LENS = [[1], [255], [256], [257], [700, 1, 300]]
-ATTN_SHAPES = [(64, 1), (64, 3), (64, 8), (128, 1), (128, 3), (128, 8)]  # (head_dim, H / Hkv)
-CPU_ATTN_SHAPES = [(64, 3), (128, 1), (128, 8)]
+CPU_ATTN_LENS = [[1], [255], [256], [257], [4097], [700, 1, 300]]
+# (head_dim, H / Hkv): every heads-per-block instance (1, 2, 3, 4, 6, 8), and 12 = two head blocks of 6
+ATTN_SHAPES = [(64, 1), (64, 2), (64, 3), (64, 8), (64, 12), (128, 1), (128, 3), (128, 4), (128, 6), (128, 8)]
+CPU_ATTN_SHAPES = [(64, 3), (128, 1), (128, 8)]  # 2 and 4 heads per block: the plan and merge tests below
 
 
-def attention_case(backend, dtype, head_dim, n_rep, lens, n_kv_heads=2):
-    dev, B, S = backend.device, len(lens), max(lens) + 37  # S not a multiple of any chunk
+def attended(n: int, S: int, window: int, sinks: int) -> torch.Tensor:
+    """[S] bool: the keys a row of length n attends."""
+    j = torch.arange(S)
+    live = j < n
+    if window > 0:
+        live &= (j < sinks) | (j >= n - window)
+    return live
+
+
+def attention_case(backend, dtype, head_dim, n_rep, lens, n_kv_heads=2, window=0, sinks=0):
+    """q, k, v, seq_lens and the twin's answer; k and v hold NaN wherever a row attends nothing."""
+    dev, B, S = backend.device, len(lens), max(lens) + 37  # S not a multiple of any tile
     H = n_rep * n_kv_heads
     q = randn(B, H, head_dim, dtype=dtype, device=dev, seed=S + H)
     k = randn(B, n_kv_heads, S, head_dim, dtype=dtype, device=dev, seed=S + 1)
@@ -219,17 +165,20 @@ def attention_case(backend, dtype, head_dim, n_rep, lens, n_kv_heads=2):
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
     k_twin, v_twin = k.clone(), v.clone()
     for b, n in enumerate(lens):
-        k[b, :, n:], v[b, :, n:] = NAN, NAN  # never read by the kernel
-        k_twin[b, :, n:], v_twin[b, :, n:] = 0, 0
-    return q, k, v, seq_lens, ref.decode_attention(q, k_twin, v_twin, seq_lens, head_dim ** -0.5)
+        masked = ~attended(n, S, window, sinks).to(dev)
+        k[b, :, masked], v[b, :, masked] = NAN, NAN  # never read by the kernel
+        k_twin[b, :, masked], v_twin[b, :, masked] = 0, 0
+    want = ref.decode_attention(q, k_twin, v_twin, seq_lens, head_dim ** -0.5, window, sinks)
+    return q, k, v, seq_lens, want
 
 
 ATTN_CASES = [
     pytest.param(name, dtype, head_dim, n_rep, lens, id=f"{name}-{str(dtype)[6:]}-D{head_dim}-g{n_rep}-{lens}")
-    for name, shapes, lens_list in [("cuda", ATTN_SHAPES, ATTN_LENS), ("cpu", CPU_ATTN_SHAPES, CPU_ATTN_LENS)]
+    for name, shapes, lens_list in [("cuda", ATTN_SHAPES, ATTN_LENS), ("emulated", CPU_ATTN_SHAPES, CPU_ATTN_LENS)]
     for dtype in DTYPES
     for head_dim, n_rep in shapes
     for lens in lens_list
+    if not (name == "emulated" and lens == [4097] and (dtype != torch.bfloat16 or n_rep == 1))  # one long CPU case each
 ]
 
 
@@ -241,20 +190,81 @@ def test_decode_attention(backend, dtype, head_dim, n_rep, lens):
     torch.testing.assert_close(out, want, **tol(dtype, fp32_rtol=1e-4))
 
 
-@pytest.mark.parametrize("chunk", [64, 128, 256])
-def test_decode_attention_reads_only_live_splits(backend, chunk):
-    """A long step fills many splits of the workspace; a shorter step after it must not read them."""
-    q, k, v, seq_lens, _ = attention_case(backend, torch.float32, 64, 3, [700, 650])
-    splits = -(-k.shape[2] // chunk)
-    acc = torch.full((2, q.shape[1], splits, 64), NAN, device=backend.device)
-    ml = torch.full((2, q.shape[1], splits, 2), NAN, device=backend.device)
+# (window, sinks) and lengths around sinks + window: covered entirely, one key past it, far past it
+WINDOW_CASES = [
+    pytest.param(name, dtype, window, sinks, lens, id=f"{name}-{str(dtype)[6:]}-w{window}-s{sinks}-{lens}")
+    for name, cases in [
+        ("cuda", [(512, 4, [[1], [516], [517], [4097], [4097, 3, 600]]), (256, 0, [[256], [257], [4097]])]),
+        ("emulated", [(100, 4, [[1], [104], [105], [700, 3, 300]]), (64, 0, [[64], [65], [700]]),
+                      (1, 1, [[2], [300]])]),
+    ]
+    for dtype in DTYPES
+    for window, sinks, lens_list in cases
+    for lens in lens_list
+]
+
+
+@pytest.mark.parametrize("backend,dtype,window,sinks,lens", WINDOW_CASES, indirect=["backend"])
+def test_decode_attention_window_and_sinks(backend, dtype, window, sinks, lens):
+    """StreamingLLM: the sinks and the last `window` keys; the NaN-filled middle must never be read."""
+    q, k, v, seq_lens, want = attention_case(backend, dtype, 128, 3, lens, window=window, sinks=sinks)
+    out = torch.full_like(q, NAN)
+    backend.ops.decode_attention(q, k, v, seq_lens, 128 ** -0.5, window, sinks, out=out)
+    torch.testing.assert_close(out, want, **tol(dtype, fp32_rtol=1e-4))
+
+
+def test_one_plan_serves_every_length(backend):
+    """A captured graph holds one launch planned for the cache's max: the same arguments (cache, workspace,
+    seq_lens buffer) must serve a long step, then short ones, then long again, with or without a window.
+    The merge counters are back at zero after every call."""
+    q, k, v, seq_lens, _ = attention_case(backend, torch.float32, 64, 4, [2000])
     k.nan_to_num_(0.0)
     v.nan_to_num_(0.0)
-    for lens in ([700, 650], [129, 1], [700, 64]):
-        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        out = torch.full_like(q, NAN)
-        backend.module.decode_attention(out, q, k, v, seq_lens, 0.125, acc, ml, chunk)
-        torch.testing.assert_close(out, ref.decode_attention(q, k, v, seq_lens, 0.125), rtol=1e-4, atol=1e-5)
+    partials, counters = backend.fused.attention_workspace(q, k.shape[1])
+    out = torch.empty_like(q)
+    for n, window, sinks in [(2000, 0, 0), (1, 0, 0), (300, 0, 0), (2000, 200, 4), (70, 64, 4), (2000, 0, 0)]:
+        seq_lens.fill_(n)
+        out.fill_(NAN)
+        backend.ops.decode_attention(q, k, v, seq_lens, 0.125, window, sinks, out=out)
+        torch.testing.assert_close(out, ref.decode_attention(q, k, v, seq_lens, 0.125, window, sinks),
+                                   rtol=1e-4, atol=1e-5)
+        assert torch.all(counters == 0), (n, counters)
+    assert backend.fused.attention_workspace(q, k.shape[1])[0] is partials
+
+
+@pytest.mark.parametrize("n,window,sinks", [(1, 0, 0), (63, 0, 0), (64, 0, 0), (129, 0, 0), (700, 0, 0),
+                                            (700, 100, 4), (700, 600, 200)])
+def test_splits_follow_the_mirrored_plan(backend, n, window, sinks):
+    """The splits that write a partial row are exactly the ones fused.active_splits predicts: the analysis in
+    bench/attention.py describes the kernel that runs."""
+    q, k, v, seq_lens, want = attention_case(backend, torch.bfloat16, 128, 1, [n], window=window, sinks=sinks)
+    partials, counters = backend.fused.attention_workspace(q, k.shape[1])
+    splits = partials.shape[2] - (counters.shape[2] - 1)
+    partials.fill_(NAN)
+    out = backend.ops.decode_attention(q, k, v, seq_lens, 128 ** -0.5, window, sinks)
+    torch.testing.assert_close(out, want, **tol(torch.bfloat16))
+    active, per_split = fused.active_splits(fused.live_keys(n, window, sinks), fused.attention_tile_keys(128, q.dtype),
+                                            splits)
+    assert per_split % fused.attention_tile_keys(128, q.dtype) == 0
+    written = ~partials[0, 0, :splits, 0].isnan()
+    assert written.tolist() == ([True] * active + [False] * (splits - active) if active > 1 else [False] * splits)
+
+
+@pytest.mark.parametrize("backend", ["emulated"], indirect=True)
+@pytest.mark.parametrize("lens", [[4097], [1000, 1, 300]])
+def test_two_level_merge(backend, lens):
+    """More splits than one merge level takes (a big GPU with few kv heads): the last split of each group
+    merges the group, and the last group the groups."""
+    wide = EmulatedExtension(sm_count=24 * len(lens))  # 24 splits per (row, kv head), in 5 groups of 5
+    f = fused.FusedOps(wide)
+    q, k, v, seq_lens, want = attention_case(backend, torch.float32, 64, 2, lens)
+    want = ref.decode_attention(q, k.nan_to_num(0.0), v.nan_to_num(0.0), seq_lens, 0.125)
+    partials, counters = f.attention_workspace(q, k.shape[1])
+    assert partials.shape[2] == 24 + 5 and counters.shape[2] == 5 + 1
+    partials.fill_(NAN)
+    out = f.decode_attention(q, k, v, seq_lens, 0.125, out=torch.full_like(q, NAN))
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    assert torch.all(counters == 0)
 
 
 def test_sliced_cache(backend):
@@ -268,19 +278,22 @@ def test_sliced_cache(backend):
     torch.testing.assert_close(out, ref.decode_attention(q, kc, vc, seq_lens, 0.1), **tol(torch.bfloat16))
 
 
-@pytest.mark.parametrize("backend", ["cpu"], indirect=True)
-@pytest.mark.parametrize("eager_copies,reverse_order", [(False, True), (True, False), (True, True)])
-def test_decode_attention_under_other_schedules(backend, eager_copies, reverse_order):
-    """The CPU runtime can land async copies early or late and run threads in either order: a missing
-    barrier or wait shows up under one schedule or another."""
-    backend.module.set_schedule(eager_copies, reverse_order)
+@pytest.mark.parametrize("backend", ["emulated"], indirect=True)
+@pytest.mark.parametrize("eager_copies,reverse_threads,reverse_blocks",
+                         [(False, True, False), (True, False, False), (True, True, True), (False, False, True)])
+def test_decode_attention_under_other_schedules(backend, eager_copies, reverse_threads, reverse_blocks):
+    """The CPU runtime can land async copies early or late, run threads in either order and run the grid
+    from either end (so either end of a merge group arrives last): a missing wait, barrier or fence shows up
+    under one schedule or another."""
+    backend.module.set_schedule(eager_copies, reverse_threads, reverse_blocks)
     try:
-        for head_dim, n_rep in [(64, 3), (64, 9), (128, 1)]:
-            q, k, v, seq_lens, want = attention_case(backend, torch.float32, head_dim, n_rep, [300, 41])
-            out = backend.ops.decode_attention(q, k, v, seq_lens, head_dim ** -0.5)
+        for head_dim, n_rep, window in [(64, 3, 0), (64, 9, 0), (128, 1, 0), (64, 3, 50)]:
+            q, k, v, seq_lens, want = attention_case(backend, torch.float32, head_dim, n_rep, [300, 41],
+                                                     window=window, sinks=2)
+            out = backend.ops.decode_attention(q, k, v, seq_lens, head_dim ** -0.5, window, 2)
             torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
     finally:
-        backend.module.set_schedule(False, False)
+        backend.module.set_schedule(False, False, False)
 
 
 # --- CUDA only: the host code's checks and a clean build ----------------------------------------------
@@ -298,6 +311,8 @@ def test_errors_name_the_values(backend):
     q, cache = q[..., :64].contiguous(), cache[..., :64].contiguous()
     with pytest.raises(RuntimeError, match="seq_lens must be int32"):
         backend.ops.decode_attention(q, cache, cache, torch.ones(1, dtype=torch.int64, device="cuda"), 0.1)
+    with pytest.raises(RuntimeError, match="window and sinks must be >= 0, got window = -1, sinks = 4"):
+        backend.ops.decode_attention(q, cache, cache, torch.ones(1, dtype=torch.int32, device="cuda"), 0.1, -1, 4)
 
 
 @pytest.mark.parametrize("backend", ["cuda"], indirect=True)

@@ -9,9 +9,14 @@
 //                   thread that exits while others wait at a barrier is an error (CUDA leaves that undefined).
 //   __shfl_xor_sync releases when every lane named in the mask waits with that mask; naming a lane that
 //                   does not exist, has exited or waits elsewhere is an error, as is reading a lane outside it.
+//   __syncthreads_or  as __syncthreads, and returns whether any thread passed a nonzero predicate.
 //   cp.async        copies are deferred to the wait that covers them (the latest legal landing), or done at
 //                   issue (the earliest) with set_schedule(eager_copies=true); misaligned copies are errors.
+//                   A zero-fill tail (the fourth argument) is written as zeros and its source never read.
 //   vectors         load_vec / store_vec at an address not aligned to their size are errors.
+// Blocks run in grid order, or in reverse with set_schedule(..., reverse_blocks=true), so a kernel whose blocks
+// hand work to the last one to finish (an arrival counter) is tested with either end of the grid last.
+// atomicAdd and __threadfence are trivially exact with one block running at a time.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,7 +49,8 @@ enum class Wait { running, barrier, lanes, done };
 struct Copy {
   void* dst;
   const void* src;
-  size_t bytes;
+  size_t bytes;  // copied from src; the zero-fill tail follows
+  size_t zeros;
 };
 
 struct Thread {
@@ -55,6 +61,7 @@ struct Thread {
   Wait wait = Wait::running;
   unsigned mask = 0;                          // lanes named by the shuffle this thread waits in
   int barrier_line = 0;                       // which __syncthreads the thread waits at
+  int barrier_pred = 0, barrier_any = 0;      // __syncthreads_or: this thread's predicate, the block's OR
   std::vector<Copy> open;                     // cp.async copies issued since the last commit
   std::vector<std::vector<Copy>> committed;   // committed groups, oldest first
 };
@@ -71,12 +78,14 @@ struct Block {
 };
 
 inline Block* block_now = nullptr;
-inline bool eager_copies = false, reverse_order = false;
+inline bool eager_copies = false, reverse_order = false, reverse_blocks = false;
 inline std::string last_error;
+inline int blocks_per_sm = 2;  // what the occupancy query answers (there is no SM to measure)
 
-inline void set_schedule(bool eager, bool reverse) {
+inline void set_schedule(bool eager, bool reverse, bool reverse_grid = false) {
   eager_copies = eager;
   reverse_order = reverse;
+  reverse_blocks = reverse_grid;
 }
 
 inline void yield(Wait why, unsigned mask = 0) {
@@ -104,8 +113,13 @@ inline void check_vector_alignment(const void* p, int bytes) {
   }
 }
 
+inline void run_copy(const Copy& c) {
+  std::memcpy(c.dst, c.src, c.bytes);
+  std::memset(static_cast<char*>(c.dst) + c.bytes, 0, c.zeros);
+}
+
 inline void run_copies(std::vector<Copy>& group) {
-  for (const Copy& c : group) std::memcpy(c.dst, c.src, c.bytes);
+  for (const Copy& c : group) run_copy(c);
   group.clear();
 }
 
@@ -163,7 +177,12 @@ inline bool release(Block& b) {
       return false;
     }
   }
-  for (Thread& t : b.threads) t.wait = Wait::running;
+  int any = 0;
+  for (const Thread& t : b.threads) any |= t.barrier_pred != 0;
+  for (Thread& t : b.threads) {
+    t.wait = Wait::running;
+    t.barrier_any = any;
+  }
   return true;
 }
 
@@ -207,20 +226,19 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
     last_error = "invalid launch configuration";
     return cudaErrorInvalidConfiguration;
   }
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
-        Block b;
-        b.grid = grid;
-        b.block = block;
-        b.block_idx = {x, y, z};
-        b.body = [&] { kernel(args...); };
-        if (!run_block(b)) {
-          last_error = b.error;
-          block_now = nullptr;
-          return cudaErrorLaunchFailure;
-        }
-      }
+  const uint64_t n_blocks = uint64_t{grid.x} * grid.y * grid.z;
+  for (uint64_t k = 0; k < n_blocks; ++k) {
+    const uint64_t i = reverse_blocks ? n_blocks - 1 - k : k;
+    Block b;
+    b.grid = grid;
+    b.block = block;
+    b.block_idx = {static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
+                   static_cast<unsigned>(i / (uint64_t{grid.x} * grid.y))};
+    b.body = [&] { kernel(args...); };
+    if (!run_block(b)) {
+      last_error = b.error;
+      block_now = nullptr;
+      return cudaErrorLaunchFailure;
     }
   }
   block_now = nullptr;
@@ -234,11 +252,46 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
 #define blockDim (cuda_on_cpu::block_now->block)
 #define gridDim (cuda_on_cpu::block_now->grid)
 
-inline void sync_block(int line) {
-  cuda_on_cpu::block_now->current->barrier_line = line;
+inline int sync_block(int line, int pred = 0) {
+  cuda_on_cpu::Thread* t = cuda_on_cpu::block_now->current;
+  t->barrier_line = line;
+  t->barrier_pred = pred;
   cuda_on_cpu::yield(cuda_on_cpu::Wait::barrier);
+  return t->barrier_any;
 }
 #define __syncthreads() sync_block(__LINE__)
+#define __syncthreads_or(pred) sync_block(__LINE__, (pred))
+
+inline void __threadfence() {}
+
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+
+template <typename T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
+
+template <typename T>
+inline T __ldcs(const T* p) {
+  return *p;
+}
+
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t bytes = (uint64_t{y} << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>(bytes >> (8 * ((s >> (4 * i)) & 7)) & 0xffu) << (8 * i);
+  return r;
+}
+
+inline float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
 
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask, unsigned width = 32) {
   using namespace cuda_on_cpu;
@@ -255,15 +308,17 @@ inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask, unsigned wid
   return r;
 }
 
-inline void __pipeline_memcpy_async(void* dst, const void* src, size_t bytes, size_t = 0) {
+inline void __pipeline_memcpy_async(void* dst, const void* src, size_t bytes, size_t zeros = 0) {
   using namespace cuda_on_cpu;
   if (reinterpret_cast<uintptr_t>(dst) % bytes || reinterpret_cast<uintptr_t>(src) % bytes) {
     fail("cp.async of " + std::to_string(bytes) + " bytes from or to a misaligned address");
   }
+  if (zeros > bytes) fail("cp.async zero-fill of " + std::to_string(zeros) + " bytes exceeds the copy");
+  const Copy c{dst, src, bytes - zeros, zeros};
   if (eager_copies) {
-    std::memcpy(dst, src, bytes);
+    run_copy(c);
   } else {
-    block_now->current->open.push_back({dst, src, bytes});
+    block_now->current->open.push_back(c);
   }
 }
 

@@ -1,32 +1,13 @@
 // The launchers of csrc/*.cuh built for the CPU runtime in cuda_on_cpu.h, behind a C ABI for ctypes
-// (tests/test_kernels_cuda.py). dtype: 0 float32, 1 float16, 2 bfloat16. Each call returns a cudaError_t;
+// (tests/test_kernels_cuda.py); dtype codes as in emulated_abi.h. Each call returns a cudaError_t;
 // emu_last_error() says what went wrong inside a kernel.
 #include "../activation.cuh"
 #include "../decode_attention.cuh"
 #include "../norm.cuh"
 #include "../rope.cuh"
-
-namespace {
-
-template <typename Fn>
-int with_dtype(int dtype, Fn&& fn) {
-  switch (dtype) {
-    case 0: return fn(float{});
-    case 1: return fn(__half{});
-    case 2: return fn(__nv_bfloat16{});
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-}  // namespace
+#include "emulated_abi.h"
 
 extern "C" {
-
-const char* emu_last_error() { return cuda_on_cpu::last_error.c_str(); }
-
-void emu_set_schedule(int eager_copies, int reverse_order) {
-  cuda_on_cpu::set_schedule(eager_copies != 0, reverse_order != 0);
-}
 
 int emu_rmsnorm(int dtype, void* out, const void* x, const void* weight, int64_t rows, int hidden, float eps) {
   return with_dtype(dtype, [&](auto zero) {
@@ -70,10 +51,11 @@ int emu_silu_mul(int dtype, void* out, const void* gate_up, int64_t rows, int in
   });
 }
 
-// ints: batch, n_heads, n_kv_heads, head_dim, max_len, chunk, splits; strides: q_b, q_h, kv_b, kv_h, kv_s.
+// ints: batch, n_heads, n_kv_heads, head_dim, max_len, window, sinks, splits, groups;
+// strides: q_b, q_h, kv_b, kv_h, kv_s.
 int emu_decode_attention(int dtype, void* out, const void* q, const void* k_cache, const void* v_cache,
-                         const int* seq_lens, float* partial_acc, float* partial_ml, const int* ints,
-                         const int64_t* strides, float scale) {
+                         const int* seq_lens, float* partials, int* counters, const int* ints, const int64_t* strides,
+                         float scale) {
   return with_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     decodescope::DecodeAttentionArgs<T> a{};
@@ -82,15 +64,17 @@ int emu_decode_attention(int dtype, void* out, const void* q, const void* k_cach
     a.k_cache = static_cast<const T*>(k_cache);
     a.v_cache = static_cast<const T*>(v_cache);
     a.seq_lens = seq_lens;
-    a.partial_acc = partial_acc;
-    a.partial_ml = partial_ml;
+    a.partials = partials;
+    a.counters = counters;
     a.batch = ints[0];
     a.n_heads = ints[1];
     a.n_kv_heads = ints[2];
     a.head_dim = ints[3];
     a.max_len = ints[4];
-    a.chunk = ints[5];
-    a.splits = ints[6];
+    a.window = ints[5];
+    a.sinks = ints[6];
+    a.splits = ints[7];
+    a.groups = ints[8];
     a.q_stride_b = strides[0];
     a.q_stride_h = strides[1];
     a.kv_stride_b = strides[2];
@@ -98,6 +82,21 @@ int emu_decode_attention(int dtype, void* out, const void* q, const void* k_cach
     a.kv_stride_s = strides[4];
     a.scale = scale;
     return decodescope::launch_decode_attention<T>(a, nullptr);
+  });
+}
+
+// plan: out {splits, groups, blocks_per_sm} for sm_count emulated SMs, each holding cuda_on_cpu::blocks_per_sm blocks.
+int emu_decode_attention_plan(int dtype, int batch, int n_heads, int n_kv_heads, int head_dim, int sm_count,
+                              int* plan) {
+  return with_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    decodescope::DecodeAttentionPlan p{};
+    const cudaError_t err =
+        decodescope::plan_decode_attention<T>(batch, n_heads, n_kv_heads, head_dim, sm_count, &p);
+    plan[0] = p.splits;
+    plan[1] = p.groups;
+    plan[2] = p.blocks_per_sm;
+    return static_cast<int>(err);
   });
 }
 

@@ -5,38 +5,46 @@ shapes, dtypes and devices and says which value is wrong. `ops(module)` is what 
 """
 from __future__ import annotations
 
-import functools
-import math
 from types import ModuleType
 
 import torch
 
-MAX_CHUNK = 256  # keys per split when there are enough (batch, kv head) pairs to fill the GPU
-MIN_CHUNK = 64
+# csrc/decode_attention.cuh plans its splits on the device from seq_lens; these mirror its constants and rule
+# for the analysis bench/attention.py reports (tests check the mirror against the kernel).
+ATTN_TILE_BYTES = 8192  # K (and V) per pipeline stage
+ATTN_STAGES = 3
+ATTN_MIN_TILES_PER_SPLIT = ATTN_STAGES - 1
 
 
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    if device.type != "cuda":  # the kernels' CPU test runtime (csrc/testing/) runs one block at a time
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def attention_tile_keys(head_dim: int, dtype: torch.dtype) -> int:
+    return ATTN_TILE_BYTES // (head_dim * dtype.itemsize)
 
 
-def plan_splits(batch: int, n_kv_heads: int, max_len: int, sms: int) -> tuple[int, int]:
-    """(chunk, splits) for a cache of max_len positions: the largest chunk in 256, 128, 64 that still gives
-    about two blocks per SM. Depends only on the cache's shape, so a captured graph keeps its grid."""
-    chunk = MAX_CHUNK
-    while chunk > MIN_CHUNK and batch * n_kv_heads * math.ceil(max_len / chunk) < 2 * sms:
-        chunk //= 2
-    return chunk, math.ceil(max_len / chunk)
+def live_keys(seq_len: int, window: int = 0, sinks: int = 0) -> int:
+    """Keys a row attends: all seq_len, or the sinks plus the window once they no longer cover the row."""
+    return sinks + window if window > 0 and seq_len > sinks + window else seq_len
+
+
+def active_splits(n_keys: int, tile_keys: int, splits: int) -> tuple[int, int]:
+    """(splits that get work, keys per split) for n_keys live keys on a grid of `splits` splits per (row, kv
+    head): at least ATTN_MIN_TILES_PER_SPLIT tiles per split, and the fewest splits at that many tiles each."""
+    tiles = -(-n_keys // tile_keys)
+    want = max(1, min(splits, -(-tiles // ATTN_MIN_TILES_PER_SPLIT)))
+    per = max(1, -(-tiles // want))
+    return max(1, -(-tiles // per)), per * tile_keys
 
 
 class FusedOps:
-    """Holds the extension and the attention workspaces, one per (B, H, splits, D, device)."""
+    """Holds the extension and the attention workspaces, one per (q's shape and dtype, Hkv, device)."""
 
     def __init__(self, module: ModuleType):
         self.module = module
         self._workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def opset(self) -> dict:
+        """The five ops of engine.ops.OpSet, bound to this instance (and its workspaces)."""
+        return dict(rmsnorm=self.rmsnorm, add_rmsnorm=self.add_rmsnorm, rope_=self.rope_, silu_mul=self.silu_mul,
+                    decode_attention=self.decode_attention)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None):
         out = torch.empty_like(x) if out is None else out
@@ -59,30 +67,52 @@ class FusedOps:
         return out
 
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None):
+                         seq_lens: torch.Tensor, scale: float, window: int = 0, sinks: int = 0,
+                         out: torch.Tensor | None = None):
         # q: [B, H, D], k_cache/v_cache: [B, Hkv, S, D], seq_lens: [B] int32 on the device
         assert q.dim() == 3 and k_cache.dim() == 4, (q.shape, k_cache.shape)
-        B, H, D = q.shape
-        chunk, splits = plan_splits(B, k_cache.shape[1], k_cache.shape[2], sm_count(q.device))
-        acc, ml = self.workspace(B, H, splits, D, q.device)
+        partials, counters = self.attention_workspace(q, k_cache.shape[1])
         out = torch.empty_like(q) if out is None else out
-        self.module.decode_attention(out, q, k_cache, v_cache, seq_lens, float(scale), acc, ml, chunk)
+        self.module.decode_attention(out, q, k_cache, v_cache, seq_lens, float(scale), int(window), int(sinks),
+                                     partials, counters)
         return out
 
-    def workspace(self, B: int, H: int, splits: int, D: int, device: torch.device):
-        """Split partials, allocated once per shape so a captured graph sees the same pointers on replay.
-        Allocated on the first (eager, warm-up) call; nothing is allocated during capture after that."""
-        key = (B, H, splits, D, device)
+    def attention_workspace(self, q: torch.Tensor, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Split partials [B, H, splits + groups, D + 4] and merge counters [B, H, groups + 1].
+
+        The grid is one full wave of the GPU whatever the cache's length, so the workspace depends on q's shape
+        and Hkv only: every call on a cache, a sliced one included, and a captured graph see the same pointers.
+        Allocated on the first (eager, warm-up) call; the counters start at zero and the kernel leaves them so."""
+        B, H, D = q.shape
+        key = (B, H, D, q.dtype, n_kv_heads, q.device)
         if key not in self._workspaces:
+            splits, groups, _ = self.module.decode_attention_plan(q, n_kv_heads)
             self._workspaces[key] = (
-                torch.empty(B, H, splits, D, dtype=torch.float32, device=device),
-                torch.empty(B, H, splits, 2, dtype=torch.float32, device=device),
+                torch.empty(B, H, splits + groups, D + 4, dtype=torch.float32, device=q.device),
+                torch.zeros(B, H, groups + 1, dtype=torch.int32, device=q.device),
             )
         return self._workspaces[key]
 
+    # --- weight-only GEMV: int8 (GGUF Q8_0) and q4 (GGUF Q4_1) blocks read in place, T = 1..16 tokens ---------
+    # Twin: ref.linear(x, weights.dequantize(blocks)). Outside the OpSet: which linear a projection runs follows
+    # its weight format, not the op set.
+
+    def linear_int8(self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: torch.Tensor | None = None):
+        """x [T, in] @ W^T with W = d * q: qs int8 [out, in_pad], d fp16 [out, in_pad / 32] -> [T, out]."""
+        out = x.new_empty(x.shape[0], qs.shape[0]) if out is None else out
+        self.module.linear_int8(out, x, qs, d)
+        return out
+
+    def linear_q4(self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                  out: torch.Tensor | None = None):
+        """x [T, in] @ W^T with W = d * q + m: qs uint8 [out, in_pad / 2] from weights.pack_nibbles, d and m
+        fp16 [out, in_pad / 32] -> [T, out]."""
+        out = x.new_empty(x.shape[0], qs.shape[0]) if out is None else out
+        self.module.linear_q4(out, x, qs, d, m)
+        return out
+
 
 def ops(module: ModuleType) -> dict:
-    """The five ops, keyed as in engine.ops.OpSet, bound to one FusedOps."""
+    """The kernels by op name, bound to one FusedOps: engine.ops.select builds the CUDA OpSet from them."""
     f = FusedOps(module)
-    return dict(rmsnorm=f.rmsnorm, add_rmsnorm=f.add_rmsnorm, rope_=f.rope_, silu_mul=f.silu_mul,
-                decode_attention=f.decode_attention)
+    return dict(**f.opset(), linear_int8=f.linear_int8, linear_q4=f.linear_q4)

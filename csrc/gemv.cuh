@@ -1,0 +1,235 @@
+// Weight-only int8 (GGUF Q8_0) and q4 (GGUF Q4_1) products for T = 1..16 tokens (a decode step, a verify pass):
+// out [T, out] = x [T, in] @ W^T, W dequantized in registers, fp32 accumulation, one rounding to x's dtype.
+//
+// A decode step is bound by the weight stream, so the canonical block rows are read in place, every weight
+// byte once per call, 16 bytes per lane with ld.global.cs (streamed: it does not evict x or the KV cache from
+// L2), one chunk ahead of the math. A warp holds kSlots rows side by side, kLanes lanes across each, and
+// every lane kRows rows' pieces of the same columns: x, staged per chunk of kCols inputs in shared memory as
+// fp32 for all T tokens by the whole block, is read once per kRows rows, and each converted weight serves all
+// T tokens.
+// The block's scale (and min) leave the inner loop: sum_i (d q_i + m) x_i = d sum_i q_i x_i + m sum_i x_i,
+// with sum_i x_i per (token, block) added up once while staging.
+#pragma once
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "launchers.h"
+
+namespace decodescope {
+namespace gemv {
+
+enum class Format { int8, q4 };
+
+constexpr int kThreads = 128;
+constexpr int kBlock = 32;  // inputs per quantization block
+
+template <Format F, int kT>
+struct Shape {
+  static constexpr int kColsPerLane = F == Format::int8 ? 16 : 32;  // one 16-byte load of weights
+  static constexpr int kCols = kT <= 8 ? 512 : 256;                  // x chunk: 2 x kT x kCols fp32 <= 32 KB
+  static constexpr int kLanes = kCols / kColsPerLane;
+  static constexpr int kSlots = 32 / kLanes;
+  static constexpr int kRows = F == Format::int8 ? 4 : 2;  // int8 holds 16 weights per row, q4 32
+  static constexpr int kRowsPerBlock = kThreads / 32 * kSlots * kRows;
+  static constexpr int kChunkBlocks = kCols / kBlock;
+  // Blocks per SM that registers must allow: one step's weights in flight is 64 B (int8) or 32 B (q4) per
+  // thread, so a decode step (kT = 1) wants 4 blocks (>= 16 KB per SM) resident.
+  static constexpr int kMinBlocks = kT == 1 ? 4 : 2;
+  static_assert(kLanes >= 8 && kLanes <= 32, "a row's lanes stay within a warp");
+};
+
+// Shared-memory slot of column c of a staged chunk: within each 32-column group the 16-byte quads are
+// XOR-swizzled by the group, so the 8 lanes of one 16-byte load phase (16 or 32 columns apart) hit 8
+// different bank quads.
+__device__ __forceinline__ int swizzle(int c) { return (c & ~31) | ((((c >> 2) & 7) ^ ((c >> 5) & 7)) << 2) | (c & 3); }
+
+// 16 bytes of weights as small integers in fp32, exactly and without I2F (a quarter-rate conversion): a byte u
+// placed under the exponent of 2^23 reads as 2^23 + u, one PRMT (or LOP3) and one FADD. int8: q in [-127, 127]
+// (the sign bit flipped first: u = q + 128). q4: q in [0, 15] in GGUF order, byte j holding element j in its
+// low nibble and element j + 16 in its high one.
+template <Format F>
+__device__ __forceinline__ void unpack(const Vec<uint32_t, 4>& w, float (&q)[F == Format::int8 ? 16 : 32]) {
+  constexpr float k2p23 = 8388608.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (F == Format::int8) {
+      const uint32_t u = w.v[k] ^ 0x80808080u;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        q[4 * k + b] = __uint_as_float(__byte_perm(u, 0x4b00u, 0x5440u | b)) - (k2p23 + 128.f);
+      }
+    } else {
+      const uint32_t lo = w.v[k] & 0x0f0f0f0fu, hi = (w.v[k] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        q[4 * k + b] = __uint_as_float(__byte_perm(lo, 0x4b00u, 0x5440u | b)) - k2p23;
+        q[4 * k + b + 16] = __uint_as_float(__byte_perm(hi, 0x4b00u, 0x5440u | b)) - k2p23;
+      }
+    }
+  }
+}
+
+template <typename T, Format F, int kT>
+__global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_kernel(const GemvArgs<T> a) {
+  using S = Shape<F, kT>;
+  constexpr int kCols = S::kCols, kLanes = S::kLanes, kSlots = S::kSlots, kRows = S::kRows;
+  constexpr int kPerLane = S::kColsPerLane;
+  __shared__ __align__(16) float xs[2][kT][kCols];
+  __shared__ float xsums[2][kT][S::kChunkBlocks];
+
+  const int nb = ceil_div(a.in_features, kBlock), in_pad = nb * kBlock;
+  const int64_t row_bytes = F == Format::int8 ? in_pad : in_pad / 2;
+  const int lane = threadIdx.x % 32, lx = lane % kLanes;
+  const int row0 = blockIdx.x * S::kRowsPerBlock + threadIdx.x / 32 * kSlots * kRows + lane / kLanes;
+  const unsigned char* qs = static_cast<const unsigned char*>(a.qs);
+
+  Vec<uint32_t, 4> w[kRows];  // the next chunk's weights, in flight while this one computes
+  float d[kRows], m[kRows];
+  auto fetch = [&](int chunk) {
+    const int col = chunk * kCols + lx * kPerLane;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int row = row0 + i * kSlots;
+      const bool live = row < a.out_features && col < in_pad;
+      w[i] = live ? load_stream16(qs + row * row_bytes + (F == Format::int8 ? col : col / 2)) : Vec<uint32_t, 4>{};
+      d[i] = live ? to_float(a.d[static_cast<int64_t>(row) * nb + col / kBlock]) : 0.f;
+      m[i] = F == Format::q4 && live ? to_float(a.m[static_cast<int64_t>(row) * nb + col / kBlock]) : 0.f;
+    }
+  };
+  // Item (token, 8 inputs): read as 16-byte vectors where x's rows allow, converted to fp32 (zeros past `in`
+  // and past T: q4 padding has w = m) and stored; the 4 items of a block add up its sum_i x_i with 2 shuffles.
+  // Items per chunk are a multiple of 32, so every lane of a warp takes part in them.
+  constexpr int kV = kVec16<T>, kItems = kT * kCols / 8;
+  static_assert(kItems % 32 == 0, "whole warps stage x");
+  const bool x_vectors = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % kV == 0;
+  auto stage = [&](int chunk, int buf) {
+    for (int item = threadIdx.x; item < kItems; item += kThreads) {
+      const int t = item / (kCols / 8), col = item % (kCols / 8) * 8, x_col = chunk * kCols + col;
+      const T* src = a.x + t * a.x_stride + x_col;
+      float v[8];
+      if (x_vectors && t < a.tokens && x_col + 8 <= a.in_features) {
+#pragma unroll
+        for (int h = 0; h < 8; h += kV) {
+          const Vec<T, kV> xv = load_vec<T, kV>(src + h);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) v[h + e] = to_float(xv.v[e]);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = t < a.tokens && x_col + e < a.in_features ? to_float(src[e]) : 0.f;
+      }
+      store_vec<float, 4>(&xs[buf][t][swizzle(col)], {{v[0], v[1], v[2], v[3]}});
+      store_vec<float, 4>(&xs[buf][t][swizzle(col + 4)], {{v[4], v[5], v[6], v[7]}});
+      if constexpr (F == Format::q4) {
+        float sum = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum += v[e];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (item % 4 == 0) xsums[buf][t][col / kBlock] = sum;
+      }
+    }
+  };
+
+  float acc[kRows][kT];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[i][t] = 0.f;
+  }
+
+  const int n_chunks = ceil_div(in_pad, kCols);
+  fetch(0);
+  stage(0, 0);
+  __syncthreads();
+  for (int c = 0; c < n_chunks; ++c) {
+    Vec<uint32_t, 4> wc[kRows];
+    float dc[kRows], mc[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      wc[i] = w[i];
+      dc[i] = d[i];
+      mc[i] = m[i];
+    }
+    const int buf = c & 1;
+    if (c + 1 < n_chunks) {
+      fetch(c + 1);
+      stage(c + 1, buf ^ 1);  // read by nobody since the barrier that ended chunk c - 1
+    }
+    float q[kRows][kPerLane];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) unpack<F>(wc[i], q[i]);
+    const int col = lx * kPerLane;  // within the chunk
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      float xv[kPerLane];
+#pragma unroll
+      for (int e = 0; e < kPerLane; e += 4) {
+        const Vec<float, 4> v = load_vec<float, 4>(&xs[buf][t][swizzle(col + e)]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) xv[e + k] = v.v[k];
+      }
+      const float xsum = F == Format::q4 ? xsums[buf][t][col / kBlock] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) s += q[i][e] * xv[e];
+        acc[i][t] += dc[i] * s;
+        if constexpr (F == Format::q4) acc[i][t] += mc[i] * xsum;
+      }
+    }
+    __syncthreads();  // chunk c's x is read; the next iteration stages into it
+  }
+
+  // Each lane holds partial sums of its columns: add them across the row's lanes, then lane t % kLanes
+  // writes token t.
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+      for (int t = 0; t < kT; ++t) acc[i][t] += __shfl_xor_sync(0xffffffffu, acc[i][t], offset);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int row = row0 + i * kSlots;
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      if (row < a.out_features && t < a.tokens && t % kLanes == lx) {
+        a.out[static_cast<int64_t>(t) * a.out_features + row] = from_float<T>(acc[i][t]);
+      }
+    }
+  }
+}
+
+template <typename T, Format F>
+cudaError_t launch(const GemvArgs<T>& a, cudaStream_t stream) {
+  if (a.tokens == 0 || a.out_features == 0) return cudaSuccess;
+  if (a.tokens < 0 || a.tokens > 16 || a.in_features <= 0 || a.out_features < 0) return cudaErrorInvalidValue;
+  if (!aligned16(a.qs)) return cudaErrorMisalignedAddress;  // rows are whole 16-byte multiples
+  auto go = [&](auto kernel, int rows_per_block) {
+    return decodescope::launch(kernel, dim3(ceil_div(a.out_features, rows_per_block)), dim3(kThreads), stream, a);
+  };
+  if (a.tokens <= 1) return go(gemv_kernel<T, F, 1>, Shape<F, 1>::kRowsPerBlock);
+  if (a.tokens <= 2) return go(gemv_kernel<T, F, 2>, Shape<F, 2>::kRowsPerBlock);
+  if (a.tokens <= 4) return go(gemv_kernel<T, F, 4>, Shape<F, 4>::kRowsPerBlock);
+  if (a.tokens <= 8) return go(gemv_kernel<T, F, 8>, Shape<F, 8>::kRowsPerBlock);
+  return go(gemv_kernel<T, F, 16>, Shape<F, 16>::kRowsPerBlock);
+}
+
+}  // namespace gemv
+
+template <typename T>
+cudaError_t launch_linear_int8(const GemvArgs<T>& args, cudaStream_t stream) {
+  return gemv::launch<T, gemv::Format::int8>(args, stream);
+}
+
+template <typename T>
+cudaError_t launch_linear_q4(const GemvArgs<T>& args, cudaStream_t stream) {
+  return gemv::launch<T, gemv::Format::q4>(args, stream);
+}
+
+}  // namespace decodescope

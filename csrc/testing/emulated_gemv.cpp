@@ -1,0 +1,28 @@
+// The GEMV launchers of csrc/gemv.cuh built for the CPU runtime in cuda_on_cpu.h, behind a C ABI for ctypes
+// (tests/test_gemv_cuda.py); dtype codes as in emulated_abi.h, m null for int8. Each call returns a cudaError_t;
+// emu_last_error() says what went wrong inside a kernel.
+#include "../gemv.cuh"
+#include "emulated_abi.h"
+
+extern "C" {
+
+// ints: tokens, in_features, out_features
+int emu_linear(int q4, int dtype, void* out, const void* x, const void* qs, const void* d, const void* m,
+               const int* ints, int64_t x_stride) {
+  return with_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    decodescope::GemvArgs<T> a{};
+    a.out = static_cast<T*>(out);
+    a.x = static_cast<const T*>(x);
+    a.qs = qs;
+    a.d = static_cast<const __half*>(d);
+    a.m = static_cast<const __half*>(m);
+    a.tokens = ints[0];
+    a.in_features = ints[1];
+    a.out_features = ints[2];
+    a.x_stride = x_stride;
+    return q4 ? decodescope::launch_linear_q4<T>(a, nullptr) : decodescope::launch_linear_int8<T>(a, nullptr);
+  });
+}
+
+}  // extern "C"
