@@ -1,0 +1,284 @@
+"""Where the time goes inside a step: N decode steps and one verify pass of the engine as configured, under
+torch.profiler (CPU activities, plus CUDA where present), reduced (engine/breakdown.py) to rows per layer and
+op class with the bytes each moved and the GB/s it achieved against the measured bandwidth ceiling.
+
+    configs = [profile.Config("torch", fused=False), profile.Config("fused", fused=True)]
+    results = profile.compare({"fp32": eng}, configs, steps=8, k=4)   # weight format -> Engine
+    results[0].rows, results[0].summary, results[0].trace              # rows, per-pass figures, Trace Event JSON
+
+The same steps run twice at the same cache positions: first plainly (the reference step time), then under
+the profiler with scopes on the model's forward, each Block and projection (forward hooks) and the OpSet's
+ops, all installed for the profiled window only and removed after it. What the profiler adds is the
+difference between the two, reported as profiler_overhead_pct.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch._C._profiler import _RecordFunctionFast as Scope
+from torch.profiler import ProfilerActivity
+
+from engine.breakdown import LAYER, MODEL, OP, SAMPLE, reduce_trace
+from engine.model import RMSNorm
+from engine.sampling import SamplingParams
+
+STEP, VERIFY = "decodescope/step", "decodescope/verify"
+OPSET_SCOPES = {"rmsnorm": "rmsnorm", "add_rmsnorm": "add_rmsnorm", "rope_": "rope", "silu_mul": "silu_mul",
+                "attention": "attention"}  # OpSet field -> the op's name, as the CPU kernels record it
+DENSE_FORMATS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+WARMUP = 2
+CONTEXT = 64  # cache positions before the profiled steps when no prompt is given
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration to profile: which kernels, whether the step replays a CUDA graph, which weights."""
+    label: str
+    fused: bool = False
+    graphs: bool = False
+    weights: str = "fp32"
+
+
+@dataclass
+class Result:
+    config: Config
+    reason: str | None = None  # why it cannot run here; nothing else is set then
+    rows: list[dict] = field(default_factory=list)
+    summary: list[dict] = field(default_factory=list)  # one dict per pass
+    trace: dict | None = None  # the Trace Event JSON torch.profiler exported
+
+
+def weight_format(model) -> str:
+    """The format a model's projections are stored in (dense dtypes until packed formats load)."""
+    return DENSE_FORMATS.get(model.dtype, str(model.dtype).removeprefix("torch."))
+
+
+def apply(eng, cfg: Config) -> str | None:
+    """Switch eng's kernels and step runner to cfg; the reason when this machine cannot run it."""
+    if (eng.model.ops.name == "fused") != cfg.fused:
+        eng.use_fused(cfg.fused)
+    if cfg.fused and eng.model.ops.name != "fused":
+        return f"fused kernels unavailable: {eng.model.ops.reason}"
+    if (eng.graph is not None) != cfg.graphs:
+        eng.use_graphs(cfg.graphs)
+    if cfg.graphs and eng.graph is None:
+        return f"CUDA graphs unavailable: {eng.graph_status}"
+    return None
+
+
+def projections(block) -> list[tuple[str, torch.nn.Module]]:
+    """The weight-bearing leaf modules a Block calls (its norms' weights are read by the OpSet's ops)."""
+    return [(n, m) for n, m in block.named_modules() if n and not any(m.children()) and not isinstance(m, RMSNorm)]
+
+
+def tensor_bytes(*modules) -> int:
+    return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+
+def bytes_moved(eng, T: int, kv_len: float) -> dict[tuple[str, str], float]:
+    """(layer, class) -> bytes one pass of T tokens reads or writes: each weight once, the K/V of kv_len live
+    positions per layer, the T new K/V rows. Activations are left out (kilobytes against megabytes)."""
+    model, cfg = eng.model, eng.config
+    kv_row = eng.cache.bytes_per_token / cfg.n_layers  # K and V of one position in one layer
+    norms = [b.attn_norm for b in model.layers[1:]] + [model.norm]  # block i's second add+norm reads the next norm
+    out = {("embed", "norm"): tensor_bytes(model.layers[0].attn_norm),
+           ("embed", "other"): T * cfg.hidden_size * model.embed.weight.element_size(),
+           ("head", "matmul"): tensor_bytes(model.lm_head or model.embed)}
+    for i, block in enumerate(model.layers):
+        layer = str(i)
+        out[(layer, "matmul")] = tensor_bytes(*(m for _, m in projections(block)))
+        out[(layer, "norm")] = tensor_bytes(block.mlp_norm, norms[i])
+        out[(layer, "attention")] = kv_row * kv_len
+        out[(layer, "kv_write")] = kv_row * T
+    return out
+
+
+def scoped_ops(ops):
+    """The OpSet with each op inside a scope named as the CPU kernels name theirs, so the torch twins and
+    the kernels are classed alike."""
+    def wrap(name, fn):
+        def op(*args, **kwargs):
+            with Scope(OP + name):
+                return fn(*args, **kwargs)
+        return op
+
+    return dataclasses.replace(ops, **{f: wrap(n, getattr(ops, f)) for f, n in OPSET_SCOPES.items()})
+
+
+@contextmanager
+def scopes(model):
+    """Scopes on the forward and each Block (forward hooks) and on the OpSet's ops; a projection is classed
+    by its op's name (aten's matmul family, or the kernels' decodescope::linear_<format>).
+
+    Each hooked module call costs ~10 us of Python on our 2-core box, so the 4 projections of every Block
+    are left unhooked. model.ops is swapped without use_ops: the version a captured graph checks stays put
+    (a replay runs no Python, so graphs see no scopes either way)."""
+    open_scopes, handles = [], []
+
+    def hook(module, name):
+        def pre(*_):
+            scope = Scope(name)
+            scope.__enter__()
+            open_scopes.append(scope)
+
+        def post(*_):
+            open_scopes.pop().__exit__(None, None, None)
+
+        handles.extend((module.register_forward_pre_hook(pre), module.register_forward_hook(post)))
+
+    hook(model, MODEL)
+    for i, block in enumerate(model.layers):
+        hook(block, f"{LAYER}{i}")
+    saved = model.ops
+    model.ops = scoped_ops(saved)
+    try:
+        yield
+    finally:
+        model.ops = saved
+        for h in handles:
+            h.remove()
+        while open_scopes:
+            open_scopes.pop().__exit__(None, None, None)
+
+
+def quiet_mean(xs: list[float]) -> float:
+    """Mean of the values at or below the median: the runs another job did not interrupt."""
+    med = statistics.median(xs)
+    quiet = [x for x in xs if x <= med]
+    return sum(quiet) / len(quiet)
+
+
+class Recorder:
+    """Runs the steps: greedy sampling (the step's argmax and the shown softmax), fixed cache positions."""
+
+    def __init__(self, eng, steps: int, k: int, context: list[int]):
+        self.eng, self.steps, self.T = eng, steps, k + 1
+        eng.check_prompt(context, WARMUP + steps + self.T + 1, " + the profiled steps")
+        self.context = context
+        self.sampling = SamplingParams()
+        self.gen = self.sampling.generator(eng.device)
+        self.first = torch.tensor([context[-1]], device=eng.device)
+        self.chunk = torch.tensor([(context * self.T)[-self.T:]], device=eng.device)  # [1, T]
+
+    def decode(self, n: int) -> list[float]:
+        """n decode steps from the context's end: ms per step (the forward, sampling and its host read)."""
+        eng = self.eng
+        eng.rollback(len(self.context))
+        tok, times = self.first, []
+        for _ in range(n):
+            t = time.perf_counter()
+            with Scope(STEP):
+                logits = eng.decode(tok)
+                with Scope(SAMPLE):
+                    tok_id, _ = eng.pick(logits[0], self.sampling, self.gen)
+            times.append((time.perf_counter() - t) * 1e3)
+            tok = torch.tensor([tok_id], device=eng.device)
+        return times
+
+    def verify(self) -> float:
+        """One verify pass of T = k + 1 tokens after the context (and its greedy read), then rolled back."""
+        eng = self.eng
+        eng.rollback(len(self.context))
+        t = time.perf_counter()
+        with Scope(VERIFY):
+            logits = eng.chunk(self.chunk)
+            with Scope(SAMPLE):
+                logits[0].argmax(-1).tolist()
+        ms = (time.perf_counter() - t) * 1e3
+        eng.rollback(len(self.context))
+        return ms
+
+    @torch.inference_mode()
+    def record(self) -> tuple[dict, dict, dict]:
+        """(trace, unprofiled ms per pass kind, seconds spent per phase)."""
+        eng, t0 = self.eng, time.perf_counter()
+        eng.prefill(self.context)
+        self.decode(WARMUP), self.verify()  # warm: allocator, kernels, a verify graph captured on first use
+        # the plain reference runs before and after the profiled window, so a load that drifts in between
+        # (another job on a shared machine) weighs on both sides alike
+        plain = dict(decode=self.decode(self.steps), verify=[self.verify()])
+        t1 = time.perf_counter()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
+        with scopes(eng.model), torch.profiler.profile(activities=activities) as prof:
+            self.decode(self.steps)
+            self.verify()
+        t2 = time.perf_counter()
+        plain["decode"] += self.decode(self.steps)
+        plain["verify"].append(self.verify())
+        t3 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            trace = json.loads(path.read_text())
+        return trace, plain, dict(plain_s=t1 - t0 + t3 - t2, profiled_s=t2 - t1, export_s=time.perf_counter() - t3)
+
+
+def run(eng, cfg: Config, steps: int = 8, k: int = 4, context: list[int] | None = None) -> Result:
+    """Profile eng as it is configured now (apply() first to switch it); see the module docstring."""
+    t0 = time.perf_counter()
+    context = list(context) if context else [(i * 7919) % eng.config.vocab_size for i in range(1, CONTEXT + 1)]
+    rec = Recorder(eng, steps, k, context)
+    trace, plain, seconds = rec.record()
+    t1 = time.perf_counter()
+    passes = reduce_trace(trace)
+    seconds["reduce_s"] = time.perf_counter() - t1
+    result = Result(cfg, trace=trace)
+    base = dict(configuration=cfg.label, device=eng.device.type, kernels=eng.model.ops.name,
+                graphs=eng.graph is not None, weights=cfg.weights, k=k, context=len(context))
+    lengths = dict(decode=(1, len(context) + (steps + 1) / 2), verify=(rec.T, len(context) + rec.T))
+    for kind, pb in passes.items():
+        T, kv_len = lengths[kind]
+        moved = bytes_moved(eng, T, kv_len)
+        step_ms = quiet_mean(plain[kind])
+        for key in sorted(set(pb.cells) | set(moved), key=order):
+            cell = pb.cells.get(key)
+            ms, calls, nbytes = (cell.ms if cell else 0.0), (cell.calls if cell else 0.0), moved.get(key, 0.0)
+            gbs = nbytes / ms / 1e6 if ms > 0 and nbytes else None
+            result.rows.append(dict(base, **{"pass": kind}, layer=key[0], op_class=key[1], calls=calls, ms=ms,
+                                    pct_of_step=100 * ms / pb.step_ms, bytes=nbytes, gbs=gbs,
+                                    pct_of_ceiling=100 * gbs / eng.bandwidth_gbs if gbs else None))
+        rows_ms = sum(c.ms for c in pb.cells.values())
+        total_bytes = sum(moved.values())
+        result.summary.append(dict(
+            base, **{"pass": kind}, windows=pb.windows, used=pb.used, step_ms=step_ms, profiled_ms=pb.step_ms,
+            rows_ms=rows_ms, rows_vs_step=rows_ms / step_ms, profiler_overhead_pct=100 * (pb.step_ms / step_ms - 1),
+            host_pct=100 * sum(c.ms for (_, cls), c in pb.cells.items() if cls == "host") / rows_ms,
+            **pb.split, bytes=total_bytes, gbs=total_bytes / step_ms / 1e6, bandwidth_gbs=eng.bandwidth_gbs,
+            weight_bytes=eng.weight_bytes, kernel_status=eng.kernel_status, graph_status=eng.graph_status))
+    seconds["total_s"] = time.perf_counter() - t0
+    events = sum(1 for e in trace.get("traceEvents", []) if e.get("ph") == "X")
+    for s in result.summary:
+        s.update(seconds, trace_events=events)
+    return result
+
+
+def order(key: tuple[str, str]) -> tuple:
+    """Rows in step order: engine, model, embed, layers 0.., head, sample, graph, idle; classes as listed."""
+    from engine.breakdown import OP_CLASSES
+
+    layer, cls = key
+    pseudo = ["engine", "model", "embed", None, "head", "sample", "graph", "idle"]
+    rank = (pseudo.index(None), int(layer)) if layer.isdigit() else (pseudo.index(layer) if layer in pseudo else 99, 0)
+    return (*rank, OP_CLASSES.index(cls) if cls in OP_CLASSES else 99)
+
+
+def compare(engines: dict, configs: list[Config], **kwargs) -> list[Result]:
+    """Profile each configuration (engines: weight format -> Engine); one it cannot run gets its reason."""
+    out = []
+    for cfg in configs:
+        eng = engines.get(cfg.weights)
+        if eng is None:
+            have = ", ".join(engines) or "none"
+            out.append(Result(cfg, reason=f"{cfg.weights} weights are not loaded here (loaded: {have})"))
+            continue
+        reason = apply(eng, cfg)
+        out.append(Result(cfg, reason=reason) if reason else run(eng, cfg, **kwargs))
+    return out
