@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.common import markdown_table, provenance, write_results
+from bench.common import Telemetry, markdown_table, provenance, write_results
 from engine.bandwidth import measure_gbs
 from engine.ops import ref, select
 
@@ -99,10 +99,11 @@ def main(argv=None) -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush = torch.empty(2 * max(l2, 2**20), dtype=torch.uint8, device="cuda")
     bw = measure_gbs("cuda")
-    rows = [r for shape in args.shapes for context in args.contexts
-            for r in bench_shape(ops, shape, context, dtype, flush, bw, args)]
+    with Telemetry("cuda") as tel:
+        rows = [r for shape in args.shapes for context in args.contexts
+                for r in bench_shape(ops, shape, context, dtype, flush, bw, args)]
     result = dict(dtype=args.dtype, batch=1, copy_bandwidth_gb_s=bw, l2_bytes=l2, iters=args.iters, rows=rows,
-                  provenance=provenance("cuda"))
+                  provenance=provenance("cuda", tel))
     head = (f"Decode attention alone, batch 1, {args.dtype}, L2 flushed before each call; median of {args.iters}. "
             f"Device-to-device copy bandwidth in this run: {bw:.0f} GB/s.\n\n")
     cols = ["shape", "context", "impl", "us", "gb_s", "pct_of_copy_bw", "speedup_vs_sdpa", "max_abs_err_vs_twin"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
-from bench.common import markdown_table, provenance, write_results
+from bench.common import Telemetry, markdown_table, provenance, write_results
 from engine import Engine, graphs, load_model, ops
 from engine.bandwidth import measure_gbs
 from engine.config import ModelConfig
@@ -198,8 +198,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
-    result = cpu_bench(args) if args.device == "cpu" else cuda_bench(args)
-    result["provenance"] = provenance(args.device)
+    with Telemetry(args.device) as tel:
+        result = cpu_bench(args) if args.device == "cpu" else cuda_bench(args)
+    result["provenance"] = provenance(args.device, tel)
     md = markdown(result, args.device)
     write_results(args.out, f"latency-{args.device}", result, md)
     print(md)

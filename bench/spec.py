@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
-from bench.common import markdown_table, provenance, write_results
+from bench.common import Telemetry, markdown_table, provenance, write_results
 from engine import Engine, Tokenizer, graphs, load_model, speculative
 import torch
 
@@ -168,8 +168,9 @@ def main(argv=None):
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = bench(args)
-    result["provenance"] = provenance(args.device)
+    with Telemetry(args.device) as tel:
+        result = bench(args)
+    result["provenance"] = provenance(args.device, tel)
     md = markdown(result)
     write_results(args.out, f"spec-{args.device}" + ("-quick" if args.quick else ""), result, md)
     print(md)

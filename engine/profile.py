@@ -221,10 +221,15 @@ class Recorder:
         return trace, plain, dict(plain_s=t1 - t0 + t3 - t2, profiled_s=t2 - t1, export_s=time.perf_counter() - t3)
 
 
+def synthetic_context(vocab_size: int, n: int = CONTEXT) -> list[int]:
+    """n token ids spread over the vocabulary: a step's cost depends on the context's length, not its text."""
+    return [(i * 7919) % vocab_size for i in range(1, n + 1)]
+
+
 def run(eng, cfg: Config, steps: int = 8, k: int = 4, context: list[int] | None = None) -> Result:
     """Profile eng as it is configured now (apply() first to switch it); see the module docstring."""
     t0 = time.perf_counter()
-    context = list(context) if context else [(i * 7919) % eng.config.vocab_size for i in range(1, CONTEXT + 1)]
+    context = list(context) if context else synthetic_context(eng.config.vocab_size)
     rec = Recorder(eng, steps, k, context)
     trace, plain, seconds = rec.record()
     t1 = time.perf_counter()

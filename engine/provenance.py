@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import statistics
 import threading
 import time
@@ -40,8 +41,11 @@ SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "a
 def cpu_info() -> dict:
     """CPU model and the SIMD flags the kernels dispatch on. py-cpuinfo asks in a subprocess (about 1 s),
     so once per process."""
-    import cpuinfo
-
+    try:
+        import cpuinfo
+    except ImportError:  # a declared dependency, but a bench box may lack it: say so rather than fail the run
+        return dict(cpu_model=platform.processor() or platform.machine(), cpu_flags="unknown (no py-cpuinfo)",
+                    cpu_count=os.cpu_count())
     info = cpuinfo.get_cpu_info()
     flags = set(info.get("flags", []))
     return dict(cpu_model=info.get("brand_raw") or info.get("arch_string_raw") or "unknown",
@@ -199,3 +203,35 @@ def snapshot(device: str | torch.device = "cpu", nvml=None) -> dict:
     with tel:
         pass
     return dict(tel.summary(), sampled=False)
+
+
+def _mid(d: dict | None, fmt: str = ".0f") -> str:
+    if not d:
+        return "n/a"
+    if d["min"] == d["max"]:
+        return format(d["median"], fmt)
+    return f"{d['median']:{fmt}} median ({d['min']:{fmt}}-{d['max']:{fmt}})"
+
+
+def describe(t: dict) -> dict[str, str]:
+    """A summary (Telemetry.summary or snapshot) as label -> text, for RESULTS.md and the environment card."""
+    flags = "; ".join(t.get("flags", [])) or "none"
+    out = {
+        "CPU": f"{t['cpu_model']}, {t['cpu_count']} cores ({t['cpu_flags'] or 'no AVX2/AVX-512/NEON flags'})",
+        "CPU clock": f"{_mid(t.get('cpu_mhz'))} MHz, governor {t.get('governor') or 'not exposed'}",
+        "load average": (f"{t['load_before'][0]:.2f} before, {t['load_after'][0]:.2f} after (1 min)"
+                         if t.get("sampled") else f"{t['load_before'][0]:.2f} (1 min)"),
+    }
+    if "gpu_telemetry" in t:
+        if t.get("gpu_name"):
+            out["GPU"] = (f"{t['gpu_name']} (max SM {t['gpu_max_sm_mhz']} MHz, power limit "
+                          f"{t['gpu_power_limit_w']:.0f} W)")
+        out["GPU clocks"] = f"SM {_mid(t.get('gpu_sm_mhz'))} MHz, memory {_mid(t.get('gpu_mem_mhz'))} MHz"
+        out["GPU heat, power"] = (f"{_mid(t.get('gpu_temp_c'))} °C, {_mid(t.get('gpu_power_w'))} W"
+                                  if t.get("gpu_sm_mhz") else t["gpu_telemetry"])
+        out["throttling"] = (f"{', '.join(t['throttle_reasons'])} in {t['throttled_samples']} of {t['samples']} samples"
+                             if t.get("throttled") else "none seen")
+    out["sampled"] = (f"{t['samples']} samples over {t['duration_s']:.1f} s" if t.get("sampled")
+                      else "one snapshot")
+    out["flags"] = flags
+    return out

@@ -72,6 +72,7 @@ if [[ -f bench/spec.py ]]; then
 else
   SUMMARY+=("bench_spec|skipped: bench/spec.py not present|0")
 fi
+step bench_profile 120 $PY -m bench.profile --device cuda --out "$OUT"
 
 rm -rf "$DECODESCOPE_CACHE"
 {
