@@ -132,4 +132,16 @@ def environment(rt: Runtime, device: str) -> dict:
         "KV cache": f"{eng.max_seq_len} positions",
         "memory bandwidth": f"{eng.bandwidth_gbs:.1f} GB/s (measured at launch)",
         "ZeroGPU": "yes" if zero_gpu() else "no",
+        **machine_state(device),
     }
+
+
+def machine_state(device: str) -> dict:
+    """The machine at launch (engine.provenance): CPU model and flags, clock and governor, load; GPU clocks,
+    heat, power and throttling. What would make a number on this page suspect is listed last."""
+    from engine.provenance import describe, snapshot
+
+    state = describe(snapshot(device))
+    state.pop("sampled")
+    flags = state.pop("flags")
+    return {**state, "flags at launch": flags}
