@@ -95,7 +95,7 @@ class Window:
     cells: dict = field(default_factory=dict)  # (layer, class) -> Cell, ms within this window
     split: dict = field(default_factory=dict)  # python / dispatch / kernel ms (CPU); device figures (CUDA)
     device: dict = field(default_factory=dict)  # (layer, class) -> Cell from device events
-    host_ms: float = 0.0  # CUDA: start of the window to the end of its last launch
+    host_ms: float = 0.0  # CUDA: start of the window to the end of its last kernel or graph launch
 
     def add(self, cells: dict, key, ms: float, calls: float = 0.0) -> None:
         c = cells.setdefault(key, Cell())
@@ -188,7 +188,9 @@ def _walk(events: list[dict], kinds: dict) -> tuple[list[Window], dict]:
         corr = ev.get("args", {}).get("correlation")
         if ev.get("cat") in ("cuda_runtime", "cuda_driver") and corr is not None:
             launches[corr] = (parent.window, layer, cls, ev.get("name", ""))
-            if "Synchronize" not in ev.get("name", ""):
+            # the host has issued the step once its last launch returns (a copy to pageable memory or a
+            # synchronize blocks until the device is done: that is waiting, not issuing)
+            if "Launch" in ev.get("name", ""):
                 parent.window.host_ms = max(parent.window.host_ms, (end - parent.window.ts) / 1e3)
         stack.append(Frame(ev, min(end, parent.end), parent.window, layer, cls, structural))
     while stack:
