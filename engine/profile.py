@@ -6,10 +6,10 @@ op class with the bytes each moved and the GB/s it achieved against the measured
     results = profile.compare({"fp32": eng}, configs, steps=8, k=4)   # weight format -> Engine
     results[0].rows, results[0].summary, results[0].trace              # rows, per-pass figures, Trace Event JSON
 
-The same steps run twice at the same cache positions: first plainly (the reference step time), then under
-the profiler with scopes on the model's forward, each Block and projection (forward hooks) and the OpSet's
-ops, all installed for the profiled window only and removed after it. What the profiler adds is the
-difference between the two, reported as profiler_overhead_pct.
+Each step runs twice at the same cache position, plainly (the reference step time) and under the profiler
+with scopes on the model's forward and each Block (forward hooks) and on the OpSet's ops, installed for the
+profiled step only and removed after it. What the profiler adds is the difference between the two,
+reported as profiler_overhead_pct.
 """
 from __future__ import annotations
 
@@ -157,7 +157,12 @@ def quiet_mean(xs: list[float]) -> float:
 
 
 class Recorder:
-    """Runs the steps: greedy sampling (the step's argmax and the shown softmax), fixed cache positions."""
+    """Runs the steps: greedy sampling (the step's argmax and the shown softmax), fixed cache positions.
+
+    Plain and profiled steps alternate, each pair at the same cache position, so a load that comes and goes
+    (another job on a shared machine) weighs on both alike. Each profiled step is its own profiler session
+    with the scopes installed for it alone: a session after the first starts and stops in well under a
+    millisecond, outside the step."""
 
     def __init__(self, eng, steps: int, k: int, context: list[int]):
         self.eng, self.steps, self.T = eng, steps, k + 1
@@ -165,23 +170,20 @@ class Recorder:
         self.context = context
         self.sampling = SamplingParams()
         self.gen = self.sampling.generator(eng.device)
-        self.first = torch.tensor([context[-1]], device=eng.device)
         self.chunk = torch.tensor([(context * self.T)[-self.T:]], device=eng.device)  # [1, T]
+        self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
+        self.traces: list[dict] = []
 
-    def decode(self, n: int) -> list[float]:
-        """n decode steps from the context's end: ms per step (the forward, sampling and its host read)."""
+    def step(self, position: int, tok: torch.Tensor) -> tuple[float, int]:
+        """One decode step writing position `position`: (ms for the forward, sampling and its host read, id)."""
         eng = self.eng
-        eng.rollback(len(self.context))
-        tok, times = self.first, []
-        for _ in range(n):
-            t = time.perf_counter()
-            with Scope(STEP):
-                logits = eng.decode(tok)
-                with Scope(SAMPLE):
-                    tok_id, _ = eng.pick(logits[0], self.sampling, self.gen)
-            times.append((time.perf_counter() - t) * 1e3)
-            tok = torch.tensor([tok_id], device=eng.device)
-        return times
+        eng.rollback(position)
+        t = time.perf_counter()
+        with Scope(STEP):
+            logits = eng.decode(tok)
+            with Scope(SAMPLE):
+                tok_id, _ = eng.pick(logits[0], self.sampling, self.gen)
+        return (time.perf_counter() - t) * 1e3, tok_id
 
     def verify(self) -> float:
         """One verify pass of T = k + 1 tokens after the context (and its greedy read), then rolled back."""
@@ -196,29 +198,55 @@ class Recorder:
         eng.rollback(len(self.context))
         return ms
 
-    @torch.inference_mode()
-    def record(self) -> tuple[dict, dict, dict]:
-        """(trace, unprofiled ms per pass kind, seconds spent per phase)."""
-        eng, t0 = self.eng, time.perf_counter()
-        eng.prefill(self.context)
-        self.decode(WARMUP), self.verify()  # warm: allocator, kernels, a verify graph captured on first use
-        # the plain reference runs before and after the profiled window, so a load that drifts in between
-        # (another job on a shared machine) weighs on both sides alike
-        plain = dict(decode=self.decode(self.steps), verify=[self.verify()])
-        t1 = time.perf_counter()
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
-        with scopes(eng.model), torch.profiler.profile(activities=activities) as prof:
-            self.decode(self.steps)
-            self.verify()
-        t2 = time.perf_counter()
-        plain["decode"] += self.decode(self.steps)
-        plain["verify"].append(self.verify())
-        t3 = time.perf_counter()
+    def profiled(self, fn, *args):
+        """fn(*args) under the profiler and the scopes; its trace is kept."""
+        with scopes(self.eng.model), torch.profiler.profile(activities=self.activities) as prof:
+            out = fn(*args)
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "trace.json"
             prof.export_chrome_trace(str(path))
-            trace = json.loads(path.read_text())
-        return trace, plain, dict(plain_s=t1 - t0 + t3 - t2, profiled_s=t2 - t1, export_s=time.perf_counter() - t3)
+            self.traces.append(json.loads(path.read_text()))
+        return out
+
+    @torch.inference_mode()
+    def record(self) -> tuple[dict, dict, float]:
+        """(the profiled steps' trace, plain ms per pass kind, seconds it took)."""
+        t0, n = time.perf_counter(), len(self.context)
+        self.eng.prefill(self.context)
+        tok = torch.tensor([self.context[-1]], device=self.eng.device)
+        for i in range(WARMUP):  # allocator, kernels; the verify graph is captured on first use
+            tok = torch.tensor([self.step(n + i, tok)[1]], device=self.eng.device)
+        self.verify()
+        plain = dict(decode=[], verify=[self.verify()])
+        for i in range(self.steps):
+            ms, _ = self.step(n + i, tok)
+            plain["decode"].append(ms)
+            tok = torch.tensor([self.profiled(self.step, n + i, tok)[1]], device=self.eng.device)
+        self.profiled(self.verify)
+        plain["verify"].append(self.verify())
+        return merge(self.traces), plain, time.perf_counter() - t0
+
+
+def merge(traces: list[dict]) -> dict:
+    """Several sessions' traces as one: their events (one clock, so they line up), metadata events once."""
+    seen, events = set(), []
+    for t in traces:
+        for ev in t.get("traceEvents", []):
+            if ev.get("ph") == "M":
+                key = json.dumps(ev, sort_keys=True)
+                if key in seen:
+                    continue
+                seen.add(key)
+            events.append(ev)
+    head = {k: v for k, v in (traces[0] if traces else {}).items() if k not in ("traceEvents", "traceName")}
+    return dict(head, traceEvents=events)
+
+
+def warm() -> None:
+    """The first profiler session in a process sets up its tracer (about a second on our 2-core box): pay
+    it at launch, not in the first Profile a user asks for."""
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]):
+        pass
 
 
 def synthetic_context(vocab_size: int, n: int = CONTEXT) -> list[int]:
@@ -231,10 +259,10 @@ def run(eng, cfg: Config, steps: int = 8, k: int = 4, context: list[int] | None 
     t0 = time.perf_counter()
     context = list(context) if context else synthetic_context(eng.config.vocab_size)
     rec = Recorder(eng, steps, k, context)
-    trace, plain, seconds = rec.record()
+    trace, plain, record_s = rec.record()
     t1 = time.perf_counter()
     passes = reduce_trace(trace)
-    seconds["reduce_s"] = time.perf_counter() - t1
+    seconds = dict(record_s=record_s, reduce_s=time.perf_counter() - t1)
     result = Result(cfg, trace=trace)
     base = dict(configuration=cfg.label, device=eng.device.type, kernels=eng.model.ops.name,
                 graphs=eng.graph is not None, weights=cfg.weights, k=k, context=len(context))

@@ -83,7 +83,8 @@ def test_figure_has_axis_titles_units_and_captions(outputs):
     assert sum("<span style='font-size:11px'>" in t for t in texts) == 3  # one caption line per panel that ran
     assert "<b>eager · fused · fp32: not run here</b>" in texts
     assert any(t.startswith("fused kernels unavailable:") for t in texts)
-    assert any("ceiling 10.0 GB/s" in t for t in texts)
+    ceiling = next(t for t in fig.data if t.name == "bandwidth ceiling")
+    assert set(ceiling.y) == {10.0} and ceiling.text[0] == "ceiling 10.0 GB/s (measured)"
 
 
 @pytest.mark.parametrize("against,changed", [("kernels", "fused"), ("CUDA graphs", "graphs"),

@@ -103,6 +103,9 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
 
         eng.bandwidth_gbs = measure_gbs(device)
         progress(f"measured memory bandwidth: {eng.bandwidth_gbs:.1f} GB/s")
+    from engine.profile import warm
+
+    warm()  # the profiler's first session in a process sets up its tracer (~1 s): at launch, not in a Profile
     graphs_reason = None if eng.graph is not None else eng.graph_status
     if zero_gpu():
         graphs_reason = "off: on ZeroGPU the GPU is attached per call, after launch-time capture"
