@@ -121,3 +121,12 @@ def test_default_model_profile_adds_up_and_is_quick(default_model_dir):
     assert abs(best["rows_vs_step"] - 1) <= 0.10, best
     assert best["total_s"] < 5.0, best
     assert torch.get_num_threads() >= 1
+
+
+def test_merged_sessions_keep_every_span_and_each_metadata_event_once():
+    meta = dict(ph="M", name="process_name", pid=1, args=dict(name="python"))
+    a = dict(schemaVersion=1, traceName="a", traceEvents=[meta, dict(ph="X", name="s", ts=0, dur=1, pid=1, tid=1)])
+    b = dict(schemaVersion=1, traceName="b", traceEvents=[meta, dict(ph="X", name="s", ts=5, dur=1, pid=1, tid=1)])
+    merged = profile.merge([a, b])
+    assert merged["schemaVersion"] == 1 and "traceName" not in merged
+    assert [e["ph"] for e in merged["traceEvents"]] == ["M", "X", "X"]
