@@ -26,6 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 
 OP_CLASSES = ("matmul", "attention", "norm", "rope", "activation", "kv_write", "sampling", "other", "host")
+LAYER_ORDER = ("engine", "model", "embed", None, "head", "sample", "graph", "idle")  # None: the blocks 0..L-1
 PASSES = {"decodescope/step": "decode", "decodescope/verify": "verify"}
 SCOPE = "decodescope/"  # our scopes: Python between the ops they hold
 MODEL, LAYER, SAMPLE, OP = SCOPE + "model", SCOPE + "layer.", SCOPE + "sample", SCOPE + "op:"
@@ -231,15 +232,24 @@ def _device(windows: list[Window], launches: dict, device_events: list[dict]) ->
         w.split = dict(host_ms=w.host_ms, device_ms=busy_ms, idle_ms=idle_ms)
 
 
-def quiet(windows: list[Window]) -> list[Window]:
-    """The windows at or below the median duration: on a shared machine a step that lost its core to
-    another job measures the other job."""
-    med = statistics.median(w.dur for w in windows)
-    return [w for w in windows if w.dur <= med]
+def quiet(items: list, key=lambda x: x) -> list:
+    """The items at or below the median (of key): on a shared machine a step that lost its core to another
+    job measures the other job."""
+    med = statistics.median(key(x) for x in items)
+    return [x for x in items if key(x) <= med]
+
+
+def row_order(key: tuple[str, str]) -> tuple:
+    """(layer, class) in step order: engine, model, embed, blocks 0.., head, sample, graph, idle; classes
+    as OP_CLASSES lists them."""
+    layer, cls = key
+    rank = (LAYER_ORDER.index(None), int(layer)) if layer.isdigit() else (
+        LAYER_ORDER.index(layer) if layer in LAYER_ORDER else len(LAYER_ORDER), 0)
+    return (*rank, OP_CLASSES.index(cls) if cls in OP_CLASSES else len(OP_CLASSES))
 
 
 def _average(kind: str, windows: list[Window], on_device: bool) -> PassBreakdown:
-    used = quiet(windows)
+    used = quiet(windows, key=lambda w: w.dur)
     n = len(used)
     cells: dict = {}
     split: dict = {}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 import tempfile
 import time
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ import torch
 from torch._C._profiler import _RecordFunctionFast as Scope
 from torch.profiler import ProfilerActivity
 
-from engine.breakdown import LAYER, MODEL, OP, SAMPLE, reduce_trace
+from engine.breakdown import LAYER, MODEL, OP, SAMPLE, quiet, reduce_trace, row_order
 from engine.model import RMSNorm
 from engine.sampling import SamplingParams
 
@@ -151,9 +150,8 @@ def scopes(model):
 
 def quiet_mean(xs: list[float]) -> float:
     """Mean of the values at or below the median: the runs another job did not interrupt."""
-    med = statistics.median(xs)
-    quiet = [x for x in xs if x <= med]
-    return sum(quiet) / len(quiet)
+    q = quiet(xs)
+    return sum(q) / len(q)
 
 
 class Recorder:
@@ -271,7 +269,7 @@ def run(eng, cfg: Config, steps: int = 8, k: int = 4, context: list[int] | None 
         T, kv_len = lengths[kind]
         moved = bytes_moved(eng, T, kv_len)
         step_ms = quiet_mean(plain[kind])
-        for key in sorted(set(pb.cells) | set(moved), key=order):
+        for key in sorted(set(pb.cells) | set(moved), key=row_order):
             cell = pb.cells.get(key)
             ms, calls, nbytes = (cell.ms if cell else 0.0), (cell.calls if cell else 0.0), moved.get(key, 0.0)
             gbs = nbytes / ms / 1e6 if ms > 0 and nbytes else None
@@ -291,16 +289,6 @@ def run(eng, cfg: Config, steps: int = 8, k: int = 4, context: list[int] | None 
     for s in result.summary:
         s.update(seconds, trace_events=events)
     return result
-
-
-def order(key: tuple[str, str]) -> tuple:
-    """Rows in step order: engine, model, embed, layers 0.., head, sample, graph, idle; classes as listed."""
-    from engine.breakdown import OP_CLASSES
-
-    layer, cls = key
-    pseudo = ["engine", "model", "embed", None, "head", "sample", "graph", "idle"]
-    rank = (pseudo.index(None), int(layer)) if layer.isdigit() else (pseudo.index(layer) if layer in pseudo else 99, 0)
-    return (*rank, OP_CLASSES.index(cls) if cls in OP_CLASSES else 99)
 
 
 def compare(engines: dict, configs: list[Config], **kwargs) -> list[Result]:
