@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 
-from bench.common import markdown_table, provenance, write_results  # noqa: E402
-from engine import ext  # noqa: E402
-from engine.ops import fused, ref  # noqa: E402
+from bench.common import Telemetry, markdown_table, provenance, write_results
+from engine import ext
+from engine.ops import fused, ref
 
 WINDOWS = [(0, 0), (512, 4)]  # (window, sinks); window 0 is full attention
 HEADS_PER_BLOCK = (1, 2, 3, 4, 6, 8)  # the decode_kernel instances of csrc/decode_attention.cuh
@@ -161,7 +161,7 @@ def sdpa_call(q, k, v, scale, mask):
         return lambda: F.scaled_dot_product_attention(q4, kr, vr, m, scale=scale).squeeze(2), "sdpa (repeated kv)"
 
 
-def bench_case(ops, shape: str, context: int, window: int, sinks: int, dtype, flush, bw_gbs: float,
+def bench_case(kernels, shape: str, context: int, window: int, sinks: int, dtype, flush, bw_gbs: float,
                args) -> list[dict]:
     H, Hkv, D = (int(n) for n in shape.split("x"))
     g = torch.Generator(device="cuda").manual_seed(context)
@@ -176,7 +176,7 @@ def bench_case(ops, shape: str, context: int, window: int, sinks: int, dtype, fl
     mask = None if window == 0 else (j < sinks) | (j >= context - window)
     sdpa, sdpa_name = sdpa_call(q, k, v, scale, mask)
     impls = [
-        ("decodescope", lambda: ops.decode_attention(q, k, v, seq_lens, scale, window, sinks, out=out)),
+        ("decodescope", lambda: kernels.decode_attention(q, k, v, seq_lens, scale, window, sinks, out=out)),
         (sdpa_name, sdpa),
         ("twin", lambda: ref.decode_attention(q, k, v, seq_lens, scale, window, sinks, out=out)),
     ]
@@ -242,14 +242,14 @@ def main(argv=None) -> None:
         print(report(result, head))
         return
     if not torch.cuda.is_available():
-        sys.exit("bench/attention.py needs a CUDA device to time the kernel (torch sees no GPU here); "
+        sys.exit("bench.attention needs a CUDA device to time the kernel (torch sees no GPU here); "
                  "--analysis-only reports the structure without one")
     from engine.bandwidth import measure_gbs
-    from engine.ops import select
 
-    ops = select("cuda")
-    if ops.name != "fused":
-        sys.exit(f"the fused kernels are not available, nothing to time: {ops.reason}")
+    status = ext.load("cuda")
+    if status.module is None:
+        sys.exit(f"the fused kernels are not available, nothing to time: {status.reason}")
+    kernels = fused.FusedOps(status.module)
     props = torch.cuda.get_device_properties(0)
     l2 = props.L2_cache_size
     flush = torch.empty(2 * max(l2, 2**20), dtype=torch.uint8, device="cuda")
@@ -260,21 +260,25 @@ def main(argv=None) -> None:
     # the issue budget needs the SM clock; without nvidia-smi, an H200's
     machine = dict(gb_s=bw, sms=props.multi_processor_count,
                    clock_ghz=float(clock[0]) / 1e3 if clock else H200["clock_ghz"])
-    module = ext.load("cuda").module
+    module = status.module
     analyses = []
     for shape in args.shapes:
         H, Hkv, D = (int(n) for n in shape.split("x"))
         _, _, occupancy = module.decode_attention_plan(torch.empty(1, H, D, dtype=dtype, device="cuda"), Hkv)
         analyses.append(analysis(shape, dtype, occupancy, machine, args.contexts))
     result = dict(dtype=args.dtype, batch=1, copy_bandwidth_gb_s=bw, l2_bytes=l2, iters=args.iters, machine=machine,
-                  analysis=analyses, rows=[], provenance=provenance("cuda"))
+                  analysis=analyses, rows=[])
     head = (f"Decode attention alone, batch 1, {args.dtype}, L2 flushed before each call; median of {args.iters}. "
             f"Device-to-device copy bandwidth in this run: {bw:.0f} GB/s.")
-    for shape in args.shapes:
-        for context in args.contexts:
-            for window, sinks in WINDOWS:
-                result["rows"] += bench_case(ops, shape, context, window, sinks, dtype, flush, bw, args)
-                write_results(args.out, "attention-cuda", result, report(result, head))
+    with Telemetry("cuda") as tel:
+        for shape in args.shapes:
+            for context in args.contexts:
+                for window, sinks in WINDOWS:
+                    result["rows"] += bench_case(kernels, shape, context, window, sinks, dtype, flush, bw, args)
+                    result["provenance"] = provenance("cuda", tel)  # written as each case ends
+                    write_results(args.out, "attention-cuda", result, report(result, head))
+    result["provenance"] = provenance("cuda", tel)
+    write_results(args.out, "attention-cuda", result, report(result, head))
     print(report(result, head))
 
 

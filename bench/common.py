@@ -1,6 +1,8 @@
 """What every benchmark writes next to its numbers: where they came from, as JSON and a markdown table.
 
-    result["provenance"] = provenance("cuda")
+    with Telemetry("cuda") as tel:          # clocks, heat, power, throttling (GPU) or frequency and load (CPU)
+        rows = measure()
+    result["provenance"] = provenance("cuda", tel)
     write_results(out_dir, "attention-cuda", result, header + markdown_table(result["rows"], cols))
 """
 from __future__ import annotations
@@ -14,6 +16,9 @@ from pathlib import Path
 
 import torch
 
+from engine.provenance import Telemetry, snapshot
+
+__all__ = ["Telemetry", "markdown_table", "provenance", "write_results"]
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -25,8 +30,9 @@ def _run(*cmd: str) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def provenance(device: str | torch.device) -> dict:
-    """Commit (and whether the tree had uncommitted changes), versions, hardware, threads, time."""
+def provenance(device: str | torch.device, telemetry: Telemetry | None = None) -> dict:
+    """Commit (and whether the tree had uncommitted changes), versions, hardware, threads, time, and the
+    machine's state: what `telemetry` sampled during the run, or a snapshot taken now (sampled=False)."""
     device = torch.device(device)
     status = _run("git", "status", "--porcelain")
     info = dict(
@@ -51,6 +57,7 @@ def provenance(device: str | torch.device) -> dict:
             sm_count=props.multi_processor_count,
             driver=_run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
         )
+    info["telemetry"] = telemetry.summary() if telemetry is not None else snapshot(device)
     return info
 
 

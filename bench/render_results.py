@@ -1,6 +1,8 @@
 """Render docs/RESULTS.md from the benchmark files in bench/results/ (never typed by hand).
 
-Each NAME.md table is copied under a heading, followed by the provenance its NAME.json recorded.
+Each NAME.md table is copied under a heading, followed by the provenance its NAME.json recorded and the
+state of the machine while it ran (clocks, heat, power and throttling on a GPU; frequency and load on a CPU),
+with what makes its numbers suspect flagged.
 
     python -m bench.render_results [--results bench/results] [--out docs/RESULTS.md]
 """
@@ -9,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from engine.provenance import describe
 
 HERE = Path(__file__).resolve().parent
 PROVENANCE_KEYS = ("commit", "dirty", "time", "device", "gpu", "driver", "torch", "torch_cuda", "cpu",
@@ -20,15 +24,26 @@ def provenance_line(prov: dict) -> str:
     return "Provenance: " + ", ".join(parts)
 
 
+def conditions_lines(prov: dict) -> list[str]:
+    """The machine while the benchmark ran; a flagged run says so first. Older results have no telemetry."""
+    if "telemetry" not in prov:
+        return ["Conditions: not recorded (this result predates telemetry)."]
+    d = describe(prov["telemetry"])
+    flags = d.pop("flags")
+    head = f"**Flagged: {flags}.** " if flags != "none" else "Nothing flagged. "
+    return [head + "Conditions: " + "; ".join(f"{k}: {v}" for k, v in d.items()) + "."]
+
+
 def render(results: Path) -> str:
     out = ["# decodescope benchmark results", "",
            f"Rendered by `python -m bench.render_results` from the files in `{results.name}/`; each table is",
-           "the markdown its benchmark wrote, followed by the provenance in its JSON.", ""]
+           "the markdown its benchmark wrote, followed by the provenance in its JSON and the machine's state while",
+           "it ran (a run on a busy CPU or a throttled GPU is flagged).", ""]
     for md in sorted(results.glob("*.md")):
         data = json.loads(md.with_suffix(".json").read_text()) if md.with_suffix(".json").exists() else {}
         out += [f"## {md.stem}", "", md.read_text().rstrip(), ""]
         if "provenance" in data:
-            out += [provenance_line(data["provenance"]), ""]
+            out += [provenance_line(data["provenance"]), "", *conditions_lines(data["provenance"]), ""]
     return "\n".join(out)
 
 

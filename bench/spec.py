@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
-from bench.common import markdown_table, provenance, write_results
+from bench.common import Telemetry, markdown_table, provenance, write_results
 from bench.steps import prompt_ids, shape_config, verify_costs
 from engine import Engine, Tokenizer, graphs, load_model, speculative
 from engine.loader import random_model
@@ -188,11 +188,13 @@ def main(argv=None):
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    def save(result):
-        result["provenance"] = provenance(args.device)
-        write_results(args.out, f"spec-{args.device}" + ("-quick" if args.quick else ""), result, markdown(result))
+    with Telemetry(args.device) as tel:
+        def save(result):
+            result["provenance"] = provenance(args.device, tel)
+            write_results(args.out, f"spec-{args.device}" + ("-quick" if args.quick else ""), result,
+                          markdown(result))
 
-    result = cuda_bench(args, save) if args.device == "cuda" else bench(args)
+        result = cuda_bench(args, save) if args.device == "cuda" else bench(args)
     save(result)
     print(markdown(result))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import markdown_table, provenance, write_results
+from bench.common import Telemetry, markdown_table, provenance, write_results
 from engine.stats import percentile
 from ui import layout
 from ui.runtime import RoundPump
@@ -187,8 +187,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    result = bench(args)
-    result["provenance"] = provenance(args.device)
+    with Telemetry(args.device) as tel:
+        result = bench(args)
+    result["provenance"] = provenance(args.device, tel)
     md = report(result)
     print(md)
     write_results(args.out, f"ui-{result['model']}-{args.device}", result, md)

@@ -77,6 +77,7 @@ step tests 150 $PY -m pytest -q -rs tests/test_kernels_cuda.py tests/test_gemv_c
 step bench_attention 60 $PY -m bench.attention --out "$OUT"
 step bench_latency 120 $PY -m bench.latency --device cuda --out "$OUT"
 step bench_spec 60 $PY -m bench.spec --device cuda --out "$OUT"
+step bench_profile 60 $PY -m bench.profile --device cuda --out "$OUT"
 
 summary
 exit $FAILED

@@ -1,5 +1,6 @@
 """The app served in-process and driven through gradio_client, as a remote user would."""
 import csv
+import json
 import threading
 import time
 
@@ -206,3 +207,15 @@ def test_page_config_carries_no_runtime():
     walk(layout.build(rt).get_config_file(), [])
     assert not found
     rt.close()
+
+
+def test_profile_endpoint(served):
+    rt, url = served
+    status, fig, table, profile_csv, trace = client(url).predict(PROMPT, "kernels", 3, *values(), api_name="/profile")
+    assert "Profiled in" in status
+    assert [row[1] for row in table["data"]] == ["decode", "verify", None]
+    assert table["data"][-1][-1] == f"fused kernels unavailable: {rt.fused_reason}"
+    rows = read_csv(profile_csv)
+    assert {r["op_class"] for r in rows} >= {"matmul", "attention", "norm", "kv_write", "sampling", "host"}
+    with open(trace, encoding="utf-8") as f:
+        assert json.load(f)["traceEvents"]

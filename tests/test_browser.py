@@ -183,3 +183,33 @@ def test_closing_the_tab_frees_the_engine(browser, served, slow_engine):
     assert rt.lock.acquire(timeout=10)  # gradio dropped the run and the engine let go
     rt.lock.release()
     assert time.monotonic() - t0 < 5
+
+
+def test_profile_panel_shows_the_step_and_downloads_csv_and_trace(page, served, tmp_path):
+    import json
+
+    import pandas as pd
+
+    rt = served[0]
+    page.fill("#prompt textarea", PROMPT)
+    set_number(page, "profile-steps", 3)
+    page.click("#profile-btn")
+    page.wait_for_function("document.querySelector('#profile-status')?.innerText.includes('Profiled in')",
+                           timeout=60_000)
+    page.wait_for_selector("#plot-profile .js-plotly-plot .main-svg", timeout=10_000)
+    assert page.locator("#plot-profile .barlayer .point").count() > 10  # layers x op classes, passes, GB/s
+    figure_text = page.inner_text("#plot-profile")
+    assert "a decode step by layer" in figure_text and "not run here" in figure_text
+    assert rt.fused_reason in page.inner_text("#profile-table")
+    with page.expect_download() as info:
+        page.click("#profile-csv")
+    info.value.save_as(tmp_path / "profile.csv")
+    df = pd.read_csv(tmp_path / "profile.csv")
+    assert {"configuration", "pass", "layer", "op_class", "ms", "gbs"} <= set(df.columns) and len(df) > 20
+    with page.expect_download() as info:
+        page.click("#profile-trace")
+    info.value.save_as(tmp_path / "trace.json")
+    trace = json.loads((tmp_path / "trace.json").read_text(encoding="utf-8"))
+    assert any(e.get("name") == "decodescope/step" and e["ph"] == "X" for e in trace["traceEvents"])
+    if os.environ.get("DECODESCOPE_SCREENSHOT"):
+        page.locator("#profile-panel").screenshot(path=os.environ["DECODESCOPE_SCREENSHOT"] + ".profile.png")

@@ -62,6 +62,10 @@ class Session:
     def compare_dir(self) -> str:
         return f"{self.id}-compare"
 
+    @property
+    def profile_dir(self) -> str:
+        return f"{self.id}-profile"
+
     def next_run_id(self) -> str:
         return f"{self.id}-{len(self.history) + 1}"
 
@@ -143,7 +147,7 @@ def stop(session: Session) -> None:
 def end_session(rt: Runtime, session: Session) -> None:
     """gr.State's delete callback: the tab is gone for good, so its run stops and its files go."""
     session.run_stop.set()
-    rt.store.drop([r.run_id for r in session.history] + [session.compare_dir])
+    rt.store.drop([r.run_id for r in session.history] + [session.compare_dir, session.profile_dir])
 
 
 def begin_run(session: Session) -> bool:

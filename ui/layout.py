@@ -5,7 +5,8 @@ from functools import partial
 
 import gradio as gr
 
-from ui import callbacks, compare, plots, render
+from ui import callbacks, compare, plots, profile, render
+from ui.profile_plots import PROFILE_HEADERS
 from ui.runtime import K_RANGE, NGRAM_RANGE, Runtime
 from ui.style import page_css
 
@@ -109,6 +110,21 @@ def build(rt: Runtime) -> gr.Blocks:
             csv_btn = gr.DownloadButton("Token CSV", elem_id="csv-download", size="sm")
             trace_btn = gr.DownloadButton("Chrome trace", elem_id="trace-download", size="sm")
             runs_btn = gr.DownloadButton("Runs CSV", elem_id="runs-download", size="sm")
+        with gr.Accordion("Profile: inside a step", open=True, elem_id="profile-panel"):
+            gr.Markdown(profile.INTRO)
+            with gr.Row():
+                against = gr.Dropdown(list(profile.AGAINST), value=profile.default_against(rt), label="compare with",
+                                      elem_id="profile-against", info="the second configuration changes this")
+                profile_steps = gr.Slider(*profile.STEPS_RANGE, value=profile.DEFAULT_STEPS, step=1,
+                                          label="decode steps profiled", elem_id="profile-steps")
+                profile_btn = gr.Button("Profile", elem_id="profile-btn")
+            profile_status = gr.HTML("", elem_id="profile-status")
+            plot_profile = gr.Plot(label="Profile", elem_id="plot-profile")
+            profile_table = gr.Dataframe(headers=PROFILE_HEADERS, label="Profile figures", elem_id="profile-table",
+                                         interactive=False, wrap=True)
+            with gr.Row():
+                profile_csv = gr.DownloadButton("Profile CSV", elem_id="profile-csv", size="sm")
+                profile_trace = gr.DownloadButton("Profile trace", elem_id="profile-trace", size="sm")
 
         settings = [mode, k, ngram, layers, draft, graphs, fused, chat, temperature, top_p, top_k, seed, max_new]
         assert len(settings) == len(callbacks.SETTINGS_FIELDS)
@@ -130,6 +146,9 @@ def build(rt: Runtime) -> gr.Blocks:
                **engine_event)
          .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
                api_name="last_compare"))
+        profile_btn.click(partial(profile.run_profile, rt), [session, prompt, against, profile_steps, *settings],
+                          [profile_status, plot_profile, profile_table, profile_csv, profile_trace],
+                          api_name="profile", **engine_event)
         stop_btn.click(callbacks.stop, [session], None, queue=False, api_name="stop")
         mode.change(setting_visibility, [mode], [k, ngram, layers, draft], **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=(

@@ -103,6 +103,9 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
 
         eng.bandwidth_gbs = measure_gbs(device)
         progress(f"measured memory bandwidth: {eng.bandwidth_gbs:.1f} GB/s")
+    from engine.profile import warm
+
+    warm()  # the profiler's first session in a process sets up its tracer (~1 s): at launch, not in a Profile
     graphs_reason = None if eng.graph is not None else eng.graph_status
     if zero_gpu():
         graphs_reason = "off: on ZeroGPU the GPU is attached per call, after launch-time capture"
@@ -132,4 +135,16 @@ def environment(rt: Runtime, device: str) -> dict:
         "KV cache": f"{eng.max_seq_len} positions",
         "memory bandwidth": f"{eng.bandwidth_gbs:.1f} GB/s (measured at launch)",
         "ZeroGPU": "yes" if zero_gpu() else "no",
+        **machine_state(device),
     }
+
+
+def machine_state(device: str) -> dict:
+    """The machine at launch (engine.provenance): CPU model and flags, clock and governor, load; GPU clocks,
+    heat, power and throttling. What would make a number on this page suspect is listed last."""
+    from engine.provenance import describe, snapshot
+
+    state = describe(snapshot(device))
+    state.pop("sampled")
+    flags = state.pop("flags")
+    return {**state, "flags at launch": flags}

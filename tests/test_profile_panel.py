@@ -1,0 +1,138 @@
+"""The Profile panel (ui/profile.py, ui/profile_plots.py) called directly on the tiny runtime."""
+import json
+
+import gradio as gr
+import pandas as pd
+import pytest
+
+from engine import profile as engine_profile
+from ui import callbacks, profile
+from ui.callbacks import Session
+from ui.profile_plots import PROFILE_HEADERS, profile_figure, profile_rows
+from ui.startup import build_runtime
+from ui.testing import settings_values
+
+PROMPT = "one two three, one two three"
+
+
+@pytest.fixture(scope="module")
+def rt():
+    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt.engine.bandwidth_gbs = 10.0
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def outputs(rt):
+    session = Session()
+    outs = list(profile.run_profile(rt, session, PROMPT, "kernels", 3, *settings_values()))
+    return session, outs
+
+
+def test_first_a_status_then_everything(outputs):
+    _, outs = outputs
+    assert len(outs) == 2 and "Profiling" in outs[0][0]
+    assert all(isinstance(x, type(gr.skip())) for x in outs[0][1:])
+    status, fig, table, csv_path, trace_path = outs[1]
+    assert "Profiled in" in status and "not run" in status and "Machine:" in status
+    assert len(table[0]) == len(PROFILE_HEADERS)
+
+
+def test_table_has_both_passes_and_the_reason(rt, outputs):
+    table = outputs[1][1][2]
+    assert [row[:2] for row in table[:2]] == [["eager · torch · fp32", "decode"], ["eager · torch · fp32", "verify"]]
+    assert table[2][0] == "eager · fused · fp32" and table[2][-1] == f"fused kernels unavailable: {rt.fused_reason}"
+    assert 0.5 < table[0][4] < 3  # rows / step: the tiny model is all overhead, so only a sanity range
+
+
+def test_csv_opens_in_pandas_one_row_per_configuration_pass_layer_and_class(rt, outputs):
+    df = pd.read_csv(outputs[1][1][3])
+    assert list(df.columns) == profile.CSV_COLUMNS
+    ran = df[df["note"].isna()]
+    assert not ran.duplicated(["configuration", "pass", "layer", "op_class"]).any()
+    assert set(ran["pass"]) == {"decode", "verify"}
+    assert {str(i) for i in range(rt.n_layers)} <= set(ran["layer"].astype(str))
+    skipped = df[df["note"].notna()]
+    assert list(skipped["configuration"]) == ["eager · fused · fp32"]
+    decode = ran[ran["pass"] == "decode"]
+    assert decode["pct_of_step"].sum() == pytest.approx(100, abs=0.01)
+
+
+def test_trace_is_strict_trace_event_json_with_a_process_per_configuration(outputs):
+    with open(outputs[1][1][4], encoding="utf-8") as f:
+        trace = json.loads(f.read(), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    events = trace["traceEvents"]
+    assert all("ph" in e for e in events)
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and all(isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float)) for e in spans)
+    assert all(isinstance(e["pid"], int) for e in events if "pid" in e)
+    names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
+    assert names and all(n.startswith("eager · torch · fp32: ") for n in names)
+    assert any(e["name"] == "decodescope/step" for e in spans)
+
+
+def test_figure_has_axis_titles_units_and_captions(outputs):
+    fig = outputs[1][1][1]
+    layout = fig.to_plotly_json()["layout"]
+    axes = {k: v for k, v in layout.items() if k.startswith(("xaxis", "yaxis")) and v.get("visible", True)}
+    assert len(axes) == 6  # layers (one configuration ran; the other panel shows its reason), passes, GB/s
+    assert all(a.get("title", {}).get("text") for a in axes.values())
+    assert {"ms per step", "ms per pass", "achieved GB/s (log)"} <= {a["title"]["text"] for a in axes.values()}
+    texts = [a["text"] for a in layout["annotations"]]
+    assert sum("<span style='font-size:11px'>" in t for t in texts) == 3  # one caption line per panel that ran
+    assert "<b>eager · fused · fp32: not run here</b>" in texts
+    assert any(t.startswith("fused kernels unavailable:") for t in texts)
+    ceiling = next(t for t in fig.data if t.name == "bandwidth ceiling")
+    assert set(ceiling.y) == {10.0} and ceiling.text[0] == "ceiling 10.0 GB/s (measured)"
+
+
+@pytest.mark.parametrize("against,changed", [("kernels", "fused"), ("CUDA graphs", "graphs"),
+                                             ("weights q4", "weights")])
+def test_the_second_configuration_changes_one_thing(rt, against, changed):
+    s = callbacks.parse_settings(*settings_values())
+    cur, other = profile.configs(rt, s, against)
+    diff = {f for f in ("fused", "graphs", "weights") if getattr(cur, f) != getattr(other, f)}
+    assert diff == {changed} and cur.label != other.label
+
+
+def test_same_weights_compare_with_itself_once(rt):
+    s = callbacks.parse_settings(*settings_values())
+    assert len(profile.configs(rt, s, "weights fp32")) == 1
+
+
+def test_another_weight_format_says_it_is_not_loaded(rt):
+    outs = list(profile.run_profile(rt, Session(), PROMPT, "weights q4", 2, *settings_values()))
+    assert outs[-1][2][-1][-1] == "q4 weights are not loaded here (loaded: fp32)"
+
+
+@pytest.mark.parametrize("against,steps,needle", [("nonsense", 4, "compare with 'nonsense'"),
+                                                  ("kernels", 99, "profile steps=99"),
+                                                  ("kernels", 2.5, "must be a whole number")])
+def test_bad_inputs_are_errors_naming_the_value(rt, against, steps, needle):
+    with pytest.raises(gr.Error, match=needle):
+        list(profile.run_profile(rt, Session(), PROMPT, against, steps, *settings_values()))
+
+
+def test_empty_prompt_profiles_a_synthetic_context(rt):
+    outs = list(profile.run_profile(rt, Session(), "", "kernels", 2, *settings_values()))
+    assert "Profiled in" in outs[-1][0]
+
+
+def test_the_session_s_files_go_with_it(rt, outputs):
+    session, outs = outputs
+    folder = rt.store.root / session.profile_dir
+    assert folder.is_dir()
+    callbacks.end_session(rt, session)
+    assert not folder.exists()
+
+
+def test_nothing_ran_is_a_figure_with_the_reasons():
+    res = [engine_profile.Result(engine_profile.Config("a"), reason="no GPU")]
+    fig = profile_figure(res)
+    assert "a: no GPU" in fig.layout.annotations[0].text
+    assert profile_rows(res) == [["a", None, None, None, None, None, None, None, None, "no GPU"]]
+
+
+def test_environment_card_says_what_the_machine_was_doing(rt):
+    assert {"CPU", "CPU clock", "load average", "flags at launch"} <= set(rt.env)
