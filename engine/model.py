@@ -61,7 +61,7 @@ class Linear(nn.Module):
         self.matmul = ops.linear[self.weight.fmt]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.matmul(x, *self.weight.tensors)  # x: [N, in] -> [N, out]
+        y = self.matmul(x, self.weight)  # x: [N, in] -> [N, out]
         return y if self.bias is None else y.add_(self.bias)
 
 

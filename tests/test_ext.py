@@ -260,8 +260,10 @@ def assert_twins(opset, reason_part: str):
     assert opset.rmsnorm is ref.rmsnorm and opset.attention is ref.attention
 
 
-def test_cpu_device_runs_the_twins():
-    assert_twins(ops.select("cpu"), "no CUDA device")
+def test_cpu_runs_the_twins_with_the_reason_when_its_kernels_cannot(monkeypatch):
+    monkeypatch.setattr(ext, "load", lambda target: ext.ExtStatus(None, f"no {target} kernels here: a test says so"))
+    assert_twins(ops.select("cpu"), "no cpu kernels here")
+    assert_twins(ops.select("cpu", fused=False), "switched off")
 
 
 def test_unsupported_head_dim_runs_the_twins_before_any_build(monkeypatch):

@@ -26,9 +26,12 @@ class OpSet:
     linear: dict[str, Callable]  # weight format -> matmul(x [N, in], *packed tensors) -> [N, out]
 
 
+DENSE_MATMULS = dict(fp32=ref.matmul_t, fp16=ref.matmul_t, bf16=ref.matmul_t)
+
+
 def torch_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
     """The twins: every format's weights dequantized, the activations left as they are."""
-    linear = dict(fp32=ref.matmul_t, fp16=ref.matmul_t, bf16=ref.matmul_t, q4=ref.matmul_q4, int8=ref.matmul_int8)
+    linear = dict(DENSE_MATMULS, int8=ref.matmul_dequantized, q4=ref.matmul_dequantized)
     return OpSet(name="torch", reason=reason, rmsnorm=ref.rmsnorm, add_rmsnorm=ref.add_rmsnorm, rope_=ref.rope_,
                  silu_mul=ref.silu_mul, attention=ref.attention, layout="torch", linear=linear)
 
@@ -42,8 +45,10 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
     device = torch.device(device)
     if not fused:
         return torch_ops("fused kernels switched off", device)
+    if device.type == "cpu":
+        return cpu_ops()
     if device.type != "cuda":
-        return torch_ops(f"no CUDA device (running on {device.type})", device)
+        return torch_ops(f"no fused kernels for {device.type} devices", device)
     if head_dim is not None and head_dim not in FUSED_HEAD_DIMS:
         return torch_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; "
                          f"this model has {head_dim}", device)
@@ -55,10 +60,23 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
     from engine.ops import fused as fused_ops
 
     kernels = fused_ops.ops(status.module)
-    linear = dict(fp32=ref.matmul_t, fp16=ref.matmul_t, bf16=ref.matmul_t,  # dense: cuBLAS through torch
-                  int8=kernels.pop("linear_int8"), q4=kernels.pop("linear_q4"))
+    int8, q4 = kernels.pop("linear_int8"), kernels.pop("linear_q4")
+    linear = dict(DENSE_MATMULS,  # dense: cuBLAS through torch
+                  int8=lambda x, w: int8(x, *w.tensors), q4=lambda x, w: q4(x, *w.tensors))
     return OpSet(name="fused", reason=status.reason, attention=cuda_attention(kernels.pop("decode_attention")),
                  layout="cuda", linear=linear, **kernels)
+
+
+def cpu_ops() -> OpSet:
+    """The SIMD kernels of csrc/cpu/ where they build and this CPU runs them, else the twins with the reason."""
+    from engine import ext
+
+    status = ext.load("cpu")
+    if status.module is None:
+        return torch_ops(status.reason, "cpu")
+    from engine.ops import cpu
+
+    return OpSet(name="fused", reason=status.reason, **cpu.ops(status.module))
 
 
 def cuda_attention(decode_attention: Callable) -> Callable:

@@ -99,34 +99,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y.to(x.dtype)
 
 
-# ---- the matmuls of the torch path, one per weight format, over engine/weights.py's "torch" layout --------
+# ---- the matmuls of the torch path: (x, a Packed weight in engine/weights.py's "torch" layout) -------------
 
 
-def matmul_t(x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-    """Dense formats: x [N, in] @ w_t [in, out] (the weight stored transposed); a weight stored narrower
-    than x (fp16 on a CPU) is upcast, the product accumulated in fp32."""
+def matmul_t(x: torch.Tensor, w) -> torch.Tensor:
+    """Dense formats: x [N, in] @ the weight stored transposed, [in, out]; a weight stored narrower than x
+    (fp16 on a CPU) is upcast, the product accumulated in fp32."""
+    w_t = w.tensors[0]
     return x @ w_t if w_t.dtype == x.dtype else (x.float() @ w_t.float()).to(x.dtype)
 
 
-def _dequantized(fmt: str, n_in: int, q: torch.Tensor, *scales: torch.Tensor) -> torch.Tensor:
-    from engine.weights import Blocks, dequantize
+def matmul_dequantized(x: torch.Tensor, w) -> torch.Tensor:
+    """int8 and q4: the blocks dequantized (engine/weights.py's twin of every kernel's weight read), then
+    linear(); activations stay as they are."""
+    from engine.weights import dequantize, unpack
 
-    return dequantize(Blocks(fmt, q.shape[0], n_in, q, *scales))
-
-
-def matmul_q4(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """q4 blocks (canonical: q 0..15 [out, in_pad], d, m fp16 [out, nb]) dequantized, then linear()."""
-    return linear(x, _dequantized("q4", x.shape[-1], q, d, m))
-
-
-def matmul_int8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """int8 blocks dequantized, then linear(): the CUDA kernel's recipe (activations stay in their dtype)."""
-    return linear(x, _dequantized("int8", x.shape[-1], q, d))
-
-
-def matmul_int8_a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """int8 blocks times int8 activations: the CPU kernel's recipe (linear_a8)."""
-    return linear_a8(x, q, d).to(x.dtype)
+    return linear(x, dequantize(unpack(w)))
 
 
 def quantize_activations(x: torch.Tensor, in_pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,63 @@
+"""Thin wrappers over the CPU kernels (csrc/cpu/), with the signatures of the twins in ref.py.
+
+They allocate outputs (or write into `out=`); the module checks shapes, dtypes and strides and says which
+value is wrong, splits the work across its threads and records itself for torch.profiler. `ops(module)`
+is what engine.ops.select builds the CPU OpSet from.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from engine.weights import Packed
+
+KERNELS = {"fp32": "linear_f32", "fp16": "linear_f16", "int8": "linear_q8", "q4": "linear_q4"}
+
+
+class CpuOps:
+    def __init__(self, module: ModuleType):
+        self.module = module
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None):
+        out = torch.empty_like(x) if out is None else out
+        self.module.rmsnorm(out, x, weight, float(eps))
+        return out
+
+    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+        self.module.add_rmsnorm(x, residual, weight, float(eps))
+        return x
+
+    def rope_(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              positions: torch.Tensor) -> None:
+        self.module.rope(q, k, cos, sin, positions)
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor | None = None):
+        out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2) if out is None else out
+        self.module.silu_mul(out, gate_up)
+        return out
+
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                  scale: float, window: int = 0, sinks: int = 0, out: torch.Tensor | None = None):
+        # q: [B, T, H, D], k_cache/v_cache: [B, Hkv, S, D], seq_lens: [B] int32
+        out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
+        self.module.attention(out, q, k_cache, v_cache, seq_lens, float(scale), int(window), int(sinks))
+        return out
+
+    def matmul(self, fmt: str):
+        """The matmul of one weight format: (x [N, in], a Packed weight in the CPU panel layout) -> [N, out]."""
+        kernel = getattr(self.module, KERNELS[fmt])
+
+        def matmul(x: torch.Tensor, w: Packed) -> torch.Tensor:
+            out = x.new_empty(x.shape[0], w.out_features)
+            kernel(out, x.contiguous(), *w.tensors)
+            return out
+
+        return matmul
+
+
+def ops(module: ModuleType) -> dict:
+    """The OpSet fields the CPU kernels fill, bound to one CpuOps."""
+    c = CpuOps(module)
+    return dict(rmsnorm=c.rmsnorm, add_rmsnorm=c.add_rmsnorm, rope_=c.rope_, silu_mul=c.silu_mul,
+                attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in KERNELS})
