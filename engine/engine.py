@@ -81,7 +81,7 @@ class Engine:
         """Fill the cache with the prompt; float32 logits [V] of its last token ([T, V] with all_logits)."""
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         self.cache.set_length(len(ids))
-        return self.model(tokens, self.cache, "prefill", last_only=not all_logits)[0]
+        return self.model(tokens, self.cache, "prefill", last_only=not all_logits, start=0)[0]
 
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """token: [B] long -> logits [B, V]; a graph replay when graphs are on."""
@@ -99,8 +99,9 @@ class Engine:
         self.cache.advance(tokens.shape[1])
         if self.graph is not None:
             return self.graph.run(tokens)
+        T = tokens.shape[1]
         return self.model(tokens, self.cache, "cached", kv_limit=self._kv_limit(self.cache.length),
-                          window=self.window or 0, sinks=self.sinks)
+                          window=self.window or 0, sinks=self.sinks, start=self.cache.length - T)
 
     def rollback(self, n: int) -> None:
         """Keep the first n cache entries (entries past seq_len are never read, so this is a fill)."""

@@ -25,6 +25,7 @@ class KVCache:
         self.batch_size = batch_size
         self.max_seq_len = max_seq_len
         self.rows = torch.arange(batch_size, device=device)  # [B], for index_put
+        self.layer_k, self.layer_v = list(self.k.unbind(0)), list(self.v.unbind(0))  # views: [B, Hkv, S, D] each
 
     @property
     def bytes_per_token(self) -> int:
@@ -54,8 +55,16 @@ class KVCache:
             self.seq_lens.copy_(saved)
             self.length = saved_length
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
-        # k, v: [B, T, Hkv, D]; positions: [B, T] (values < S)
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+              start: int | None = None) -> None:
+        """k, v: [B, T, Hkv, D] into positions [B, T] (values < S). With `start`, the host knows they are
+        start..start+T-1 in every row, and a slice copy does it; without (a captured graph, where only the
+        device knows the positions), an index_put."""
+        if start is not None:
+            T = k.shape[1]
+            self.layer_k[layer][:, :, start:start + T] = k.transpose(1, 2)
+            self.layer_v[layer][:, :, start:start + T] = v.transpose(1, 2)
+            return
         rows = self.rows[:, None]
-        self.k[layer][rows, :, positions] = k
-        self.v[layer][rows, :, positions] = v
+        self.layer_k[layer][rows, :, positions] = k
+        self.layer_v[layer][rows, :, positions] = v

@@ -33,6 +33,7 @@ class ForwardContext:
     B: int
     T: int
     positions: torch.Tensor  # [B, T] long
+    start: int | None  # the first new position when the host knows it (eager calls); None in a captured graph
     cache: KVCache
     kv_limit: int  # keys read from the cache: S, or a host-known bound for eager calls
     ops: ops_mod.OpSet
@@ -40,6 +41,9 @@ class ForwardContext:
     sin: torch.Tensor
     window: int = 0  # > 0: cached attention reads the first `sinks` keys and the last `window` only
     sinks: int = 0
+
+    def __post_init__(self):
+        self.flat_positions = self.positions.reshape(-1)  # [N], what rope takes: once, not once a layer
 
 
 class Linear(nn.Module):
@@ -86,14 +90,14 @@ class Attention(nn.Module):
         # views into the one qkv output: rope and attention take a free token stride, so no copies
         q, k, v = self.wqkv(x).view(B, T, -1).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q, k, v = q.unflatten(-1, (cfg.n_heads, D)), k.unflatten(-1, (cfg.n_kv_heads, D)), v.unflatten(-1, (-1, D))
-        s.ops.rope_(q.flatten(0, 1), k.flatten(0, 1), s.cos, s.sin, s.positions.reshape(-1))  # [N, H|Hkv, D]
-        s.cache.write(self.layer, k, v, s.positions)
+        s.ops.rope_(q.flatten(0, 1), k.flatten(0, 1), s.cos, s.sin, s.flat_positions)  # [N, H|Hkv, D]
+        s.cache.write(self.layer, k, v, s.positions, s.start)
         if s.mode == "prefill":
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                                scale=self.scale, enable_gqa=cfg.n_rep > 1).transpose(1, 2)
         else:
-            kc = s.cache.k[self.layer][:, :, : s.kv_limit]  # [B, Hkv, S', D]
-            vc = s.cache.v[self.layer][:, :, : s.kv_limit]
+            kc = s.cache.layer_k[self.layer][:, :, : s.kv_limit]  # [B, Hkv, S', D]
+            vc = s.cache.layer_v[self.layer][:, :, : s.kv_limit]
             y = s.ops.attention(q, kc, vc, s.cache.seq_lens, self.scale, s.window, s.sinks)
         return self.wo(y.reshape(B * T, cfg.q_size))  # y: [B, T, H, D]
 
@@ -195,13 +199,14 @@ class Transformer(nn.Module):
         return self.lm_head(x).float()
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, mode: str, kv_limit: int | None = None,
-                last_only: bool = False, window: int = 0, sinks: int = 0) -> torch.Tensor:
+                last_only: bool = False, window: int = 0, sinks: int = 0, start: int | None = None) -> torch.Tensor:
         """tokens: [B, T] -> float32 logits [B, T, V] ([B, V] with last_only). The cache's length already
-        counts these T tokens (the caller advanced it), so positions are seq_lens - T + t."""
+        counts these T tokens (the caller advanced it), so positions are seq_lens - T + t. start: that first
+        position when the host knows it (eager calls: the KV write is then a slice copy, not an index_put)."""
         B, T = tokens.shape
         positions = cache.seq_lens.long().unsqueeze(1) - T + torch.arange(T, device=tokens.device)  # [B, T]
-        s = ForwardContext(mode, B, T, positions, cache, kv_limit or cache.max_seq_len, self.ops, self.cos, self.sin,
-                           window, sinks)
+        s = ForwardContext(mode, B, T, positions, start, cache, kv_limit or cache.max_seq_len, self.ops, self.cos,
+                           self.sin, window, sinks)
         layers = self.layers
         h = self.embed_tokens(tokens)  # residual stream: [N, C]
         x = self.ops.rmsnorm(h, layers[0].attn_norm.weight, self.config.rms_eps)
