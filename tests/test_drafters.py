@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine import Engine, load_model, speculative
-from engine.drafters import NgramDrafter, truncated
+from engine.drafters import NgramDrafter
+from engine.layerskip import truncated
 from engine.sampling import SamplingParams
 from engine.tiny import tiny_config, write_tiny_model
 
@@ -97,7 +98,9 @@ def test_layer_skip_shares_weights_and_matches_a_truncated_checkpoint(tiny):
     model, root = tiny
     eng = Engine(model, 64)
     view = truncated(model, 2)
-    assert view.config.n_layers == 2 and view.layers[1] is model.layers[1] and view.embed is model.embed
+    assert view.config.n_layers == 2 and view.embed is model.embed and view.lm_head is model.lm_head
+    assert all(a.attn.wqkv is b.attn.wqkv and a.mlp is b.mlp and a.attn_norm is b.attn_norm
+               for a, b in zip(view.layers, model.layers[:2], strict=True))
     config = json.loads((root / "a" / "config.json").read_text())
     (root / "a2").mkdir(exist_ok=True)
     for name in ("model.safetensors", "tokenizer.json"):
