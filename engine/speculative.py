@@ -9,7 +9,8 @@ top-p), the one shaping plain decoding uses; at temperature 0 both are one-hot, 
 it equals the target's argmax and the token after the run is that argmax. Greedy output is therefore the
 plain greedy output wherever the verify pass's logits rank tokens as a decode step's do: token for token in
 fp32 (the tests' setting); in bf16 or fp16 a chunk pass and a decode step round differently, so a near-tie
-between the top two tokens can break the other way and the texts part there (tests/test_speculative_cuda.py).
+between the top two tokens can break the other way and the texts part there (the bf16 test in
+tests/test_speculative.py checks that a parting is such a near-tie).
 
 k is the most a round drafts. The schedule (engine/schedule.py) picks each round's k from the run's
 measured costs and acceptance, 0 being a plain decode step, and never more than the tokens left less one
