@@ -182,8 +182,10 @@ def bench(args, save) -> dict:
     for temperature in grid["temperatures"]:
         for set_name, prompts in sets.items():
             tallies = [Tally() for _ in range(len(modes) + 1)]
-            for _ in range(repeats):
-                for tally, mode in zip(tallies, [None, *modes], strict=True):
+            order = list(zip(tallies, [None, *modes], strict=True))
+            for rep in range(repeats):
+                # each repeat starts one mode later, so no mode always runs first (or last) after a change of load
+                for tally, mode in order[rep % len(order):] + order[:rep % len(order)]:
                     tokens = ms = 0
                     for prompt in prompts:
                         t, m = tally.add(run(mode, prompt, temperature))
