@@ -31,6 +31,9 @@ import torch
 from engine.sampling import SamplingParams, sample, shown_probs
 
 
+GRAPHED_CATCH_UP = 8
+
+
 class Draft(NamedTuple):
     ids: torch.Tensor  # [k] long, on the target's device; k may be 0
     probs: torch.Tensor | None  # [k, V] the distributions the ids were drawn from; None: one-hot on the ids
@@ -194,7 +197,12 @@ class ModelDrafter(Drafter):
     def propose(self, k, sampling, gen) -> Draft:
         e = self.engine
         feed = torch.tensor(self.pending, dtype=torch.long, device=e.device)
-        logits = e.decode(feed) if len(feed) == 1 else e.chunk(feed[None])[:, -1]  # [1, V]
+        # graphs are captured per token count: catch up in blocks of at most GRAPHED_CATCH_UP so the plain rounds
+        # before a proposal (any number of them) never capture a graph per count
+        step = GRAPHED_CATCH_UP if e.graph is not None else len(feed)
+        for i in range(0, len(feed), step):
+            part = feed[i:i + step]
+            logits = e.decode(part) if len(part) == 1 else e.chunk(part[None])[:, -1]  # [1, V]
         self.cached, self.pending = self.cached + len(feed), []
         ids, rows, ps = [], [], []
         for i in range(k):

@@ -73,8 +73,8 @@ def tiny(tmp_path_factory):
 
 
 def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
-    """After any pattern of accepted counts, the drafter's next distribution is what a fresh prefill of
-    the whole committed sequence gives."""
+    """After any pattern of accepted counts, and after plain rounds that never asked it for drafts, the
+    drafter's next distribution is what a fresh prefill of the whole committed sequence gives."""
     model, _ = tiny
     target = Engine(model, 128)
     d = speculative.ModelDrafter(Engine(model, 128))
@@ -90,6 +90,14 @@ def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
         torch.testing.assert_close(draft.probs[0], want, atol=1e-5, rtol=1e-4)
         n = rng.randint(0, k)  # accept n drafts, then one token of the target's
         emitted = draft.ids[:n].tolist() + [rng.randrange(model.config.vocab_size)]
+    d.commit(n, emitted)
+    seq += emitted
+    for _ in range(11):  # plain rounds the schedule chose: the drafter is not asked, its pending tokens pile up
+        d.commit(0, [t := rng.randrange(model.config.vocab_size)])
+        seq.append(t)
+    draft = d.propose(2, sp, torch.Generator().manual_seed(0))
+    want = torch.softmax(Engine(model, 128).logits(seq)[-1], -1)
+    torch.testing.assert_close(draft.probs[0], want, atol=1e-5, rtol=1e-4)
 
 
 def test_layer_skip_shares_weights_and_matches_a_truncated_checkpoint(tiny):
