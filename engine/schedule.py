@@ -10,14 +10,17 @@ The model is Leviathan et al.'s (2023, section 3.4) with measured costs in place
                               (sampling and host time included); C(0) = V(1) is a plain step
   k      = argmax E(k) / C(k) over 0..min(k_max, tokens left - 1), where k > 0 must beat a plain step by MIN_GAIN
 
-Every figure comes from this run's rounds: V(T) is the mean of the rounds that verified T positions (a plain
-round for T = 1), interpolated between the sizes seen and extrapolated with their mean slope; d is the draft
-time per drafted token. Decided with the posterior means, a round drafts only where drafting is expected to
-beat a plain step. Where the means say "plain" but an optimistic bound (mean + one standard deviation) says
-drafting could win, the round probes with one draft: the cheapest round that measures position 0's acceptance
-and the costs. Counts decay every round, so a context that turned bad is probed again after a while and one
-that turned good is trusted less as it ages. The choice depends only on earlier rounds, never on the round's
-own draws, so speculative sampling stays exact whatever k is picked.
+Every figure comes from this run's rounds: V(T) is the median of the rounds that verified T positions (plain
+rounds for T = 1), interpolated between the sizes seen and extrapolated past them; d is the draft time per
+drafted token. Before a size is seen, V(T) = V(1) (1 + PRIOR_VERIFY_SLOPE (T - 1)): the first rounds decide on
+priors in units of a step, so a lookup in a copy task drafts from round 1. Decided with the posterior means, a
+round drafts only where drafting is expected to beat a plain step. Where the means say "plain" but an
+optimistic bound (mean + one standard deviation) says drafting could win against a measured plain step, the
+round probes with one draft: the cheapest round that measures position 0's acceptance and the costs (a model
+drafter's first drafting round is such a probe: its draft cost is unknown until then). Counts decay every
+round, so a context that turned bad is probed again after a while and one that turned good is trusted less
+as it ages. The choice depends only on earlier rounds, never on the round's own draws, so speculative
+sampling stays exact whatever k is picked.
 
 A drafter tells the schedule three things (engine/drafters.py): context() before each round (None: nothing to
 propose), prior(context) (the acceptance it expects before any evidence) and draft_cost (ms a draft costs
@@ -32,10 +35,11 @@ from dataclasses import dataclass, field
 MIN_GAIN = 1.05  # k > 0 must beat a plain step's expected tok/s by 5%: estimates are noisy and the best-looking
 # k is biased upward by being picked, so a break-even draft would lose more often than it wins
 PRIOR_WEIGHT = 2.0  # a context's prior counts as two rounds of evidence
+POOL = 0.5  # another context's round counts half as much as the context's own
 DECAY = 0.99  # per round: about the last 100 rounds carry the estimates; a ruled-out context is probed again
 # every ~50 rounds, about 1% of a run at a probe costing half a step
 WINDOW = 8  # rounds a cost estimate keeps
-PRIOR_VERIFY_SLOPE = 0.3  # V(T) = V(1) * (1 + 0.3 (T - 1)) until a verify pass is measured
+PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until a verify pass is measured
 
 
 def median(xs: list[float]) -> float:
@@ -55,8 +59,13 @@ class Costs:
     draft: list[float] = field(default_factory=list)
 
     @property
-    def step(self) -> float | None:
-        return median(self.verify[1]) if 1 in self.verify else None
+    def step(self) -> float:
+        """A plain step's ms: measured; else inferred from the verify passes measured, by the prior slope;
+        else 1 (before any round every cost is a prior relative to a step, and relative units do)."""
+        if 1 in self.verify:
+            return median(self.verify[1])
+        seen = [median(v) / (1 + PRIOR_VERIFY_SLOPE * (t - 1)) for t, v in self.verify.items()]
+        return min(seen) if seen else 1.0
 
     def add_verify(self, T: int, ms: float) -> None:
         self.verify[T] = (self.verify.get(T, []) + [ms])[-WINDOW:]
@@ -69,8 +78,9 @@ class Costs:
 
     def measured(self, T: int) -> float:
         """A size's median, with the prior counted as one more round: one noisy round does not settle it."""
-        prior = self.step * (1 + PRIOR_VERIFY_SLOPE * (T - 1))
-        return median(self.verify[T] + ([prior] if T > 1 else []))
+        if T == 1:
+            return self.step
+        return median(self.verify[T] + [self.step * (1 + PRIOR_VERIFY_SLOPE * (T - 1))])
 
     def slope(self) -> float:
         """Extra ms per verified position past the largest size seen: the smaller of the mean slope measured and
@@ -84,9 +94,9 @@ class Costs:
 
     def verify_ms(self, T: int) -> float:
         """V(T): measured where seen, linear between the nearest sizes seen, extrapolated past the largest."""
-        if T in self.verify:
+        if T == 1 or T in self.verify:
             return self.measured(T)
-        below = max(t for t in self.verify if t < T)
+        below = max([1] + [t for t in self.verify if t < T])
         above = [t for t in self.verify if t > T]
         if not above:
             return self.measured(below) + self.slope() * (T - below)
@@ -96,8 +106,16 @@ class Costs:
 
 
 class Acceptance:
-    """Decayed accept / reject counts per (context, draft position), read as Beta posteriors whose prior mean at
-    position i is the posterior mean at i - 1 (position 0: the drafter's prior for the context)."""
+    """Decayed accept / reject counts per (context, draft position), read as Beta posteriors shrunk toward a
+    hierarchy of means:
+      position 0     the drafter's prior for the context, updated by the other contexts' position-0 counts at
+                     POOL weight: the contexts of one run share its nature (in a copy task even a one-token
+                     match is usually right; in free prose even a long one often is not);
+      continuation   positions 1.. pooled (this context's at full weight, the others' at POOL), shrunk toward
+                     position 0's mean: once a draft is accepted the next one tends to be too, and a round that
+                     accepts three drafts teaches three continuations, not one position each;
+      position i     its own counts, shrunk toward the continuation mean, so a drafter whose drafts degrade
+                     with depth (a truncated model) shows it where the counts are."""
 
     def __init__(self, prior):
         self.prior = prior  # context -> prior mean acceptance
@@ -116,16 +134,35 @@ class Acceptance:
                 row[0] *= DECAY
                 row[1] *= DECAY
 
+    def _pooled(self, ctx: Hashable, first: bool) -> tuple[float, float]:
+        """(accepted, rejected) at position 0 (first) or at positions 1.. of ctx, plus the other contexts' at
+        POOL weight."""
+        acc = rej = 0.0
+        for c, rows in self.counts.items():
+            w = 1.0 if c == ctx else POOL
+            for row in rows[:1] if first else rows[1:]:
+                acc, rej = acc + w * row[0], rej + w * row[1]
+        return acc, rej
+
     def estimates(self, ctx: Hashable, k: int, z: float = 0.0) -> list[float]:
         """Posterior mean (+ z standard deviations, capped at 1) at positions 0..k-1."""
         rows = self.counts.get(ctx, [])
-        mean, out = self.prior(ctx), []
-        for p in range(k):
+
+        def posterior(prior: float, p: int) -> tuple[float, float]:
             acc, rej = rows[p] if p < len(rows) else (0.0, 0.0)
-            a, b = PRIOR_WEIGHT * mean + acc, PRIOR_WEIGHT * (1 - mean) + rej
-            mean = a / (a + b)
+            return PRIOR_WEIGHT * prior + acc, PRIOR_WEIGHT * (1 - prior) + rej
+
+        own0 = rows[0] if rows else (0.0, 0.0)
+        acc, rej = self._pooled(ctx, first=True)
+        acc, rej = acc - own0[0], rej - own0[1]  # the other contexts' position 0
+        a0, b0 = posterior((PRIOR_WEIGHT * self.prior(ctx) + acc) / (PRIOR_WEIGHT + acc + rej), 0)
+        acc, rej = self._pooled(ctx, first=False)
+        continuation = (PRIOR_WEIGHT * a0 / (a0 + b0) + acc) / (PRIOR_WEIGHT + acc + rej)
+        out = []
+        for p in range(k):
+            a, b = (a0, b0) if p == 0 else posterior(continuation, p)
             sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
-            out.append(min(1.0, mean + z * sd))
+            out.append(min(1.0, a / (a + b) + z * sd))
         return out
 
 
@@ -157,11 +194,9 @@ class Schedule:
         return k
 
     def _adaptive(self, ctx: Hashable, k_max: int) -> int:
-        if self.costs.step is None:
-            return 0  # a plain step first: every estimate is relative to it
         best = self.best(self.acceptance.estimates(ctx, k_max), k_max, MIN_GAIN)
-        if best:
-            return best
+        if best or 1 not in self.costs.verify:
+            return best  # a probe is judged against a measured plain step
         return 1 if self.best(self.acceptance.estimates(ctx, 1, z=1.0), 1, 1.0, optimistic=True) else 0
 
     def draft_ms(self, optimistic: bool = False) -> float:
@@ -190,10 +225,10 @@ class Schedule:
         self.acceptance.age()
         if rnd.n_drafted == 0:
             self.costs.add_verify(1, rnd.total_ms)
-            return
-        self.costs.add_verify(rnd.n_drafted + 1, rnd.total_ms - rnd.draft_ms)
-        if self.drafter.draft_cost != 0.0:  # a lookup's drafting is free; a model's is measured
-            self.costs.add_draft(rnd.draft_ms / rnd.n_drafted)
-            if self.costs.step:
-                self.drafter.remember_cost(self.costs.draft_ms() / self.costs.step)
-        self.acceptance.observe(ctx, rnd.n_drafted, rnd.n_accepted)
+        else:
+            self.costs.add_verify(rnd.n_drafted + 1, rnd.total_ms - rnd.draft_ms)
+            self.acceptance.observe(ctx, rnd.n_drafted, rnd.n_accepted)
+            if self.drafter.draft_cost != 0.0:  # a lookup's drafting is free; a model's is measured
+                self.costs.add_draft(rnd.draft_ms / rnd.n_drafted)
+        if self.costs.draft:
+            self.drafter.remember_cost(self.costs.draft_ms() / self.costs.step)

@@ -19,19 +19,22 @@ def test_expected_tokens():
 
 def test_costs_median_interpolate_and_extrapolate():
     c = Costs()
+    assert c.step == 1.0 and c.verify_ms(3) == pytest.approx(1.3)  # nothing measured: priors in units of a step
+    c.add_verify(3, 13)
+    assert c.step == pytest.approx(10) and c.verify_ms(3) == pytest.approx(13)  # a step inferred by the prior
     for ms in (10, 11, 50, 9, 10):  # one outlier among plain steps
         c.add_verify(1, ms)
     assert c.step == 10
-    c.add_verify(3, 16)  # one round at T=3: its median counts the prior (10 * 1.6) as one more round
-    assert c.verify_ms(3) == 16
+    c.add_verify(3, 16)  # a size's median counts the prior (10 * 1.3) as one more round
+    assert c.verify_ms(3) == pytest.approx(13)  # median of 13, 16 and the prior 13
     c.add_verify(3, 18)
-    assert c.verify_ms(3) == 16  # median of 16, 18 and the prior 16
-    assert c.verify_ms(2) == pytest.approx(13)  # halfway between V(1) and V(3)
-    # past the largest size seen: the smaller of the measured slope (3 ms) and the prior's (3 ms)
-    assert c.verify_ms(5) == pytest.approx(16 + 2 * 3)
-    for _ in range(5):
-        c.add_verify(3, 11)  # verify passes turn out nearly free: the slope follows
-    assert c.verify_ms(5) == pytest.approx(11 + 2 * 0.5)
+    assert c.verify_ms(3) == pytest.approx(14.5)
+    assert c.verify_ms(2) == pytest.approx(12.25)  # halfway between V(1) and V(3)
+    # past the largest size seen: the smaller of the measured slope (2.25 ms) and the prior's (1.5 ms)
+    assert c.verify_ms(5) == pytest.approx(14.5 + 2 * 1.5)
+    for _ in range(6):
+        c.add_verify(3, 10.6)  # verify passes turn out nearly free: the slope follows
+    assert c.verify_ms(5) == pytest.approx(10.6 + 2 * 0.3)
     assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5
 
 
@@ -41,15 +44,27 @@ def test_acceptance_posterior_by_position():
     for _ in range(10):
         a.observe("x", 3, 3)  # every draft accepted
     est = a.estimates("x", 5)
-    assert all(0.9 < e < 1 for e in est) and est[3] == est[4]  # unseen positions inherit the last one's
+    assert all(0.9 < e < 1 for e in est) and est[3] == est[4]  # unseen positions take the continuation mean
     a.observe("y", 4, 1)  # position 0 accepted, position 1 rejected, 2 and 3 never judged
     assert a.counts["y"] == [[1, 0], [0, 1]]
-    low = a.estimates("y", 2)
-    high = a.estimates("y", 2, z=1.0)
-    assert low[1] < low[0] and all(h > m for h, m in zip(high, low, strict=True))
+    low = a.estimates("y", 3)
+    high = a.estimates("y", 3, z=1.0)
+    assert low[1] < low[2] and all(h > m for h, m in zip(high, low, strict=True))
+    # "x"'s evidence lifts "y"'s prior (at half weight), its own rejection at position 1 pulls that one down
+    assert low[0] > 0.8 and low[1] < low[0]
+    assert a.estimates("z", 1)[0] > 0.8  # a context never seen starts from the run's other contexts
     before = a.counts["x"][0][0]
     a.age()
     assert a.counts["x"][0][0] < before
+
+
+def test_a_drafter_degrading_with_depth_shows_it_where_counted():
+    a = Acceptance(lambda ctx: 0.5)
+    for _ in range(30):
+        a.observe("m", 4, 4)
+        a.observe("m", 4, 2)  # positions 0 and 1 always kept, position 2 kept half the time, 3 when reached
+    est = a.estimates("m", 4)
+    assert est[0] > 0.9 and est[1] > 0.9 and 0.4 < est[2] < 0.6
 
 
 class Fake(Drafter):
@@ -93,7 +108,7 @@ def test_a_poor_drafter_costs_almost_nothing(alpha):
     """Where drafting cannot pay, the schedule makes plain steps after a few one-draft probes."""
     rate, ks = simulate(Schedule(8, Fake(draft_cost=0.0, prior=0.5)), alpha, CPU_TWINS)
     assert rate >= 0.97 * (1 / CPU_TWINS[1]), (rate, ks)
-    assert set(ks) <= {0, 1} and sum(ks) <= 12
+    assert max(ks[5:]) <= 1 and sum(ks) <= 16  # after the first rounds on priors, probes of one draft
 
 
 @pytest.mark.parametrize("verify", [CPU_TWINS, KERNELS], ids=["cpu-twins", "kernels"])
@@ -101,7 +116,7 @@ def test_a_poor_drafter_costs_almost_nothing(alpha):
 def test_a_good_lookup_earns_near_the_best_fixed_k(alpha, verify):
     rate, ks = simulate(Schedule(8, Fake(draft_cost=0.0)), alpha, verify, seed=int(alpha * 100))
     best = best_fixed(alpha, verify, 0.0, 8)
-    assert rate >= 0.85 * best and rate > 1 / verify[1], (rate, best, ks[-20:])
+    assert rate >= 0.85 * best and rate >= 0.97 / verify[1], (rate, best, ks[-20:])
 
 
 def test_a_model_drafter_is_probed_once_and_remembered_when_too_slow():
@@ -109,7 +124,7 @@ def test_a_model_drafter_is_probed_once_and_remembered_when_too_slow():
     run knows the cost and never drafts."""
     drafter = Fake()
     rate, ks = simulate(Schedule(8, drafter), 1.0, CPU_TWINS, draft=5.0, rounds=60)
-    assert ks[0] == 0 and ks[1] == 1 and sum(ks) == 1, ks
+    assert ks[:2] == [0, 1] and sum(ks) == 1, ks  # a plain step to judge the probe against, the probe
     assert drafter.remembered == pytest.approx(5.0)
     drafter.draft_cost = drafter.remembered
     _, ks = simulate(Schedule(8, drafter), 1.0, CPU_TWINS, draft=5.0, rounds=60)
@@ -140,4 +155,6 @@ def test_limits():
     assert s.choose(0, 3) <= 2  # never more drafts than the tokens left less one
     fixed = Schedule(5, Fake(), adaptive=False)
     assert fixed.choose(0, 100) == 5 and fixed.choose(0, 4) == 3 and fixed.choose(None, 100) == 0
-    assert Schedule(5, Fake()).choose(0, 100) == 0  # no plain step measured yet: measure one first
+    assert Schedule(5, Fake()).choose(0, 100) == 0  # a model's draft cost is unknown: a plain step, then a probe
+    # a free lookup with a good prior drafts from the first round, on prior costs in units of a step
+    assert Schedule(5, Fake(draft_cost=0.0, prior=0.9)).choose(0, 100) > 1
