@@ -76,12 +76,17 @@ class Tally:
         self.ks, self.step_ms, self.draft_token_ms = [], [], []
         self.rep_tok_s: list[float] = []
         self.position: dict[int, list[int]] = {}
+        self.in_run = [0.0, 0.0]  # (decode ms at this run's own plain-step pace, decode ms) of runs with plain steps
 
     def add(self, stats) -> tuple[int, float]:
         rounds = stats.rounds
         tokens, ms = len(stats.ids) - 1, rounds[-1].t_end_ms - rounds[0].t_end_ms
         self.tokens += tokens
         self.decode_ms += ms
+        steps = [r.total_ms for r in rounds[1:] if not r.n_drafted]
+        if len(steps) >= 3:  # what plain decoding would have taken under this run's own load
+            self.in_run[0] += tokens * statistics.median(steps)
+            self.in_run[1] += ms
         for r in rounds[1:]:
             self.draft_ms += r.draft_ms
             self.round_ms += r.total_ms
@@ -107,7 +112,8 @@ class Tally:
                    mean_accepted_len=self.spec_emitted / self.spec_rounds if self.spec_rounds else nan,
                    mean_k=statistics.mean(self.ks) if self.ks else nan,
                    plain_round_pct=100 * sum(k == 0 for k in self.ks) / len(self.ks) if self.ks else nan,
-                   draft_overhead_pct=100 * self.draft_ms / self.round_ms if self.round_ms else nan)
+                   draft_overhead_pct=100 * self.draft_ms / self.round_ms if self.round_ms else nan,
+                   speedup_in_run=self.in_run[0] / self.in_run[1] if self.in_run[1] else nan)
         if plain is not None:
             ratios = [a / b for a, b in zip(self.rep_tok_s, plain.rep_tok_s, strict=True)]
             if ratios:  # the median repeat: a load spike from another job lands in one repeat, not in all
@@ -278,10 +284,12 @@ def markdown(result: dict) -> str:
         f"kernels: {result['kernels']}; {g['new_tokens']} new tokens, {g['prompts_per_set']} chat prompt(s) per "
         f"set, {result['repeats']} interleaved repeat(s); load average at start / end: {load[0]} / {load[1]}. "
         "speedup = decode tok/s over plain decoding's on the same prompts and temperature in the same repeat, the "
-        "median over repeats (lo / hi: the worst and best repeat). k is the most a round drafts; adaptive rounds "
-        "pick their own (mean_k; plain_round_pct: rounds the schedule made plain steps).\n\n",
+        "median over repeats (lo / hi: the worst and best repeat). speedup_in_run: decode tok/s over the pace of "
+        "the run's own plain steps (their median), in runs that made at least 3: immune to load changing between "
+        "runs, it shows what drafting cost or gained where the schedule mostly decoded plainly. k is the most a "
+        "round drafts; adaptive rounds pick their own (mean_k; plain_round_pct: rounds made plain steps).\n\n",
         markdown_table(result["rows"], ["set", "temperature", "mode", "draft", "k", "adaptive", "tok_s", "speedup",
-                                        "lo", "hi", "acceptance_rate", "mean_accepted_len", "mean_k",
+                                        "lo", "hi", "speedup_in_run", "acceptance_rate", "mean_accepted_len", "mean_k",
                                         "plain_round_pct", "draft_overhead_pct", "tokens"]),
         "\nWhat a round pays: a verify pass of T positions over one decode step (median of 12).\n\n",
         markdown_table(result["verify"], ["T", "ms", "over_step"]),
