@@ -85,7 +85,7 @@ class Tally:
         self.decode_ms += ms
         steps = [r.total_ms for r in rounds[1:] if not r.n_drafted]
         if len(steps) >= 3:  # what plain decoding would have taken under this run's own load
-            self.in_run[0] += tokens * statistics.median(steps)
+            self.in_run[0] += tokens * statistics.mean(steps)
             self.in_run[1] += ms
         for r in rounds[1:]:
             self.draft_ms += r.draft_ms
@@ -285,9 +285,10 @@ def markdown(result: dict) -> str:
         f"set, {result['repeats']} interleaved repeat(s); load average at start / end: {load[0]} / {load[1]}. "
         "speedup = decode tok/s over plain decoding's on the same prompts and temperature in the same repeat, the "
         "median over repeats (lo / hi: the worst and best repeat). speedup_in_run: decode tok/s over the pace of "
-        "the run's own plain steps (their median), in runs that made at least 3: immune to load changing between "
-        "runs, it shows what drafting cost or gained where the schedule mostly decoded plainly. k is the most a "
-        "round drafts; adaptive rounds pick their own (mean_k; plain_round_pct: rounds made plain steps).\n\n",
+        "the run's own plain steps (their mean), in runs that made at least 3 (plain decoding: 1): immune to load "
+        "changing between runs, it shows what drafting cost or gained where the schedule mostly decoded plainly. "
+        "k is the most a round drafts; adaptive rounds pick their own (mean_k; plain_round_pct: rounds made plain "
+        "steps).\n\n",
         markdown_table(result["rows"], ["set", "temperature", "mode", "draft", "k", "adaptive", "tok_s", "speedup",
                                         "lo", "hi", "speedup_in_run", "acceptance_rate", "mean_accepted_len", "mean_k",
                                         "plain_round_pct", "draft_overhead_pct", "tokens"]),
