@@ -49,8 +49,11 @@ PROMPTS = {
 FULL = dict(new_tokens=64, prompts_per_set=2, temperatures=[0.0, 0.7], repeats=3, k=8, probe_tokens=32,
             depths=[8, 16, 24, 28])
 QUICK = dict(new_tokens=24, prompts_per_set=1, temperatures=[0.0], repeats=1, k=8, probe_tokens=12, depths=[24])
-# what the CPU weight-format kernels aim at, as a draft step over an fp32 step (fp32 ~19 ms, q4 ~4-5 ms)
+# what the CPU weight-format kernels aim at, as a draft step over an fp32 step (fp32 ~19 ms, q4 ~4-5 ms), and a
+# verify pass of T <= 9 positions there: their panel GEMMs stream each weight once for all T rows, so it costs
+# about a step (plus the per-row work: attention, norms, sampling), here 5% of a step per extra position
 KERNEL_TARGET_COST = {"q4": 0.25, "int8": 0.4}
+KERNEL_VERIFY_SLOPE = 0.05
 PROBE_K = 4  # the fixed k of the acceptance-by-position runs
 
 
@@ -231,8 +234,10 @@ def bench(args, save) -> dict:
                             draft_cost=cost, predicted_now=now, k_now=k_now)
                 if fmt is not None:
                     target = KERNEL_TARGET_COST[fmt]
+                    kernel_verify = {T: 1 + KERNEL_VERIFY_SLOPE * (T - 1) for T in verify}
                     proj["kernel_draft_cost"] = target
                     proj["predicted_at_kernel_cost"], proj["k_at_kernel_cost"] = projected(acc, target, verify, k)
+                    proj["predicted_with_kernels"], proj["k_with_kernels"] = projected(acc, target, kernel_verify, k)
                 out["projection"].append(proj)
             save(out)
 
@@ -304,11 +309,13 @@ def markdown(result: dict) -> str:
         markdown_table(result["sweep"], ["set", "layers", "draft_layers", "skipped", "acceptance", "draft_cost",
                                          "speedup_fixed_k3"]),
         "\nThe schedule's formula (engine/schedule.py) on the acceptance measured above, at the best fixed k: with "
-        "this run's draft and verify costs (predicted_now), and with a draft step at the cost the CPU weight-format "
-        "kernels aim at (kernel_draft_cost, an assumption, not a measurement) and this run's verify costs.\n\n",
+        "this run's draft and verify costs (predicted_now); with a draft step at the cost the CPU weight-format "
+        "kernels aim at (kernel_draft_cost) and this run's verify costs (predicted_at_kernel_cost); and with both "
+        f"draft and verify at the kernels' targets (a verify pass of T positions at 1 + {KERNEL_VERIFY_SLOPE} (T - 1) "
+        "steps: predicted_with_kernels). The kernel costs are assumptions, not measurements.\n\n",
         markdown_table(result["projection"], ["set", "temperature", "mode", "draft", "draft_cost", "predicted_now",
                                               "k_now", "kernel_draft_cost", "predicted_at_kernel_cost",
-                                              "k_at_kernel_cost"]),
+                                              "k_at_kernel_cost", "predicted_with_kernels", "k_with_kernels"]),
     ]
     return "".join(parts)
 
