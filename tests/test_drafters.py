@@ -158,14 +158,18 @@ def test_default_model_greedy_matches_plain(smol):
     eng = Engine(model, 256)
     cases = [(speculative.NgramDrafter(), 1), (speculative.NgramDrafter(), 8),
              (speculative.LayerSkipDrafter(eng, n_layers=8), 2), (speculative.LayerSkipDrafter(eng, n_layers=26), 5),
-             (speculative.ModelDrafter(Engine(model, 256)), 4)]
+             (speculative.LayerSkipDrafter(eng), 4), (speculative.ModelDrafter(Engine(model, 256)), 4),
+             (speculative.self_drafter(eng, "q4"), 4)]
     for prompt in prompts:
         want, _ = eng.generate(prompt, max_new_tokens=16, stop_ids=[])
         for drafter, k in cases:
-            got, stats = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=16, stop_ids=[])
-            assert got == want, (drafter.name, k)
-            if drafter.name == "draft_model":  # the model drafting for itself agrees everywhere
-                assert stats.summary()["acceptance_rate"] == 1.0
+            for adaptive in (False, True):
+                got, stats = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=16, stop_ids=[],
+                                                  adaptive=adaptive)
+                assert got == want, (drafter.describe(), k, adaptive)
+                if drafter.name == "draft_model" and not adaptive:
+                    # the model drafting for itself, in fp32 or from its own lossless q4 blocks, agrees everywhere
+                    assert stats.summary()["acceptance_rate"] == 1.0
 
 
 @pytest.mark.cuda
