@@ -35,7 +35,7 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 # the OpSet's ops (scopes "decodescope/op:<op>") and our kernels' RECORD_FUNCTION names ("decodescope::<op>");
 # linear_<format> -> matmul
 KERNEL_CLASSES = {"rmsnorm": "norm", "add_rmsnorm": "norm", "rope": "rope", "silu_mul": "activation",
-                  "attention": "attention", "decode_attention": "attention"}
+                  "attention": "attention", "decode_attention": "attention", "kv_write": "kv_write"}
 ATEN_CLASSES = {
     "matmul": ("mm", "addmm", "matmul", "linear", "bmm", "baddbmm", "_int_mm", "_weight_int8pack_mm",
                "_weight_int4pack_mm", "embedding_bag"),

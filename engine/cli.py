@@ -1,7 +1,10 @@
 """decodescope-generate: generate text from the command line, streaming it, then print the run's stats.
 
     decodescope-generate -p "The capital of France is" -n 32
-    decodescope-generate --chat -p "Repeat this list: ..." --ngram -k 5
+    decodescope-generate --chat -p "Repeat this list: ..." --ngram -k 8
+    decodescope-generate --chat -p "..." --self-draft q4          # the model in q4 drafts for itself
+    decodescope-generate --chat -p "..." --layer-skip             # layers to skip calibrated on the prompt
+    decodescope-generate big.gguf --draft small.gguf -p "..."     # GGUF files are converted once, then cached
     decodescope-generate MODEL_DIR --device cuda --graphs -p "..."
 
 (`python scripts/generate.py ...` runs the same from a source checkout.)
@@ -18,7 +21,8 @@ from engine.tiny import write_tiny_model
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="decodescope-generate", description=__doc__.splitlines()[0].split(": ", 1)[1])
-    p.add_argument("model", nargs="?", help="model folder or hub id (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("model", nargs="?",
+                   help="model folder, hub id or llama GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("-n", "--max-new-tokens", type=int, default=64)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -34,9 +38,16 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="a small random-weight model (smoke tests)")
     spec = p.add_mutually_exclusive_group()
     spec.add_argument("--ngram", action="store_true", help="speculate with n-gram prompt lookup")
-    spec.add_argument("--layer-skip", type=int, metavar="L", help="speculate with the model's first L layers")
-    spec.add_argument("--draft", metavar="MODEL", help="speculate with a smaller model of the same vocabulary")
-    p.add_argument("-k", type=int, default=5, help="draft tokens per round")
+    spec.add_argument("--layer-skip", nargs="?", const="auto", metavar="N",
+                      help="speculate with the model's own layers: skipping those a calibration on the prompt "
+                           "picks (no value, or 'auto'), or running the first N")
+    spec.add_argument("--draft", metavar="MODEL", help="speculate with a smaller model of the same vocabulary "
+                                                       "(folder, hub id or GGUF file)")
+    spec.add_argument("--self-draft", choices=("q4", "int8"), help="speculate with the model itself in a cheaper "
+                                                                    "weight format (a second copy of the weights)")
+    p.add_argument("-k", type=int, default=5, help="the most draft tokens a round proposes")
+    p.add_argument("--fixed-k", action="store_true",
+                   help="draft k tokens every round instead of letting the schedule pick (0..k) per round")
     p.add_argument("--ngram-max", type=int, default=3)
     return p.parse_args(argv)
 
@@ -46,13 +57,26 @@ def make_drafter(args, eng):
 
     if args.ngram:
         return speculative.NgramDrafter(max_n=args.ngram_max)
+    if args.layer_skip == "auto":
+        return speculative.LayerSkipDrafter(eng)
     if args.layer_skip:
-        return speculative.LayerSkipDrafter(eng, n_layers=args.layer_skip)
-    if args.draft:
-        draft = load_model(args.draft, device=args.device, dtype=args.dtype, fused=not args.no_fused)
-        draft_eng = Engine(draft, max_seq_len=args.max_seq_len)
-        return speculative.ModelDrafter(graphs.enable(draft_eng) if args.graphs else draft_eng)
-    return None
+        try:
+            n_layers = int(args.layer_skip)
+        except ValueError:
+            raise ValueError(f"--layer-skip {args.layer_skip!r}: give a number of layers, or nothing for a "
+                             "calibrated set") from None
+        return speculative.LayerSkipDrafter(eng, n_layers=n_layers)
+    if args.self_draft:
+        drafter = speculative.self_drafter(eng, args.self_draft)
+    elif args.draft:
+        draft = load_model(args.draft, device=args.device, dtype=args.dtype, fused=not args.no_fused,
+                           progress=lambda msg: print(msg, file=sys.stderr))
+        drafter = speculative.ModelDrafter(Engine(draft, max_seq_len=args.max_seq_len))
+    else:
+        return None
+    if args.graphs:
+        graphs.enable(drafter.engine)
+    return drafter
 
 
 def format_summary(s: dict) -> str:
@@ -61,6 +85,8 @@ def format_summary(s: dict) -> str:
     if s["acceptance_rate"] == s["acceptance_rate"]:
         line += (f"\nacceptance {100 * s['acceptance_rate']:.1f}% | mean accepted length "
                  f"{s['mean_accepted_len']:.2f} tokens/round | drafting {s['draft_overhead_pct']:.1f}% of round time")
+    if s.get("mean_k") == s.get("mean_k"):
+        line += f"\nmean k {s['mean_k']:.2f} | plain steps {s['plain_round_pct']:.0f}% of rounds"
     return line
 
 
@@ -76,13 +102,13 @@ def main(argv=None) -> int:
             graphs.enable(eng)
         print(f"[kernels {eng.kernel_status} | graphs {eng.graph_status}]", file=sys.stderr)
         ids = tok.encode_chat(args.prompt) if args.chat else tok.encode(args.prompt)
-        drafter = make_drafter(args, eng) if args.ngram or args.layer_skip or args.draft else None
+        drafter = make_drafter(args, eng)
         sample = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                       top_k=args.top_k, seed=args.seed)
         if drafter:
             from engine import speculative
 
-            rounds = speculative.stream(eng, drafter, ids, k=args.k, **sample)
+            rounds = speculative.stream(eng, drafter, ids, k=args.k, adaptive=not args.fixed_k, **sample)
         else:
             rounds = eng.stream(ids, **sample)
         text = tok.stream_decoder()
@@ -95,7 +121,10 @@ def main(argv=None) -> int:
     except ValueError as e:  # bad input: the message names the value and what to do
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_summary(eng.stats(done, len(ids), sample).summary()), file=sys.stderr)
+    stats = eng.stats(done, len(ids), sample)
+    if stats.drafter_info:
+        print("[" + " | ".join(f"{k}: {v}" for k, v in stats.drafter_info.items()) + "]", file=sys.stderr)
+    print(format_summary(stats.summary()), file=sys.stderr)
     return 0
 
 

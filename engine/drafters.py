@@ -1,5 +1,5 @@
-"""The three drafters behind speculative decoding: prompt lookup (n-gram), a second model, and the
-target's own first layers (layer skip).
+"""The drafters behind speculative decoding: prompt lookup (n-gram) and a second model (a smaller one, or the
+target itself in a cheaper weight format). Layer skipping lives in engine/layerskip.py.
 
 Protocol (speculative.stream drives it; a test can implement it too):
   begin(target, prompt_ids, sampling, extra)  once per run, before the target's prefill; validates against
@@ -7,22 +7,31 @@ Protocol (speculative.stream drives it; a test can implement it too):
   commit(n_accepted, emitted)                 after every round (round 0 included): `emitted` are the new
                                               tokens of the sequence, the first n_accepted of them this
                                               drafter's own drafts; the drafter rolls back or catches up
+  context() -> key | None                     before a round: what the next proposal rests on (None: nothing
+                                              to propose, the round is a plain step); the schedule keeps
+                                              acceptance statistics per key (engine/schedule.py)
   propose(k, sampling, gen) -> Draft          up to k tokens following the sequence committed so far
+  prior(key) -> float                         the acceptance expected for a key before any evidence
+  draft_cost                                  a draft token's cost over a plain step's where known without
+                                              measuring (0 for a lookup), else None
+  remember_cost(ratio)                        the ratio the schedule measured, for the drafter's next run
 
 Drafts live on the device and proposing reads nothing back from it, so a round's one device-to-host read
 is the outcome of the acceptance step.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
+from collections.abc import Hashable
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from torch import nn
 
 from engine.sampling import SamplingParams, sample, shown_probs
+
+
+GRAPHED_CATCH_UP = 8
 
 
 class Draft(NamedTuple):
@@ -33,14 +42,24 @@ class Draft(NamedTuple):
 
 class Drafter:
     name = "drafter"
+    draft_cost: float | None = None
 
     def begin(self, target, prompt_ids: list[int], sampling: SamplingParams, extra: int) -> None:
         pass
+
+    def context(self) -> Hashable | None:
+        return 0
+
+    def prior(self, key: Hashable) -> float:
+        return 0.5
 
     def propose(self, k: int, sampling: SamplingParams, gen) -> Draft:
         raise NotImplementedError
 
     def commit(self, n_accepted: int, emitted: list[int]) -> None:
+        pass
+
+    def remember_cost(self, ratio: float) -> None:
         pass
 
     def describe(self) -> dict:
@@ -53,11 +72,18 @@ class NgramDrafter(Drafter):
     `index` maps each n-gram that already has a follower to its latest start, updated as tokens arrive, so
     a lookup costs max_n dict probes at any length. The copy may run past the end of the sequence; it then
     continues from its own proposal, which extends a repeating pattern (a loop, a list) periodically.
-    With no match the drafter proposes nothing and the round is a plain decode step: on a CPU a verify
-    pass costs more than a step, so guessing without evidence would only slow the round down. A one-hot
-    proposal keeps speculative sampling exact (acceptance probability p_target(x))."""
+    The context is the match's length, followed back past max_n up to MATCH_CAP tokens and bucketed (1, 2-3,
+    4+): a one-token match in prose is a guess, a long match inside a quoted passage is a copy, and the
+    schedule learns each bucket's acceptance separately, so only matches long enough to pay for a verify
+    pass draft. With
+    no match the round is a plain decode step. A one-hot proposal keeps speculative sampling exact
+    (acceptance probability p_target(x))."""
 
     name = "ngram"
+    draft_cost = 0.0  # dict probes: nothing next to a forward pass
+    MATCH_CAP = 4
+    BUCKETS = {1: 1, 2: 2, 3: 2, 4: 4}  # match length (capped) -> context
+    PRIORS = {1: 0.15, 2: 0.35, 4: 0.6}  # by context, before any evidence
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
         if not (isinstance(min_n, int) and isinstance(max_n, int) and 1 <= min_n <= max_n):
@@ -66,10 +92,11 @@ class NgramDrafter(Drafter):
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}
         self.device = torch.device("cpu")
+        self.match: tuple[int, int] | None = None  # (where the copy starts, match length) of the last lookup
 
     def begin(self, target, prompt_ids, sampling=None, extra=0) -> None:
         self.device = target.device if target is not None else torch.device("cpu")
-        self.tokens, self.index = [], {}
+        self.tokens, self.index, self.match = [], {}, None
         self.extend(prompt_ids)
 
     def extend(self, ids) -> None:
@@ -78,17 +105,36 @@ class NgramDrafter(Drafter):
             for n in range(self.min_n, min(self.max_n, p) + 1):
                 self.index[tuple(self.tokens[p - n:p])] = p - n
             self.tokens.append(int(tok))
+        self.match = None
 
-    def lookup(self, k: int) -> list[int]:
+    def find(self) -> tuple[int, int] | None:
+        """(position the copy starts at, match length) of the longest suffix seen before, or None."""
         toks = self.tokens
         for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
             start = self.index.get(tuple(toks[-n:]))
             if start is not None:
-                src, out = start + n, []
-                for j in range(k):
-                    out.append(toks[src + j] if src + j < len(toks) else out[src + j - len(toks)])
-                return out
-        return []
+                length = n
+                while (length < self.MATCH_CAP and start - (length - n) > 0
+                       and toks[start - (length - n) - 1] == toks[len(toks) - length - 1]):
+                    length += 1
+                return start + n, length
+        return None
+
+    def context(self) -> int | None:
+        self.match = self.find()
+        return None if self.match is None else self.BUCKETS[min(self.match[1], self.MATCH_CAP)]
+
+    def prior(self, key) -> float:
+        return self.PRIORS[key]
+
+    def lookup(self, k: int) -> list[int]:
+        match = self.match or self.find()
+        if match is None:
+            return []
+        toks, src, out = self.tokens, match[0], []
+        for j in range(k):
+            out.append(toks[src + j] if src + j < len(toks) else out[src + j - len(toks)])
+        return out
 
     def propose(self, k, sampling=None, gen=None) -> Draft:
         return Draft(torch.tensor(self.lookup(k), dtype=torch.long, device=self.device), None, None)
@@ -101,12 +147,15 @@ class NgramDrafter(Drafter):
 
 
 class ModelDrafter(Drafter):
-    """A second, smaller model with the same vocabulary, on its own Engine and KV cache.
+    """A second model with the same vocabulary, on its own Engine and KV cache: a smaller model, or the target
+    itself in a cheaper weight format (quantized self-drafting, see self_drafter).
 
     Its cache holds the committed sequence except `pending` (normally just the last emitted token). A
-    proposal feeds pending (one decode step, or a chunk after a round that accepted every draft: the last
-    draft was never fed) and then k-1 more decode steps, graph replays when the draft engine has graphs.
-    commit() keeps the accepted drafts' entries by rolling back to the end of them."""
+    proposal feeds pending (one decode step, or a chunk after a round that accepted every draft, or after
+    plain rounds the schedule chose: those tokens were never fed) and then k-1 more decode steps, graph
+    replays when the draft engine has graphs. commit() keeps the accepted drafts' entries by rolling back
+    to the end of them. The cost of a draft over a target step, once measured, is kept for the next run
+    against the same target and kernels, so a drafter found too slow is not probed again."""
 
     name = "draft_model"
 
@@ -116,6 +165,15 @@ class ModelDrafter(Drafter):
         self.cached = 0  # sequence tokens whose K/V is in the draft cache
         self.written = 0  # drafts written into the cache by the last proposal
         self.checked = None  # the target engine the tokenizers were compared against
+        self.costs: dict[tuple, float] = {}  # cost_key -> measured draft-token ms over a plain step's
+        self.cost_key: tuple = ()
+
+    @property
+    def draft_cost(self) -> float | None:
+        return self.costs.get(self.cost_key)
+
+    def remember_cost(self, ratio: float) -> None:
+        self.costs[self.cost_key] = ratio
 
     def begin(self, target, prompt_ids, sampling, extra) -> None:
         e = self.engine
@@ -130,6 +188,8 @@ class ModelDrafter(Drafter):
         if self.checked is not target:  # reading two tokenizer.json files costs tens of ms: once per target
             check_tokenizers(e.model.path, target.model.path)
             self.checked = target
+        self.cost_key = (id(target), target.kernel_status, target.graph_status, e.kernel_status, e.graph_status,
+                         e.config.n_layers)
         e.check_prompt(prompt_ids, extra, f" + {extra} generated and draft slots (draft model)")
         e.prefill(list(prompt_ids))
         self.cached, self.pending, self.written = len(prompt_ids), [], 0
@@ -137,7 +197,12 @@ class ModelDrafter(Drafter):
     def propose(self, k, sampling, gen) -> Draft:
         e = self.engine
         feed = torch.tensor(self.pending, dtype=torch.long, device=e.device)
-        logits = e.decode(feed) if len(feed) == 1 else e.chunk(feed[None])[:, -1]  # [1, V]
+        # graphs are captured per token count: catch up in blocks of at most GRAPHED_CATCH_UP so the plain rounds
+        # before a proposal (any number of them) never capture a graph per count
+        step = GRAPHED_CATCH_UP if e.graph is not None else len(feed)
+        for i in range(0, len(feed), step):
+            part = feed[i:i + step]
+            logits = e.decode(part) if len(part) == 1 else e.chunk(part[None])[:, -1]  # [1, V]
         self.cached, self.pending = self.cached + len(feed), []
         ids, rows, ps = [], [], []
         for i in range(k):
@@ -161,56 +226,24 @@ class ModelDrafter(Drafter):
     def describe(self) -> dict:
         path = self.engine.model.path
         return {"drafter": self.name, "draft_model": str(path) if path else "in-memory",
-                "draft_layers": self.engine.config.n_layers}
+                "draft_layers": self.engine.config.n_layers, "draft_weights": self.engine.model.weight_format}
 
 
-class LayerSkipDrafter(ModelDrafter):
-    """Self-speculation: the target's first n_layers, then its final norm and LM head.
+def self_drafter(target, weights: str = "q4") -> ModelDrafter:
+    """Quantized self-drafting: the target's own checkpoint in a cheaper weight format drafts for it, on its own
+    engine and cache. Same tokenizer, near-target acceptance, a second copy of the weights at a fraction of the
+    bytes (for the default model q4 is its own GGUF blocks: lossless, so acceptance is ~1)."""
+    from engine.engine import Engine
+    from engine.loader import load_model
 
-    The drafter runs a Transformer whose modules *are* the target's (no weight copy) over its own
-    n_layers-deep KV cache, on its own Engine, so it drafts with the same decode path and graphs."""
-
-    name = "layer_skip"
-
-    def __init__(self, engine, n_layers: int):
-        total = engine.config.n_layers
-        if not (isinstance(n_layers, int) and 1 <= n_layers < total):
-            raise ValueError(f"n_layers={n_layers} must be in 1..{total - 1} (the target has {total} layers)")
-        from engine.engine import Engine
-
-        self.target, self.n_layers = engine, n_layers
-        super().__init__(Engine(truncated(engine.model, n_layers), engine.max_seq_len))
-
-    def begin(self, target, prompt_ids, sampling, extra) -> None:
-        if target is not self.target:
-            raise ValueError("this LayerSkipDrafter was built on another engine; build one on the target")
-        # follow the target's kernel and graph choices; graphs captured with other kernels are re-captured
-        changed = self.engine.model.ops is not target.model.ops
-        self.engine.model.use_ops(target.model.ops)
-        if target.graph is not None and (changed or self.engine.graph is None):
-            self.engine.use_graphs(True)
-        elif target.graph is None and self.engine.graph is not None:
-            self.engine.use_graphs(False)
-        super().begin(target, prompt_ids, sampling, extra)
-
-    def describe(self) -> dict:
-        return {"drafter": self.name, "draft_layers": self.n_layers, "target_layers": self.target.config.n_layers}
-
-
-def truncated(model: nn.Module, n_layers: int) -> nn.Module:
-    """A Transformer over model's first n_layers, its final norm and head; every module shared, not copied.
-
-    Built on the meta device (no allocation), then each module is replaced by the target's own."""
-    from engine.model import Transformer
-
-    with torch.device("meta"):
-        view = Transformer(dataclasses.replace(model.config, n_layers=n_layers))
-    view.embed, view.norm, view.lm_head = model.embed, model.norm, model.lm_head
-    view.layers = nn.ModuleList(model.layers[:n_layers])
-    view.ops, view.cos, view.sin, view.version = model.ops, model.cos, model.sin, model.version
-    view.path, view.eos_ids = model.path, model.eos_ids
-    assert all(p.device == model.device for p in view.parameters())
-    return view
+    m = target.model
+    if m.path is None:
+        raise ValueError("self-drafting loads the target's checkpoint again; this target has no folder")
+    if weights == m.weight_format:
+        raise ValueError(f"the target already runs {weights} weights; self-drafting needs a cheaper format")
+    draft = load_model(m.path, device=target.device, dtype=m.dtype, weights=weights, fused=m.ops.name == "fused",
+                       progress=lambda msg: None)
+    return ModelDrafter(Engine(draft, target.max_seq_len))
 
 
 def check_tokenizers(draft_path, target_path) -> None:

@@ -6,10 +6,17 @@ applies undone. Tensors stored as Q4_1 or Q8_0 blocks are also kept as they are 
 load_model(..., weights="q4" / "int8") runs the file's own blocks: lossless, no second rounding.
 
     convert(Path("model.gguf"), Path("out/"))
+    folder = cached(Path("model.gguf"))   # <cache>/gguf/model-<key>/, converted on the first call only
+
+The tokenizer is rebuilt from the file's vocabulary and merges for the byte-level BPE families whose
+pre-tokenizer is written out here (SmolLM2's); any other fails before a tensor is read, naming it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +39,7 @@ def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
     start = time.perf_counter()
     progress(f"decodescope: reading {gguf_file}")
     reader = GGUFReader(gguf_file)
+    check_tokenizer(reader)
     config = hf_config(reader)
     tensors, blocks = hf_tensors(reader, config, progress)
     progress(f"decodescope: writing {out / 'model.safetensors'}")
@@ -47,11 +55,54 @@ def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
     progress(f"decodescope: converted {len(tensors)} tensors in {time.perf_counter() - start:.1f} s")
 
 
-def _meta(reader, key: str):
+MISSING = object()
+
+
+def _meta(reader, key: str, default=MISSING):
     field = reader.fields.get(key)
     if field is None:
+        if default is not MISSING:
+            return default
         raise ValueError(f"{reader.data.filename} has no GGUF metadata key {key!r}")
     return field.contents()
+
+
+def cached(gguf_file: Path, cache_dir: Path | None = None, progress: Progress = print) -> Path:
+    """The converted folder for a GGUF file, converting it on the first call. The folder is keyed by the file's
+    path, size and modification time and the converter's version, so a changed file is converted again (and
+    the folder of its previous version removed)."""
+    from filelock import FileLock
+
+    from engine.default_model import CONVERTER_VERSION, default_cache_dir
+
+    gguf_file = Path(gguf_file).expanduser().resolve()
+    st = gguf_file.stat()
+    source = f"{gguf_file}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}"
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    root = root / "gguf"
+    folder = root / f"{gguf_file.stem}-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    marker = folder / ".complete"
+    if marker.exists():
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(root / f".{folder.name}.lock"):
+        if marker.exists():  # another process finished it while we waited
+            return folder
+        tmp = root / f"{folder.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            convert(gguf_file, tmp, progress)
+            (tmp / ".complete").write_text(json.dumps({"source": str(gguf_file), "key": source}) + "\n")
+            shutil.rmtree(folder, ignore_errors=True)  # a folder without its marker was not finished
+            os.rename(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        for old in root.glob(f"{gguf_file.stem}-*/.complete"):  # earlier versions of the same file
+            if old.parent != folder and json.loads(old.read_text()).get("source") == str(gguf_file):
+                shutil.rmtree(old.parent, ignore_errors=True)
+    return folder
 
 
 def hf_config(reader) -> dict:
@@ -67,20 +118,25 @@ def hf_config(reader) -> dict:
         return _meta(reader, f"tokenizer.ggml.{key}")
 
     hidden, n_heads = hp("embedding_length"), hp("attention.head_count")
+    scaling = _meta(reader, "llama.rope.scaling.type", None)
+    if scaling not in (None, "none", "linear"):
+        raise ValueError(f"{reader.data.filename} uses rope scaling {scaling!r}; only none and 'linear' convert")
+    rope_scaling = ({"rope_type": "linear", "factor": float(hp("rope.scaling.factor"))}
+                    if scaling == "linear" else None)
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": len(tok("tokens")), "hidden_size": hidden,
         "intermediate_size": hp("feed_forward_length"), "num_hidden_layers": hp("block_count"),
         "num_attention_heads": n_heads, "num_key_value_heads": hp("attention.head_count_kv"),
-        "head_dim": hidden // n_heads, "hidden_act": "silu",
+        "head_dim": _meta(reader, "llama.attention.key_length", hidden // n_heads), "hidden_act": "silu",
         # GGUF stores eps as float32 (9.99999974e-06); the shortest float32 repr gives back 1e-05.
         "rms_norm_eps": float(str(np.float32(hp("attention.layer_norm_rms_epsilon")))),
-        "rope_theta": float(hp("rope.freq_base")), "rope_scaling": None,
+        "rope_theta": float(_meta(reader, "llama.rope.freq_base", 10000.0)), "rope_scaling": rope_scaling,
         "max_position_embeddings": hp("context_length"), "attention_bias": False, "mlp_bias": False,
         # no output.weight tensor: the lm head reuses the embeddings
         "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors), "torch_dtype": "float32",
         "bos_token_id": tok("bos_token_id"), "eos_token_id": tok("eos_token_id"),
-        "pad_token_id": tok("padding_token_id"),
+        "pad_token_id": _meta(reader, "tokenizer.ggml.padding_token_id", None),
     }
 
 
@@ -146,12 +202,23 @@ def block_arrays(data: np.ndarray, qtype: int, shape: tuple[int, ...]) -> dict[s
     return {"q4.q": q.reshape(shape[0], -1), "q4.d": d, "q4.m": m}
 
 
+REBUILT_TOKENIZERS = {("gpt2", "smollm"): "SmolLM2's byte-level BPE"}
+
+
+def check_tokenizer(reader) -> None:
+    """Fail before any tensor is read when the file's tokenizer is not one rebuilt here."""
+    model = _meta(reader, "tokenizer.ggml.model", None)
+    pre = _meta(reader, "tokenizer.ggml.pre", None)
+    if (model, pre) not in REBUILT_TOKENIZERS:
+        known = ", ".join(f"{name} (model={m!r}, pre={p!r})" for (m, p), name in REBUILT_TOKENIZERS.items())
+        raise ValueError(f"{reader.data.filename} has tokenizer model={model!r} pre={pre!r}, which decodescope "
+                         f"cannot rebuild from GGUF metadata (it rebuilds {known}); load the model from its "
+                         "HF folder or hub id instead, which ships tokenizer.json")
+
+
 def build_tokenizer(reader) -> Tokenizer:
     """SmolLM2's byte-level BPE, rebuilt from the vocab and merges in the GGUF metadata."""
-    model, pre = _meta(reader, "tokenizer.ggml.model"), _meta(reader, "tokenizer.ggml.pre")
-    if (model, pre) != ("gpt2", "smollm"):
-        raise ValueError(f"{reader.data.filename} has tokenizer model={model!r} pre={pre!r}; only SmolLM2's "
-                         "byte-level BPE (model='gpt2', pre='smollm') is rebuilt here")
+    check_tokenizer(reader)
     tokens = _meta(reader, "tokenizer.ggml.tokens")
     merges = [tuple(m.split(" ")) for m in _meta(reader, "tokenizer.ggml.merges")]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
@@ -173,15 +240,16 @@ def tokenizer_config(reader) -> dict:
     tokens = _meta(reader, "tokenizer.ggml.tokens")
 
     def name(key):
-        return tokens[_meta(reader, f"tokenizer.ggml.{key}")]
+        i = _meta(reader, f"tokenizer.ggml.{key}", None)
+        return None if i is None else tokens[i]
 
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(_meta(reader, "tokenizer.ggml.add_bos_token")), "add_eos_token": False,
+        "add_bos_token": bool(_meta(reader, "tokenizer.ggml.add_bos_token", False)), "add_eos_token": False,
         "bos_token": name("bos_token_id"), "eos_token": name("eos_token_id"),
         "pad_token": name("padding_token_id"), "unk_token": name("unknown_token_id"),
         "clean_up_tokenization_spaces": False, "model_max_length": _meta(reader, "llama.context_length"),
-        "chat_template": _meta(reader, "tokenizer.chat_template"),
+        "chat_template": _meta(reader, "tokenizer.chat_template", None),
     }
 
 

@@ -27,7 +27,8 @@ class ModelLoadError(ValueError):
 
 
 def resolve_path(name: str | None, cache_dir: str | Path | None = None, progress=print) -> Path:
-    """A local folder, a hub id (downloaded when the hub is reachable), or None for the embedded default."""
+    """A local folder, a llama GGUF file (converted once into the cache), a hub id (downloaded when the hub is
+    reachable), or None for the embedded default."""
     if name is None:
         from engine import default_model
 
@@ -35,6 +36,15 @@ def resolve_path(name: str | None, cache_dir: str | Path | None = None, progress
     path = Path(name).expanduser()
     if path.is_dir():
         return path
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {name!r} does not exist")
+        from engine import gguf_convert
+
+        try:  # converted into the model cache once; a changed file is converted again
+            return gguf_convert.cached(path, cache_dir, progress)
+        except ValueError as e:
+            raise ModelLoadError(f"cannot convert {name}: {e}") from None
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ModelLoadError(f"model folder {name!r} does not exist; pass a folder with config.json, "
                              "*.safetensors and tokenizer.json, a hub id such as 'org/model', "

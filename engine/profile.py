@@ -96,22 +96,27 @@ def bytes_moved(eng, T: int, kv_len: float) -> dict[tuple[str, str], float]:
     return out
 
 
+def scoped(name: str, fn, *args, **kwargs):
+    with Scope(name):
+        return fn(*args, **kwargs)
+
+
 def scoped_ops(ops):
     """The OpSet with each op inside a scope named as the CPU kernels name theirs, so the torch twins and
     the kernels are classed alike."""
     def wrap(name, fn):
         def op(*args, **kwargs):
-            with Scope(OP + name):
-                return fn(*args, **kwargs)
+            return scoped(OP + name, fn, *args, **kwargs)
         return op
 
     return dataclasses.replace(ops, **{f: wrap(n, getattr(ops, f)) for f, n in OPSET_SCOPES.items()})
 
 
 @contextmanager
-def scopes(model):
-    """Scopes on the forward and each Block (forward hooks) and on the OpSet's ops; a projection is classed
-    by its op's name (aten's matmul family, or the kernels' decodescope::linear_<format>).
+def scopes(model, cache=None):
+    """Scopes on the forward and each Block (forward hooks), on the OpSet's ops and on the cache's KV write
+    (an index_put, or a slice copy where the host knows the positions); a projection is classed by its op's
+    name (aten's matmul family, or the kernels' decodescope::linear_<format>).
 
     Each hooked module call costs ~10 us of Python on our 2-core box, so the 4 projections of every Block
     are left unhooked. model.ops is swapped without use_ops: the version a captured graph checks stays put
@@ -134,10 +139,15 @@ def scopes(model):
         hook(block, f"{LAYER}{i}")
     saved = model.ops
     model.ops = scoped_ops(saved)
+    if cache is not None:  # an instance attribute shadows the method while profiling; del restores it
+        write = cache.write
+        cache.write = lambda *args, **kwargs: scoped(OP + "kv_write", write, *args, **kwargs)
     try:
         yield
     finally:
         model.ops = saved
+        if cache is not None:
+            del cache.write
         for h in handles:
             h.remove()
         while open_scopes:
@@ -194,7 +204,7 @@ class Recorder:
 
     def profiled(self, fn, *args):
         """fn(*args) under the profiler and the scopes; its trace is kept."""
-        with scopes(self.eng.model), torch.profiler.profile(activities=self.activities) as prof:
+        with scopes(self.eng.model, self.eng.cache), torch.profiler.profile(activities=self.activities) as prof:
             out = fn(*args)
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "trace.json"

@@ -6,7 +6,16 @@ generation and vLLM's rejection sampler implement: keep draft x with probability
 up to the first rejection, then draw from normalize(max(p_t - p_d, 0)); if all k are kept, draw a bonus
 token from the target's last row. p_t and p_d are both shaped by sampling.probs (temperature, top-k,
 top-p), the one shaping plain decoding uses; at temperature 0 both are one-hot, so a draft is kept while
-it equals the target's argmax and the token after the run is that argmax: greedy output is unchanged.
+it equals the target's argmax and the token after the run is that argmax. Greedy output is therefore the
+plain greedy output wherever the verify pass's logits rank tokens as a decode step's do: token for token in
+fp32 (the tests' setting); in bf16 or fp16 a chunk pass and a decode step round differently, so a near-tie
+between the top two tokens can break the other way and the texts part there (the bf16 test in
+tests/test_speculative.py checks that a parting is such a near-tie).
+
+k is the most a round drafts. The schedule (engine/schedule.py) picks each round's k from the run's
+measured costs and acceptance, 0 being a plain decode step, and never more than the tokens left less one
+(the token after the drafts comes free). The target's cache therefore never holds more than plain decoding's
+prompt + max_new_tokens - 1 positions, and a speculative run needs no slots beyond a plain one's.
 
 A round costs one host sync: the accepted count, the emitted ids and their probabilities come back in one
 read. The target cache then rolls back to the accepted prefix (a fill of seq_lens) and the drafter
@@ -20,12 +29,15 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.drafters import Draft, Drafter, LayerSkipDrafter, ModelDrafter, NgramDrafter
+from engine.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, self_drafter
+from engine.layerskip import LayerSkipDrafter
 from engine.sampling import SamplingParams, draw, probs, shown_probs
+from engine.schedule import Schedule
 from engine.stats import EMITTED_KINDS, Round, Stats, Token
 from engine.timing import now_ms
 
-__all__ = ["accept", "stream", "generate", "Draft", "Drafter", "NgramDrafter", "ModelDrafter", "LayerSkipDrafter"]
+__all__ = ["accept", "stream", "generate", "Draft", "Drafter", "NgramDrafter", "ModelDrafter", "LayerSkipDrafter",
+           "Schedule", "self_drafter"]
 
 K_MAX = 16
 
@@ -99,18 +111,21 @@ def cut(tokens: list[Token], stop: set[int], budget: int) -> tuple[list[Token], 
 
 @torch.inference_mode()
 def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 64, temperature: float = 0.0,
-           top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None) -> Iterator[Round]:
+           top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None,
+           adaptive: bool = True) -> Iterator[Round]:
     """Round 0 is the prefill (its token is the first output, as in Engine.stream), then one Round per
-    draft -> verify -> accept. A drafter that proposes nothing makes that round a plain decode step."""
+    draft -> verify -> accept, or a plain decode step where the schedule picks k = 0 or the drafter has
+    nothing to propose. adaptive=False drafts k tokens whenever the drafter can (the budget permitting)."""
     check_k(k)
     sampling = SamplingParams(temperature, top_p, top_k, seed)
-    gen = eng.begin(prompt_ids, max_new_tokens, sampling, extra=k)
+    gen = eng.begin(prompt_ids, max_new_tokens, sampling)
     stop = set(eng.model.eos_ids if stop_ids is None else stop_ids)
     clock, t0 = eng.clock, time.perf_counter()
+    schedule = Schedule(k, drafter, adaptive)
 
     # The drafter's own prefill runs first, inside round 0 (draft_ms), so the first token's time is honest.
     start, a = now_ms(t0), clock.mark()
-    drafter.begin(eng, list(prompt_ids), sampling, max_new_tokens + k)
+    drafter.begin(eng, list(prompt_ids), sampling, max_new_tokens)
     b = clock.mark()
     logits = eng.prefill(list(prompt_ids))
     c = clock.mark()
@@ -118,7 +133,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
     d = clock.mark()
     done = tok in stop or max_new_tokens == 1
     yield Round(0, [Token(tok, "target", p_target=p)], start, now_ms(t0), draft_ms=clock.ms(a, b),
-                target_ms=clock.ms(b, c), sample_ms=clock.ms(c, d), finished=done)
+                target_ms=clock.ms(b, c), sample_ms=clock.ms(c, d), finished=done, draft_info=drafter.describe())
     n_out, n_acc, emitted = 1, 0, [tok]
 
     for index in count(1):
@@ -128,36 +143,42 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
         # commit here rather than at the end of the last round: its device work is then timed as drafting
         # and completes before this round's sync, so every CUDA event read below has finished
         drafter.commit(n_acc, emitted)
-        draft = drafter.propose(k, sampling, gen)
+        k_round = schedule.choose(drafter.context(), max_new_tokens - n_out)
+        draft = drafter.propose(k_round, sampling, gen) if k_round else None
         b = clock.mark()
         last = torch.tensor(emitted[-1:], dtype=torch.long, device=eng.device)
-        if draft.ids.shape[0] == 0:
+        if draft is None or draft.ids.shape[0] == 0:
             logits = eng.decode(last)[0]
             c = clock.mark()
             tok, p = eng.pick(logits, sampling, gen)
-            tokens, n_acc = [Token(tok, "target", p_target=p)], 0
+            tokens, n_acc, n_drafted = [Token(tok, "target", p_target=p)], 0, 0
         else:
             base = eng.length
             logits = eng.chunk(torch.cat([last, draft.ids])[None])[0]  # [k'+1, V]
             c = clock.mark()
             tokens, n_acc = judge(draft, logits, sampling, gen)
             eng.rollback(base + 1 + n_acc)
+            n_drafted = draft.ids.shape[0]
         d = clock.mark()
-        n_drafted = draft.ids.shape[0]
         kept, done = cut(tokens, stop, max_new_tokens - n_out)
-        if len(kept) < len(tokens):  # the run ended inside the accepted drafts: the rest never mattered
-            tokens, n_drafted = kept, sum(t.kind == "accepted" for t in kept)
+        # a run that ends inside the accepted drafts shows tokens up to its end; its acceptance stays the verify's
+        verified = n_acc if len(kept) < len(tokens) else None
+        tokens = kept
         emitted = [t.token_id for t in tokens if t.kind in EMITTED_KINDS]
         n_out += len(emitted)
-        yield Round(index, tokens, start, now_ms(t0), draft_ms=clock.ms(a, b), target_ms=clock.ms(b, c),
-                    sample_ms=clock.ms(c, d), n_drafted=n_drafted, finished=done)
+        rnd = Round(index, tokens, start, now_ms(t0), draft_ms=clock.ms(a, b), target_ms=clock.ms(b, c),
+                    sample_ms=clock.ms(c, d), n_drafted=n_drafted, finished=done, k=k_round, verified=verified)
+        schedule.observe(rnd)
+        yield rnd
 
 
 def generate(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 64, temperature: float = 0.0,
-             top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None) -> tuple[list[int], Stats]:
+             top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None,
+             adaptive: bool = True) -> tuple[list[int], Stats]:
     """-> (the new ids, Stats); Stats.baseline_tok_s is left for a caller that measured a plain run."""
-    settings = dict(mode=drafter.name, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                    top_k=top_k, seed=seed, **drafter.describe())
-    rounds = list(stream(eng, drafter, prompt_ids, k, max_new_tokens, temperature, top_p, top_k, seed, stop_ids))
-    stats = eng.stats(rounds, len(prompt_ids), settings)
+    settings = dict(mode=drafter.name, k=k, adaptive=adaptive, max_new_tokens=max_new_tokens,
+                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    rounds = list(stream(eng, drafter, prompt_ids, k, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
+                         adaptive))
+    stats = eng.stats(rounds, len(prompt_ids), settings | drafter.describe())
     return stats.ids, stats

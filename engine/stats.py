@@ -32,8 +32,11 @@ class Round:
     draft_ms: float = 0.0  # drafter's time (speculative rounds)
     target_ms: float = 0.0  # the target's forward: prefill, decode step, or the k+1 verify chunk
     sample_ms: float = 0.0  # sampling / acceptance on the logits
-    n_drafted: int = 0
+    n_drafted: int = 0  # draft tokens the target verified this round
     finished: bool = False  # set on the round that ends the run (EOS or max_new_tokens)
+    k: int | None = None  # the draft length chosen for this round (0: a plain step); None outside speculation
+    verified: int | None = None  # drafts the verify pass accepted, where EOS or the budget cut the tokens short
+    draft_info: dict | None = None  # round 0 of a speculative run: the drafter as begin() left it (Drafter.describe)
 
     @property
     def total_ms(self) -> float:
@@ -71,6 +74,10 @@ class Round:
 
     @property
     def n_accepted(self) -> int:
+        """Drafts the target accepted. A round that EOS or the budget ended inside its accepted drafts shows
+        only the tokens up to the end, but its acceptance is what the verify pass decided (`verified`)."""
+        if self.verified is not None:
+            return self.verified
         return sum(t.kind == "accepted" for t in self.tokens)
 
 
@@ -139,6 +146,9 @@ class Stats:
                 100 * sum(r.draft_ms for r in spec) / sum(r.total_ms for r in spec) if spec else float("nan")
             ),
         )
+        ks = [k for _, k in self.chosen_k()]
+        s["mean_k"] = sum(ks) / len(ks) if ks else float("nan")  # the schedule's mean draft length (0 = plain)
+        s["plain_round_pct"] = 100 * sum(k == 0 for k in ks) / len(ks) if ks else float("nan")
         ceiling = self.bandwidth_gbs * 1e9 / self.weight_bytes if self.weight_bytes else float("nan")
         s["bandwidth_ceiling_tok_s"] = ceiling
         s["pct_of_ceiling"] = 100 * decode_tok_s / ceiling if ceiling == ceiling and ceiling > 0 else float("nan")
@@ -150,10 +160,19 @@ class Stats:
         """Acceptance rate at each draft position 0..k-1 (of the drafts that reached that position)."""
         seen: dict[int, list[int]] = {}
         for r in self.rounds:
-            for t in r.tokens:
-                if t.draft_position is not None and t.kind in ("accepted", "rejected"):
-                    seen.setdefault(t.draft_position, []).append(t.kind == "accepted")
+            # the verify pass judges drafts in order up to the first rejection: positions 0..n, n the accepted count
+            for p in range(min(r.n_drafted, r.n_accepted + 1)):
+                seen.setdefault(p, []).append(p < r.n_accepted)
         return [sum(seen[p]) / len(seen[p]) for p in sorted(seen)]
+
+    def chosen_k(self) -> list[tuple[int, int]]:
+        """(round index, the draft length chosen for it) for every decode round of a speculative run."""
+        return [(r.index, r.k) for r in self.rounds[1:] if r.k is not None]
+
+    @property
+    def drafter_info(self) -> dict:
+        """What the drafter reported after its begin() (e.g. the layers a calibrated layer-skip drafter runs)."""
+        return dict(self.rounds[0].draft_info or {}) if self.rounds else {}
 
     def accepted_histogram(self) -> dict[int, int]:
         """Number of speculative rounds by how many drafts they accepted."""
@@ -170,7 +189,7 @@ class Stats:
             for t in r.tokens:
                 emitted = t.kind in EMITTED_KINDS
                 rows.append(dict(
-                    round=r.index, token_index=index if emitted else None, **asdict(t),
+                    round=r.index, round_k=r.k, token_index=index if emitted else None, **asdict(t),
                     latency_ms=r.token_ms if emitted else None, round_ms=r.total_ms,
                     draft_ms=r.draft_ms, target_ms=r.target_ms, sample_ms=r.sample_ms,
                     t_end_ms=r.t_end_ms,

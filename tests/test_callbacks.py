@@ -38,7 +38,7 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("mode", ["plain", "n-gram", "draft model", "layer-skip"])
+@pytest.mark.parametrize("mode", ["plain", "n-gram", "self-draft", "draft model", "layer-skip"])
 def test_generate_each_mode(rt, mode):
     session = Session()
     outs, final = run(rt, session, mode=mode)
@@ -64,7 +64,7 @@ def test_greedy_speculative_output_equals_plain(rt):
         return [r["token_id"] for r in read_csv(tokens_csv) if r["kind"] != "rejected"]
 
     plain = ids("plain")
-    for mode in ("n-gram", "draft model", "layer-skip"):
+    for mode in ("n-gram", "self-draft", "draft model", "layer-skip"):
         assert ids(mode) == plain, mode
 
 
@@ -192,7 +192,7 @@ def test_compare_lists_what_this_machine_cannot_run(rt):
     by_label = {(r[0], r[1]): r for r in rows}
     assert by_label[("CUDA graphs", "CUDA graph")][-1] == rt.graphs_reason
     assert by_label[("kernels", "fused kernels")][-1] == rt.fused_reason
-    assert by_label[("speculative", "plain")][2] > 0 and by_label[("speculative", "n-gram n=3 k=4")][5] > 0
+    assert by_label[("speculative", "plain")][2] > 0 and by_label[("speculative", "n-gram n=3 k≤4")][5] > 0
     assert len(session.history) == 2 and len(read_csv(runs_csv)) == 2 and len(table) == 2
     fig.to_json()
 

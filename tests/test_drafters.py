@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine import Engine, load_model, speculative
-from engine.drafters import NgramDrafter, truncated
+from engine.drafters import NgramDrafter
+from engine.layerskip import truncated
 from engine.sampling import SamplingParams
 from engine.tiny import tiny_config, write_tiny_model
 
@@ -72,8 +73,8 @@ def tiny(tmp_path_factory):
 
 
 def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
-    """After any pattern of accepted counts, the drafter's next distribution is what a fresh prefill of
-    the whole committed sequence gives."""
+    """After any pattern of accepted counts, and after plain rounds that never asked it for drafts, the
+    drafter's next distribution is what a fresh prefill of the whole committed sequence gives."""
     model, _ = tiny
     target = Engine(model, 128)
     d = speculative.ModelDrafter(Engine(model, 128))
@@ -89,6 +90,14 @@ def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
         torch.testing.assert_close(draft.probs[0], want, atol=1e-5, rtol=1e-4)
         n = rng.randint(0, k)  # accept n drafts, then one token of the target's
         emitted = draft.ids[:n].tolist() + [rng.randrange(model.config.vocab_size)]
+    d.commit(n, emitted)
+    seq += emitted
+    for _ in range(11):  # plain rounds the schedule chose: the drafter is not asked, its pending tokens pile up
+        d.commit(0, [t := rng.randrange(model.config.vocab_size)])
+        seq.append(t)
+    draft = d.propose(2, sp, torch.Generator().manual_seed(0))
+    want = torch.softmax(Engine(model, 128).logits(seq)[-1], -1)
+    torch.testing.assert_close(draft.probs[0], want, atol=1e-5, rtol=1e-4)
 
 
 def test_layer_skip_shares_weights_and_matches_a_truncated_checkpoint(tiny):
@@ -97,7 +106,9 @@ def test_layer_skip_shares_weights_and_matches_a_truncated_checkpoint(tiny):
     model, root = tiny
     eng = Engine(model, 64)
     view = truncated(model, 2)
-    assert view.config.n_layers == 2 and view.layers[1] is model.layers[1] and view.embed is model.embed
+    assert view.config.n_layers == 2 and view.embed is model.embed and view.lm_head is model.lm_head
+    assert all(a.attn.wqkv is b.attn.wqkv and a.mlp is b.mlp and a.attn_norm is b.attn_norm
+               for a, b in zip(view.layers, model.layers[:2], strict=True))
     config = json.loads((root / "a" / "config.json").read_text())
     (root / "a2").mkdir(exist_ok=True)
     for name in ("model.safetensors", "tokenizer.json"):
@@ -147,14 +158,18 @@ def test_default_model_greedy_matches_plain(smol):
     eng = Engine(model, 256)
     cases = [(speculative.NgramDrafter(), 1), (speculative.NgramDrafter(), 8),
              (speculative.LayerSkipDrafter(eng, n_layers=8), 2), (speculative.LayerSkipDrafter(eng, n_layers=26), 5),
-             (speculative.ModelDrafter(Engine(model, 256)), 4)]
+             (speculative.LayerSkipDrafter(eng), 4), (speculative.ModelDrafter(Engine(model, 256)), 4),
+             (speculative.self_drafter(eng, "q4"), 4)]
     for prompt in prompts:
         want, _ = eng.generate(prompt, max_new_tokens=16, stop_ids=[])
         for drafter, k in cases:
-            got, stats = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=16, stop_ids=[])
-            assert got == want, (drafter.name, k)
-            if drafter.name == "draft_model":  # the model drafting for itself agrees everywhere
-                assert stats.summary()["acceptance_rate"] == 1.0
+            for adaptive in (False, True):
+                got, stats = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=16, stop_ids=[],
+                                                  adaptive=adaptive)
+                assert got == want, (drafter.describe(), k, adaptive)
+                if drafter.name == "draft_model" and not adaptive:
+                    # the model drafting for itself, in fp32 or from its own lossless q4 blocks, agrees everywhere
+                    assert stats.summary()["acceptance_rate"] == 1.0
 
 
 @pytest.mark.cuda

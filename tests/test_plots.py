@@ -52,11 +52,30 @@ def test_steps_lanes_cover_each_rounds_time():
 def test_acceptance_panels_match_stats():
     s = RUNS["spec"]
     fig = plots.acceptance_figure(s)
-    hist, pos, rolling = fig.data
+    hist, pos, rolling, chosen, accepted = fig.data
     assert {x: y for x, y in zip(hist.x, hist.y, strict=True) if y} == s.accepted_histogram()
     assert list(hist.x) == list(range(5))  # every count 0..k, zeros included
     assert list(pos.y) == pytest.approx(s.per_position_acceptance())
     assert all(0 <= y <= 1 for y in rolling.y)
+    assert list(zip(chosen.x, chosen.y, strict=True)) == s.chosen_k()  # the schedule's k per round
+    assert list(accepted.y) == [r.n_accepted for r in s.rounds if r.n_drafted]
+
+
+def test_acceptance_title_names_the_layers_a_calibrated_drafter_skips():
+    s = synthetic_stats(12, k=3, seed=1)
+    s.rounds[0].draft_info = dict(drafter="layer_skip", draft_layers=28, target_layers=30, layer_set="calibrated",
+                                  skipped_layers="13 14", calibrated_acceptance=0.81)
+    title = plots.acceptance_figure(s).layout.title.text
+    assert "runs 28 of 30 layers, skips 13 14 (calibrated on the prompt; 81% expected acceptance)" in title
+
+
+def test_a_run_the_schedule_kept_plain_still_shows_its_ks():
+    s = synthetic_stats(6)
+    for r in s.rounds[1:]:
+        r.k = 0
+    fig = plots.acceptance_figure(s)
+    assert not fig.layout.annotations or "pick a speculative mode" not in fig.layout.annotations[0].text
+    assert list(fig.data[3].y) == [0] * 5
 
 
 def test_acceptance_for_plain_run_says_why_it_is_empty():

@@ -13,10 +13,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="decodescope",
                                 description="Stream LLM decoding token by token and see where the time goes.")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="model folder or hub id (default: the embedded SmolLM2-135M); one of "
+                   help="model folder, hub id or llama GGUF file (default: the embedded SmolLM2-135M); one of "
                         f"{', '.join(KNOWN_MODELS)} unless --allow-any-model")
     p.add_argument("--draft", action="append", default=[], metavar="PATH_OR_ID",
-                   help="a draft model for 'draft model' mode (same vocabulary); repeat for several")
+                   help="a draft model for 'draft model' mode (same vocabulary; folder, hub id or GGUF file); "
+                        "repeat for several")
+    p.add_argument("--self-draft", choices=("q4", "int8", "none"), default="q4",
+                   help="the weight format of the model's own copy that drafts for it in 'self-draft' mode")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
@@ -37,7 +40,8 @@ def main(argv=None) -> None:
 
     if not args.tiny:
         check_allowed([args.model, *args.draft], args.allow_any_model)
-    rt = build_runtime(args.model, args.draft, args.device, args.dtype, args.max_seq_len, tiny=args.tiny)
+    rt = build_runtime(args.model, args.draft, args.device, args.dtype, args.max_seq_len, tiny=args.tiny,
+                       self_draft=None if args.self_draft == "none" else args.self_draft)
     atexit.register(rt.close)
     demo = layout.build(rt)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **layout.launch_kwargs())

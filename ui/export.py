@@ -17,18 +17,18 @@ from pathlib import Path
 from engine.stats import PHASES, Stats, finite
 
 TOKEN_COLUMNS = [
-    "run_id", "round", "token_index", "token_id", "token_text", "kind", "draft_position",
+    "run_id", "round", "round_k", "token_index", "token_id", "token_text", "kind", "draft_position",
     "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "target_ms", "sample_ms", "t_end_ms",
 ]
 # The settings a run was asked for, repeated on every row so a CSV stands alone.
 SETTINGS_COLUMNS = [
-    "model", "mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
+    "model", "mode", "k", "adaptive", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
     "temperature", "top_p", "top_k", "seed", "max_new_tokens", "prompt_tokens",
 ]
 SUMMARY_COLUMNS = [
     "run_id", "label", "tokens", "prompt_tokens", "rounds", "ttft_ms", "itl_mean_ms", "itl_p50_ms",
     "itl_p99_ms", "decode_tok_s", "total_ms", "peak_memory_mb", "acceptance_rate", "mean_accepted_len",
-    "draft_overhead_pct", "bandwidth_ceiling_tok_s", "pct_of_ceiling", "speedup",
+    "draft_overhead_pct", "mean_k", "plain_round_pct", "bandwidth_ceiling_tok_s", "pct_of_ceiling", "speedup",
 ]
 TRACE_LANES = ("round", *PHASES)
 

@@ -7,7 +7,7 @@ import gradio as gr
 
 from ui import callbacks, compare, plots, profile, render
 from ui.profile_plots import PROFILE_HEADERS
-from ui.runtime import K_RANGE, NGRAM_RANGE, Runtime
+from ui.runtime import CALIBRATED, K_RANGE, NGRAM_RANGE, Runtime
 from ui.style import page_css
 
 QUEUE_MAX_SIZE = 16  # runs waiting for the engine; past this a user is told the queue is full
@@ -25,10 +25,20 @@ EDIT = ("Repeat the following text exactly, but fix its three spelling mistakes:
         "direction of the wind and the heigt of the waves, and he never mised a single night.")
 
 
-def examples(rt: Runtime) -> list[list]:
-    """A prompt per mode at its best: prose for a draft model, code for layer-skip, an edit for n-gram."""
-    prose_mode = "draft model" if rt.drafts else "layer-skip"
-    return [[PROSE, prose_mode, 4], [CODE, "layer-skip", 4], [EDIT, "n-gram", 8]]
+def examples(rt: Runtime) -> tuple[list[list], list[str]]:
+    """A prompt per mode where that mode does best, each at its best settings (k is the most a round drafts;
+    the schedule drafts less, or not at all, where drafting does not pay on this machine): an edit whose answer
+    repeats its input for n-gram lookup, prose for the model's own quantized copy or a draft model, code for
+    layer skipping over a set calibrated on the prompt."""
+    rows = [[EDIT, "n-gram", 8, CALIBRATED], [PROSE, "self-draft", 6, CALIBRATED],
+            [CODE, "layer-skip", 4, CALIBRATED]]
+    labels = ["n-gram: quote and edit", f"self-draft ({rt.self_draft_format}): prose", "layer-skip (calibrated): code"]
+    if rt.drafts:
+        rows.append([PROSE, "draft model", 5, CALIBRATED])
+        labels.append("draft model: prose")
+    available = [m for m, why in rt.modes().items() if why is None]
+    keep = [i for i, row in enumerate(rows) if row[1] in available]
+    return [rows[i] for i in keep], [labels[i] for i in keep]
 
 
 def unavailable(rt: Runtime) -> str | None:
@@ -36,9 +46,11 @@ def unavailable(rt: Runtime) -> str | None:
 
 
 def setting_visibility(mode: str):
-    """Show only the knobs the chosen mode uses: k, n-gram size, layer-skip depth, draft model."""
+    """Show only the knobs the chosen mode uses: k and the adaptive schedule, n-gram size, layer-skip depth,
+    draft model."""
     return (gr.update(visible=mode != "plain"), gr.update(visible=mode == "n-gram"),
-            gr.update(visible=mode == "layer-skip"), gr.update(visible=mode == "draft model"))
+            gr.update(visible=mode == "layer-skip"), gr.update(visible=mode == "draft model"),
+            gr.update(visible=mode != "plain"))
 
 
 def build(rt: Runtime) -> gr.Blocks:
@@ -74,11 +86,14 @@ def build(rt: Runtime) -> gr.Blocks:
                     gr.HTML(render.env_card(rt.env), elem_id="env")
                 mode = gr.Radio(modes, value="n-gram" if "n-gram" in modes else modes[0], label="Mode",
                                 elem_id="mode", info=unavailable(rt))
-                k = gr.Slider(*K_RANGE, value=5, step=1, label="k (drafts per round)", elem_id="k")
+                k = gr.Slider(*K_RANGE, value=5, step=1, label="k (the most drafts per round)", elem_id="k")
+                adaptive = gr.Checkbox(True, label="Adaptive k", elem_id="adaptive",
+                                       info="each round drafts what the run's measured costs and acceptance say "
+                                            "pays (0: a plain step); off: k every round")
                 ngram = gr.Slider(*NGRAM_RANGE, value=3, step=1, label="n-gram size", elem_id="ngram")
-                layers = gr.Slider(1, max(1, rt.n_layers - 1), value=max(1, min(8, rt.n_layers // 2)), step=1,
-                                   label="layer-skip depth (layers the drafter runs)", elem_id="layers",
-                                   visible=False)
+                layers = gr.Slider(0, max(1, rt.n_layers - 1), value=CALIBRATED, step=1,
+                                   label="layer-skip layers (0: which to skip calibrated on each prompt; N: the "
+                                         "first N)", elem_id="layers", visible=False)
                 draft = gr.Dropdown(drafts, value=drafts[0] if drafts else None, label="Draft model",
                                     elem_id="draft-model", visible=False, interactive=bool(drafts))
                 with gr.Row():
@@ -96,7 +111,8 @@ def build(rt: Runtime) -> gr.Blocks:
                     seed = gr.Number(0, precision=0, label="seed", elem_id="seed")
                     max_new = gr.Slider(1, max_tokens, value=min(128, max_tokens), step=1,
                                         label="max new tokens", elem_id="max-new-tokens")
-        gr.Examples(examples(rt), inputs=[prompt, mode, k], label="Examples")
+        rows, labels = examples(rt)
+        gr.Examples(rows, inputs=[prompt, mode, k, layers], label="Examples", example_labels=labels)
         with gr.Row():
             plot_itl = gr.Plot(label="Inter-token latency", elem_id="plot-itl")
             plot_steps = gr.Plot(label="Step timeline", elem_id="plot-steps")
@@ -126,7 +142,8 @@ def build(rt: Runtime) -> gr.Blocks:
                 profile_csv = gr.DownloadButton("Profile CSV", elem_id="profile-csv", size="sm")
                 profile_trace = gr.DownloadButton("Profile trace", elem_id="profile-trace", size="sm")
 
-        settings = [mode, k, ngram, layers, draft, graphs, fused, chat, temperature, top_p, top_k, seed, max_new]
+        settings = [mode, k, ngram, layers, draft, graphs, fused, chat, temperature, top_p, top_k, seed, max_new,
+                    adaptive]
         assert len(settings) == len(callbacks.SETTINGS_FIELDS)
         # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
         # own range check would only say "Value 40 is greater than maximum value 16".
@@ -150,10 +167,10 @@ def build(rt: Runtime) -> gr.Blocks:
                           [profile_status, plot_profile, profile_table, profile_csv, profile_trace],
                           api_name="profile", **engine_event)
         stop_btn.click(callbacks.stop, [session], None, queue=False, api_name="stop")
-        mode.change(setting_visibility, [mode], [k, ngram, layers, draft], **quick)
+        mode.change(setting_visibility, [mode], [k, ngram, layers, draft, adaptive], **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=(
             "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"))
-        demo.load(setting_visibility, [mode], [k, ngram, layers, draft], **quick)
+        demo.load(setting_visibility, [mode], [k, ngram, layers, draft, adaptive], **quick)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=None)
     return demo
 

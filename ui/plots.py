@@ -110,14 +110,31 @@ def rolling_acceptance(stats: Stats, window: int = ROLLING_WINDOW) -> tuple[list
     return xs, ys
 
 
+def drafter_note(stats: Stats) -> str:
+    """What the drafter chose at the start of the run, in a line (the layers a layer-skip drafter skips)."""
+    info = stats.drafter_info
+    if info.get("skipped_layers"):
+        how = "calibrated on the prompt" if info.get("layer_set") == "calibrated" else "given"
+        note = (f"runs {info['draft_layers']} of {info['target_layers']} layers, skips {info['skipped_layers']} "
+                f"({how}")
+        if info.get("calibrated_acceptance") is not None:
+            note += f"; {info['calibrated_acceptance']:.0%} expected acceptance"
+        return note + ")"
+    if info.get("draft_weights"):
+        return f"drafts with {info['draft_layers']} layers in {info['draft_weights']} weights"
+    return ""
+
+
 def acceptance_figure(stats: Stats) -> go.Figure:
     title = "Draft acceptance"
-    if not any(r.n_drafted for r in stats.rounds):
+    chosen = stats.chosen_k()
+    if not any(r.n_drafted for r in stats.rounds) and not chosen:
         return empty_figure(title, "No drafts in this run: pick a speculative mode to see acceptance.", "acc")
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(
-        "rounds by accepted drafts", "acceptance by draft position", f"rolling acceptance ({ROLLING_WINDOW} rounds)",
+    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, subplot_titles=(
+        "rounds by accepted drafts", "acceptance by draft position",
+        f"rolling acceptance ({ROLLING_WINDOW} rounds)", "k chosen per round (0: a plain step) and accepted",
     ))
-    k = max(r.n_drafted for r in stats.rounds)
+    k = max([r.n_drafted for r in stats.rounds] + [k for _, k in chosen])
     hist = stats.accepted_histogram()
     counts = list(range(k + 1))
     fig.add_trace(go.Bar(x=counts, y=[hist.get(n, 0) for n in counts], marker_color=KIND_COLORS["accepted"],
@@ -127,14 +144,23 @@ def acceptance_figure(stats: Stats) -> go.Figure:
                          hovertemplate="position %{x}: %{y:.0%}<extra></extra>"), row=1, col=2)
     xs, ys = rolling_acceptance(stats)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=KIND_COLORS["target"]),
-                             hovertemplate="round %{x}: %{y:.0%}<extra></extra>"), row=1, col=3)
+                             hovertemplate="round %{x}: %{y:.0%}<extra></extra>"), row=2, col=1)
+    accepted = {r.index: r.n_accepted for r in stats.rounds if r.n_drafted}
+    fig.add_trace(go.Bar(x=[i for i, _ in chosen], y=[k for _, k in chosen], marker_color="#bab0ac", name="k",
+                         hovertemplate="round %{x}: k=%{y}<extra></extra>"), row=2, col=2)
+    fig.add_trace(go.Scatter(x=list(accepted), y=list(accepted.values()), mode="markers", name="accepted",
+                             marker=dict(color=KIND_COLORS["accepted"], size=5),
+                             hovertemplate="round %{x}: %{y} accepted<extra></extra>"), row=2, col=2)
     fig.update_xaxes(title_text="accepted", dtick=1, range=[-0.5, k + 0.5], row=1, col=1)
     fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=2)
-    fig.update_xaxes(title_text="round", row=1, col=3)
+    fig.update_xaxes(title_text="round", row=2, col=1)
+    fig.update_xaxes(title_text="round", row=2, col=2)
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=2)
-    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=3)
-    fig.update_layout(showlegend=False)
-    return _base(fig, title, "acc")
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=2, col=1)
+    fig.update_yaxes(range=[0, k + 0.5], dtick=1 if k <= 8 else 2, row=2, col=2)
+    fig.update_layout(showlegend=False, barmode="overlay")
+    note = drafter_note(stats)
+    return _base(fig, f"{title}<br><sup>{note}</sup>" if note else title, "acc", height=520)
 
 
 @dataclass

@@ -21,19 +21,20 @@ from engine.speculative import K_MAX, check_k
 from engine.stats import Round, Stats
 from ui.export import ExportStore
 
-MODES = ("plain", "n-gram", "draft model", "layer-skip")
+MODES = ("plain", "n-gram", "self-draft", "draft model", "layer-skip")
 K_RANGE = (1, K_MAX)
 NGRAM_RANGE = (1, 8)
 LAYER_SKIP_KEEP = 2
+CALIBRATED = 0  # RunSettings.layers: the layer-skip drafter's layers calibrated on each prompt
 
 
 @dataclass(frozen=True)
 class RunSettings:
     """One run as the user asked for it; validated before the engine sees it."""
     mode: str = "plain"
-    k: int = 5
+    k: int = 5  # the most a round drafts; the schedule picks each round's k unless adaptive is off
     ngram: int = 3
-    layers: int = 8
+    layers: int = CALIBRATED  # layer-skip: 0 = calibrated on the prompt, N = the first N layers
     draft_model: str | None = None
     cuda_graphs: bool = False
     fused_kernels: bool = False
@@ -43,6 +44,7 @@ class RunSettings:
     top_k: int = 0
     seed: int = 0
     max_new_tokens: int = 128
+    adaptive: bool = True
 
     @property
     def speculative(self) -> bool:
@@ -60,11 +62,11 @@ class RunSettings:
         if self.mode == "n-gram":
             parts.append(f"n={self.ngram}")
         elif self.mode == "layer-skip":
-            parts.append(f"{self.layers} layers")
+            parts.append("calibrated" if self.layers == CALIBRATED else f"first {self.layers} layers")
         elif self.mode == "draft model":
             parts.append(str(self.draft_model))
         if self.speculative:
-            parts.append(f"k={self.k}")
+            parts.append(f"k≤{self.k}" if self.adaptive else f"k={self.k}")
         return " ".join(parts)
 
 
@@ -85,13 +87,15 @@ class Runtime:
     tokenizer: object  # engine.Tokenizer
     model_name: str
     drafts: dict[str, object] = field(default_factory=dict)  # name -> Engine of a draft model
+    self_drafts: dict[str, object] = field(default_factory=dict)  # weight format -> the target's Engine in it
     fused_reason: str | None = None  # None: fused kernels can run here; else why not
     graphs_reason: str | None = None  # None: CUDA graphs can run here; else why not
     env: dict = field(default_factory=dict)  # the environment card
     store: ExportStore | None = None
     rounds_fn: Callable | None = None  # (settings, prompt_ids) -> Round iterator; engine_rounds bound to this runtime
     lock: threading.Lock = field(default_factory=threading.Lock)
-    layer_skip: dict = field(default_factory=dict)  # depth -> LayerSkipDrafter, see drafter_for
+    layer_skip: dict = field(default_factory=dict)  # depth (0: calibrated) -> LayerSkipDrafter, see drafter_for
+    model_drafters: dict = field(default_factory=dict)  # (mode, name) -> ModelDrafter: keeps its measured cost
     temp_dirs: list = field(default_factory=list)  # folders this runtime made (--tiny models), removed by close
     stream_interval_s: float = 1 / 15  # token updates to the page, at most this often
     plot_interval_s: float = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
@@ -114,6 +118,7 @@ class Runtime:
         """Each mode -> None when it can run here, else the reason it cannot."""
         return {
             "plain": None, "n-gram": None,
+            "self-draft": None if self.self_drafts else "no cheaper weight format was loaded at launch (--self-draft)",
             "draft model": None if self.drafts else "no draft model was given at launch (--draft PATH)",
             "layer-skip": None if self.n_layers >= 2 else f"the model has {self.n_layers} layer; layer-skip needs 2",
         }
@@ -124,8 +129,14 @@ class Runtime:
     def encode(self, prompt: str, chat: bool) -> list[int]:
         return self.tokenizer.encode_chat(prompt) if chat else self.tokenizer.encode(prompt)
 
+    @property
+    def self_draft_format(self) -> str | None:
+        return next(iter(self.self_drafts), None)
+
     def stats(self, rounds: list[Round], prompt_len: int, settings: dict) -> Stats:
-        return self.engine.stats(rounds, prompt_len, settings)
+        """The run's Stats; its settings gain what the drafter chose at the start (e.g. the layers it skips)."""
+        info = (rounds[0].draft_info or {}) if rounds else {}
+        return self.engine.stats(rounds, prompt_len, {**info, **settings})
 
     def validate(self, s: RunSettings, prompt_ids: list[int]) -> None:
         """Raise ValueError naming the setting to change; the engine re-checks what it owns."""
@@ -137,9 +148,9 @@ class Runtime:
             check_k(s.k)
         if s.mode == "n-gram" and not NGRAM_RANGE[0] <= s.ngram <= NGRAM_RANGE[1]:
             raise ValueError(f"n-gram size {s.ngram} is out of range; pick {NGRAM_RANGE[0]}..{NGRAM_RANGE[1]}")
-        if s.mode == "layer-skip" and not 1 <= s.layers < self.n_layers:
-            raise ValueError(f"layer-skip depth {s.layers} must be 1..{self.n_layers - 1} "
-                             f"(the model has {self.n_layers} layers)")
+        if s.mode == "layer-skip" and not 0 <= s.layers < self.n_layers:
+            raise ValueError(f"layer-skip depth {s.layers} must be 0 (calibrated on the prompt) or "
+                             f"1..{self.n_layers - 1} (the first N; the model has {self.n_layers} layers)")
         if s.mode == "draft model" and s.draft_model not in self.drafts:
             raise ValueError(f"draft model {s.draft_model!r} is not one of {', '.join(self.drafts)}")
         if s.cuda_graphs and self.graphs_reason:
@@ -147,23 +158,31 @@ class Runtime:
         if s.fused_kernels and self.fused_reason:
             raise ValueError(f"fused kernels are unavailable here ({self.fused_reason}); switch them off")
         SamplingParams(s.temperature, s.top_p, s.top_k, s.seed)  # raises naming the bad setting
-        # the same draft slots speculative.stream reserves
-        self.engine.check_request(prompt_ids, s.max_new_tokens, extra=s.k if s.speculative else 0)
+        # a speculative run needs no cache slots beyond plain decoding's (speculative.stream caps k)
+        self.engine.check_request(prompt_ids, s.max_new_tokens)
 
 
 def drafter_for(rt: Runtime, s: RunSettings):
+    """The run's drafter. Those with an engine are kept between runs: a layer-skip drafter owns KV caches (and
+    graphs, once captured), and a model drafter remembers what its drafts cost, so one found too slow on this
+    machine is not probed again."""
     from engine import speculative
 
     if s.mode == "n-gram":
         return speculative.NgramDrafter(max_n=s.ngram)
-    if s.mode == "draft model":
-        return speculative.ModelDrafter(rt.drafts[s.draft_model])
-    # A layer-skip drafter owns a KV cache (and graphs, once captured): keep the last few, not one a run.
+    if s.mode in ("draft model", "self-draft"):
+        name = s.draft_model if s.mode == "draft model" else rt.self_draft_format
+        key = (s.mode, name)
+        if key not in rt.model_drafters:
+            engine = rt.drafts[name] if s.mode == "draft model" else rt.self_drafts[name]
+            rt.model_drafters[key] = speculative.ModelDrafter(engine)
+        return rt.model_drafters[key]
     cache = rt.layer_skip
     if s.layers not in cache:
         while len(cache) >= LAYER_SKIP_KEEP:
             cache.pop(next(iter(cache)))
-        cache[s.layers] = speculative.LayerSkipDrafter(rt.engine, n_layers=s.layers)
+        n_layers = None if s.layers == CALIBRATED else s.layers
+        cache[s.layers] = speculative.LayerSkipDrafter(rt.engine, n_layers=n_layers)
     return cache[s.layers]
 
 
@@ -181,7 +200,8 @@ def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterato
     if s.speculative:
         from engine import speculative
 
-        yield from speculative.stream(eng, drafter_for(rt, s), prompt_ids, s.k, s.max_new_tokens, **sampling)
+        yield from speculative.stream(eng, drafter_for(rt, s), prompt_ids, s.k, s.max_new_tokens, **sampling,
+                                      adaptive=s.adaptive)
     else:
         yield from eng.stream(prompt_ids, s.max_new_tokens, **sampling)
 

@@ -72,11 +72,12 @@ def _tiny_folders(progress) -> tuple[Path, Path, Path]:
     return root, target, draft
 
 
-def _load_engine(name, device, dtype, max_seq_len, progress):
+def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
     from engine import Engine, graphs, load_model
 
     t0 = time.perf_counter()
-    model = load_model(None if name == DEFAULT_MODEL else name, device=device, dtype=dtype, progress=progress)
+    model = load_model(None if name == DEFAULT_MODEL else name, device=device, dtype=dtype, weights=weights,
+                       progress=progress)
     eng = Engine(model, max_seq_len=max_seq_len)
     progress(f"loaded {name} in {time.perf_counter() - t0:.1f} s ({eng.kernel_status})")
     if not zero_gpu():
@@ -86,7 +87,8 @@ def _load_engine(name, device, dtype, max_seq_len, progress):
 
 
 def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: str = "auto", dtype: str | None = None,
-                  max_seq_len: int = 2048, tiny: bool = False, bandwidth: bool = True, progress=print) -> Runtime:
+                  max_seq_len: int = 2048, tiny: bool = False, bandwidth: bool = True, progress=print,
+                  self_draft: str | None = "q4") -> Runtime:
     from engine import Tokenizer
 
     device = pick_device(device)
@@ -97,6 +99,10 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
         temp_dirs.append(root)
     eng = _load_engine(paths.get(model, model), device, dtype, max_seq_len, progress)
     draft_engines = {n: _load_engine(paths.get(n, n), device, dtype, max_seq_len, progress) for n in draft_names}
+    # quantized self-drafting: the target's own checkpoint again in a cheaper format (a second, smaller copy)
+    self_drafts = {}
+    if self_draft and self_draft != eng.model.weight_format:
+        self_drafts[self_draft] = _load_engine(eng.model.path, device, dtype, max_seq_len, progress, self_draft)
     tok = Tokenizer(eng.model.path)
     if bandwidth:
         from engine.bandwidth import measure_gbs
@@ -111,8 +117,8 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
         graphs_reason = "off: on ZeroGPU the GPU is attached per call, after launch-time capture"
     fused_reason = None if eng.model.ops.name == "fused" else eng.model.ops.reason
     name = EMBEDDED_NAME if model == DEFAULT_MODEL else model
-    rt = Runtime(eng, tok, name, drafts=draft_engines, fused_reason=fused_reason, graphs_reason=graphs_reason,
-                 temp_dirs=temp_dirs)
+    rt = Runtime(eng, tok, name, drafts=draft_engines, self_drafts=self_drafts, fused_reason=fused_reason,
+                 graphs_reason=graphs_reason, temp_dirs=temp_dirs)
     rt.rounds_fn = on_zero_gpu(partial(engine_rounds, rt))
     rt.env = environment(rt, device)
     return rt
@@ -132,6 +138,7 @@ def environment(rt: Runtime, device: str) -> dict:
         "kernels": "fused" if rt.fused_reason is None else f"torch ({rt.fused_reason})",
         "CUDA graphs": "available" if rt.graphs_reason is None else rt.graphs_reason,
         "draft models": ", ".join(rt.drafts) or "none (start with --draft NAME)",
+        "self-draft": ", ".join(rt.self_drafts) or "none (start with --self-draft q4)",
         "KV cache": f"{eng.max_seq_len} positions",
         "memory bandwidth": f"{eng.bandwidth_gbs:.1f} GB/s (measured at launch)",
         "ZeroGPU": "yes" if zero_gpu() else "no",

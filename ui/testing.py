@@ -29,7 +29,8 @@ def synthetic_rounds(n_rounds: int = 12, k: int = 0, seed: int = 0, vocab: int =
                 tokens.append(Token(rng.randrange(vocab), "bonus", None, rng.random()))
             draft, target, sample = 1.0 + rng.random(), 10.0 + rng.random(), 0.5
         t += draft + target + sample + 0.1 + 0.2 * rng.random()
-        rounds.append(Round(i, tokens, start, t, draft, target, sample, k if i else 0, i == n_rounds - 1))
+        rounds.append(Round(i, tokens, start, t, draft, target, sample, k if i else 0, i == n_rounds - 1,
+                            k=(k if i else None) if k else None))
     return rounds
 
 
@@ -47,7 +48,8 @@ def text_of(token_id: int) -> str:
 
 # The tiny runtime's settings, in the form the page's inputs send them (tests and benchmarks).
 TINY_SETTINGS = dict(mode="plain", k=4, ngram=3, layers=2, draft_model="tiny-draft", cuda_graphs=False,
-                     fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=16)
+                     fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=16,
+                     adaptive=True)
 
 
 def settings_values(**overrides) -> list:

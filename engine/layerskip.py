@@ -1,0 +1,199 @@
+"""Self-speculation by layer skipping: the target with some of its layers left out drafts for itself.
+
+The drafter runs a Transformer whose modules *are* the target's (no weight copy) over its own KV cache, on its
+own Engine, so it drafts with the same decode path and graphs. Which layers it runs is either given (the first
+N, the old truncation, or any set) or calibrated on each prompt before the target's prefill:
+
+  1. one forward of the target over the prompt's last CONTEXT tokens records, at the last WINDOW positions,
+     how much each layer turns the residual stream (1 - cos(h_in, h_out), ShortGPT's block influence) and the
+     target's next-token distributions;
+  2. for a few skip counts, the layers that turn the stream least are left out and the view's distributions at
+     the same positions are compared with the target's: sum_x min(p_t(x), p_d(x)) is the probability that
+     speculative sampling accepts a draft there (at temperature 0: the argmaxes agree), under the run's sampling;
+  3. the count with the most modeled tokens per second wins (engine/schedule.py's formula, a draft step costing
+     its share of the layers plus the head, and the schedule's prior verify cost).
+
+This is the spirit of SWIFT (Xia et al. 2024) and Draft & Verify (Zhang et al. 2023), who search skip sets by
+Bayesian optimization against the same agreement; a ranking and a handful of candidates fit a CPU's budget.
+The schedule then measures what the chosen set really costs and accepts, and drafts only where that pays.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from engine import schedule
+from engine.drafters import ModelDrafter
+from engine.kv_cache import KVCache
+from engine.sampling import SamplingParams, probs
+
+CONTEXT = 64  # prompt tokens the calibration runs over (its last ones)
+WINDOW = 16  # positions whose next-token distributions are compared
+SKIP_FRACTIONS = (1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)  # of the layers, the candidate skip counts
+ENGINES_KEPT = 2  # views with their own KV cache kept for reuse (a prompt often calibrates to the last set)
+
+
+def skip_view(model: nn.Module, keep: Sequence[int]) -> nn.Module:
+    """A Transformer over the target's layers `keep` (in order), its final norm and head; every module shared.
+
+    Each kept block is a shallow copy of the target's whose attention writes cache layer j (its position in
+    the view) instead of its own index, so the view's KV cache holds len(keep) layers."""
+    from engine.model import Transformer
+
+    with torch.device("meta"):
+        view = Transformer(dataclasses.replace(model.config, n_layers=len(keep)))
+    blocks = []
+    for j, i in enumerate(keep):
+        block = copy.copy(model.layers[i])
+        block._modules = dict(block._modules)  # a copy's child table is its own; the children are shared
+        block.attn = copy.copy(block.attn)
+        block.attn.layer = j
+        blocks.append(block)
+    view.layers = nn.ModuleList(blocks)
+    view.embed, view.norm, view.lm_head = model.embed, model.norm, model.lm_head
+    view.ops, view.cos, view.sin, view.version = model.ops, model.cos, model.sin, model.version
+    view.path, view.eos_ids = model.path, model.eos_ids
+    assert all(p.device == model.device for p in view.parameters())
+    return view
+
+
+def truncated(model: nn.Module, n_layers: int) -> nn.Module:
+    """The first n_layers of model, its final norm and head (skip_view of a prefix)."""
+    return skip_view(model, range(n_layers))
+
+
+@dataclasses.dataclass
+class Calibration:
+    keep: list[int]  # the layers the drafter runs
+    acceptance: float  # expected acceptance per draft at the calibration positions
+    influence: list[float]  # per target layer: 1 - cos(h_in, h_out) at those positions
+    candidates: dict[int, float]  # layers skipped -> expected acceptance
+
+
+def _forward(model, ids: list[int]) -> torch.Tensor:
+    """All-position logits [T, V] of a fresh forward over ids (its own throwaway cache)."""
+    cache = KVCache(model.config, 1, len(ids), model.dtype, model.device)
+    cache.set_length(len(ids))
+    return model(torch.tensor([ids], device=model.device), cache, "prefill")[0]
+
+
+def influence(model, ids: list[int], window: int) -> tuple[list[float], torch.Tensor]:
+    """(1 - cos(h_in, h_out) per layer at the last `window` positions, the target's logits there [W, V])."""
+    saved, scores = {}, []
+
+    def before(block, args):  # Block.forward(x, h, next_norm, s): h is the residual stream, updated in place
+        saved["h"] = args[1][-window:].float().clone()
+
+    def after(block, args, out):
+        scores.append(1 - torch.cosine_similarity(saved["h"], args[1][-window:].float(), dim=-1).mean().item())
+
+    hooks = [h for b in model.layers for h in (b.register_forward_pre_hook(before), b.register_forward_hook(after))]
+    try:
+        logits = _forward(model, ids)[-window:]
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(scores) == model.config.n_layers
+    return scores, logits
+
+
+def step_share(model) -> float:
+    """The share of a decode step that does not scale with the layers: the head's bytes over all bytes read."""
+    return model.lm_head.weight.nbytes / model.weight_bytes
+
+
+def modeled_speedup(acceptance: float, draft_cost: float, k_max: int) -> float:
+    """Tokens per plain-step time of the best k, with constant acceptance and the schedule's prior verify cost."""
+    e = schedule.expected_tokens([acceptance] * k_max)
+    return max(e[k] / (k * draft_cost + 1 + schedule.PRIOR_VERIFY_SLOPE * k) for k in range(k_max + 1))
+
+
+@torch.inference_mode()
+def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int = 5) -> Calibration:
+    ids = list(prompt_ids[-CONTEXT:])
+    window = min(WINDOW, len(ids))
+    model.ensure_rope(len(ids))
+    L = model.config.n_layers
+    scores, logits = influence(model, ids, window)
+    p_target = probs(logits, sampling)
+    order = sorted(range(L), key=scores.__getitem__)  # least influence first
+    counts = sorted({min(L - 1, max(1, round(f * L))) for f in SKIP_FRACTIONS})
+    head, best, candidates = step_share(model), None, {}
+    for n_skip in counts:  # fewest skipped first; acceptance falls faster than cost, so stop once it stops paying
+        keep = sorted(order[n_skip:])
+        p_draft = probs(_forward(skip_view(model, keep), ids)[-window:], sampling)
+        acc = torch.minimum(p_target, p_draft).sum(-1).mean().item()
+        candidates[n_skip] = acc
+        cost = head + (1 - head) * len(keep) / L
+        # ties (no candidate beats a plain step in the model) go to the most tokens per draft cost
+        score = (modeled_speedup(acc, cost, k_max), acc / cost)
+        if best is not None and score <= best[0]:
+            break
+        best = (score, keep, acc)
+    return Calibration(best[1], best[2], scores, candidates)
+
+
+class LayerSkipDrafter(ModelDrafter):
+    """Self-speculation over a subset of the target's layers, then its final norm and LM head.
+
+    layers: the layers to run (any subset); n_layers: the first n_layers (truncation); neither: calibrated on
+    each prompt (see the module docstring), inside round 0 so the first token's time includes it."""
+
+    name = "layer_skip"
+
+    def __init__(self, engine, n_layers: int | None = None, layers: Sequence[int] | None = None):
+        total = engine.config.n_layers
+        if n_layers is not None and layers is not None:
+            raise ValueError("give n_layers (the first N) or layers (a set), not both")
+        if n_layers is not None:
+            if not (isinstance(n_layers, int) and 1 <= n_layers < total):
+                raise ValueError(f"n_layers={n_layers} must be in 1..{total - 1} (the target has {total} layers)")
+            layers = range(n_layers)
+        if layers is not None:
+            layers = sorted(set(layers))
+            if not (1 <= len(layers) < total and all(isinstance(i, int) and 0 <= i < total for i in layers)):
+                raise ValueError(f"layers={layers} must be 1..{total - 1} distinct indices in 0..{total - 1}")
+        self.target, self.fixed = engine, layers
+        self.keep: list[int] = layers or []
+        self.calibration: Calibration | None = None
+        self.engines: dict[tuple[int, ...], object] = {}
+        super().__init__(self._engine(layers) if layers else None)
+
+    def _engine(self, keep):
+        from engine.engine import Engine
+
+        key = tuple(keep)
+        if key not in self.engines:
+            while len(self.engines) >= ENGINES_KEPT:
+                self.engines.pop(next(iter(self.engines)))
+            self.engines[key] = Engine(skip_view(self.target.model, keep), self.target.max_seq_len)
+        return self.engines[key]
+
+    def begin(self, target, prompt_ids, sampling, extra) -> None:
+        if target is not self.target:
+            raise ValueError("this LayerSkipDrafter was built on another engine; build one on the target")
+        if self.fixed is None:
+            self.calibration = calibrate(target.model, prompt_ids, sampling)
+            self.keep = self.calibration.keep
+        self.engine = self._engine(self.keep)
+        # follow the target's kernel and graph choices; graphs captured with other kernels are re-captured
+        changed = self.engine.model.ops is not target.model.ops
+        self.engine.model.use_ops(target.model.ops)
+        if target.graph is not None and (changed or self.engine.graph is None):
+            self.engine.use_graphs(True)
+        elif target.graph is None and self.engine.graph is not None:
+            self.engine.use_graphs(False)
+        super().begin(target, prompt_ids, sampling, extra)
+
+    def describe(self) -> dict:
+        total = self.target.config.n_layers
+        out = {"drafter": self.name, "draft_layers": len(self.keep), "target_layers": total,
+               "layer_set": "calibrated" if self.fixed is None else "given",
+               "skipped_layers": " ".join(str(i) for i in range(total) if i not in self.keep) if self.keep else None}
+        if self.calibration is not None:
+            out["calibrated_acceptance"] = round(self.calibration.acceptance, 3)
+        return out

@@ -1,0 +1,234 @@
+"""The adaptive draft length: each speculative round drafts the k (0 = a plain decode step) with the most
+expected tokens per second, judged from what the run has measured so far.
+
+The model is Leviathan et al.'s (2023, section 3.4) with measured costs in place of a fixed cost ratio:
+
+  a_i    acceptance of the draft at position i given that the drafts before it were accepted; a Beta posterior
+         over decayed counts, per drafter context (an n-gram match's length: a long match is better evidence)
+  E(k)   = sum_{j=0..k} prod_{i<j} a_i   tokens a round of k drafts emits (the last one resampled or a bonus)
+  C(k)   = k * d + V(k + 1)   its wall time: k draft steps of d ms, then a verify pass over k + 1 positions
+                              (sampling and host time included); C(0) = V(1) is a plain step
+  k      = argmax E(k) / C(k) over 0..min(k_max, tokens left - 1), where k > 0 must beat a plain step by MIN_GAIN
+
+Every figure comes from this run's rounds: V(T) is the median of the rounds that verified T positions (plain
+rounds for T = 1), interpolated between the sizes seen and extrapolated past them; d is the draft time per
+drafted token. Before a size is seen, V(T) = V(1) (1 + PRIOR_VERIFY_SLOPE (T - 1)): the first rounds decide on
+priors in units of a step, so a lookup in a copy task drafts from round 1. Decided with the posterior means, a
+round drafts only where drafting is expected to beat a plain step. Where the means say "plain" but an
+optimistic bound (mean + one standard deviation) says drafting could win against a measured plain step, the
+round probes with one draft: the cheapest round that measures position 0's acceptance and the costs (a model
+drafter's first drafting round is such a probe: its draft cost is unknown until then). Counts decay every
+round, so a context that turned bad is probed again after a while and one that turned good is trusted less
+as it ages. The choice depends only on earlier rounds, never on the round's own draws, so speculative
+sampling stays exact whatever k is picked.
+
+A drafter tells the schedule three things (engine/drafters.py): context() before each round (None: nothing to
+propose), prior(context) (the acceptance it expects before any evidence) and draft_cost (ms a draft costs
+relative to a plain step where known in advance: 0 for a lookup; None until measured, for a model).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+MIN_GAIN = 1.05  # k > 0 must beat a plain step's expected tok/s by 5%: estimates are noisy and the best-looking
+# k is biased upward by being picked, so a break-even draft would lose more often than it wins
+PRIOR_WEIGHT = 2.0  # a context's prior counts as two rounds of evidence
+POOL = 0.5  # another context's round counts half as much as the context's own
+DECAY = 0.99  # per round: about the last 100 rounds carry the estimates; a ruled-out context is probed again
+# every ~50 rounds, about 1% of a run at a probe costing half a step
+WINDOW = 8  # rounds a cost estimate keeps
+PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until a verify pass is measured
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+@dataclass
+class Costs:
+    """Measured round times, ms: the median of the last WINDOW rounds of each kind (a shared CPU's round times
+    jump with other jobs' load; a median shrugs off the outliers an average would carry for rounds).
+
+    verify[T]: rounds that verified T positions, their time less drafting (T = 1: plain steps);
+    draft: draft time per drafted token."""
+    verify: dict[int, list[float]] = field(default_factory=dict)
+    draft: list[float] = field(default_factory=list)
+
+    @property
+    def step(self) -> float:
+        """A plain step's ms: measured; else inferred from the verify passes measured, by the prior slope;
+        else 1 (before any round every cost is a prior relative to a step, and relative units do)."""
+        if 1 in self.verify:
+            return median(self.verify[1])
+        seen = [median(v) / (1 + PRIOR_VERIFY_SLOPE * (t - 1)) for t, v in self.verify.items()]
+        return min(seen) if seen else 1.0
+
+    def add_verify(self, T: int, ms: float) -> None:
+        self.verify[T] = (self.verify.get(T, []) + [ms])[-WINDOW:]
+
+    def add_draft(self, ms: float) -> None:
+        self.draft = (self.draft + [ms])[-WINDOW:]
+
+    def draft_ms(self) -> float | None:
+        return median(self.draft) if self.draft else None
+
+    def measured(self, T: int) -> float:
+        """A size's median, with the prior counted as one more round: one noisy round does not settle it."""
+        if T == 1:
+            return self.step
+        return median(self.verify[T] + [self.step * (1 + PRIOR_VERIFY_SLOPE * (T - 1))])
+
+    def slope(self) -> float:
+        """Extra ms per verified position past the largest size seen: the smaller of the mean slope measured and
+        the prior's. Verify passes flatten as T grows (on a CPU a matmul over a few rows re-reads the weights per
+        row; past a few rows the GEMM streams them once), so the early slope would keep larger k from ever being
+        tried; the first round at a new size measures it."""
+        step = self.step
+        seen = [(self.measured(t) - step) / (t - 1) for t in self.verify if t > 1]
+        prior = PRIOR_VERIFY_SLOPE * step
+        return max(0.0, min(prior, sum(seen) / len(seen))) if seen else prior
+
+    def verify_ms(self, T: int) -> float:
+        """V(T): measured where seen, linear between the nearest sizes seen, extrapolated past the largest."""
+        if T == 1 or T in self.verify:
+            return self.measured(T)
+        below = max([1] + [t for t in self.verify if t < T])
+        above = [t for t in self.verify if t > T]
+        if not above:
+            return self.measured(below) + self.slope() * (T - below)
+        hi = min(above)
+        lo_ms, hi_ms = self.measured(below), self.measured(hi)
+        return lo_ms + (hi_ms - lo_ms) * (T - below) / (hi - below)
+
+
+class Acceptance:
+    """Decayed accept / reject counts per (context, draft position), read as Beta posteriors shrunk toward a
+    hierarchy of means:
+      position 0     the drafter's prior for the context, updated by the other contexts' position-0 counts at
+                     POOL weight: the contexts of one run share its nature (in a copy task even a one-token
+                     match is usually right; in free prose even a long one often is not);
+      continuation   positions 1.. pooled (this context's at full weight, the others' at POOL), shrunk toward
+                     position 0's mean: once a draft is accepted the next one tends to be too, and a round that
+                     accepts three drafts teaches three continuations, not one position each;
+      position i     its own counts, shrunk toward the continuation mean, so a drafter whose drafts degrade
+                     with depth (a truncated model) shows it where the counts are."""
+
+    def __init__(self, prior):
+        self.prior = prior  # context -> prior mean acceptance
+        self.counts: dict[Hashable, list[list[float]]] = {}  # context -> [[accepted, rejected] per position]
+
+    def observe(self, ctx: Hashable, n_drafted: int, n_accepted: int) -> None:
+        rows = self.counts.setdefault(ctx, [])
+        for p in range(min(n_drafted, n_accepted + 1)):  # the verify pass judged positions 0..n_accepted
+            if p == len(rows):
+                rows.append([0.0, 0.0])
+            rows[p][p >= n_accepted] += 1
+
+    def age(self) -> None:
+        for rows in self.counts.values():
+            for row in rows:
+                row[0] *= DECAY
+                row[1] *= DECAY
+
+    def _pooled(self, ctx: Hashable, first: bool) -> tuple[float, float]:
+        """(accepted, rejected) at position 0 (first) or at positions 1.. of ctx, plus the other contexts' at
+        POOL weight."""
+        acc = rej = 0.0
+        for c, rows in self.counts.items():
+            w = 1.0 if c == ctx else POOL
+            for row in rows[:1] if first else rows[1:]:
+                acc, rej = acc + w * row[0], rej + w * row[1]
+        return acc, rej
+
+    def estimates(self, ctx: Hashable, k: int, z: float = 0.0) -> list[float]:
+        """Posterior mean (+ z standard deviations, capped at 1) at positions 0..k-1."""
+        rows = self.counts.get(ctx, [])
+
+        def posterior(prior: float, p: int) -> tuple[float, float]:
+            acc, rej = rows[p] if p < len(rows) else (0.0, 0.0)
+            return PRIOR_WEIGHT * prior + acc, PRIOR_WEIGHT * (1 - prior) + rej
+
+        own0 = rows[0] if rows else (0.0, 0.0)
+        acc, rej = self._pooled(ctx, first=True)
+        acc, rej = acc - own0[0], rej - own0[1]  # the other contexts' position 0
+        a0, b0 = posterior((PRIOR_WEIGHT * self.prior(ctx) + acc) / (PRIOR_WEIGHT + acc + rej), 0)
+        acc, rej = self._pooled(ctx, first=False)
+        continuation = (PRIOR_WEIGHT * a0 / (a0 + b0) + acc) / (PRIOR_WEIGHT + acc + rej)
+        out = []
+        for p in range(k):
+            a, b = (a0, b0) if p == 0 else posterior(continuation, p)
+            sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
+            out.append(min(1.0, a / (a + b) + z * sd))
+        return out
+
+
+def expected_tokens(a: list[float]) -> list[float]:
+    """E(k) for k = 0..len(a): tokens a round of k drafts emits, given conditional acceptances a."""
+    out, run = [1.0], 1.0
+    for x in a:
+        run *= x
+        out.append(out[-1] + run)
+    return out
+
+
+class Schedule:
+    """Picks each round's k for speculative.stream. adaptive=False drafts the most the budget allows every
+    round the drafter has something to propose (the fixed-k behaviour)."""
+
+    def __init__(self, k_max: int, drafter, adaptive: bool = True):
+        self.k_max, self.adaptive, self.drafter = k_max, adaptive, drafter
+        self.costs = Costs()
+        self.acceptance = Acceptance(drafter.prior)
+        self.last: tuple[Hashable, int] | None = None
+
+    def choose(self, ctx: Hashable | None, tokens_left: int) -> int:
+        k_max = min(self.k_max, tokens_left - 1)  # the token after the drafts comes free: drafting more is waste
+        k = 0
+        if ctx is not None and k_max >= 1:
+            k = self._adaptive(ctx, k_max) if self.adaptive else k_max
+        self.last = (ctx, k)
+        return k
+
+    def _adaptive(self, ctx: Hashable, k_max: int) -> int:
+        best = self.best(self.acceptance.estimates(ctx, k_max), k_max, MIN_GAIN)
+        if best or 1 not in self.costs.verify:
+            return best  # a probe is judged against a measured plain step
+        return 1 if self.best(self.acceptance.estimates(ctx, 1, z=1.0), 1, 1.0, optimistic=True) else 0
+
+    def draft_ms(self, optimistic: bool = False) -> float:
+        ratio = self.drafter.draft_cost  # a draft's ms over a plain step's, known in advance or from an earlier run
+        if self.costs.draft and ratio != 0.0:
+            return self.costs.draft_ms()
+        if ratio is not None:
+            return ratio * self.costs.step
+        return 0.0 if optimistic else math.inf  # a model's drafts are measured by the first probe
+
+    def rates(self, a: list[float], optimistic: bool = False) -> list[float]:
+        """Expected tokens per ms for k = 0..len(a)."""
+        d = self.draft_ms(optimistic)
+        e = expected_tokens(a)
+        return [e[k] / (k * d + self.costs.verify_ms(k + 1)) if k == 0 or d < math.inf else 0.0
+                for k in range(len(a) + 1)]
+
+    def best(self, a: list[float], k_max: int, gain: float, optimistic: bool = False) -> int:
+        rates = self.rates(a[:k_max], optimistic)
+        k = max(range(len(rates)), key=rates.__getitem__)
+        return k if rates[k] > gain * rates[0] else 0
+
+    def observe(self, rnd) -> None:
+        """Learn from the round just run (the one the last choose() was for)."""
+        ctx, _ = self.last
+        self.acceptance.age()
+        if rnd.n_drafted == 0:
+            self.costs.add_verify(1, rnd.total_ms)
+        else:
+            self.costs.add_verify(rnd.n_drafted + 1, rnd.total_ms - rnd.draft_ms)
+            self.acceptance.observe(ctx, rnd.n_drafted, rnd.n_accepted)
+            if self.drafter.draft_cost != 0.0:  # a lookup's drafting is free; a model's is measured
+                self.costs.add_draft(rnd.draft_ms / rnd.n_drafted)
+        if self.costs.draft:
+            self.drafter.remember_cost(self.costs.draft_ms() / self.costs.step)

@@ -1,0 +1,160 @@
+"""The adaptive schedule on its own: its formula, its cost and acceptance estimates, and its choices in a
+simulated machine whose costs and acceptance are known, so what it earns can be set against plain decoding
+and against the best fixed k."""
+import random
+
+import pytest
+
+from engine.drafters import Drafter
+from engine.schedule import Acceptance, Costs, Schedule, expected_tokens, median
+from engine.stats import Round
+
+
+def test_expected_tokens():
+    assert expected_tokens([]) == [1.0]
+    assert expected_tokens([1.0, 1.0, 1.0]) == [1, 2, 3, 4]
+    assert expected_tokens([0.5, 0.5]) == pytest.approx([1, 1.5, 1.75])
+    assert expected_tokens([0.0, 1.0]) == [1, 1, 1]
+
+
+def test_costs_median_interpolate_and_extrapolate():
+    c = Costs()
+    assert c.step == 1.0 and c.verify_ms(3) == pytest.approx(1.3)  # nothing measured: priors in units of a step
+    c.add_verify(3, 13)
+    assert c.step == pytest.approx(10) and c.verify_ms(3) == pytest.approx(13)  # a step inferred by the prior
+    for ms in (10, 11, 50, 9, 10):  # one outlier among plain steps
+        c.add_verify(1, ms)
+    assert c.step == 10
+    c.add_verify(3, 16)  # a size's median counts the prior (10 * 1.3) as one more round
+    assert c.verify_ms(3) == pytest.approx(13)  # median of 13, 16 and the prior 13
+    c.add_verify(3, 18)
+    assert c.verify_ms(3) == pytest.approx(14.5)
+    assert c.verify_ms(2) == pytest.approx(12.25)  # halfway between V(1) and V(3)
+    # past the largest size seen: the smaller of the measured slope (2.25 ms) and the prior's (1.5 ms)
+    assert c.verify_ms(5) == pytest.approx(14.5 + 2 * 1.5)
+    for _ in range(6):
+        c.add_verify(3, 10.6)  # verify passes turn out nearly free: the slope follows
+    assert c.verify_ms(5) == pytest.approx(10.6 + 2 * 0.3)
+    assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5
+
+
+def test_acceptance_posterior_by_position():
+    a = Acceptance(lambda ctx: 0.5)
+    assert a.estimates("x", 3) == [0.5, 0.5, 0.5]
+    for _ in range(10):
+        a.observe("x", 3, 3)  # every draft accepted
+    est = a.estimates("x", 5)
+    assert all(0.9 < e < 1 for e in est) and est[3] == est[4]  # unseen positions take the continuation mean
+    a.observe("y", 4, 1)  # position 0 accepted, position 1 rejected, 2 and 3 never judged
+    assert a.counts["y"] == [[1, 0], [0, 1]]
+    low = a.estimates("y", 3)
+    high = a.estimates("y", 3, z=1.0)
+    assert low[1] < low[2] and all(h > m for h, m in zip(high, low, strict=True))
+    # "x"'s evidence lifts "y"'s prior (at half weight), its own rejection at position 1 pulls that one down
+    assert low[0] > 0.8 and low[1] < low[0]
+    assert a.estimates("z", 1)[0] > 0.8  # a context never seen starts from the run's other contexts
+    before = a.counts["x"][0][0]
+    a.age()
+    assert a.counts["x"][0][0] < before
+
+
+def test_a_drafter_degrading_with_depth_shows_it_where_counted():
+    a = Acceptance(lambda ctx: 0.5)
+    for _ in range(30):
+        a.observe("m", 4, 4)
+        a.observe("m", 4, 2)  # positions 0 and 1 always kept, position 2 kept half the time, 3 when reached
+    est = a.estimates("m", 4)
+    assert est[0] > 0.9 and est[1] > 0.9 and 0.4 < est[2] < 0.6
+
+
+class Fake(Drafter):
+    def __init__(self, draft_cost=None, prior=0.5):
+        self.draft_cost, self._prior, self.remembered = draft_cost, prior, None
+
+    def prior(self, key):
+        return self._prior
+
+    def remember_cost(self, ratio):
+        self.remembered = ratio
+
+
+def simulate(schedule, alpha, verify, draft=0.0, rounds=300, seed=0, tokens_left=10**6):
+    """Rounds on a machine with plain step verify[1] ms, verify passes verify[T] ms, draft ms per token, and
+    conditional acceptance alpha (one value, or one per position). Returns (tokens per ms, ks chosen)."""
+    rng, t, tokens, ks = random.Random(seed), 0.0, 0, []
+    for i in range(rounds):
+        k = schedule.choose(0, tokens_left)
+        ks.append(k)
+        n = 0
+        while n < k and rng.random() < (alpha[n] if isinstance(alpha, list) else alpha):
+            n += 1
+        ms = verify[1] if k == 0 else k * draft + verify[k + 1]
+        schedule.observe(Round(i + 1, [], t, t + ms, draft_ms=k * draft, n_drafted=k, k=k, verified=n))
+        t, tokens = t + ms, tokens + n + 1
+    return tokens / t, ks
+
+
+def best_fixed(alpha, verify, draft, k_max):
+    a = [alpha] * k_max
+    return max(expected_tokens(a[:k])[k] / (k * draft + verify[k + 1]) for k in range(k_max + 1))
+
+
+CPU_TWINS = {T: 1 + 0.5 * (T - 1) if T < 6 else 3.5 + 0.1 * (T - 6) for T in range(1, 18)}  # like this box
+KERNELS = {T: 1 + 0.05 * (T - 1) for T in range(1, 18)}  # a verify pass streaming the weights once
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.1, 0.3])
+def test_a_poor_drafter_costs_almost_nothing(alpha):
+    """Where drafting cannot pay, the schedule makes plain steps after a few one-draft probes."""
+    rate, ks = simulate(Schedule(8, Fake(draft_cost=0.0, prior=0.5)), alpha, CPU_TWINS)
+    assert rate >= 0.97 * (1 / CPU_TWINS[1]), (rate, ks)
+    assert max(ks[5:]) <= 1 and sum(ks) <= 16  # after the first rounds on priors, probes of one draft
+
+
+@pytest.mark.parametrize("verify", [CPU_TWINS, KERNELS], ids=["cpu-twins", "kernels"])
+@pytest.mark.parametrize("alpha", [0.6, 0.9, 0.98])
+def test_a_good_lookup_earns_near_the_best_fixed_k(alpha, verify):
+    rate, ks = simulate(Schedule(8, Fake(draft_cost=0.0)), alpha, verify, seed=int(alpha * 100))
+    best = best_fixed(alpha, verify, 0.0, 8)
+    assert rate >= 0.85 * best and rate >= 0.97 / verify[1], (rate, best, ks[-20:])
+
+
+def test_a_model_drafter_is_probed_once_and_remembered_when_too_slow():
+    """A draft costing 5 plain steps (a q4 model on the torch twins): one probe, then plain steps; the next
+    run knows the cost and never drafts."""
+    drafter = Fake()
+    rate, ks = simulate(Schedule(8, drafter), 1.0, CPU_TWINS, draft=5.0, rounds=60)
+    assert ks[:2] == [0, 1] and sum(ks) == 1, ks  # a plain step to judge the probe against, the probe
+    assert drafter.remembered == pytest.approx(5.0)
+    drafter.draft_cost = drafter.remembered
+    _, ks = simulate(Schedule(8, drafter), 1.0, CPU_TWINS, draft=5.0, rounds=60)
+    assert sum(ks) == 0
+
+
+@pytest.mark.parametrize("verify", [CPU_TWINS, KERNELS], ids=["cpu-twins", "kernels"])
+def test_a_cheap_faithful_model_drafter_pays(verify):
+    """A draft at a quarter of a step that the target almost always accepts (quantized self-drafting once the
+    kernels land): the schedule finds a k near the best."""
+    rate, ks = simulate(Schedule(8, Fake()), 0.97, verify, draft=0.25)
+    best = best_fixed(0.97, verify, 0.25, 8)
+    assert rate >= 0.85 * best and best > 1.3 / verify[1], (rate, best, ks[-10:])
+
+
+def test_position_dependent_acceptance():
+    """A drafter good for two tokens and bad after: k settles at 2 or 3, not at the maximum."""
+    alpha = [0.95, 0.95, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
+    rate, ks = simulate(Schedule(8, Fake(draft_cost=0.0)), alpha, KERNELS, rounds=400)
+    assert 2 <= sorted(ks[-100:])[50] <= 3, ks[-20:]
+
+
+def test_limits():
+    s = Schedule(5, Fake(draft_cost=0.0, prior=0.99))
+    s.costs.add_verify(1, 10.0)
+    assert s.choose(None, 100) == 0  # nothing to propose
+    assert s.choose(0, 1) == 0  # one token left: a plain step
+    assert s.choose(0, 3) <= 2  # never more drafts than the tokens left less one
+    fixed = Schedule(5, Fake(), adaptive=False)
+    assert fixed.choose(0, 100) == 5 and fixed.choose(0, 4) == 3 and fixed.choose(None, 100) == 0
+    assert Schedule(5, Fake()).choose(0, 100) == 0  # a model's draft cost is unknown: a plain step, then a probe
+    # a free lookup with a good prior drafts from the first round, on prior costs in units of a step
+    assert Schedule(5, Fake(draft_cost=0.0, prior=0.9)).choose(0, 100) > 1

@@ -1,0 +1,79 @@
+"""The speculative modes in the app, on the tiny runtime: self-drafting, the calibrated layer set shown and
+exported, the schedule's k per round in the CSVs, fixed k as an option, the Examples, and validation."""
+import csv
+
+import pytest
+
+from ui import callbacks, layout
+from ui.callbacks import Session
+from ui.runtime import CALIBRATED, RunSettings
+from ui.startup import build_runtime
+from ui.testing import settings_values
+
+PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
+
+
+@pytest.fixture(scope="module")
+def rt():
+    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    yield rt
+    rt.close()
+
+
+def run(rt, **overrides):
+    session = Session()
+    list(callbacks.generate(rt, session, PROMPT, *settings_values(**{"max_new_tokens": 24, **overrides})))
+    itl, steps, acc, table, tokens_csv, trace, runs_csv = callbacks.last_run(rt, session)
+    with open(tokens_csv, newline="", encoding="utf-8") as f:
+        tokens = list(csv.DictReader(f))
+    with open(runs_csv, newline="", encoding="utf-8") as f:
+        runs = list(csv.DictReader(f))
+    return acc, tokens, runs
+
+
+def test_the_modes_this_launch_serves(rt):
+    assert rt.modes()["self-draft"] is None and rt.self_draft_format == "q4"
+    assert rt.env["self-draft"] == "q4"
+
+
+def test_calibrated_layer_skip_shows_and_exports_its_layer_set(rt):
+    acc, tokens, runs = run(rt, mode="layer-skip", layers=CALIBRATED)
+    skipped = tokens[0]["skipped_layers"]
+    assert skipped and {r["skipped_layers"] for r in tokens} == {skipped} and tokens[0]["layer_set"] == "calibrated"
+    assert f"skips {skipped}" in acc.layout.title.text
+    assert runs[0]["skipped_layers"] == skipped
+
+
+def test_csvs_carry_the_k_each_round_chose(rt):
+    _, tokens, runs = run(rt, mode="n-gram", k=6)
+    ks = {int(r["round"]): r["round_k"] for r in tokens}
+    assert ks[0] == "" and all(0 <= int(ks[i]) <= 6 for i in ks if i)  # round 0 is the prefill
+    assert runs[0]["mean_k"] != "" and runs[0]["adaptive"] == "True"
+    _, tokens, runs = run(rt, mode="n-gram", k=3, adaptive=False)
+    assert runs[0]["adaptive"] == "False"
+    assert max(int(r["round_k"]) for r in tokens if r["round"] != "0") == 3  # k each round the lookup matched
+
+
+def test_labels_say_the_maximum_or_the_fixed_k():
+    assert RunSettings(mode="n-gram", k=4).mode_label() == "n-gram n=3 k≤4"
+    assert RunSettings(mode="n-gram", k=4, adaptive=False).mode_label() == "n-gram n=3 k=4"
+    assert RunSettings(mode="layer-skip").mode_label() == "layer-skip calibrated k≤5"
+    assert RunSettings(mode="layer-skip", layers=2).mode_label() == "layer-skip first 2 layers k≤5"
+
+
+def test_examples_use_each_modes_best_settings(rt):
+    rows, labels = layout.examples(rt)
+    by_mode = {row[1]: row for row in rows}
+    assert set(by_mode) == {"n-gram", "self-draft", "layer-skip", "draft model"} and len(labels) == len(rows)
+    assert by_mode["layer-skip"][3] == CALIBRATED and by_mode["n-gram"][2] == 8
+
+
+def test_validate_takes_calibrated_and_needs_no_draft_slots(rt):
+    ids = rt.encode(PROMPT, False)
+    rt.validate(RunSettings(mode="layer-skip", layers=0), ids)
+    with pytest.raises(ValueError, match="0 \\(calibrated on the prompt\\) or 1..3"):
+        rt.validate(RunSettings(mode="layer-skip", layers=4), ids)
+    room = rt.engine.max_seq_len - len(ids)
+    rt.validate(RunSettings(mode="n-gram", k=16, max_new_tokens=room), ids)  # what plain decoding may use
+    with pytest.raises(ValueError, match="max_seq_len"):
+        rt.validate(RunSettings(mode="n-gram", k=16, max_new_tokens=room + 1), ids)
