@@ -16,6 +16,7 @@ import sys
 import tempfile
 
 from engine import Engine, Tokenizer, graphs, load_model
+from engine.weights import FORMATS
 from engine.tiny import write_tiny_model
 
 
@@ -33,6 +34,12 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--weights", choices=FORMATS, default=None,
+                   help="the projections' format (default: q4 where the model ships q4 blocks and the kernels run, "
+                        "else the dtype's)")
+    p.add_argument("--window", type=int, default=None,
+                   help="attend decode steps to the last WINDOW positions and --sinks first ones (default: full)")
+    p.add_argument("--sinks", type=int, default=4, help="attention sinks kept with --window")
     p.add_argument("--graphs", action="store_true", help="capture the decode step as a CUDA graph")
     p.add_argument("--no-fused", action="store_true", help="run the torch twins instead of the fused kernels")
     p.add_argument("--tiny", action="store_true", help="a small random-weight model (smoke tests)")
@@ -94,13 +101,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     name = write_tiny_model(tempfile.mkdtemp(prefix="decodescope-tiny-")) if args.tiny else args.model
     try:
-        model = load_model(name, device=args.device, dtype=args.dtype, fused=not args.no_fused,
+        model = load_model(name, device=args.device, dtype=args.dtype, weights=args.weights, fused=not args.no_fused,
                            progress=lambda msg: print(msg, file=sys.stderr))
         tok = Tokenizer(model.path)
-        eng = Engine(model, max_seq_len=args.max_seq_len)
+        eng = Engine(model, max_seq_len=args.max_seq_len, window=args.window, sinks=args.sinks)
         if args.graphs:
             graphs.enable(eng)
-        print(f"[kernels {eng.kernel_status} | graphs {eng.graph_status}]", file=sys.stderr)
+        print(f"[weights {model.weight_format} | kernels {eng.kernel_status} | graphs {eng.graph_status} | "
+              f"attention {eng.attention_mode}]", file=sys.stderr)
         ids = tok.encode_chat(args.prompt) if args.chat else tok.encode(args.prompt)
         drafter = make_drafter(args, eng)
         sample = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -20,6 +20,14 @@ from engine.timing import Clock, now_ms
 KV_BLOCK = 128  # eager calls read the cache up to the live length rounded up to this
 
 
+def check_window(window: int | None, sinks: int) -> tuple[int | None, int]:
+    if window is not None and not (isinstance(window, int) and window >= 1):
+        raise ValueError(f"window={window!r} must be a positive number of positions, or None for full attention")
+    if not (isinstance(sinks, int) and sinks >= 0):
+        raise ValueError(f"sinks={sinks!r} must be a whole number of positions >= 0")
+    return window, sinks if window else 0
+
+
 class Engine:
     """window: None for full attention; an int W makes every decode step and verify pass attend to the
     first `sinks` positions and the last W only (StreamingLLM's attention sinks). The prompt's prefill stays
@@ -32,11 +40,7 @@ class Engine:
                  sinks: int = 4):
         if max_seq_len < 2:
             raise ValueError(f"max_seq_len={max_seq_len} must be at least 2")
-        if window is not None and not (isinstance(window, int) and window >= 1):
-            raise ValueError(f"window={window!r} must be a positive number of positions, or None for full attention")
-        if not (isinstance(sinks, int) and sinks >= 0):
-            raise ValueError(f"sinks={sinks!r} must be a whole number of positions >= 0")
-        self.window, self.sinks = window, sinks if window else 0
+        self.window, self.sinks = check_window(window, sinks)
         self.model, self.config = model, model.config
         self.device, self.max_seq_len = model.device, max_seq_len
         model.ensure_rope(max_seq_len)
@@ -90,6 +94,14 @@ class Engine:
     def chunk(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [B, T] on top of the cache -> logits [B, T, V] (the verify pass)."""
         return self._forward(tokens)
+
+    def use_window(self, window: int | None, sinks: int = 4) -> str:
+        """Switch the attention of the next run (see the class docstring); a captured graph holds the old one,
+        so it is captured again."""
+        self.window, self.sinks = check_window(window, sinks)
+        if self.graph is not None:
+            self.use_graphs(True)
+        return self.attention_mode
 
     @property
     def attention_mode(self) -> str:

@@ -35,3 +35,15 @@ def test_bad_values_are_named(capsys):
     assert code == 2 and "n_layers=9" in err
     with pytest.raises(SystemExit):
         cli.parse_args([*BASE, "--self-draft", "q3"])
+
+
+@pytest.mark.parametrize("flags, shown", [(["--weights", "q4"], "weights q4"), (["--weights", "fp16"], "weights fp16"),
+                                          (["--window", "8", "--sinks", "2"], "attention window 8 + 2 sinks")])
+def test_weights_and_window_flags_reach_the_engine(capsys, flags, shown):
+    code, text, err = run(capsys, *flags)
+    assert code == 0 and text and shown in err
+
+
+def test_a_bad_window_is_named(capsys):
+    code, _, err = run(capsys, "--window", "0")
+    assert code == 2 and "window=0" in err

@@ -101,9 +101,12 @@ def test_same_weights_compare_with_itself_once(rt):
     assert len(profile.configs(rt, s, "weights fp32")) == 1
 
 
-def test_another_weight_format_says_it_is_not_loaded(rt):
+def test_another_weight_format_loads_on_first_use_and_runs_beside(rt):
     outs = list(profile.run_profile(rt, Session(), PROMPT, "weights q4", 2, *settings_values()))
-    assert outs[-1][2][-1][-1] == "q4 weights are not loaded here (loaded: fp32)"
+    assert "q4" in rt.engines and rt.engines["q4"].model.weight_format == "q4"
+    table = outs[-1][2]
+    assert {row[0] for row in table} == {"eager · torch · fp32", "eager · torch · q4"}
+    assert all(row[2] is not None and row[2] > 0 for row in table)  # both ran: step times, not reasons
 
 
 @pytest.mark.parametrize("against,steps,needle", [("nonsense", 4, "compare with 'nonsense'"),

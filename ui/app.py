@@ -8,6 +8,7 @@ import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch l
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from engine.weights import FORMATS
     from ui.startup import DEFAULT_MODEL, KNOWN_MODELS
 
     p = argparse.ArgumentParser(prog="decodescope",
@@ -21,6 +22,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--self-draft", choices=("q4", "int8", "none"), default="q4",
                    help="the weight format of the model's own copy that drafts for it in 'self-draft' mode")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--weights", choices=FORMATS, default=None,
+                   help="the weight format at launch (default: q4 where the model ships q4 blocks and the kernels run, "
+                        "else the dtype's); the page can switch formats")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--max-seq-len", type=int, default=2048, help="KV cache positions (prompt + new tokens)")
@@ -41,7 +45,7 @@ def main(argv=None) -> None:
     if not args.tiny:
         check_allowed([args.model, *args.draft], args.allow_any_model)
     rt = build_runtime(args.model, args.draft, args.device, args.dtype, args.max_seq_len, tiny=args.tiny,
-                       self_draft=None if args.self_draft == "none" else args.self_draft)
+                       self_draft=None if args.self_draft == "none" else args.self_draft, weights=args.weights)
     atexit.register(rt.close)
     demo = layout.build(rt)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **layout.launch_kwargs())

@@ -16,8 +16,8 @@ from ui import export, plots, render
 from ui.runtime import RoundPump, RunSettings, Runtime, as_int
 
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
-                   "temperature", "top_p", "top_k", "seed", "max_new_tokens", "adaptive")
-INT_FIELDS = ("k", "ngram", "layers", "top_k", "seed", "max_new_tokens")
+                   "temperature", "top_p", "top_k", "seed", "max_new_tokens", "adaptive", "weights", "window")
+INT_FIELDS = ("k", "ngram", "layers", "top_k", "seed", "max_new_tokens", "window")
 RUN_HEADERS = ["run", "label", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "acceptance",
                "mean accepted", "stopped"]
 
@@ -82,6 +82,7 @@ def parse_settings(*values) -> RunSettings:
             raise ValueError(f"{name}={d[name]!r} must be a number") from None
     for name in ("cuda_graphs", "fused_kernels", "chat", "adaptive"):
         d[name] = bool(d[name])
+    d["weights"] = str(d["weights"] or "")
     return RunSettings(**d)
 
 

@@ -1,6 +1,7 @@
 """The Compare button: the current prompt back to back under eager vs CUDA graph, torch ops vs fused
-kernels, and plain vs the selected speculative mode. A configuration the machine cannot run is listed
-with its reason instead.
+kernels, fp32 vs every other weight format, full vs windowed attention, and plain vs the selected
+speculative mode. A configuration the machine cannot run is listed with its reason instead; one that two
+groups share runs once.
 
 Like generate, the queued event yields only a status string; the figure, table and files follow from
 last_compare once it ends.
@@ -15,13 +16,15 @@ import gradio as gr
 from engine.stats import Round
 from ui import plots, render
 from ui.callbacks import Session, begin_run, prepare, record_run, runs_table, write_history
-from ui.runtime import RoundPump, RunSettings, Runtime
+from ui.runtime import SINKS, RoundPump, RunSettings, Runtime
 
 IDLE_TICK_S = 0.25  # a run yields this often, so a closed tab or Stop is noticed
+COMPARE_WINDOW = 512  # the attention group's window when the run itself attends in full
 
 
 def plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None, str | None, bool]]:
     """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared."""
+    s = replace(s, weights=s.weights or rt.weight_format)  # named, so equal runs in two groups run once
     base = replace(s, mode="plain")
     spec = s if s.speculative else replace(s, mode="n-gram")
     out = []
@@ -35,6 +38,16 @@ def plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None
     else:
         out += [("kernels", "torch ops", replace(base, fused_kernels=False), None, True),
                 ("kernels", "fused kernels", replace(base, fused_kernels=True), None, False)]
+    # weight formats: fp32 against each other format, all plain (the one knob that changes is the format)
+    for fmt, why in rt.formats().items():
+        if why is not None or fmt == "bf16":
+            continue
+        label = f"{fmt} weights"
+        out.append(("weights", label, replace(base, weights=fmt), None, fmt == "fp32"))
+    # attention: full against the run's window (or COMPARE_WINDOW when the run attends in full)
+    window = base.window or COMPARE_WINDOW
+    out += [("attention", "full", replace(base, window=0), None, True),
+            ("attention", f"window {window} + {SINKS} sinks", replace(base, window=window), None, False)]
     out += [("speculative", "plain", base, None, True), ("speculative", spec.mode_label(), spec, None, False)]
     return out
 

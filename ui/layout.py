@@ -7,13 +7,15 @@ import gradio as gr
 
 from ui import callbacks, compare, plots, profile, render
 from ui.profile_plots import PROFILE_HEADERS
-from ui.runtime import CALIBRATED, K_RANGE, NGRAM_RANGE, Runtime
+from ui.runtime import CALIBRATED, K_RANGE, NGRAM_RANGE, SINKS, WINDOW_RANGE, Runtime
 from ui.style import page_css
 
 QUEUE_MAX_SIZE = 16  # runs waiting for the engine; past this a user is told the queue is full
 TITLE = "decodescope"
 INTRO = ("Each token is coloured by what happened to it; the panels below show where the time went. "
          "Settings take effect on the next run.")
+WEIGHTS_INFO = ("how the projections are stored: fp32, fp16, int8 blocks or 4-bit blocks (the default model's "
+                "own, lossless); a format's first run loads it")
 
 PROSE = "Write a short, vivid paragraph about a lighthouse keeper who finds a message in a bottle."
 CODE = "Write a Python function `is_prime(n: int) -> bool` with a docstring and a few doctest examples."
@@ -102,7 +104,15 @@ def build(rt: Runtime) -> gr.Blocks:
                                          info=rt.graphs_reason or "replay the captured decode step")
                     fused = gr.Checkbox(rt.fused_reason is None, label="Fused kernels", elem_id="fused",
                                         interactive=rt.fused_reason is None,
-                                        info=rt.fused_reason or "our CUDA kernels instead of torch ops")
+                                        info=rt.fused_reason or f"our {rt.engine.device.type.upper()} kernels "
+                                                                "instead of torch ops")
+                with gr.Row():
+                    formats = [f for f, why in rt.formats().items() if why is None]
+                    weights = gr.Dropdown(formats, value=rt.weight_format, label="Weights", elem_id="weights",
+                                          info=WEIGHTS_INFO)
+                    window = gr.Slider(0, min(WINDOW_RANGE[1], rt.engine.max_seq_len), value=0, step=16,
+                                       label=f"attention window (0: full; W: the last W positions + {SINKS} sinks)",
+                                       elem_id="window")
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
                                         elem_id="temperature")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p", elem_id="top-p")
@@ -143,7 +153,7 @@ def build(rt: Runtime) -> gr.Blocks:
                 profile_trace = gr.DownloadButton("Profile trace", elem_id="profile-trace", size="sm")
 
         settings = [mode, k, ngram, layers, draft, graphs, fused, chat, temperature, top_p, top_k, seed, max_new,
-                    adaptive]
+                    adaptive, weights, window]
         assert len(settings) == len(callbacks.SETTINGS_FIELDS)
         # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
         # own range check would only say "Value 40 is greater than maximum value 16".

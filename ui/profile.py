@@ -48,7 +48,7 @@ def label(cfg: engine_profile.Config) -> str:
 
 def configs(rt: Runtime, s, against: str) -> list[engine_profile.Config]:
     """The current settings, then the same with one axis changed (the data engine.profile.compare takes)."""
-    here = rt.engine.model.weight_format
+    here = s.weights or rt.weight_format
     cur = engine_profile.Config("", fused=s.fused_kernels, graphs=s.cuda_graphs, weights=here)
     if against == "kernels":
         other = replace(cur, fused=not cur.fused)
@@ -64,6 +64,8 @@ def configs(rt: Runtime, s, against: str) -> list[engine_profile.Config]:
 
 def known_reasons(rt: Runtime, cfg: engine_profile.Config) -> str | None:
     """Why cfg cannot run, when the launch already knows (so nothing is switched to find out)."""
+    if (why := rt.formats().get(cfg.weights, f"{cfg.weights} is not a weight format")) is not None:
+        return f"{cfg.weights} weights unavailable: {why}"
     if cfg.graphs and rt.graphs_reason:
         return f"CUDA graphs unavailable: {rt.graphs_reason}"
     if cfg.fused and rt.fused_reason:
@@ -133,10 +135,10 @@ def profile_outputs(rt: Runtime, session: Session, prompt: str, against: str, st
         ids = rt.encode(prompt, s.chat) if prompt and prompt.strip() else None
         if zero_gpu():
             raise ValueError("profiling needs the GPU for longer than a ZeroGPU call lends it; run the app locally")
-        engines = {rt.engine.model.weight_format: rt.engine}
         results = [engine_profile.Result(c, reason=why) for c in cfgs if (why := known_reasons(rt, c))]
         todo = [c for c in cfgs if not known_reasons(rt, c)]
         with rt.lock, Telemetry(rt.engine.device) as tel:
+            engines = {c.weights: rt.engine_for(c.weights) for c in todo}  # a format's first use loads it
             results += engine_profile.compare(engines, todo, steps=n, k=s.k, context=ids)
     except ValueError as e:
         raise gr.Error(str(e), print_exception=False) from None

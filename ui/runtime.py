@@ -26,6 +26,8 @@ K_RANGE = (1, K_MAX)
 NGRAM_RANGE = (1, 8)
 LAYER_SKIP_KEEP = 2
 CALIBRATED = 0  # RunSettings.layers: the layer-skip drafter's layers calibrated on each prompt
+SINKS = 4  # attention sinks kept with a window (StreamingLLM's choice)
+WINDOW_RANGE = (16, 8192)  # RunSettings.window when not 0 (full attention)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class RunSettings:
     seed: int = 0
     max_new_tokens: int = 128
     adaptive: bool = True
+    weights: str = ""  # the projections' weight format; "" is the one the app launched with
+    window: int = 0  # 0: full attention; W: the last W positions and SINKS sinks (decode and verify)
 
     @property
     def speculative(self) -> bool:
@@ -54,8 +58,11 @@ class RunSettings:
         return dict(model=model, **asdict(self))
 
     def label(self) -> str:
-        return " · ".join([self.mode_label(), "graph" if self.cuda_graphs else "eager",
-                           "fused" if self.fused_kernels else "torch"])
+        parts = [self.mode_label(), "graph" if self.cuda_graphs else "eager",
+                 "fused" if self.fused_kernels else "torch"]
+        parts += [self.weights] if self.weights else []
+        parts += [f"window {self.window}"] if self.window else []
+        return " · ".join(parts)
 
     def mode_label(self) -> str:
         parts = [self.mode]
@@ -88,6 +95,8 @@ class Runtime:
     model_name: str
     drafts: dict[str, object] = field(default_factory=dict)  # name -> Engine of a draft model
     self_drafts: dict[str, object] = field(default_factory=dict)  # weight format -> the target's Engine in it
+    engines: dict[str, object] = field(default_factory=dict)  # weight format -> the target's Engine in it
+    load_format: Callable | None = None  # weight format -> a new Engine of the target in it (startup binds it)
     fused_reason: str | None = None  # None: fused kernels can run here; else why not
     graphs_reason: str | None = None  # None: CUDA graphs can run here; else why not
     env: dict = field(default_factory=dict)  # the environment card
@@ -103,6 +112,30 @@ class Runtime:
     def __post_init__(self):
         self.store = self.store or ExportStore()
         self.rounds_fn = self.rounds_fn or partial(engine_rounds, self)
+        self.engines.setdefault(self.engine.model.weight_format, self.engine)
+
+    @property
+    def weight_format(self) -> str:
+        """The format the app launched with: what RunSettings.weights = "" means."""
+        return self.engine.model.weight_format
+
+    def formats(self) -> dict[str, str | None]:
+        """Each weight format -> None when it can run here, else the reason it cannot."""
+        from engine.weights import CPU_FORMATS, FORMATS
+
+        if self.load_format is None:
+            return {f: None if f in self.engines else "only the launch format is loaded" for f in FORMATS}
+        cpu_kernels = self.engine.device.type == "cpu" and self.fused_reason is None
+        return {f: f"{f} has no CPU kernel (fp16 stores half the bytes)" if cpu_kernels and f not in CPU_FORMATS
+                else None for f in FORMATS}
+
+    def engine_for(self, fmt: str):
+        """The target in weight format fmt ("" is the launch format): loaded on first use, kept after (one
+        more copy of the weights, in that format)."""
+        fmt = fmt or self.weight_format
+        if fmt not in self.engines:
+            self.engines[fmt] = self.load_format(fmt)
+        return self.engines[fmt]
 
     def close(self) -> None:
         """Remove every file the app wrote: exports and any temporary model folders."""
@@ -136,7 +169,7 @@ class Runtime:
     def stats(self, rounds: list[Round], prompt_len: int, settings: dict) -> Stats:
         """The run's Stats; its settings gain what the drafter chose at the start (e.g. the layers it skips)."""
         info = (rounds[0].draft_info or {}) if rounds else {}
-        return self.engine.stats(rounds, prompt_len, {**info, **settings})
+        return self.engine_for(settings.get("weights", "")).stats(rounds, prompt_len, {**info, **settings})
 
     def validate(self, s: RunSettings, prompt_ids: list[int]) -> None:
         """Raise ValueError naming the setting to change; the engine re-checks what it owns."""
@@ -144,6 +177,17 @@ class Runtime:
             raise ValueError(f"mode={s.mode!r} is not one of {', '.join(MODES)}")
         if (why := self.modes()[s.mode]) is not None:
             raise ValueError(f"{s.mode} mode is unavailable: {why}")
+        fmt = s.weights or self.weight_format
+        if fmt not in (formats := self.formats()):
+            raise ValueError(f"weights={fmt!r} is not one of {', '.join(formats)}")
+        if formats[fmt] is not None:
+            raise ValueError(f"weights {fmt} are unavailable here: {formats[fmt]}")
+        if s.mode == "self-draft" and fmt == self.self_draft_format:
+            raise ValueError(f"self-draft drafts with {fmt} weights, and the target already runs {fmt}: pick fp32 "
+                             "or fp16 weights for the target, or another mode")
+        if s.window and not WINDOW_RANGE[0] <= s.window <= WINDOW_RANGE[1]:
+            raise ValueError(f"window={s.window} is out of range; pick 0 (full attention) or "
+                             f"{WINDOW_RANGE[0]}..{WINDOW_RANGE[1]} positions")
         if s.speculative:
             check_k(s.k)
         if s.mode == "n-gram" and not NGRAM_RANGE[0] <= s.ngram <= NGRAM_RANGE[1]:
@@ -177,13 +221,13 @@ def drafter_for(rt: Runtime, s: RunSettings):
             engine = rt.drafts[name] if s.mode == "draft model" else rt.self_drafts[name]
             rt.model_drafters[key] = speculative.ModelDrafter(engine)
         return rt.model_drafters[key]
-    cache = rt.layer_skip
-    if s.layers not in cache:
+    cache, key = rt.layer_skip, (s.weights or rt.weight_format, s.layers)
+    if key not in cache:
         while len(cache) >= LAYER_SKIP_KEEP:
             cache.pop(next(iter(cache)))
         n_layers = None if s.layers == CALIBRATED else s.layers
-        cache[s.layers] = speculative.LayerSkipDrafter(rt.engine, n_layers=n_layers)
-    return cache[s.layers]
+        cache[key] = speculative.LayerSkipDrafter(rt.engine_for(s.weights), n_layers=n_layers)
+    return cache[key]
 
 
 def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterator[Round]:
@@ -191,11 +235,13 @@ def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterato
 
     On a ZeroGPU Space this runs under spaces.GPU in a forked worker: the runtime is bound in before the
     fork, the settings and ids are pickled over, and the Round records are pickled back."""
-    eng = rt.engine
+    eng = rt.engine_for(s.weights)
     if (eng.model.ops.name == "fused") != s.fused_kernels:
         eng.use_fused(s.fused_kernels)
     if (eng.graph is not None) != s.cuda_graphs:
         eng.use_graphs(s.cuda_graphs)
+    if (eng.window or 0) != s.window:
+        eng.use_window(s.window or None, SINKS)
     sampling = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed)
     if s.speculative:
         from engine import speculative

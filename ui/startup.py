@@ -86,9 +86,25 @@ def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
     return eng
 
 
+def _same_model(eng, dtype, progress, loaded: list, fmt: str):
+    """The target of `eng` on a new Engine (its own cache) in weight format fmt: the weights of an engine
+    already in that format (eng or one of `loaded`) shared, else loaded; the measured bandwidth copied."""
+    from engine import Engine, graphs
+
+    have = next((e.model for e in [eng, *loaded] if e.model.weight_format == fmt), None)
+    if have is None:
+        new = _load_engine(eng.model.path, eng.device, dtype, eng.max_seq_len, progress, fmt)
+    else:
+        new = Engine(have, max_seq_len=eng.max_seq_len)
+        if eng.graph is not None:
+            graphs.enable(new)
+    new.bandwidth_gbs = eng.bandwidth_gbs
+    return new
+
+
 def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: str = "auto", dtype: str | None = None,
                   max_seq_len: int = 2048, tiny: bool = False, bandwidth: bool = True, progress=print,
-                  self_draft: str | None = "q4") -> Runtime:
+                  self_draft: str | None = "q4", weights: str | None = None) -> Runtime:
     from engine import Tokenizer
 
     device = pick_device(device)
@@ -97,12 +113,13 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
         root, target, draft = _tiny_folders(progress)
         model, draft_names, paths = TINY, [TINY + "-draft"], {TINY: target, TINY + "-draft": draft}
         temp_dirs.append(root)
-    eng = _load_engine(paths.get(model, model), device, dtype, max_seq_len, progress)
+    eng = _load_engine(paths.get(model, model), device, dtype, max_seq_len, progress, weights)
     draft_engines = {n: _load_engine(paths.get(n, n), device, dtype, max_seq_len, progress) for n in draft_names}
-    # quantized self-drafting: the target's own checkpoint again in a cheaper format (a second, smaller copy)
+    # quantized self-drafting: the target's own checkpoint in a cheaper format, on an Engine of its own (its
+    # own cache); the weights are shared with the target when the target already runs that format
     self_drafts = {}
-    if self_draft and self_draft != eng.model.weight_format:
-        self_drafts[self_draft] = _load_engine(eng.model.path, device, dtype, max_seq_len, progress, self_draft)
+    if self_draft:
+        self_drafts[self_draft] = _same_model(eng, dtype, progress, [], self_draft)
     tok = Tokenizer(eng.model.path)
     if bandwidth:
         from engine.bandwidth import measure_gbs
@@ -119,6 +136,7 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
     name = EMBEDDED_NAME if model == DEFAULT_MODEL else model
     rt = Runtime(eng, tok, name, drafts=draft_engines, self_drafts=self_drafts, fused_reason=fused_reason,
                  graphs_reason=graphs_reason, temp_dirs=temp_dirs)
+    rt.load_format = partial(_same_model, eng, dtype, progress, list(self_drafts.values()))
     rt.rounds_fn = on_zero_gpu(partial(engine_rounds, rt))
     rt.env = environment(rt, device)
     return rt
@@ -126,7 +144,7 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
 
 def environment(rt: Runtime, device: str) -> dict:
     eng, cfg = rt.engine, rt.engine.config
-    params = sum(p.numel() for p in eng.model.parameters())
+    params = eng.model.n_params
     gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
     return {
         "model": f"{rt.model_name} ({cfg.model_type}, {cfg.n_layers} layers, {cfg.n_heads}/{cfg.n_kv_heads} heads)",
@@ -135,7 +153,9 @@ def environment(rt: Runtime, device: str) -> dict:
         "device": f"{device}: {gpu}",
         "torch": torch.__version__,
         "CUDA": torch.version.cuda or "none (CPU build)",
-        "kernels": "fused" if rt.fused_reason is None else f"torch ({rt.fused_reason})",
+        "kernels": eng.model.ops.reason if rt.fused_reason is None else f"torch ({rt.fused_reason})",
+        "weights": f"{eng.model.weight_format} at launch ({eng.weight_bytes / 1e6:.0f} MB read per step; the LM head "
+                   f"in {eng.model.lm_head.weight.fmt}); other formats load on their first run",
         "CUDA graphs": "available" if rt.graphs_reason is None else rt.graphs_reason,
         "draft models": ", ".join(rt.drafts) or "none (start with --draft NAME)",
         "self-draft": ", ".join(rt.self_drafts) or "none (start with --self-draft q4)",
