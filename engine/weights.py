@@ -101,3 +101,83 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """The inverse of pack_nibbles."""
     x = packed.view(packed.shape[0], -1, BLOCK // 2)
     return torch.stack((x & 0xF, x >> 4), dim=2).view(packed.shape[0], -1)
+
+
+# --- CPU panel layout (csrc/cpu/gemm.h) ---------------------------------------------------------------
+#
+# The CPU kernels stream weights in panels of 16 outputs (one 512-bit register of fp32 results), the 16
+# outputs' weights for each input side by side; P = ceil(out / 16) panels, the padded outputs all zero
+# (and never written by the kernels). nb = in_pad / 32 blocks.
+#   fp32, fp16  w [P, in, 16]:            w[p, i, j] = W[16p + j, i]
+#   int8        qs uint8 [P, nb, 8, 16, 4]: qs[p, b, g, j, r] = q[16p + j, 32b + 4g + r] + 128, so VNNI's
+#               unsigned-by-signed dot product takes 4 inputs of 16 outputs at once; d fp16 [P, nb, 16]
+#   q4          qs uint8 [P, nb, 16, 16]:  qs[p, b, i, j] = q[16p + j, 32b + 2i] | q[16p + j, 32b + 2i + 1] << 4;
+#               d, m fp16 [P, nb, 16]
+
+PANEL = 16
+PANEL_FORMATS = ("fp32", "fp16", "int8", "q4")
+
+
+def _pad_outputs(t: torch.Tensor) -> torch.Tensor:
+    """[out, ...] -> [P * 16, ...], the new rows zero."""
+    pad = -t.shape[0] % PANEL
+    return torch.cat((t, t.new_zeros(pad, *t.shape[1:]))) if pad else t
+
+
+def _panel_scales(s: torch.Tensor) -> torch.Tensor:
+    """[out, nb] -> [P, nb, 16]."""
+    s = _pad_outputs(s)
+    return s.view(-1, PANEL, s.shape[1]).transpose(1, 2).contiguous()
+
+
+def _unpanel_scales(s: torch.Tensor, out: int) -> torch.Tensor:
+    return s.transpose(1, 2).reshape(-1, s.shape[1])[:out].contiguous()
+
+
+def to_panels(b: Blocks) -> tuple[torch.Tensor, ...]:
+    """Blocks -> the tensors the CPU kernel of its format takes, after x and out:
+    fp32 / fp16: (w,); int8: (qs, d); q4: (qs, d, m)."""
+    if b.fmt not in PANEL_FORMATS:
+        raise ValueError(f"the CPU kernels have no panel layout for {b.fmt!r}; they take {', '.join(PANEL_FORMATS)}")
+    if b.fmt in DENSE_DTYPES:
+        w = _pad_outputs(b.q)
+        return (w.view(-1, PANEL, b.in_features).transpose(1, 2).contiguous(),)
+    q = _pad_outputs(b.q)
+    nb = q.shape[1] // BLOCK
+    if b.fmt == "int8":
+        offset = (q.to(torch.int16) + 128).to(torch.uint8)  # offset binary: 0..254 for q in -127..127
+        qs = offset.view(-1, PANEL, nb, BLOCK // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+        return qs, _panel_scales(b.d)
+    pairs = q.view(-1, PANEL, nb, BLOCK // 2, 2)
+    qs = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 3, 1).contiguous()
+    return qs, _panel_scales(b.d), _panel_scales(b.m)
+
+
+def from_panels(fmt: str, out_features: int, in_features: int, *tensors: torch.Tensor) -> Blocks:
+    """The inverse of to_panels: the panel tensors of one weight [out_features, in_features] -> Blocks."""
+    if fmt not in PANEL_FORMATS:
+        raise ValueError(f"the CPU kernels have no panel layout for {fmt!r}; they take {', '.join(PANEL_FORMATS)}")
+    want = {"fp32": 1, "fp16": 1, "int8": 2, "q4": 3}[fmt]
+    if len(tensors) != want:
+        raise ValueError(f"{fmt} panels are {want} tensor(s), got {len(tensors)}")
+    panels = -(-out_features // PANEL)
+    nb = -(-in_features // BLOCK)
+    lead = {"fp32": (panels, in_features, PANEL), "fp16": (panels, in_features, PANEL),
+            "int8": (panels, nb, BLOCK // 4, PANEL, 4), "q4": (panels, nb, BLOCK // 2, PANEL)}[fmt]
+    if tuple(tensors[0].shape) != lead:
+        raise ValueError(f"{fmt} panels for [{out_features}, {in_features}] must be {list(lead)}, "
+                         f"got {list(tensors[0].shape)}")
+    for s in tensors[1:]:
+        if tuple(s.shape) != (panels, nb, PANEL):
+            raise ValueError(f"{fmt} scales for [{out_features}, {in_features}] must be {[panels, nb, PANEL]}, "
+                             f"got {list(s.shape)}")
+    if fmt in DENSE_DTYPES:
+        q = tensors[0].transpose(1, 2).reshape(-1, in_features)[:out_features].contiguous()
+        return Blocks(fmt, out_features, in_features, q)
+    qs, d = tensors[0], _unpanel_scales(tensors[1], out_features)
+    if fmt == "int8":
+        q = (qs.permute(0, 3, 1, 2, 4).reshape(-1, nb * BLOCK)[:out_features].to(torch.int16) - 128).to(torch.int8)
+        return Blocks(fmt, out_features, in_features, q.contiguous(), d)
+    pairs = torch.stack((qs & 0xF, qs >> 4), dim=-1)  # [P, nb, 16 (i), 16 (j), 2]
+    q = pairs.permute(0, 3, 1, 2, 4).reshape(-1, nb * BLOCK)[:out_features].contiguous()
+    return Blocks(fmt, out_features, in_features, q, d, _unpanel_scales(tensors[2], out_features))
