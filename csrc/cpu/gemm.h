@@ -22,16 +22,6 @@
 namespace decodescope::cpu {
 namespace {
 
-// fn(std::integral_constant<int, r>) for the runtime r in [1, Max]: each tile height is its own
-// instantiation, so the row loops unroll and the accumulators stay in registers.
-template <int Max, class Fn>
-inline void with_rows(int r, Fn&& fn) {
-  if constexpr (Max >= 1) {
-    if (r == Max) return fn(std::integral_constant<int, Max>{});
-    with_rows<Max - 1>(r, fn);
-  }
-}
-
 template <class S>
 struct Gemm {
   using F = typename S::F;
@@ -58,9 +48,14 @@ struct Gemm {
     else S::store_n(dst, v, n);  // padded outputs are never written
   }
 
-  // f32 and f16: w [P, in, 16]; Load turns 16 stored weights into fp32.
-  template <int R, class Weight, class Load>
-  static void dense_tile(const LinearArgs& a, const Weight* w, int64_t p, int r0, Load load) {
+  // 16 stored weights -> fp32.
+  static F load(const float* w) { return S::load(w); }
+  static F load(const uint16_t* w) { return S::load_f16(w); }
+
+  // f32 and f16: w [P, in, 16].
+  template <int R, class Weight>
+  static void dense_tile(const LinearArgs& a, int64_t p, int r0) {
+    const Weight* w = static_cast<const Weight*>(a.w) + p * a.in * kPanel;
     constexpr int C = chains<R>();
     const float* x = a.x + r0 * a.ldx;
     F acc[C][R];
@@ -82,28 +77,6 @@ struct Gemm {
     for (int r = 0; r < R; ++r) {
       for (int c = 1; c < C; ++c) acc[0][r] = S::add(acc[0][r], acc[c][r]);
       store_row(a, p, r0 + r, acc[0][r]);
-    }
-  }
-
-  static void linear_f32(const LinearArgs& a, int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* w = static_cast<const float*>(a.w) + p * a.in * kPanel;
-      for (int r0 = 0; r0 < a.rows; r0 += kRowsDense) {
-        with_rows<kRowsDense>(a.rows - r0 < kRowsDense ? a.rows - r0 : kRowsDense, [&](auto rt) {
-          dense_tile<decltype(rt)::value>(a, w, p, r0, [](const float* q) { return S::load(q); });
-        });
-      }
-    }
-  }
-
-  static void linear_f16(const LinearArgs& a, int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const uint16_t* w = static_cast<const uint16_t*>(a.w) + p * a.in * kPanel;
-      for (int r0 = 0; r0 < a.rows; r0 += kRowsDense) {
-        with_rows<kRowsDense>(a.rows - r0 < kRowsDense ? a.rows - r0 : kRowsDense, [&](auto rt) {
-          dense_tile<decltype(rt)::value>(a, w, p, r0, [](const uint16_t* q) { return S::load_f16(q); });
-        });
-      }
     }
   }
 
@@ -149,13 +122,6 @@ struct Gemm {
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
   }
 
-  static void linear_q4(const LinearArgs& a, int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int r0 = 0; r0 < a.rows; r0 += kRowsQ4)
-        with_rows<kRowsQ4>(a.rows - r0 < kRowsQ4 ? a.rows - r0 : kRowsQ4,
-                           [&](auto rt) { q4_tile<decltype(rt)::value>(a, p, r0); });
-  }
-
   // q8 (W8A8): y = sum_b (d * dx) * (sum_i q * qx), the integer sums exact in int32.
   template <int R>
   static void q8_tile(const LinearArgs& a, int64_t p, int r0) {
@@ -187,12 +153,41 @@ struct Gemm {
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
   }
 
-  static void linear_q8(const LinearArgs& a, int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int r0 = 0; r0 < a.rows; r0 += kRowsQ8)
-        with_rows<kRowsQ8>(a.rows - r0 < kRowsQ8 ? a.rows - r0 : kRowsQ8,
-                           [&](auto rt) { q8_tile<decltype(rt)::value>(a, p, r0); });
+  // Tag types naming a format's tile, so one loop and one dispatch serve all four (no lambdas here: GCC
+  // does not apply the translation unit's `#pragma GCC target` to them).
+  struct F32 {};
+  struct F16 {};
+  struct Q4 {};
+  struct Q8 {};
+
+  template <class K, int R>
+  static void tile(const LinearArgs& a, int64_t p, int r0) {
+    if constexpr (std::is_same_v<K, F32>) dense_tile<R, float>(a, p, r0);
+    else if constexpr (std::is_same_v<K, F16>) dense_tile<R, uint16_t>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q4>) q4_tile<R>(a, p, r0);
+    else q8_tile<R>(a, p, r0);
   }
+
+  // tile<K, r> for the runtime r in [1, R]: each height is its own instantiation, so the row loops unroll
+  // and the accumulators stay in registers.
+  template <class K, int R>
+  static void tile_rows(int r, const LinearArgs& a, int64_t p, int r0) {
+    if constexpr (R >= 1) {
+      if (r == R) return tile<K, R>(a, p, r0);
+      tile_rows<K, R - 1>(r, a, p, r0);
+    }
+  }
+
+  template <class K, int Rows>
+  static void panels(const LinearArgs& a, int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int r0 = 0; r0 < a.rows; r0 += Rows) tile_rows<K, Rows>(a.rows - r0 < Rows ? a.rows - r0 : Rows, a, p, r0);
+  }
+
+  static void linear_f32(const LinearArgs& a, int64_t p0, int64_t p1) { panels<F32, kRowsDense>(a, p0, p1); }
+  static void linear_f16(const LinearArgs& a, int64_t p0, int64_t p1) { panels<F16, kRowsDense>(a, p0, p1); }
+  static void linear_q4(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4, kRowsQ4>(a, p0, p1); }
+  static void linear_q8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q8, kRowsQ8>(a, p0, p1); }
 
   // The recipe of engine/ops/ref.py quantize_activations, bit for bit: per row and block of 32, amax,
   // inv = 127 / amax, qx = round_half_even(x * inv), dx = amax / 127 (all fp32; zeros for a zero block);

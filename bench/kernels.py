@@ -1,0 +1,171 @@
+"""The CPU kernels alone: one decode step's GEMMs per weight format, and attention over the cache.
+
+    python bench/kernels.py [--out bench/results] [--threads 2] [--repeats 7]
+
+GEMMs: the default model's shapes (30 layers of qkv 576->960, o 576->576, gate_up 576->3072, down
+1536->576, then the tied head 576->49152), random weights already in the kernels' panel layout, every
+layer its own tensors so a step streams all of them from DRAM as a real one does. Timed at T = 1 (decode),
+6 (a verify pass), 16 and 128 (prefill) rows; ms is the minimum over repeats of a whole step, GB/s the
+weight bytes over that time, % of the read bandwidth measured in this run (engine/bandwidth.py).
+Attention: 9 query / 3 kv heads of dim 64 over 30 layers' caches at a few contexts, full and with a
+window of 512 + 4 sinks. The machine's load average is recorded before and after: timings from a busy
+machine are slower, never faster, so minimums over repeats are the figure to trust.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import engine  # noqa: E402,F401  (sets OpenMP's passive wait policy before torch loads)
+import torch  # noqa: E402
+
+from bench.common import markdown_table, provenance, write_results  # noqa: E402
+from engine import ext  # noqa: E402
+from engine.bandwidth import measure_gbs  # noqa: E402
+from engine.ops import ref  # noqa: E402
+
+HIDDEN, INTER, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 576, 1536, 30, 49152, 9, 3, 64
+LAYER_SHAPES = [(3 * 320, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in)
+FORMATS = ("f32", "f16", "q8", "q4")
+
+
+def random_panels(fmt: str, out: int, n_in: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Random weights in the layout engine.weights.to_panels produces (the values do not change the time)."""
+    P, nb = -(-out // 16), -(-n_in // 32)
+    scales = lambda: (torch.rand(P, nb, 16, generator=g) * 0.01).half()  # noqa: E731
+    if fmt == "f32":
+        return (torch.randn(P, n_in, 16, generator=g),)
+    if fmt == "f16":
+        return (torch.randn(P, n_in, 16, generator=g).half(),)
+    if fmt == "q8":
+        return torch.randint(1, 256, (P, nb, 8, 16, 4), dtype=torch.uint8, generator=g), scales()
+    return torch.randint(0, 256, (P, nb, 16, 16), dtype=torch.uint8, generator=g), scales(), scales()
+
+
+def step_weights(fmt: str, g: torch.Generator) -> list[tuple[int, int, tuple]]:
+    shapes = [s for _ in range(LAYERS) for s in LAYER_SHAPES] + [(VOCAB, HIDDEN)]
+    return [(out, n_in, random_panels(fmt, out, n_in, g)) for out, n_in in shapes]
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()  # warm-up: page faults, the pool's threads, scratch buffers
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, bw: float) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    weights = step_weights(fmt, g)
+    nbytes = sum(t.numel() * t.element_size() for _, _, ts in weights for t in ts)
+    kernel = getattr(m, f"linear_{fmt}")
+    rows = []
+    for T in rows_list:
+        xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)}
+        outs = [torch.empty(T, out) for out, _, _ in weights]
+
+        def step():
+            for (out, n_in, ts), y in zip(weights, outs):
+                kernel(y, xs[n_in], *ts)
+
+        s = best_of(step, repeats if T <= 16 else max(2, repeats // 3))
+        rows.append(dict(op="gemm step", format=fmt, T=T, ms=s * 1e3, gb_s=nbytes / s / 1e9,
+                         pct_of_read_bw=100 * nbytes / s / 1e9 / bw, weight_mb=nbytes / 1e6))
+    one = next(r["ms"] for r in rows if r["T"] == 1)
+    for r in rows:
+        r["ratio_vs_T1"] = r["ms"] / one
+    return rows
+
+
+def bench_torch_f32(rows_list: list[int], repeats: int, bw: float) -> list[dict]:
+    """The same step through torch (MKL) on fp32 weights stored [in, out], the layout engine/model.py uses."""
+    g = torch.Generator().manual_seed(1)
+    shapes = [s for _ in range(LAYERS) for s in LAYER_SHAPES] + [(VOCAB, HIDDEN)]
+    ws = [torch.randn(n_in, out, generator=g) for out, n_in in shapes]
+    nbytes = sum(w.numel() * 4 for w in ws)
+    rows = []
+    for T in rows_list:
+        xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)}
+        s = best_of(lambda: [xs[w.shape[0]] @ w for w in ws], repeats)
+        rows.append(dict(op="gemm step", format="torch f32", T=T, ms=s * 1e3, gb_s=nbytes / s / 1e9,
+                         pct_of_read_bw=100 * nbytes / s / 1e9 / bw, weight_mb=nbytes / 1e6))
+    return rows
+
+
+def bench_attention(m, contexts: list[int], repeats: int, bw: float) -> list[dict]:
+    g = torch.Generator().manual_seed(2)
+    rows = []
+    for ctx in contexts:
+        S = ctx + 64
+        caches = [(torch.randn(1, KV_HEADS, S, HEAD_DIM, generator=g), torch.randn(1, KV_HEADS, S, HEAD_DIM, generator=g))
+                  for _ in range(LAYERS)]
+        for T in (1, 6):
+            q = torch.randn(1, T, HEADS, HEAD_DIM, generator=g)
+            out = torch.empty_like(q)
+            seq = torch.tensor([ctx], dtype=torch.int32)
+            for window, sinks in ((0, 0), (512, 4)):
+                live = ctx if window == 0 else min(ctx, sinks + window + T - 1)
+                nbytes = LAYERS * 2 * KV_HEADS * live * HEAD_DIM * 4
+
+                def step():
+                    for k, v in caches:
+                        m.attention(out, q, k, v, seq, HEAD_DIM ** -0.5, window, sinks)
+
+                s = best_of(step, repeats)
+                k, v = caches[0]
+                twin = best_of(lambda: ref.attention(q, k, v, seq, HEAD_DIM ** -0.5, window, sinks), 3) * LAYERS
+                rows.append(dict(op="attention step", context=ctx, T=T, window=window, sinks=sinks, ms=s * 1e3,
+                                 gb_s=nbytes / s / 1e9, pct_of_read_bw=100 * nbytes / s / 1e9 / bw,
+                                 twin_ms=twin * 1e3))
+        del caches
+    return rows
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 6, 16, 128])
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    p.add_argument("--contexts", type=int, nargs="*", default=[256, 1024, 4096, 8192])
+    p.add_argument("--isa", choices=["avx2", "avx512"], help="force an instruction set (default: the best)")
+    args = p.parse_args(argv)
+    status = ext.load("cpu")
+    if status.module is None:
+        sys.exit(f"the CPU kernels are not available, nothing to time: {status.reason}")
+    m = status.module
+    if args.isa:
+        m.set_isa(args.isa)
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    bw = measure_gbs("cpu")
+    rows = []
+    for fmt in args.formats:
+        rows += bench_gemm(m, fmt, args.rows, args.repeats, bw)
+        print(markdown_table(rows[-len(args.rows):], ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1"]))
+    rows += bench_torch_f32([1, 6], args.repeats, bw)
+    attn = bench_attention(m, args.contexts, args.repeats, bw) if args.contexts else []
+    result = dict(isa=m.isa(), threads=args.threads, read_bandwidth_gb_s=bw, load_before=load_before,
+                  load_after=os.getloadavg(), rows=rows + attn, provenance=provenance("cpu"))
+    head = (f"CPU kernels ({m.isa()}), {args.threads} threads, minimum over {args.repeats} repeats. Read bandwidth "
+            f"in this run: {bw:.1f} GB/s. Load average before {load_before[0]:.2f}, after "
+            f"{result['load_after'][0]:.2f}.\n\nOne decode step's GEMMs (30 layers + head), random weights:\n\n")
+    md = head + markdown_table(rows, ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1", "weight_mb"])
+    if attn:
+        md += "\nAttention, 9/3 heads of dim 64, 30 layers (ms per step):\n\n" + markdown_table(
+            attn, ["context", "T", "window", "sinks", "ms", "gb_s", "pct_of_read_bw", "twin_ms"])
+    write_results(args.out, "kernels-cpu", result, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
