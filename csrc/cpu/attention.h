@@ -20,7 +20,7 @@ namespace {
 template <class S>
 struct Attention {
   using F = typename S::F;
-  static constexpr int kKeys = 32;      // keys per block: one online-softmax rescale per block
+  static constexpr int kKeys = 32;      // keys per block (two groups of 16): one online-softmax rescale per block
   static constexpr int kQueries = 16;   // queries per tile; the tile's state lives on the stack
   static constexpr int kMaxDim = 256;   // head_dim limit of the stack buffers (the host checks)
   static constexpr float kNegInf = -INFINITY;
@@ -51,19 +51,47 @@ struct Attention {
     else S::store_n(p, v, left);
   }
 
-  // scores[k] = q . key[k] for n keys (n <= 16) at rows k0, k0 + 1, ...; lanes >= n hold garbage.
-  static F dot16(const float* q, const float* key, int64_t ld, int n, int dim) {
+  // A head is `chunks` 16-lane vectors. ND > 0: D = 16 * ND, known when compiled (64 and 128), so the loops
+  // over chunks unroll and their accumulators live in registers. ND = 0: any even D, the last chunk masked.
+  template <int ND>
+  static int chunks(int D) { return ND > 0 ? ND : (D + 15) / 16; }
+  template <int ND>
+  static F ld(const float* p, int c, int D) {
+    if constexpr (ND > 0) return S::load(p + 16 * c);
+    else return load_d(p + 16 * c, D - 16 * c);
+  }
+  template <int ND>
+  static void st(float* p, int c, int D, F v) {
+    if constexpr (ND > 0) S::store(p + 16 * c, v);
+    else store_d(p + 16 * c, v, D - 16 * c);
+  }
+
+  // Lane k = q . key k for the n <= 16 keys at kp, kp + ld, ...; lanes past n repeat the last key.
+  template <int ND>
+  static F dot16(const float* q, const float* kp, int64_t stride, int n, int D) {
+    const float* row[16];
     F part[16];
-    for (int k = 0; k < 16; ++k) part[k] = S::zero();
-    for (int i = 0; i < dim; i += 16) {
-      const F qv = load_d(q + i, dim - i);
-      for (int k = 0; k < n; ++k) part[k] = S::fma(qv, load_d(key + k * ld + i, dim - i), part[k]);
+    for (int k = 0; k < 16; ++k) {
+      row[k] = kp + (k < n ? k : n - 1) * stride;
+      part[k] = S::zero();
     }
-    return S::hsum16(part);
+    for (int c = 0; c < chunks<ND>(D); ++c) {
+      const F qv = ld<ND>(q, c, D);
+#pragma GCC unroll 16
+      for (int k = 0; k < 16; ++k) part[k] = S::fma(qv, ld<ND>(row[k], c, D), part[k]);
+    }
+    return S::hsum16(part);  // one transpose-and-add tree instead of 16 horizontal sums
   }
 
   // One (b, kv head, split): a tile of queries at a time, over the split's keys in blocks.
   static void run(const AttentionArgs& a, int64_t item0, int64_t item1) {
+    if (a.head_dim == 64) return run_items<4>(a, item0, item1);
+    if (a.head_dim == 128) return run_items<8>(a, item0, item1);
+    run_items<0>(a, item0, item1);
+  }
+
+  template <int ND>
+  static void run_items(const AttentionArgs& a, int64_t item0, int64_t item1) {
     const int D = a.head_dim, T = a.tokens, n_rep = a.n_heads / a.n_kv_heads, Q = n_rep * T;
     for (int64_t item = item0; item < item1; ++item) {
       const int split = static_cast<int>(item % a.splits);
@@ -78,14 +106,16 @@ struct Attention {
       const int64_t part = (static_cast<int64_t>(b) * a.n_kv_heads + kvh) * a.splits + split;
       for (int q0 = 0; q0 < Q; q0 += kQueries) {
         const int nq = Q - q0 < kQueries ? Q - q0 : kQueries;
-        alignas(64) float qs[kQueries][kMaxDim], acc[kQueries][kMaxDim], scores[kQueries][kKeys];
+        alignas(64) float qs[kQueries][kMaxDim], acc[kQueries][kMaxDim];
         float m[kQueries], l[kQueries];
         int pos[kQueries];
         for (int i = 0; i < nq; ++i) {  // query qi = g * T + t, pre-scaled so scores need no multiply
           const int qi = q0 + i, g = qi / T, t = qi % T;
           const float* src = a.q + b * a.q_b + t * a.q_t + static_cast<int64_t>(kvh * n_rep + g) * D;
-          for (int d = 0; d < D; d += 16) store_d(qs[i] + d, S::mul(load_d(src + d, D - d), S::set1(a.scale)), D - d);
-          for (int d = 0; d < D; d += 16) store_d(acc[i] + d, S::zero(), D - d);
+          for (int c = 0; c < chunks<ND>(D); ++c) {
+            st<ND>(qs[i], c, D, S::mul(ld<ND>(src, c, D), S::set1(a.scale)));
+            st<ND>(acc[i], c, D, S::zero());
+          }
           m[i] = kNegInf;
           l[i] = 0.f;
           pos[i] = len - T + t;
@@ -96,11 +126,11 @@ struct Attention {
           int n = f1 - f < kKeys ? f1 - f : kKeys;
           if (f < live.a_end && f + n > live.a_end) n = live.a_end - f;
           f += n;
-          block(a, kbase + j0 * a.kv_s, vbase + j0 * a.kv_s, j0, n, nq, qs, acc, scores, m, l, pos);
+          block<ND>(a, kbase + j0 * a.kv_s, vbase + j0 * a.kv_s, j0, n, nq, qs, acc, m, l, pos);
         }
         for (int i = 0; i < nq; ++i) {
           float* pa = a.part_acc + (part * Q + q0 + i) * D;
-          for (int d = 0; d < D; d += 16) store_d(pa + d, load_d(acc[i] + d, D - d), D - d);
+          for (int c = 0; c < chunks<ND>(D); ++c) st<ND>(pa, c, D, ld<ND>(acc[i], c, D));
           a.part_ml[(part * Q + q0 + i) * 2] = m[i];
           a.part_ml[(part * Q + q0 + i) * 2 + 1] = l[i];
         }
@@ -109,50 +139,63 @@ struct Attention {
   }
 
   // Keys j0 .. j0+n-1 (n <= kKeys) against the tile's queries; online softmax per query.
+  template <int ND>
   static void block(const AttentionArgs& a, const float* kp, const float* vp, int j0, int n, int nq,
-                    const float (*qs)[kMaxDim], float (*acc)[kMaxDim], float (*scores)[kKeys], float* m, float* l,
-                    const int* pos) {
-    const int D = a.head_dim;
+                    const float (*qs)[kMaxDim], float (*acc)[kMaxDim], float* m, float* l, const int* pos) {
+    const int D = a.head_dim, groups = (n + 15) / 16;
+    alignas(64) float p[kKeys];
     for (int i = 0; i < nq; ++i) {
-      const int p = pos[i];
-      const bool none = j0 > p || (a.window > 0 && j0 >= a.sinks && j0 + n - 1 <= p - a.window);
+      const int last = pos[i];  // the query's position: keys j <= last
+      const bool none = j0 > last || (a.window > 0 && j0 >= a.sinks && j0 + n - 1 <= last - a.window);
       if (none) continue;
-      const bool all = j0 + n - 1 <= p && (a.window <= 0 || j0 + n - 1 < a.sinks || j0 > p - a.window);
-      for (int k = 0; k < n; k += 16) {
-        const int cnt = n - k < 16 ? n - k : 16;
-        S::store(scores[i] + k, dot16(qs[i], kp + k * a.kv_s, a.kv_s, cnt, D));
+      const bool all = j0 + n - 1 <= last && (a.window <= 0 || j0 + n - 1 < a.sinks || j0 > last - a.window);
+      for (int g = 0; g < groups; ++g) {
+        const int cnt = n - 16 * g < 16 ? n - 16 * g : 16;
+        S::store(p + 16 * g, dot16<ND>(qs[i], kp + 16 * g * a.kv_s, a.kv_s, cnt, D));
       }
-      for (int k = 0; k < n; ++k)
-        if (!all && !valid(a, j0 + k, p)) scores[i][k] = kNegInf;
-      float bmax = kNegInf;
-      for (int k = 0; k < n; ++k) bmax = scores[i][k] > bmax ? scores[i][k] : bmax;
+      for (int k = n; k < 16 * groups; ++k) p[k] = kNegInf;  // past the block: weight 0
+      if (!all)
+        for (int k = 0; k < n; ++k)
+          if (!valid(a, j0 + k, last)) p[k] = kNegInf;
+      F mx = S::load(p);
+      if (groups == 2) mx = S::max(mx, S::load(p + 16));
+      const float bmax = S::reduce_max(mx);
       if (bmax == kNegInf) continue;
       const float m_new = bmax > m[i] ? bmax : m[i];
       const float rescale = std::exp(m[i] - m_new);  // 0 on the first live block (m = -inf)
       m[i] = m_new;
       F lsum = S::zero();
-      for (int k = 0; k < n; k += 16) {
-        const int cnt = n - k < 16 ? n - k : 16;
-        F pv = S::exp(S::sub(S::load(scores[i] + k), S::set1(m_new)));
-        if (cnt < 16) pv = mask_lanes(pv, cnt);
-        S::store(scores[i] + k, pv);
-        lsum = S::add(lsum, pv);
+      for (int g = 0; g < groups; ++g) {
+        const F e = S::exp(S::sub(S::load(p + 16 * g), S::set1(m_new)));  // exp(-inf) = 0
+        S::store(p + 16 * g, e);
+        lsum = S::add(lsum, e);
       }
       l[i] = l[i] * rescale + S::reduce_add(lsum);
-      const F r = S::set1(rescale);
-      for (int d = 0; d < D; d += 16) {
-        const int left = D - d;
-        F o = S::mul(load_d(acc[i] + d, left), r);
-        for (int k = 0; k < n; ++k) o = S::fma(S::set1(scores[i][k]), load_d(vp + k * a.kv_s + d, left), o);
-        store_d(acc[i] + d, o, left);
-      }
+      accumulate<ND>(acc[i], vp, a.kv_s, p, n, rescale, D);
     }
   }
 
-  static F mask_lanes(F v, int n) {  // lanes >= n -> 0
-    alignas(64) float tmp[16];
-    S::store(tmp, v);
-    return S::load_n(tmp, n);
+  // acc = acc * rescale + sum_k p[k] v[k]. Keys outer, chunks inner: the chunks are independent FMA
+  // chains, so a long block is not bound by one accumulator's latency.
+  template <int ND>
+  static void accumulate(float* acc, const float* vp, int64_t stride, const float* p, int n, float rescale, int D) {
+    const F r = S::set1(rescale);
+    if constexpr (ND > 0) {
+      F o[ND];
+      for (int c = 0; c < ND; ++c) o[c] = S::mul(S::load(acc + 16 * c), r);
+      for (int k = 0; k < n; ++k) {
+        const F pk = S::set1(p[k]);
+#pragma GCC unroll 8
+        for (int c = 0; c < ND; ++c) o[c] = S::fma(pk, S::load(vp + k * stride + 16 * c), o[c]);
+      }
+      for (int c = 0; c < ND; ++c) S::store(acc + 16 * c, o[c]);
+    } else {
+      for (int c = 0; c < chunks<ND>(D); ++c) {
+        F o = S::mul(ld<ND>(acc, c, D), r);
+        for (int k = 0; k < n; ++k) o = S::fma(S::set1(p[k]), ld<ND>(vp + k * stride, c, D), o);
+        st<ND>(acc, c, D, o);
+      }
+    }
   }
 
   // Rows (b, t, h) of out: sum over splits of e^(m_s - M) acc_s / sum of e^(m_s - M) l_s.

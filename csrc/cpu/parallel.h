@@ -13,6 +13,7 @@
 
 namespace decodescope::cpu {
 
+inline bool g_use_aten = false;
 constexpr int kTasksPerThread = 4;  // a descheduled thread's share is taken over by the others
 
 // fn(begin, end) over contiguous chunks of [0, n): at most threads * kTasksPerThread chunks, none
@@ -25,6 +26,11 @@ void parallel_chunks(int64_t n, int64_t min_chunk, const Fn& fn) {
   if (tasks > threads * kTasksPerThread) tasks = threads * kTasksPerThread;
   if (tasks < 1) tasks = 1;
   if (threads <= 1 || tasks == 1) return fn(int64_t{0}, n);
+  if (g_use_aten) {  // TEMP: measurement switch
+    const int64_t grain = (n + tasks - 1) / tasks;
+    at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fn(b, e); });
+    return;
+  }
   struct Ctx {
     const Fn* fn;
     int64_t n, tasks;
