@@ -3,8 +3,6 @@
 
 #include "ops.h"
 #include "pool.h"
-#include "kernels.h"
-#include "parallel.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace c = decodescope::cpu;
@@ -13,7 +11,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unsupported", &c::unsupported, "'' when this CPU can run the kernels, else what it lacks");
   m.def("set_isa", &c::set_isa, "switch the kernels to 'avx2' or 'avx512' (tests run every path)", py::arg("name"));
   m.def("set_spin_us", &c::set_spin_us, "how long idle worker threads spin before sleeping", py::arg("us"));
-  m.def("set_aten", [](bool b) { decodescope::cpu::g_use_aten = b; });
   m.def("rmsnorm", &c::rmsnorm, "out = rmsnorm(x) * weight", py::arg("out"), py::arg("x"), py::arg("weight"),
         py::arg("eps"));
   m.def("add_rmsnorm", &c::add_rmsnorm, "residual += x; x = rmsnorm(residual) * weight, in place", py::arg("x"),

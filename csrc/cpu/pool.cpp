@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
@@ -27,6 +28,15 @@ int64_t count_of(uint64_t w) { return static_cast<int64_t>(w >> 16 & 0xFFFF); }
 int64_t next_of(uint64_t w) { return static_cast<int64_t>(w & 0xFFFF); }
 
 std::atomic<int> g_spin_us{300};
+
+// One step of a spin-wait. Mostly a pause; every 64th step gives the core away if another thread is
+// waiting for it: on a machine busy with other work, the thread we wait for may be queued on this very
+// core, and a pure spin would hold it off for a whole time slice. With nothing else runnable, sched_yield
+// returns at once.
+inline void relax(int i) {
+  if (i % 64 == 0) sched_yield();
+  else _mm_pause();
+}
 
 class Pool {
  public:
@@ -56,7 +66,7 @@ class Pool {
       wake_.notify_all();
     }
     help(job);
-    while (done_.load(std::memory_order_acquire) < n_tasks) _mm_pause();
+    for (int i = 1; done_.load(std::memory_order_acquire) < n_tasks; ++i) relax(i);
   }
 
  private:
@@ -72,9 +82,9 @@ class Pool {
     for (;;) {
       const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(g_spin_us.load());
       uint32_t job = seen;
-      for (int i = 0; (job = job_of(word_.load(std::memory_order_acquire))) == seen; ++i) {
-        _mm_pause();
-        if ((i & 255) == 255 && std::chrono::steady_clock::now() > spin_until) break;
+      for (int i = 1; (job = job_of(word_.load(std::memory_order_acquire))) == seen; ++i) {
+        relax(i);
+        if ((i & 255) == 0 && std::chrono::steady_clock::now() > spin_until) break;
       }
       if (job == seen) {  // idle for the whole spin: sleep until the next job is published
         std::unique_lock<std::mutex> lock(mutex_);
