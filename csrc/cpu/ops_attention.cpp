@@ -16,9 +16,11 @@ namespace {
 constexpr int kMaxHeadDim = 256;    // attention.h's stack buffers
 constexpr int64_t kMinSplitKeys = 64;  // fewer keys per split and the merge costs more than the split saves
 
+constexpr int kItemsPerThread = 4;  // items differ in length (a window's edge, a short row): balance them
+
 // Enough (row, kv head, split) items for every thread to take a few, each split at least kMinSplitKeys.
 int plan_splits(int64_t rows_x_heads, int64_t max_live, int threads) {
-  const int64_t want = (threads * kTasksPerThread + rows_x_heads - 1) / rows_x_heads;
+  const int64_t want = (threads * kItemsPerThread + rows_x_heads - 1) / rows_x_heads;
   const int64_t most = max_live / kMinSplitKeys > 1 ? max_live / kMinSplitKeys : 1;
   return static_cast<int>(want < most ? want : most);
 }
@@ -101,7 +103,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.part_ml = workspace.ml.data();
 
   const KernelTable& k = kernels();
-  parallel_chunks(items, 1, [&](int64_t i0, int64_t i1) { k.attention(a, i0, i1); });
+  parallel_chunks(items, 1, [&](int64_t i0, int64_t i1) { k.attention(a, i0, i1); }, kItemsPerThread);
   const int64_t rows = B * T * H;
   parallel_chunks(rows, (8192 + D - 1) / D, [&](int64_t r0, int64_t r1) { k.attention_merge(a, r0, r1); });
 }
