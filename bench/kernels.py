@@ -52,13 +52,39 @@ def step_weights(fmt: str, g: torch.Generator) -> list[tuple[int, int, tuple]]:
     return [(out, n_in, random_panels(fmt, out, n_in, g)) for out, n_in in shapes]
 
 
+def cpu_ticks() -> tuple[int, int, int] | None:
+    """(busy ticks of all CPUs, ticks of this process, all ticks) from /proc, or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:8]]
+        with open("/proc/self/stat") as f:
+            mine = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return v[0] + v[1] + v[2] + v[5] + v[6], int(mine[11]) + int(mine[12]), sum(v)
+
+
+OTHERS: list[float] = []  # per timed call: the share of the CPUs other processes used meanwhile
+
+
+def others_pct() -> float | None:
+    return round(100 * OTHERS[-1], 1) if OTHERS else None
+
+
 def best_of(fn, repeats: int) -> float:
+    """Minimum seconds of fn() over repeats (a busy machine only ever makes a call slower); records how
+    much of the CPUs other processes took meanwhile, so a result says how quiet its machine was."""
     fn()  # warm-up: page faults, the pool's threads, scratch buffers
+    before = cpu_ticks()
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t)
+    after = cpu_ticks()
+    if before and after and after[2] > before[2]:
+        # ticks are 10 ms, so a short window reads a few percent either way; below zero is noise
+        OTHERS.append(max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / (after[2] - before[2])))
     return best
 
 
@@ -78,7 +104,7 @@ def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, bw: float) -> li
 
         s = best_of(step, repeats if T <= 16 else max(2, repeats // 3))
         rows.append(dict(op="gemm step", format=fmt, T=T, ms=s * 1e3, gb_s=nbytes / s / 1e9,
-                         pct_of_read_bw=100 * nbytes / s / 1e9 / bw, weight_mb=nbytes / 1e6))
+                         pct_of_read_bw=100 * nbytes / s / 1e9 / bw, weight_mb=nbytes / 1e6, others_pct=others_pct()))
     one = next(r["ms"] for r in rows if r["T"] == 1)
     for r in rows:
         r["ratio_vs_T1"] = r["ms"] / one
@@ -96,7 +122,7 @@ def bench_torch_f32(rows_list: list[int], repeats: int, bw: float) -> list[dict]
         xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)}
         s = best_of(lambda: [xs[w.shape[0]] @ w for w in ws], repeats)
         rows.append(dict(op="gemm step", format="torch f32", T=T, ms=s * 1e3, gb_s=nbytes / s / 1e9,
-                         pct_of_read_bw=100 * nbytes / s / 1e9 / bw, weight_mb=nbytes / 1e6))
+                         pct_of_read_bw=100 * nbytes / s / 1e9 / bw, weight_mb=nbytes / 1e6, others_pct=others_pct()))
     return rows
 
 
@@ -105,8 +131,8 @@ def bench_attention(m, contexts: list[int], repeats: int, bw: float) -> list[dic
     rows = []
     for ctx in contexts:
         S = ctx + 64
-        caches = [(torch.randn(1, KV_HEADS, S, HEAD_DIM, generator=g), torch.randn(1, KV_HEADS, S, HEAD_DIM, generator=g))
-                  for _ in range(LAYERS)]
+        shape = (1, KV_HEADS, S, HEAD_DIM)
+        caches = [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(LAYERS)]
         for T in (1, 6):
             q = torch.randn(1, T, HEADS, HEAD_DIM, generator=g)
             out = torch.empty_like(q)
@@ -120,11 +146,12 @@ def bench_attention(m, contexts: list[int], repeats: int, bw: float) -> list[dic
                         m.attention(out, q, k, v, seq, HEAD_DIM ** -0.5, window, sinks)
 
                 s = best_of(step, repeats)
+                others = others_pct()
                 k, v = caches[0]
                 twin = best_of(lambda: ref.attention(q, k, v, seq, HEAD_DIM ** -0.5, window, sinks), 3) * LAYERS
                 rows.append(dict(op="attention step", context=ctx, T=T, window=window, sinks=sinks, ms=s * 1e3,
                                  gb_s=nbytes / s / 1e9, pct_of_read_bw=100 * nbytes / s / 1e9 / bw,
-                                 twin_ms=twin * 1e3))
+                                 twin_ms=twin * 1e3, others_pct=others))
         del caches
     return rows
 
@@ -151,18 +178,25 @@ def main(argv=None) -> None:
     rows = []
     for fmt in args.formats:
         rows += bench_gemm(m, fmt, args.rows, args.repeats, bw)
-        print(markdown_table(rows[-len(args.rows):], ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1"]))
+        print(markdown_table(rows[-len(args.rows):], ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1",
+                                                      "others_pct"]))
     rows += bench_torch_f32([1, 6], args.repeats, bw)
     attn = bench_attention(m, args.contexts, args.repeats, bw) if args.contexts else []
+    others = 100 * max(OTHERS) if OTHERS else None
     result = dict(isa=m.isa(), threads=args.threads, read_bandwidth_gb_s=bw, load_before=load_before,
-                  load_after=os.getloadavg(), rows=rows + attn, provenance=provenance("cpu"))
+                  load_after=os.getloadavg(), other_processes_max_cpu_pct=others, rows=rows + attn,
+                  provenance=provenance("cpu"))
+    quiet = "" if others is None else (f" Other processes took up to {others:.0f}% of the CPUs while a row was timed "
+                                       "(others_pct: that share per row).")
     head = (f"CPU kernels ({m.isa()}), {args.threads} threads, minimum over {args.repeats} repeats. Read bandwidth "
             f"in this run: {bw:.1f} GB/s. Load average before {load_before[0]:.2f}, after "
-            f"{result['load_after'][0]:.2f}.\n\nOne decode step's GEMMs (30 layers + head), random weights:\n\n")
-    md = head + markdown_table(rows, ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1", "weight_mb"])
+            f"{result['load_after'][0]:.2f}.{quiet}\n\nOne decode step's GEMMs (30 layers + head), random "
+            "weights:\n\n")
+    md = head + markdown_table(rows, ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1", "weight_mb",
+                                      "others_pct"])
     if attn:
         md += "\nAttention, 9/3 heads of dim 64, 30 layers (ms per step):\n\n" + markdown_table(
-            attn, ["context", "T", "window", "sinks", "ms", "gb_s", "pct_of_read_bw", "twin_ms"])
+            attn, ["context", "T", "window", "sinks", "ms", "gb_s", "pct_of_read_bw", "twin_ms", "others_pct"])
     write_results(args.out, "kernels-cpu", result, md)
     print(md)
 

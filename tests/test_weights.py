@@ -73,7 +73,8 @@ def test_bf16_and_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="no panel layout for 'bf16'"):
         W.to_panels(blocks("bf16", 16, 32))
     qs, d = W.to_panels(blocks("int8", 17, 64))
-    with pytest.raises(ValueError, match=r"int8 panels for \[17, 96\] must be \[2, 3, 8, 16, 4\], got \[2, 2, 8, 16, 4\]"):
+    bad = r"int8 panels for \[17, 96\] must be \[2, 3, 8, 16, 4\], got \[2, 2, 8, 16, 4\]"
+    with pytest.raises(ValueError, match=bad):
         W.from_panels("int8", 17, 96, qs, d)
     with pytest.raises(ValueError, match="int8 panels are 2 tensor"):
         W.from_panels("int8", 17, 64, qs)

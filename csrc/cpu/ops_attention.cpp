@@ -16,13 +16,15 @@ namespace {
 constexpr int kMaxHeadDim = 256;    // attention.h's stack buffers
 constexpr int64_t kMinSplitKeys = 64;  // fewer keys per split and the merge costs more than the split saves
 
-constexpr int kItemsPerThread = 4;  // items differ in length (a window's edge, a short row): balance them
+constexpr int kItemsPerThread = 2;
 
-// Enough (row, kv head, split) items for every thread to take a few, each split at least kMinSplitKeys.
+// Splits per (row, kv head): enough items for kItemsPerThread per thread, their count a multiple of the
+// threads so that equal splits make equal shares, and each split at least kMinSplitKeys keys.
 int plan_splits(int64_t rows_x_heads, int64_t max_live, int threads) {
-  const int64_t want = (threads * kItemsPerThread + rows_x_heads - 1) / rows_x_heads;
+  int64_t splits = (threads * kItemsPerThread + rows_x_heads - 1) / rows_x_heads;
+  while (rows_x_heads * splits % threads != 0) ++splits;
   const int64_t most = max_live / kMinSplitKeys > 1 ? max_live / kMinSplitKeys : 1;
-  return static_cast<int>(want < most ? want : most);
+  return static_cast<int>(splits < most ? splits : most);
 }
 
 struct Workspace {
@@ -95,7 +97,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.kv_h = k_cache.stride(1);
   a.kv_s = k_cache.stride(2);
   a.scale = static_cast<float>(scale);
-  a.splits = plan_splits(B * Hkv, max_live, at::get_num_threads());
+  a.splits = plan_splits(B * Hkv, max_live, at::get_num_threads());  // each item its own task below
   const int64_t items = B * Hkv * a.splits, queries = (H / Hkv) * T;
   workspace.acc.resize(items * queries * D);
   workspace.ml.resize(items * queries * 2);
@@ -103,7 +105,8 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.part_ml = workspace.ml.data();
 
   const KernelTable& k = kernels();
-  parallel_chunks(items, 1, [&](int64_t i0, int64_t i1) { k.attention(a, i0, i1); }, kItemsPerThread);
+  const int threads = at::get_num_threads();
+  parallel_chunks(items, 1, [&](int64_t i0, int64_t i1) { k.attention(a, i0, i1); }, (items + threads - 1) / threads);
   const int64_t rows = B * T * H;
   parallel_chunks(rows, (8192 + D - 1) / D, [&](int64_t r0, int64_t r1) { k.attention_merge(a, r0, r1); });
 }
