@@ -64,23 +64,37 @@ def cpu_ticks() -> tuple[int, int, int] | None:
     return v[0] + v[1] + v[2] + v[5] + v[6], int(mine[11]) + int(mine[12]), sum(v)
 
 
-OTHERS: list[float] = []  # per timed call: the share of the CPUs other processes used meanwhile
+OTHERS: list[float] = []  # per timed group: the share of the CPUs other processes used meanwhile
 
 
 def others_pct() -> float | None:
     return round(100 * OTHERS[-1], 1) if OTHERS else None
 
 
-def best_of(fn, repeats: int) -> float:
-    """Minimum seconds of fn() over repeats (a busy machine only ever makes a call slower); records how
-    much of the CPUs other processes took meanwhile, so a result says how quiet its machine was."""
-    fn()  # warm-up: page faults, the pool's threads, scratch buffers
+class ReadProbe:
+    """engine/bandwidth.py's measure: a read-only reduction over 512 MB, as a callable to time."""
+
+    def __init__(self, nbytes: int = 512 * 2**20):
+        self.x, self.nbytes = torch.ones(nbytes // 4), nbytes
+
+    def __call__(self):
+        self.x.sum()
+
+
+def best_of_each(fns: dict, repeats: int) -> dict:
+    """Minimum seconds of each fn over `repeats` rounds (a busy machine only ever makes a call slower).
+    The fns run interleaved, round by round, so that all of them see the same machine: this box's memory
+    bandwidth drifts by a third within a minute, and a ratio of two timings taken a minute apart says more
+    about the drift than about the kernels. Records how much of the CPUs other processes took meanwhile."""
+    for fn in fns.values():
+        fn()  # warm-up: page faults, the pool's threads, scratch buffers
     before = cpu_ticks()
-    best = float("inf")
+    best = {k: float("inf") for k in fns}
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t)
     after = cpu_ticks()
     if before and after and after[2] > before[2]:
         # ticks are 10 ms, so a short window reads a few percent either way; below zero is noise
@@ -88,70 +102,73 @@ def best_of(fn, repeats: int) -> float:
     return best
 
 
-def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, bw: float) -> list[dict]:
+def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     weights = step_weights(fmt, g)
     nbytes = sum(t.numel() * t.element_size() for _, _, ts in weights for t in ts)
     kernel = getattr(m, f"linear_{fmt}")
-    rows = []
-    for T in rows_list:
+
+    def step_for(T: int):
         xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)}
         outs = [torch.empty(T, out) for out, _, _ in weights]
 
         def step():
             for (out, n_in, ts), y in zip(weights, outs):
                 kernel(y, xs[n_in], *ts)
+        return step
 
-        s = best_of(step, repeats if T <= 16 else max(2, repeats // 3))
-        rows.append(dict(op="gemm step", format=fmt, T=T, ms=s * 1e3, gb_s=nbytes / s / 1e9,
-                         pct_of_read_bw=100 * nbytes / s / 1e9 / bw, weight_mb=nbytes / 1e6, others_pct=others_pct()))
-    one = next(r["ms"] for r in rows if r["T"] == 1)
-    for r in rows:
-        r["ratio_vs_T1"] = r["ms"] / one
+    best = best_of_each({"read": probe, **{T: step_for(T) for T in rows_list}}, repeats)
+    bw, others = probe.nbytes / best["read"] / 1e9, others_pct()
+    rows = [dict(op="gemm step", format=fmt, T=T, ms=best[T] * 1e3, gb_s=nbytes / best[T] / 1e9,
+                 pct_of_read_bw=100 * nbytes / best[T] / 1e9 / bw, ratio_vs_T1=best[T] / best[rows_list[0]],
+                 weight_mb=nbytes / 1e6, read_gb_s=bw, others_pct=others) for T in rows_list]
     return rows
 
 
-def bench_torch_f32(rows_list: list[int], repeats: int, bw: float) -> list[dict]:
+def bench_torch_f32(rows_list: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
     """The same step through torch (MKL) on fp32 weights stored [in, out], the layout engine/model.py uses."""
     g = torch.Generator().manual_seed(1)
     shapes = [s for _ in range(LAYERS) for s in LAYER_SHAPES] + [(VOCAB, HIDDEN)]
     ws = [torch.randn(n_in, out, generator=g) for out, n_in in shapes]
     nbytes = sum(w.numel() * 4 for w in ws)
-    rows = []
-    for T in rows_list:
-        xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)}
-        s = best_of(lambda: [xs[w.shape[0]] @ w for w in ws], repeats)
-        rows.append(dict(op="gemm step", format="torch f32", T=T, ms=s * 1e3, gb_s=nbytes / s / 1e9,
-                         pct_of_read_bw=100 * nbytes / s / 1e9 / bw, weight_mb=nbytes / 1e6, others_pct=others_pct()))
-    return rows
+    xs = {T: {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)} for T in rows_list}
+    fns = {T: (lambda x=xs[T]: [x[w.shape[0]] @ w for w in ws]) for T in rows_list}
+    best = best_of_each({"read": probe, **fns}, repeats)
+    bw, others = probe.nbytes / best["read"] / 1e9, others_pct()
+    return [dict(op="gemm step", format="torch f32", T=T, ms=best[T] * 1e3, gb_s=nbytes / best[T] / 1e9,
+                 pct_of_read_bw=100 * nbytes / best[T] / 1e9 / bw, weight_mb=nbytes / 1e6, read_gb_s=bw,
+                 others_pct=others) for T in rows_list]
 
 
-def bench_attention(m, contexts: list[int], repeats: int, bw: float) -> list[dict]:
+def bench_attention(m, contexts: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
     g = torch.Generator().manual_seed(2)
     rows = []
+    cases = [(T, window, sinks) for T in (1, 6) for window, sinks in ((0, 0), (512, 4))]
     for ctx in contexts:
-        S = ctx + 64
-        shape = (1, KV_HEADS, S, HEAD_DIM)
+        shape = (1, KV_HEADS, ctx + 64, HEAD_DIM)
         caches = [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(LAYERS)]
-        for T in (1, 6):
-            q = torch.randn(1, T, HEADS, HEAD_DIM, generator=g)
-            out = torch.empty_like(q)
-            seq = torch.tensor([ctx], dtype=torch.int32)
-            for window, sinks in ((0, 0), (512, 4)):
-                live = ctx if window == 0 else min(ctx, sinks + window + T - 1)
-                nbytes = LAYERS * 2 * KV_HEADS * live * HEAD_DIM * 4
+        seq = torch.tensor([ctx], dtype=torch.int32)
+        qs = {T: torch.randn(1, T, HEADS, HEAD_DIM, generator=g) for T in (1, 6)}
+        out = {T: torch.empty_like(q) for T, q in qs.items()}
 
-                def step():
-                    for k, v in caches:
-                        m.attention(out, q, k, v, seq, HEAD_DIM ** -0.5, window, sinks)
+        def step_for(T: int, window: int, sinks: int):
+            def step():
+                for k, v in caches:
+                    m.attention(out[T], qs[T], k, v, seq, HEAD_DIM ** -0.5, window, sinks)
+            return step
 
-                s = best_of(step, repeats)
-                others = others_pct()
-                k, v = caches[0]
-                twin = best_of(lambda: ref.attention(q, k, v, seq, HEAD_DIM ** -0.5, window, sinks), 3) * LAYERS
-                rows.append(dict(op="attention step", context=ctx, T=T, window=window, sinks=sinks, ms=s * 1e3,
-                                 gb_s=nbytes / s / 1e9, pct_of_read_bw=100 * nbytes / s / 1e9 / bw,
-                                 twin_ms=twin * 1e3, others_pct=others))
+        best = best_of_each({"read": probe, **{c: step_for(*c) for c in cases}}, repeats)
+        bw, others = probe.nbytes / best["read"] / 1e9, others_pct()
+        k, v = caches[0]
+        twin = best_of_each({c: (lambda c=c: ref.attention(qs[c[0]], k, v, seq, HEAD_DIM ** -0.5, c[1], c[2]))
+                             for c in cases}, 3)
+        for T, window, sinks in cases:
+            live = ctx if window == 0 else min(ctx, sinks + window + T - 1)
+            nbytes = LAYERS * 2 * KV_HEADS * live * HEAD_DIM * 4
+            s = best[T, window, sinks]
+            rows.append(dict(op="attention step", context=ctx, T=T, window=window, sinks=sinks, ms=s * 1e3,
+                             gb_s=nbytes / s / 1e9, pct_of_read_bw=100 * nbytes / s / 1e9 / bw, read_gb_s=bw,
+                             twin_ms=twin[T, window, sinks] * LAYERS * 1e3, others_pct=others))
         del caches
     return rows
 
@@ -175,27 +192,30 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     bw = measure_gbs("cpu")
+    probe = ReadProbe()
     rows = []
     for fmt in args.formats:
-        rows += bench_gemm(m, fmt, args.rows, args.repeats, bw)
+        rows += bench_gemm(m, fmt, args.rows, args.repeats, probe)
         print(markdown_table(rows[-len(args.rows):], ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1",
-                                                      "others_pct"]))
-    rows += bench_torch_f32([1, 6], args.repeats, bw)
-    attn = bench_attention(m, args.contexts, args.repeats, bw) if args.contexts else []
+                                                      "read_gb_s", "others_pct"]))
+    rows += bench_torch_f32([1, 6], args.repeats, probe)
+    attn = bench_attention(m, args.contexts, args.repeats, probe) if args.contexts else []
     others = 100 * max(OTHERS) if OTHERS else None
     result = dict(isa=m.isa(), threads=args.threads, read_bandwidth_gb_s=bw, load_before=load_before,
                   load_after=os.getloadavg(), other_processes_max_cpu_pct=others, rows=rows + attn,
                   provenance=provenance("cpu"))
-    quiet = "" if others is None else (f" Other processes took up to {others:.0f}% of the CPUs while a row was timed "
-                                       "(others_pct: that share per row).")
+    quiet = "" if others is None else (f" Other processes took up to {others:.0f}% of the CPUs while a group was "
+                                       "timed (others_pct).")
     head = (f"CPU kernels ({m.isa()}), {args.threads} threads, minimum over {args.repeats} repeats. Read bandwidth "
-            f"in this run: {bw:.1f} GB/s. Load average before {load_before[0]:.2f}, after "
-            f"{result['load_after'][0]:.2f}.{quiet}\n\nOne decode step's GEMMs (30 layers + head), random "
-            "weights:\n\n")
+            f"at the start of the run (engine/bandwidth.py): {bw:.1f} GB/s; read_gb_s is the same measure "
+            "interleaved with each group's timings, which pct_of_read_bw divides by. Load average before "
+            f"{load_before[0]:.2f}, after {result['load_after'][0]:.2f}.{quiet}\n\nOne decode step's GEMMs "
+            "(30 layers + head), random weights:\n\n")
     md = head + markdown_table(rows, ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1", "weight_mb",
-                                      "others_pct"])
+                                      "read_gb_s", "others_pct"])
     if attn:
-        md += "\nAttention, 9/3 heads of dim 64, 30 layers (ms per step):\n\n" + markdown_table(
+        md += ("\nAttention, 9/3 heads of dim 64, 30 layers (ms per step; below ~1k keys the caches fit the 32 MB "
+               "L3):\n\n") + markdown_table(
             attn, ["context", "T", "window", "sinks", "ms", "gb_s", "pct_of_read_bw", "twin_ms", "others_pct"])
     write_results(args.out, "kernels-cpu", result, md)
     print(md)
