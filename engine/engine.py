@@ -62,7 +62,7 @@ class Engine:
 
     def use_fused(self, on: bool) -> str:
         """Switch kernels for the next run; a captured graph sees the model change and is captured again."""
-        self.model.use_ops(ops.select(self.device, on, self.config.head_dim))
+        self.model.use_ops(ops.select(self.device, on, self.config.head_dim, self.model.dtype))
         return self.kernel_status
 
     def use_graphs(self, on: bool) -> str:

@@ -164,8 +164,9 @@ def pick_format(weights: str | None, dtype: torch.dtype, opset: ops.OpSet, nativ
     if weights is None:
         return "q4" if native and opset.name == "fused" else dense
     fmt = check_format_name(weights)
-    if opset.layout == "cpu" and fmt not in wts.CPU_FORMATS:
-        raise ModelLoadError(f"weights={fmt!r} has no CPU kernel; pick one of {', '.join(wts.CPU_FORMATS)}")
+    if opset.layout == "cpu" and fmt not in wts.PANEL_FORMATS:
+        cpu = [f for f in wts.PANEL_FORMATS if f in wts.FORMATS]
+        raise ModelLoadError(f"weights={fmt!r} has no CPU kernel; pick one of {', '.join(cpu)}")
     return fmt
 
 
@@ -177,9 +178,10 @@ def check_format_name(weights: str) -> str:
 
 
 def head_format(fmt: str) -> str:
-    """The LM head's format: a q4 model keeps its head in int8, as the GGUF files of small models do (the
-    default model's is Q8_0): the head sees every token's logits, where 4 bits cost the most quality."""
-    return "int8" if fmt == "q4" else fmt
+    """The LM head's format: a q4 model keeps its head in 8-bit blocks, as the GGUF files of small models do
+    (the default model's is Q8_0): the head sees every token's logits, where 4 bits cost the most quality. It
+    runs as q8 (engine/weights.py): those blocks with exact activations, so q4 stays lossless there."""
+    return "q8" if fmt == "q4" else fmt
 
 
 def native_blocks(folder: Path, names: list[str], fmt: str, device) -> wts.Blocks | None:
@@ -188,12 +190,13 @@ def native_blocks(folder: Path, names: list[str], fmt: str, device) -> wts.Block
     file = folder / BLOCKS_FILE
     if fmt not in wts.QUANTIZED or not file.is_file():
         return None
+    stored = "int8" if fmt == "q8" else fmt  # Q8_0 blocks, whichever way they run
     with safe_open(file, framework="pt", device=str(device)) as f:
         keys = set(f.keys())
-        if not all(f"{n}.{fmt}.q" in keys for n in names):
+        if not all(f"{n}.{stored}.q" in keys for n in names):
             return None
-        kinds = [k for k in ("q", "d", "m") if f"{names[0]}.{fmt}.{k}" in keys]
-        parts = [[f.get_tensor(f"{n}.{fmt}.{k}") for n in names] for k in kinds]
+        kinds = [k for k in ("q", "d", "m") if f"{names[0]}.{stored}.{k}" in keys]
+        parts = [[f.get_tensor(f"{n}.{stored}.{k}") for n in names] for k in kinds]
     out, n_in = sum(p.shape[0] for p in parts[0]), parts[0][0].shape[1]
     return wts.Blocks(fmt, out, n_in, *(torch.cat(p) for p in parts))
 
@@ -212,7 +215,7 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
     folder = resolve_path(None if name is None else str(name), cache_dir, progress)
     cfg, found = check_folder(folder)
     dt = pick_dtype(dtype, device)
-    opset = ops.select(device, fused, cfg.head_dim)
+    opset = ops.select(device, fused, cfg.head_dim, dt)
     fmt = pick_format(weights, dt, opset, native=(folder / BLOCKS_FILE).is_file())
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -243,7 +246,7 @@ def random_model(cfg: ModelConfig, device="cpu", dtype=None, weights: str | None
     and the kernels, not on the values, so benchmarks time these where a checkpoint is out of reach."""
     device = torch.device(device)
     dt = pick_dtype(dtype, device)
-    opset = ops.select(device, fused, cfg.head_dim)
+    opset = ops.select(device, fused, cfg.head_dim, dt)
     fmt = pick_format(weights, dt, opset, native=False)
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):

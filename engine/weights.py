@@ -6,6 +6,9 @@ packed into it; the embedding and the tied LM head too.
     fp32, fp16, bf16  the weight itself, [out, in]
     int8              blocks of 32 inputs: q int8 in [-127, 127] and one fp16 scale d;  w = d * q   (GGUF Q8_0)
     q4                blocks of 32 inputs: q in [0, 15], fp16 scale d and min m;      w = d * q + m (GGUF Q4_1)
+    q8                int8's blocks, run with the activations left exact: the LM head of a q4 model (GGUF Q4
+                      files keep it in Q8_0), so q4 stays lossless; not a format to pick (it would be a slower
+                      int8). The int8 format's CPU kernel quantizes the activations too, as llama.cpp's Q8_0 does.
 
 `Blocks` is the canonical, layout-free form: the GGUF blocks of the default model load into it unchanged, so
 q4 is lossless for that model. Kernels stream their own layouts, packed from Blocks at load (the CUDA kernels
@@ -19,10 +22,10 @@ from dataclasses import dataclass
 import torch
 
 BLOCK = 32  # inputs per quantization block, as in GGUF's Q8_0 and Q4_1
-FORMATS = ("fp32", "fp16", "bf16", "int8", "q4")
-QUANTIZED = ("int8", "q4")
+FORMATS = ("fp32", "fp16", "bf16", "int8", "q4")  # what a user picks
+QUANTIZED = ("int8", "q4", "q8")
 DENSE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-BITS = {"fp32": 32.0, "fp16": 16.0, "bf16": 16.0, "int8": 8.5, "q4": 5.0}  # incl. block scale and min
+BITS = {"fp32": 32.0, "fp16": 16.0, "bf16": 16.0, "int8": 8.5, "q4": 5.0, "q8": 8.5}  # incl. block scale, min
 
 
 @dataclass
@@ -63,11 +66,12 @@ def quantize(w: torch.Tensor, fmt: str) -> Blocks:
     """w [out, in] (any float dtype) -> Blocks. int8: d = max|w| / 127 per block, q = round(w / d).
     q4: d = (max - min) / 15, m = min, q = round((w - m) / d); the fp16-rounded d and m are the ones used."""
     out, n_in = w.shape
-    check_format(fmt)
+    if fmt != "q8":
+        check_format(fmt)
     if fmt in DENSE_DTYPES:
         return Blocks(fmt, out, n_in, w.to(DENSE_DTYPES[fmt]).contiguous())
     x = _pad_blocks(w)
-    if fmt == "int8":
+    if fmt in ("int8", "q8"):
         d = (x.abs().amax(-1) / 127).half()
         inv = torch.where(d == 0, 0.0, 1.0 / d.float())
         q = torch.round(x * inv[..., None]).clamp_(-127, 127).to(torch.int8)
@@ -162,53 +166,85 @@ def rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
     return dequantize(Blocks(p.fmt, len(ids), p.in_features, q, *scales))
 
 
-# ---- the CPU panel layout (csrc/cpu/) -------------------------------------------------------------------
-# P = ceil(out / 16) panels of 16 outputs; outputs past out_features are zero and never written. With 16
-# outputs in one 512-bit register and x broadcast from memory, the kernels amortize each block's scale over
-# 16 outputs x 32 inputs, so a pass over T rows costs about T multiply-adds per weight loaded.
-#   fp32 / fp16  w [P, in, 16]:               w[p, i, j] = W[16p + j, i]
-#   q4           q [P, nb, 16, 16] uint8:     byte [p, b, i2, j] = q[16p + j, 32b + 2 i2] | q[.., 32b + 2 i2 + 1] << 4
-#                d, m [P, nb, 16] fp16
-#   int8         q [P, nb, 8, 16, 4] uint8:   byte [p, b, g, j, r] = q[16p + j, 32b + 4g + r] + 128 (offset binary,
-#                d [P, nb, 16] fp16           the unsigned operand of vpdpbusd; the kernel corrects the offset)
+# --- CPU panel layout (csrc/cpu/gemm.h) ---------------------------------------------------------------
+#
+# The CPU kernels stream weights in panels of 16 outputs (one 512-bit register of fp32 results), the 16
+# outputs' weights for each input side by side; P = ceil(out / 16) panels, the padded outputs all zero
+# (and never written by the kernels). nb = in_pad / 32 blocks.
+#   fp32, fp16  w [P, in, 16]:            w[p, i, j] = W[16p + j, i]
+#   int8        qs uint8 [P, nb, 8, 16, 4]: qs[p, b, g, j, r] = q[16p + j, 32b + 4g + r] + 128, so VNNI's
+#               unsigned-by-signed dot product takes 4 inputs of 16 outputs at once; d fp16 [P, nb, 16]
+#   q4          qs uint8 [P, nb, 16, 16]:  qs[p, b, i, j] = q[16p + j, 32b + 2i] | q[16p + j, 32b + 2i + 1] << 4;
+#               d, m fp16 [P, nb, 16]
+
 PANEL = 16
-CPU_FORMATS = ("fp32", "fp16", "int8", "q4")
+PANEL_FORMATS = ("fp32", "fp16", "int8", "q4", "q8")
 
 
-def _panel_rows(t: torch.Tensor) -> torch.Tensor:
-    """[out, ...] -> [P, 16, ...], zero-padded to whole panels."""
+def _pad_outputs(t: torch.Tensor) -> torch.Tensor:
+    """[out, ...] -> [P * 16, ...], the new rows zero."""
     pad = -t.shape[0] % PANEL
-    t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
-    return t.view(-1, PANEL, *t.shape[1:])
+    return torch.cat((t, t.new_zeros(pad, *t.shape[1:]))) if pad else t
+
+
+def _panel_scales(s: torch.Tensor) -> torch.Tensor:
+    """[out, nb] -> [P, nb, 16]."""
+    s = _pad_outputs(s)
+    return s.view(-1, PANEL, s.shape[1]).transpose(1, 2).contiguous()
+
+
+def _unpanel_scales(s: torch.Tensor, out: int) -> torch.Tensor:
+    return s.transpose(1, 2).reshape(-1, s.shape[1])[:out].contiguous()
 
 
 def to_panels(b: Blocks) -> tuple[torch.Tensor, ...]:
-    if b.fmt not in CPU_FORMATS:
-        raise ValueError(f"weights={b.fmt!r} has no CPU kernel; on a CPU use one of {', '.join(CPU_FORMATS)}")
+    """Blocks -> the tensors the CPU kernel of its format takes, after x and out:
+    fp32 / fp16: (w,); int8 and q8: (qs, d); q4: (qs, d, m)."""
+    if b.fmt not in PANEL_FORMATS:
+        raise ValueError(f"the CPU kernels have no panel layout for {b.fmt!r}; they take {', '.join(PANEL_FORMATS)}")
     if b.fmt in DENSE_DTYPES:
-        return (_panel_rows(b.q).transpose(1, 2).contiguous(),)  # [P, in, 16]
-    scales = tuple(_panel_rows(s).transpose(1, 2).contiguous() for s in (b.d, b.m) if s is not None)  # [P, nb, 16]
-    q = _panel_rows(b.q)  # [P, 16, in_pad]
-    if b.fmt == "int8":
-        q = (q.to(torch.int16) + 128).to(torch.uint8).view(q.shape[0], PANEL, -1, 8, 4)  # [P, 16, nb, 8, 4]
-        return (q.permute(0, 2, 3, 1, 4).contiguous(), *scales)  # [P, nb, 8, 16, 4]
-    q = q.view(q.shape[0], PANEL, -1, 16, 2)  # [P, 16, nb, i2, 2]
-    q = q[..., 0] | (q[..., 1] << 4)  # [P, 16, nb, 16]
-    return (q.permute(0, 2, 3, 1).contiguous(), *scales)  # [P, nb, 16 (i2), 16 (j)]
+        w = _pad_outputs(b.q)
+        return (w.view(-1, PANEL, b.in_features).transpose(1, 2).contiguous(),)
+    q = _pad_outputs(b.q)
+    nb = q.shape[1] // BLOCK
+    if b.fmt in ("int8", "q8"):
+        offset = (q.to(torch.int16) + 128).to(torch.uint8)  # offset binary: 0..254 for q in -127..127
+        qs = offset.view(-1, PANEL, nb, BLOCK // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+        return qs, _panel_scales(b.d)
+    pairs = q.view(-1, PANEL, nb, BLOCK // 2, 2)
+    qs = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 3, 1).contiguous()
+    return qs, _panel_scales(b.d), _panel_scales(b.m)
 
 
 def from_panels(fmt: str, out_features: int, in_features: int, *tensors: torch.Tensor) -> Blocks:
-    """The inverse of to_panels."""
-    q, *scales = tensors
-    scales = [s.transpose(1, 2).reshape(-1, s.shape[1])[:out_features] for s in scales]  # [out, nb]
+    """The inverse of to_panels: the panel tensors of one weight [out_features, in_features] -> Blocks."""
+    if fmt not in PANEL_FORMATS:
+        raise ValueError(f"the CPU kernels have no panel layout for {fmt!r}; they take {', '.join(PANEL_FORMATS)}")
+    want = {"fp32": 1, "fp16": 1, "int8": 2, "q8": 2, "q4": 3}[fmt]
+    if len(tensors) != want:
+        raise ValueError(f"{fmt} panels are {want} tensor(s), got {len(tensors)}")
+    panels = -(-out_features // PANEL)
+    nb = -(-in_features // BLOCK)
+    lead = {"fp32": (panels, in_features, PANEL), "fp16": (panels, in_features, PANEL),
+            "int8": (panels, nb, BLOCK // 4, PANEL, 4), "q8": (panels, nb, BLOCK // 4, PANEL, 4),
+            "q4": (panels, nb, BLOCK // 2, PANEL)}[fmt]
+    if tuple(tensors[0].shape) != lead:
+        raise ValueError(f"{fmt} panels for [{out_features}, {in_features}] must be {list(lead)}, "
+                         f"got {list(tensors[0].shape)}")
+    for s in tensors[1:]:
+        if tuple(s.shape) != (panels, nb, PANEL):
+            raise ValueError(f"{fmt} scales for [{out_features}, {in_features}] must be {[panels, nb, PANEL]}, "
+                             f"got {list(s.shape)}")
     if fmt in DENSE_DTYPES:
-        return Blocks(fmt, out_features, in_features, q.transpose(1, 2).reshape(-1, q.shape[1])[:out_features])
-    if fmt == "int8":
-        q = (q.permute(0, 3, 1, 2, 4).to(torch.int16) - 128).to(torch.int8)  # [P, 16, nb, 8, 4]
-    else:
-        q = q.permute(0, 3, 1, 2)  # [P, 16, nb, i2]
-        q = torch.stack((q & 0xF, q >> 4), dim=-1)  # [P, 16, nb, i2, 2]
-    return Blocks(fmt, out_features, in_features, q.reshape(-1, q.shape[2] * 32)[:out_features], *scales)
+        q = tensors[0].transpose(1, 2).reshape(-1, in_features)[:out_features].contiguous()
+        return Blocks(fmt, out_features, in_features, q)
+    qs, d = tensors[0], _unpanel_scales(tensors[1], out_features)
+    if fmt in ("int8", "q8"):
+        q = (qs.permute(0, 3, 1, 2, 4).reshape(-1, nb * BLOCK)[:out_features].to(torch.int16) - 128).to(torch.int8)
+        return Blocks(fmt, out_features, in_features, q.contiguous(), d)
+    pairs = torch.stack((qs & 0xF, qs >> 4), dim=-1)  # [P, nb, 16 (i), 16 (j), 2]
+    q = pairs.permute(0, 3, 1, 2, 4).reshape(-1, nb * BLOCK)[:out_features].contiguous()
+    return Blocks(fmt, out_features, in_features, q, d, _unpanel_scales(tensors[2], out_features))
 
 
 def panel_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
@@ -218,7 +254,7 @@ def panel_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
     if p.fmt in DENSE_DTYPES:
         return q[panel, :, lane].float()  # [n, in]
     scales = [s[panel, :, lane] for s in scales]  # [n, nb]
-    if p.fmt == "int8":
+    if p.fmt in ("int8", "q8"):
         q = (q[panel, :, :, lane].to(torch.int16) - 128).to(torch.int8)  # [n, nb, 8, 4]
     else:
         q = q[panel, :, :, lane]  # [n, nb, i2]

@@ -144,7 +144,7 @@ def test_model_drafter_refuses_another_vocabulary_or_tokenizer(tiny):
 def smol(default_model_dir):
     from engine import Tokenizer
 
-    model = load_model(default_model_dir)
+    model = load_model(default_model_dir, weights="fp32")  # fp32, so q4 can draft for it
     tok = Tokenizer(default_model_dir)
     prompts = [tok.encode("The capital of France is Paris. The capital of Germany is"),
                tok.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"

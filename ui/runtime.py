@@ -121,12 +121,12 @@ class Runtime:
 
     def formats(self) -> dict[str, str | None]:
         """Each weight format -> None when it can run here, else the reason it cannot."""
-        from engine.weights import CPU_FORMATS, FORMATS
+        from engine.weights import FORMATS, PANEL_FORMATS
 
         if self.load_format is None:
             return {f: None if f in self.engines else "only the launch format is loaded" for f in FORMATS}
         cpu_kernels = self.engine.device.type == "cpu" and self.fused_reason is None
-        return {f: f"{f} has no CPU kernel (fp16 stores half the bytes)" if cpu_kernels and f not in CPU_FORMATS
+        return {f: f"{f} has no CPU kernel (fp16 stores half the bytes)" if cpu_kernels and f not in PANEL_FORMATS
                 else None for f in FORMATS}
 
     def engine_for(self, fmt: str):

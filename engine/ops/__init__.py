@@ -30,8 +30,10 @@ DENSE_MATMULS = dict(fp32=ref.matmul_t, fp16=ref.matmul_t, bf16=ref.matmul_t)
 
 
 def torch_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
-    """The twins: every format's weights dequantized, the activations left as they are."""
-    linear = dict(DENSE_MATMULS, int8=ref.matmul_dequantized, q4=ref.matmul_dequantized)
+    """The twins: every format's weights dequantized, the activations left as they are, except int8 on a
+    CPU, whose twin quantizes the activations as the SIMD kernel does (llama.cpp's Q8_0 recipe)."""
+    int8 = ref.matmul_int8_a8 if torch.device(device).type == "cpu" else ref.matmul_dequantized
+    linear = dict(DENSE_MATMULS, int8=int8, q8=ref.matmul_dequantized, q4=ref.matmul_dequantized)
     return OpSet(name="torch", reason=reason, rmsnorm=ref.rmsnorm, add_rmsnorm=ref.add_rmsnorm, rope_=ref.rope_,
                  silu_mul=ref.silu_mul, attention=ref.attention, layout="torch", linear=linear)
 
@@ -40,12 +42,15 @@ def torch_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
 FUSED_HEAD_DIMS = (64, 128)
 
 
-def select(device: torch.device | str, fused: bool = True, head_dim: int | None = None) -> OpSet:
+def select(device: torch.device | str, fused: bool = True, head_dim: int | None = None,
+           dtype: torch.dtype = torch.float32) -> OpSet:
     """Fused kernels where they can run, else the torch twins with the reason recorded."""
     device = torch.device(device)
     if not fused:
         return torch_ops("fused kernels switched off", device)
     if device.type == "cpu":
+        if dtype != torch.float32:
+            return torch_ops(f"the CPU kernels compute in float32; this model's activations are {dtype}", device)
         return cpu_ops()
     if device.type != "cuda":
         return torch_ops(f"no fused kernels for {device.type} devices", device)
@@ -61,8 +66,9 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
 
     kernels = fused_ops.ops(status.module)
     int8, q4 = kernels.pop("linear_int8"), kernels.pop("linear_q4")
-    linear = dict(DENSE_MATMULS,  # dense: cuBLAS through torch
-                  int8=lambda x, w: int8(x, *w.tensors), q4=lambda x, w: q4(x, *w.tensors))
+    linear = dict(DENSE_MATMULS,  # dense: cuBLAS through torch; int8 and q8 alike (activations in their dtype)
+                  int8=lambda x, w: int8(x, *w.tensors), q8=lambda x, w: int8(x, *w.tensors),
+                  q4=lambda x, w: q4(x, *w.tensors))
     return OpSet(name="fused", reason=status.reason, attention=cuda_attention(kernels.pop("decode_attention")),
                  layout="cuda", linear=linear, **kernels)
 

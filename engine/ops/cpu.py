@@ -12,7 +12,7 @@ import torch
 
 from engine.weights import Packed
 
-KERNELS = {"fp32": "linear_f32", "fp16": "linear_f16", "int8": "linear_q8", "q4": "linear_q4"}
+KERNELS = {"fp32": "linear_f32", "fp16": "linear_f16", "int8": "linear_int8", "q8": "linear_q8", "q4": "linear_q4"}
 
 
 class CpuOps:

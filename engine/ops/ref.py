@@ -117,6 +117,12 @@ def matmul_dequantized(x: torch.Tensor, w) -> torch.Tensor:
     return linear(x, dequantize(unpack(w)))
 
 
+def matmul_int8_a8(x: torch.Tensor, w) -> torch.Tensor:
+    """int8 on a CPU: the blocks against int8 activations, the SIMD kernel's recipe (linear_a8)."""
+    q, d = w.tensors
+    return linear_a8(x, q, d).to(x.dtype)
+
+
 def quantize_activations(x: torch.Tensor, in_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The CPU int8 kernels' activation recipe: x [N, in] fp32, zero-padded to in_pad, per block of 32:
     amax = max|x|, q = round_half_even(x * (127 / amax)) in [-127, 127], dx = amax / 127 (q = 0, dx = 0 for

@@ -1,0 +1,230 @@
+"""The CPU kernels alone: one decode step's GEMMs per weight format, and attention over the cache.
+
+    python -m bench.kernels [--out bench/results] [--threads 2] [--repeats 7]
+
+GEMMs: the default model's shapes (30 layers of qkv 576->960, o 576->576, gate_up 576->3072, down
+1536->576, then the tied head 576->49152), random weights already in the kernels' panel layout, every
+layer its own tensors so a step streams all of them from DRAM as a real one does. Timed at T = 1 (decode),
+6 (a verify pass), 16 and 128 (prefill) rows; ms is the minimum over repeats of a whole step, GB/s the
+weight bytes over that time, % of the read bandwidth measured in this run (engine/bandwidth.py).
+Attention: 9 query / 3 kv heads of dim 64 over 30 layers' caches at a few contexts, full and with a
+window of 512 + 4 sinks. The machine's load average is recorded before and after: timings from a busy
+machine are slower, never faster, so minimums over repeats are the figure to trust.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import engine  # noqa: F401  (sets OpenMP's passive wait policy before torch loads)
+import torch
+
+from bench.common import markdown_table, provenance, write_results
+from engine import ext
+from engine.bandwidth import measure_gbs
+from engine.ops import ref
+
+HIDDEN, INTER, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 576, 1536, 30, 49152, 9, 3, 64
+LAYER_SHAPES = [(3 * 320, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in)
+FORMATS = ("f32", "f16", "int8", "q8", "q4")  # the kernels' names: linear_<format>; q8 = Q8_0 exact, int8 = W8A8
+
+
+def random_panels(fmt: str, out: int, n_in: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Random weights in the layout engine.weights.to_panels produces (the values do not change the time)."""
+    P, nb = -(-out // 16), -(-n_in // 32)
+    scales = lambda: (torch.rand(P, nb, 16, generator=g) * 0.01).half()  # noqa: E731
+    if fmt == "f32":
+        return (torch.randn(P, n_in, 16, generator=g),)
+    if fmt == "f16":
+        return (torch.randn(P, n_in, 16, generator=g).half(),)
+    if fmt in ("int8", "q8"):
+        return torch.randint(1, 256, (P, nb, 8, 16, 4), dtype=torch.uint8, generator=g), scales()
+    return torch.randint(0, 256, (P, nb, 16, 16), dtype=torch.uint8, generator=g), scales(), scales()
+
+
+def step_weights(fmt: str, g: torch.Generator) -> list[tuple[int, int, tuple]]:
+    shapes = [s for _ in range(LAYERS) for s in LAYER_SHAPES] + [(VOCAB, HIDDEN)]
+    return [(out, n_in, random_panels(fmt, out, n_in, g)) for out, n_in in shapes]
+
+
+def cpu_ticks() -> tuple[int, int, int] | None:
+    """(busy ticks of all CPUs, ticks of this process, all ticks) from /proc, or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:8]]
+        with open("/proc/self/stat") as f:
+            mine = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return v[0] + v[1] + v[2] + v[5] + v[6], int(mine[11]) + int(mine[12]), sum(v)
+
+
+OTHERS: list[float] = []  # per timed group: the share of the CPUs other processes used meanwhile
+
+
+def others_pct() -> float | None:
+    return round(100 * OTHERS[-1], 1) if OTHERS else None
+
+
+class ReadProbe:
+    """engine/bandwidth.py's measure: a read-only reduction over 512 MB, as a callable to time."""
+
+    def __init__(self, nbytes: int = 512 * 2**20):
+        self.x, self.nbytes = torch.ones(nbytes // 4), nbytes
+
+    def __call__(self):
+        self.x.sum()
+
+
+def best_of_each(fns: dict, repeats: int, setup=None) -> dict:
+    """Minimum seconds of each fn over `repeats` rounds (a busy machine only ever makes a call slower).
+    The fns run interleaved, round by round, so that all of them see the same machine: this box's memory
+    bandwidth drifts by a third within a minute, and a ratio of two timings taken a minute apart says more
+    about the drift than about the kernels. setup() runs untimed before each call. Records how much of the
+    CPUs other processes took meanwhile."""
+    for fn in fns.values():
+        fn()  # warm-up: page faults, the pool's threads, scratch buffers
+    before = cpu_ticks()
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            if setup is not None:
+                setup()
+            t = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t)
+    after = cpu_ticks()
+    if before and after and after[2] > before[2]:
+        # ticks are 10 ms, so a short window reads a few percent either way; below zero is noise
+        OTHERS.append(max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / (after[2] - before[2])))
+    return best
+
+
+def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    weights = step_weights(fmt, g)
+    nbytes = sum(t.numel() * t.element_size() for _, _, ts in weights for t in ts)
+    kernel = getattr(m, f"linear_{fmt}")
+
+    def step_for(T: int):
+        xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)}
+        outs = [torch.empty(T, out) for out, _, _ in weights]
+
+        def step():
+            for (_, n_in, ts), y in zip(weights, outs, strict=True):
+                kernel(y, xs[n_in], *ts)
+        return step
+
+    best = best_of_each({"read": probe, **{T: step_for(T) for T in rows_list}}, repeats)
+    bw, others = probe.nbytes / best["read"] / 1e9, others_pct()
+    rows = [dict(op="gemm step", format=fmt, T=T, ms=best[T] * 1e3, gb_s=nbytes / best[T] / 1e9,
+                 pct_of_read_bw=100 * nbytes / best[T] / 1e9 / bw, ratio_vs_T1=best[T] / best[rows_list[0]],
+                 weight_mb=nbytes / 1e6, read_gb_s=bw, others_pct=others) for T in rows_list]
+    return rows
+
+
+def bench_torch_f32(rows_list: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
+    """The same step through torch (MKL) on fp32 weights stored [in, out], the layout engine/model.py uses."""
+    g = torch.Generator().manual_seed(1)
+    shapes = [s for _ in range(LAYERS) for s in LAYER_SHAPES] + [(VOCAB, HIDDEN)]
+    ws = [torch.randn(n_in, out, generator=g) for out, n_in in shapes]
+    nbytes = sum(w.numel() * 4 for w in ws)
+    xs = {T: {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)} for T in rows_list}
+    fns = {T: (lambda x=xs[T]: [x[w.shape[0]] @ w for w in ws]) for T in rows_list}
+    best = best_of_each({"read": probe, **fns}, repeats)
+    bw, others = probe.nbytes / best["read"] / 1e9, others_pct()
+    return [dict(op="gemm step", format="torch f32", T=T, ms=best[T] * 1e3, gb_s=nbytes / best[T] / 1e9,
+                 pct_of_read_bw=100 * nbytes / best[T] / 1e9 / bw, weight_mb=nbytes / 1e6, read_gb_s=bw,
+                 others_pct=others) for T in rows_list]
+
+
+def bench_attention(m, contexts: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
+    g = torch.Generator().manual_seed(2)
+    rows = []
+    cases = [(T, window, sinks) for T in (1, 6) for window, sinks in ((0, 0), (512, 4))]
+    evict = torch.ones(64 * 2**20 // 4)
+    flush = evict.sum
+    for ctx in contexts:
+        shape = (1, KV_HEADS, ctx + 64, HEAD_DIM)
+        caches = [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(LAYERS)]
+        seq = torch.tensor([ctx], dtype=torch.int32)
+        qs = {T: torch.randn(1, T, HEADS, HEAD_DIM, generator=g) for T in (1, 6)}
+        out = {T: torch.empty_like(q) for T, q in qs.items()}
+
+        def step_for(T: int, window: int, sinks: int, caches=caches, qs=qs, out=out, seq=seq):
+            def step():
+                for k, v in caches:
+                    m.attention(out[T], qs[T], k, v, seq, HEAD_DIM ** -0.5, window, sinks)
+            return step
+
+        # In a real step the layer's weights stream between two attention calls and evict the cache, so
+        # the timed step starts from DRAM too, even where 30 layers' K/V would fit the 32 MB L3.
+        best = best_of_each({"read": probe, **{c: step_for(*c) for c in cases}}, repeats, setup=flush)
+        bw, others = probe.nbytes / best["read"] / 1e9, others_pct()
+        k, v = caches[0]
+        twin = best_of_each({c: (lambda c=c, q=qs, k=k, v=v, seq=seq: ref.attention(
+            q[c[0]], k, v, seq, HEAD_DIM ** -0.5, c[1], c[2])) for c in cases}, 3)
+        for T, window, sinks in cases:
+            live = ctx if window == 0 else min(ctx, sinks + window + T - 1)
+            nbytes = LAYERS * 2 * KV_HEADS * live * HEAD_DIM * 4
+            s = best[T, window, sinks]
+            rows.append(dict(op="attention step", context=ctx, T=T, window=window, sinks=sinks, ms=s * 1e3,
+                             gb_s=nbytes / s / 1e9, pct_of_read_bw=100 * nbytes / s / 1e9 / bw, read_gb_s=bw,
+                             twin_ms=twin[T, window, sinks] * LAYERS * 1e3, others_pct=others))
+        del caches
+    return rows
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 6, 16, 128])
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    p.add_argument("--contexts", type=int, nargs="*", default=[256, 1024, 4096, 8192])
+    p.add_argument("--isa", choices=["avx2", "avx512"], help="force an instruction set (default: the best)")
+    args = p.parse_args(argv)
+    status = ext.load("cpu")
+    if status.module is None:
+        sys.exit(f"the CPU kernels are not available, nothing to time: {status.reason}")
+    m = status.module
+    if args.isa:
+        m.set_isa(args.isa)
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    bw = measure_gbs("cpu")
+    probe = ReadProbe()
+    rows = []
+    for fmt in args.formats:
+        rows += bench_gemm(m, fmt, args.rows, args.repeats, probe)
+        print(markdown_table(rows[-len(args.rows):], ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1",
+                                                      "read_gb_s", "others_pct"]))
+    rows += bench_torch_f32([1, 6], args.repeats, probe)
+    attn = bench_attention(m, args.contexts, args.repeats, probe) if args.contexts else []
+    others = 100 * max(OTHERS) if OTHERS else None
+    result = dict(isa=m.isa(), threads=args.threads, read_bandwidth_gb_s=bw, load_before=load_before,
+                  load_after=os.getloadavg(), other_processes_max_cpu_pct=others, rows=rows + attn,
+                  provenance=provenance("cpu"))
+    quiet = "" if others is None else (f" Other processes took up to {others:.0f}% of the CPUs while a group was "
+                                       "timed (others_pct).")
+    head = (f"CPU kernels ({m.isa()}), {args.threads} threads, minimum over {args.repeats} repeats. Read bandwidth "
+            f"at the start of the run (engine/bandwidth.py): {bw:.1f} GB/s; read_gb_s is the same measure "
+            "interleaved with each group's timings, which pct_of_read_bw divides by. Load average before "
+            f"{load_before[0]:.2f}, after {result['load_after'][0]:.2f}.{quiet}\n\nOne decode step's GEMMs "
+            "(30 layers + head), random weights:\n\n")
+    md = head + markdown_table(rows, ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1", "weight_mb",
+                                      "read_gb_s", "others_pct"])
+    if attn:
+        md += ("\nAttention, 9/3 heads of dim 64, 30 layers (ms per step, caches flushed before each step as the "
+               "weights flush them in a real one; gb_s counts the live K/V bytes):\n\n") + markdown_table(
+            attn, ["context", "T", "window", "sinks", "ms", "gb_s", "pct_of_read_bw", "twin_ms", "others_pct"])
+    write_results(args.out, "kernels-cpu", result, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

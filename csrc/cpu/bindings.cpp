@@ -1,0 +1,33 @@
+// Registers the torch-facing functions of ops.h; nothing else lives here.
+#include <torch/python.h>  // pybind11 plus the at::Tensor casters
+
+#include "ops.h"
+#include "pool.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace c = decodescope::cpu;
+  m.doc() = "decodescope fused CPU kernels (x86-64 SIMD, chosen at load)";
+  m.def("isa", &c::isa, "the instruction set the kernels run, chosen at load");
+  m.def("unsupported", &c::unsupported, "'' when this CPU can run the kernels, else what it lacks");
+  m.def("set_isa", &c::set_isa, "switch the kernels to 'avx2' or 'avx512' (tests run every path)", py::arg("name"));
+  m.def("set_spin_us", &c::set_spin_us, "how long idle worker threads spin before sleeping", py::arg("us"));
+  m.def("rmsnorm", &c::rmsnorm, "out = rmsnorm(x) * weight", py::arg("out"), py::arg("x"), py::arg("weight"),
+        py::arg("eps"));
+  m.def("add_rmsnorm", &c::add_rmsnorm, "residual += x; x = rmsnorm(residual) * weight, in place", py::arg("x"),
+        py::arg("residual"), py::arg("weight"), py::arg("eps"));
+  m.def("rope", &c::rope, "rotary embedding in place on q and k", py::arg("q"), py::arg("k"), py::arg("cos"),
+        py::arg("sin"), py::arg("positions"));
+  m.def("silu_mul", &c::silu_mul, "out = silu(gate) * up for gate_up = [gate | up]", py::arg("out"),
+        py::arg("gate_up"));
+  m.def("attention", &c::attention, "T new queries per row against a [B, Hkv, S, D] cache, split across threads",
+        py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"), py::arg("scale"),
+        py::arg("window") = 0, py::arg("sinks") = 0);
+  m.def("linear_f32", &c::linear_f32, "out = x @ W^T, W fp32 panels", py::arg("out"), py::arg("x"), py::arg("w"));
+  m.def("linear_f16", &c::linear_f16, "out = x @ W^T, W fp16 panels", py::arg("out"), py::arg("x"), py::arg("w"));
+  m.def("linear_int8", &c::linear_int8, "out = x @ W^T, W Q8_0 panels, activations quantized to int8",
+        py::arg("out"), py::arg("x"), py::arg("qs"), py::arg("d"));
+  m.def("linear_q8", &c::linear_q8, "out = x @ W^T, W Q8_0 panels, fp32 activations", py::arg("out"),
+        py::arg("x"), py::arg("qs"), py::arg("d"));
+  m.def("linear_q4", &c::linear_q4, "out = x @ W^T, W Q4_1 panels, fp32 activations", py::arg("out"), py::arg("x"),
+        py::arg("qs"), py::arg("d"), py::arg("m"));
+}

@@ -1,0 +1,104 @@
+// The contract between the per-ISA kernels (kernels_avx2.cpp, kernels_avx512.cpp: torch-free, each compiled
+// for its instruction set) and the torch-facing host code (ops_*.cpp). Plain C++ only. The host code picks
+// one KernelTable at load (isa.cpp) and calls through it; it also owns threading, so every kernel takes the
+// range of work items it should do and is safe to run on disjoint ranges at once.
+//
+// Letters: T rows of activations (tokens), P panels of 16 outputs, nb blocks of 32 inputs (nb = ceil(in/32)).
+#pragma once
+
+#include <cstdint>
+
+namespace decodescope::cpu {
+
+constexpr int kPanel = 16;  // outputs per panel: one 512-bit register of fp32
+constexpr int kBlock = 32;  // inputs per quantization block (GGUF Q8_0 / Q4_1)
+
+// y[T, n_out] = x[T, in] @ W^T over panels [p0, p1). Rows `ldx` / `ldy` floats apart.
+// f32: w [P, in, 16] fp32.  f16: w [P, in, 16] fp16 bits.
+// q4: qs [P, nb, 16, 16] bytes (low nibble input 2i, high nibble 2i+1), d, m [P, nb, 16] fp16;
+//     x is [T, nb*32] zero-padded and xsum [T, nb] holds each block's sum of x (the min's term).
+// int8: qs [P, nb, 8, 16, 4] bytes q+128, d [P, nb, 16] fp16; x is unused: qx [T, nb*32] int8,
+//     dx [T, nb] and qoff [T, nb] = -128 * sum(qx of the block) come from quantize_rows.
+// q8: the same weights against x itself, [T, nb*32] zero-padded (fp32 activations, exact products).
+struct LinearArgs {
+  float* y;
+  int64_t ldy;
+  const float* x;
+  int64_t ldx;
+  int rows, in, n_out, nb;
+  const void* w;        // f32 / f16 weights, or the q4 nibbles / int8 and q8 bytes
+  const uint16_t* d;    // fp16 block scales (q4, int8, q8)
+  const uint16_t* m;    // fp16 block mins (q4)
+  const float* xsum;    // [T, nb] (q4)
+  const int8_t* qx;     // [T, nb*32] (int8)
+  const float* dx;      // [T, nb] (int8)
+  const int32_t* qoff;  // [T, nb] (int8)
+};
+using LinearFn = void (*)(const LinearArgs&, int64_t p0, int64_t p1);
+
+// int8 activations, rows [r0, r1): qx, dx and qoff as LinearArgs describes; x [T, in], rows ldx apart.
+using QuantizeRowsFn = void (*)(const float* x, int64_t ldx, int in, int nb, int8_t* qx, float* dx,
+                                int32_t* qoff, int64_t r0, int64_t r1);
+
+// residual (may be null) += x; then out = x-or-residual * rsqrt(mean(sq) + eps) * w, rows [r0, r1) of
+// [rows, hidden] dense. out may alias x.
+struct NormArgs {
+  float* out;
+  const float* x;
+  float* residual;
+  const float* w;
+  int hidden;
+  float eps;
+};
+using NormFn = void (*)(const NormArgs&, int64_t r0, int64_t r1);
+
+// out[r, :I] = silu(gate_up[r, :I]) * gate_up[r, I:], rows [r0, r1), both dense.
+using SiluMulFn = void (*)(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1);
+
+// Rotary embedding in place on tokens [t0, t1): q [N, H, D] and k [N, Hkv, D] with dense heads and token
+// strides q_stride / k_stride; cos, sin [max_pos, D/2]; pos[t] as int64 (the host converts int32).
+struct RopeArgs {
+  float* q;
+  float* k;
+  const float* cos;
+  const float* sin;
+  const int64_t* pos;
+  int n_heads, n_kv_heads, head_dim;
+  int64_t q_stride, k_stride, max_pos;
+};
+using RopeFn = void (*)(const RopeArgs&, int64_t t0, int64_t t1);
+
+// Attention of T new queries per row over the live keys of a [B, Hkv, S, D] cache, flash-decoding style:
+// work item (b, kv head, split) covers split's share of the row's live keys for the kv head's whole GQA
+// group (n_rep heads x T queries), so each K/V row is read once for all of them. It writes unnormalised
+// partials (m, l, acc) into the workspace; merge folds the splits of each (b, t, h) into out.
+struct AttentionArgs {
+  float* out;             // [B, T, H, D]: strides out_b, out_t; heads dense
+  const float* q;         // [B, T, H, D]: strides q_b, q_t; heads dense
+  const float* k;         // [B, Hkv, S, D]: strides kv_b, kv_h, kv_s; D dense
+  const float* v;         // same strides as k
+  const int32_t* seq_lens;  // [B] live length, the T new tokens included
+  float* part_acc;        // [B, Hkv, splits, n_rep * T, D]
+  float* part_ml;         // [B, Hkv, splits, n_rep * T, 2]: max and sum of exp, -inf / 0 when empty
+  int batch, tokens, n_heads, n_kv_heads, head_dim, max_len, splits, window, sinks;
+  int64_t q_b, q_t, out_b, out_t, kv_b, kv_h, kv_s;
+  float scale;
+};
+using AttentionFn = void (*)(const AttentionArgs&, int64_t item0, int64_t item1);       // items b, kvh, split
+using AttentionMergeFn = void (*)(const AttentionArgs&, int64_t row0, int64_t row1);     // rows b, t, h
+
+struct KernelTable {
+  const char* name;  // what isa() reports
+  LinearFn linear_f32, linear_f16, linear_q4, linear_int8, linear_q8;
+  QuantizeRowsFn quantize_rows;
+  NormFn norm;
+  SiluMulFn silu_mul;
+  RopeFn rope;
+  AttentionFn attention;
+  AttentionMergeFn attention_merge;
+};
+
+const KernelTable& avx2_table();    // kernels_avx2.cpp: AVX2 + FMA + F16C
+const KernelTable& avx512_table();  // kernels_avx512.cpp: AVX-512 F/BW/VL/DQ + VNNI
+
+}  // namespace decodescope::cpu

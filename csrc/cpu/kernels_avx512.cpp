@@ -1,0 +1,32 @@
+// The kernels compiled for AVX-512 (F, BW, VL, DQ) with VNNI: every function defined below the pragma
+// may use those instructions, so isa.cpp hands out this table only on a CPU that has them. The standard
+// headers come first, outside the pragma, so no library code is compiled for this instruction set.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+
+#include "attention.h"
+#include "gemm.h"
+#include "rowwise.h"
+#include "simd_avx512.h"
+
+namespace decodescope::cpu {
+
+const KernelTable& avx512_table() {
+  using G = Gemm<Avx512>;
+  using R = Rowwise<Avx512>;
+  using A = Attention<Avx512>;
+  static const KernelTable table{Avx512::kName, G::linear_f32, G::linear_f16, G::linear_q4, G::linear_int8,
+                                 G::linear_q8, G::quantize_rows, R::norm, R::silu_mul, R::rope, A::run, A::merge};
+  return table;
+}
+
+}  // namespace decodescope::cpu
+
+#pragma GCC pop_options

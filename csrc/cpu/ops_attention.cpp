@@ -1,0 +1,114 @@
+// Torch-facing host code for attention over the static cache (kernels in attention.h): check, size the
+// key splits, run the splits across threads, merge.
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "checks.h"
+#include "isa.h"
+#include "ops.h"
+#include "parallel.h"
+
+namespace decodescope::cpu {
+namespace {
+
+constexpr int kMaxHeadDim = 256;    // attention.h's stack buffers
+constexpr int64_t kMinSplitKeys = 64;  // fewer keys per split and the merge costs more than the split saves
+
+constexpr int kItemsPerThread = 2;
+
+// Splits per (row, kv head): enough items for kItemsPerThread per thread, their count a multiple of the
+// threads so that equal splits make equal shares, and each split at least kMinSplitKeys keys.
+int plan_splits(int64_t rows_x_heads, int64_t max_live, int threads) {
+  int64_t splits = (threads * kItemsPerThread + rows_x_heads - 1) / rows_x_heads;
+  while (rows_x_heads * splits % threads != 0) ++splits;
+  const int64_t most = max_live / kMinSplitKeys > 1 ? max_live / kMinSplitKeys : 1;
+  return static_cast<int>(splits < most ? splits : most);
+}
+
+struct Workspace {
+  std::vector<float> acc, ml;
+};
+thread_local Workspace workspace;
+
+}  // namespace
+
+void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+               const at::Tensor& seq_lens, double scale, int64_t window, int64_t sinks) {
+  RECORD_FUNCTION("decodescope::attention", std::vector<c10::IValue>({q, k_cache, v_cache, seq_lens}));
+  check_cpu(q, "q");
+  TORCH_CHECK(q.dim() == 4, "q must be [B, T, H, D], got ", q.sizes());
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
+  check_dtype(q, "q", at::kFloat);
+  TORCH_CHECK(D > 0 && D % 2 == 0 && D <= kMaxHeadDim, "head_dim must be even and at most ", kMaxHeadDim,
+              ", got D = ", D);
+  check_dense_heads(q, "q");
+  check_cpu(k_cache, "k_cache");
+  check_cpu(v_cache, "v_cache");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == B && k_cache.size(3) == D,
+              "k_cache must be [B, Hkv, S, D] = [", B, ", Hkv, S, ", D, "], got ", k_cache.sizes());
+  const int64_t Hkv = k_cache.size(1), S = k_cache.size(2);
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "q heads H = ", H, " must be a multiple of cache heads Hkv = ", Hkv);
+  TORCH_CHECK(k_cache.stride(3) == 1, "k_cache's last dim must be dense, got strides ", k_cache.strides());
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes() && v_cache.strides() == k_cache.strides(),
+              "v_cache must match k_cache's shape ", k_cache.sizes(), " and strides ", k_cache.strides(), ", got ",
+              v_cache.sizes(), " and ", v_cache.strides());
+  check_dtype(k_cache, "k_cache", at::kFloat);
+  check_dtype(v_cache, "v_cache", at::kFloat);
+  check_tensor(seq_lens, "seq_lens", at::kInt, "[B]", {B});
+  check_cpu(out, "out");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must be [B, T, H, D] = ", q.sizes(), ", got ", out.sizes());
+  check_dtype(out, "out", at::kFloat);
+  check_dense_heads(out, "out");
+  TORCH_CHECK(window >= 0 && sinks >= 0, "window and sinks must be >= 0, got window = ", window, ", sinks = ", sinks);
+  if (B == 0 || T == 0 || H == 0) return;
+
+  // seq_lens is host memory here: check it, and find the longest live key range for the split plan.
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  int64_t max_live = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lens[b] >= T && lens[b] <= S, "seq_lens[", b, "] = ", lens[b], " must be in [T, S] = [", T, ", ",
+                S, "]: it counts the T new tokens, whose keys are already in the cache");
+    int64_t live = lens[b];
+    if (window > 0) live = std::min<int64_t>(sinks, lens[b]) + std::min<int64_t>(lens[b], window + T - 1);
+    max_live = std::max(max_live, std::min<int64_t>(live, lens[b]));
+  }
+
+  AttentionArgs a{};
+  a.out = out.data_ptr<float>();
+  a.q = q.data_ptr<float>();
+  a.k = k_cache.data_ptr<float>();
+  a.v = v_cache.data_ptr<float>();
+  a.seq_lens = lens;
+  a.batch = static_cast<int>(B);
+  a.tokens = checked_int(T, "T");
+  a.n_heads = checked_int(H, "H");
+  a.n_kv_heads = static_cast<int>(Hkv);
+  a.head_dim = static_cast<int>(D);
+  a.max_len = checked_int(S, "S");
+  a.window = checked_int(window, "window");
+  a.sinks = checked_int(sinks, "sinks");
+  a.q_b = q.stride(0);
+  a.q_t = q.stride(1);
+  a.out_b = out.stride(0);
+  a.out_t = out.stride(1);
+  a.kv_b = k_cache.stride(0);
+  a.kv_h = k_cache.stride(1);
+  a.kv_s = k_cache.stride(2);
+  a.scale = static_cast<float>(scale);
+  a.splits = plan_splits(B * Hkv, max_live, at::get_num_threads());  // each item its own task below
+  const int64_t items = B * Hkv * a.splits, queries = (H / Hkv) * T;
+  workspace.acc.resize(items * queries * D);
+  workspace.ml.resize(items * queries * 2);
+  a.part_acc = workspace.acc.data();
+  a.part_ml = workspace.ml.data();
+
+  const KernelTable& k = kernels();
+  const int threads = at::get_num_threads();
+  parallel_chunks(items, 1, [&](int64_t i0, int64_t i1) { k.attention(a, i0, i1); }, (items + threads - 1) / threads);
+  const int64_t rows = B * T * H;
+  parallel_chunks(rows, (8192 + D - 1) / D, [&](int64_t r0, int64_t r1) { k.attention_merge(a, r0, r1); });
+}
+
+}  // namespace decodescope::cpu

@@ -1,0 +1,81 @@
+// The row-wise ops over a SIMD vocabulary S: rmsnorm (with the residual add fused in), silu(gate) * up
+// and rotary embedding. Recipes of engine/ops/ref.py in fp32; torch-free.
+#pragma once
+
+#include <cmath>
+
+#include "kernels.h"
+
+namespace decodescope::cpu {
+namespace {
+
+template <class S>
+struct Rowwise {
+  using F = typename S::F;
+
+  static F load(const float* p, int left) { return left >= 16 ? S::load(p) : S::load_n(p, left); }
+  static void store(float* p, F v, int left) {
+    if (left >= 16) S::store(p, v);
+    else S::store_n(p, v, left);
+  }
+
+  // y = (x * rsqrt(mean(x^2) + eps)) * w. With a residual: residual += x first (rounded to fp32, as the
+  // unfused add would), and the norm reads the sum. out may alias x: each chunk is read before written.
+  static void norm(const NormArgs& a, int64_t r0, int64_t r1) {
+    const int n = a.hidden;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = a.x + r * n;
+      float* res = a.residual ? a.residual + r * n : nullptr;
+      F ss = S::zero();
+      for (int i = 0; i < n; i += 16) {
+        F v = load(x + i, n - i);
+        if (res) {
+          v = S::add(load(res + i, n - i), v);
+          store(res + i, v, n - i);
+        }
+        ss = S::fma(v, v, ss);
+      }
+      const F inv = S::set1(1.f / std::sqrt(S::reduce_add(ss) / static_cast<float>(n) + a.eps));
+      const float* src = res ? res : x;
+      float* y = a.out + r * n;
+      for (int i = 0; i < n; i += 16)
+        store(y + i, S::mul(S::mul(load(src + i, n - i), inv), load(a.w + i, n - i)), n - i);
+    }
+  }
+
+  // silu(g) * u = g / (1 + e^-g) * u.
+  static void silu_mul(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1) {
+    const F one = S::set1(1.f);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* g = gate_up + r * 2 * inter;
+      float* y = out + r * inter;
+      for (int i = 0; i < inter; i += 16) {
+        const F gv = load(g + i, inter - i), uv = load(g + inter + i, inter - i);
+        const F e = S::exp(S::sub(S::zero(), gv));
+        store(y + i, S::mul(S::div(gv, S::add(one, e)), uv), inter - i);
+      }
+    }
+  }
+
+  // HF half rotation: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) over the two halves of each head.
+  static void rope(const RopeArgs& a, int64_t t0, int64_t t1) {
+    const int half = a.head_dim / 2;
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* c = a.cos + a.pos[t] * half;
+      const float* s = a.sin + a.pos[t] * half;
+      for (int h = 0; h < a.n_heads + a.n_kv_heads; ++h) {
+        float* row = h < a.n_heads ? a.q + t * a.q_stride + h * a.head_dim
+                                   : a.k + t * a.k_stride + (h - a.n_heads) * a.head_dim;
+        for (int i = 0; i < half; i += 16) {
+          const F x1 = load(row + i, half - i), x2 = load(row + half + i, half - i);
+          const F cv = load(c + i, half - i), sv = load(s + i, half - i);
+          store(row + i, S::fnma(x2, sv, S::mul(x1, cv)), half - i);
+          store(row + half + i, S::fma(x1, sv, S::mul(x2, cv)), half - i);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+}  // namespace decodescope::cpu

@@ -1,0 +1,90 @@
+"""engine/weights.py: the canonical blocks and the CPU panel layout packed from them.
+
+The panel packers are pure reshapes, so a round trip must be exact, and the layout is checked element by
+element against its definition (the one csrc/cpu/gemm.h reads)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import weights as W
+
+SHAPES = [(1, 32), (15, 100), (16, 64), (17, 576), (769, 100), (40, 1536)]  # (out, in)
+
+
+def blocks(fmt: str, out: int, n_in: int, seed: int = 0) -> W.Blocks:
+    g = torch.Generator().manual_seed(seed + out * 7 + n_in)
+    return W.quantize(torch.randn(out, n_in, generator=g), fmt)
+
+
+def same_blocks(a: W.Blocks, b: W.Blocks) -> None:
+    assert (a.fmt, a.out_features, a.in_features) == (b.fmt, b.out_features, b.in_features)
+    for x, y in ((a.q, b.q), (a.d, b.d), (a.m, b.m)):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+@pytest.mark.parametrize("fmt", W.PANEL_FORMATS)
+@pytest.mark.parametrize("out,n_in", SHAPES)
+def test_panels_round_trip(fmt, out, n_in):
+    b = blocks(fmt, out, n_in)
+    panels = W.to_panels(b)
+    assert all(t.is_contiguous() for t in panels)
+    same_blocks(W.from_panels(fmt, out, n_in, *panels), b)
+
+
+@pytest.mark.parametrize("out,n_in", [(17, 100), (33, 64)])
+def test_panel_layout_matches_its_definition(out, n_in):
+    P, nb = -(-out // 16), -(-n_in // 32)
+    dense = blocks("fp32", out, n_in)
+    (w,) = W.to_panels(dense)
+    assert w.shape == (P, n_in, 16)
+    for o, i in [(0, 0), (16, n_in - 1), (out - 1, 3)]:
+        assert w[o // 16, i, o % 16] == dense.q[o, i]
+
+    q8 = blocks("int8", out, n_in)
+    qs, d = W.to_panels(q8)
+    assert qs.shape == (P, nb, 8, 16, 4) and qs.dtype == torch.uint8 and d.shape == (P, nb, 16)
+    for o, i in [(0, 0), (16, 37), (out - 1, n_in - 1)]:
+        assert int(qs[o // 16, i // 32, i % 32 // 4, o % 16, i % 4]) == int(q8.q[o, i]) + 128
+        assert d[o // 16, i // 32, o % 16] == q8.d[o, i // 32]
+
+    q4 = blocks("q4", out, n_in)
+    qs, d, m = W.to_panels(q4)
+    assert qs.shape == (P, nb, 16, 16) and d.shape == m.shape == (P, nb, 16)
+    for o, i in [(0, 0), (16, 37), (out - 1, n_in - 1)]:
+        byte = int(qs[o // 16, i // 32, i % 32 // 2, o % 16])
+        assert (byte >> 4 * (i % 2)) & 0xF == int(q4.q[o, i])
+        assert m[o // 16, i // 32, o % 16] == q4.m[o, i // 32]
+
+
+@pytest.mark.parametrize("fmt", W.PANEL_FORMATS)
+def test_padded_outputs_are_zero(fmt):
+    panels = W.to_panels(blocks(fmt, 17, 64))
+    last = [t[-1] for t in panels]  # the panel holding output 16 and 15 padded ones
+    if fmt in ("fp32", "fp16"):
+        assert not last[0][:, 1:].any()
+    else:  # zero scales (and mins): whatever the codes, the padded weights are 0
+        assert all(not t[:, 1:].any() for t in last[1:])
+
+
+def test_bf16_and_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="no panel layout for 'bf16'"):
+        W.to_panels(blocks("bf16", 16, 32))
+    qs, d = W.to_panels(blocks("int8", 17, 64))
+    bad = r"int8 panels for \[17, 96\] must be \[2, 3, 8, 16, 4\], got \[2, 2, 8, 16, 4\]"
+    with pytest.raises(ValueError, match=bad):
+        W.from_panels("int8", 17, 96, qs, d)
+    with pytest.raises(ValueError, match="int8 panels are 2 tensor"):
+        W.from_panels("int8", 17, 64, qs)
+    with pytest.raises(ValueError, match=r"scales for \[17, 64\] must be \[2, 2, 16\], got \[2, 16, 2\]"):
+        W.from_panels("int8", 17, 64, qs, d.transpose(1, 2))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4"])
+def test_quantize_then_dequantize_is_close(fmt):
+    w = torch.randn(40, 100, generator=torch.Generator().manual_seed(3))
+    b = W.quantize(w, fmt)
+    step = (w.abs().max() / 127) if fmt == "int8" else ((w.max() - w.min()) / 15)
+    assert (W.dequantize(b) - w).abs().max() <= step  # half a step of rounding plus fp16 scale rounding
