@@ -12,6 +12,9 @@ import ctypes
 import os
 import statistics
 import time
+import json
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,7 +68,24 @@ def model_file(q4_file: Path, fmt: str) -> Path:
 
 
 def time_decode(path: Path, prompt: list[int], new_tokens: int, threads: int, repeats: int = 3) -> dict:
-    """Best-of-repeats TTFT and the median ms per greedy step, and the greedy ids."""
+    """Best-of-repeats TTFT and the median ms per greedy step, and the greedy ids, timed in a process of its
+    own. llama.cpp's OpenMP threads spin between ops; importing decodescope sets OMP_WAIT_POLICY=PASSIVE for
+    torch (engine/__init__.py), and in the same process that made llama.cpp 2.5x slower (Q4_1: 44 against
+    111 tok/s on the 2-core box). The child gets the environment the caller had before that default."""
+    from engine import USER_OMP_WAIT_POLICY
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if USER_OMP_WAIT_POLICY is not None:
+        env["OMP_WAIT_POLICY"] = USER_OMP_WAIT_POLICY
+    job = json.dumps(dict(path=str(path), prompt=prompt, new_tokens=new_tokens, threads=threads, repeats=repeats))
+    done = subprocess.run([sys.executable, "-m", "bench.llamacpp"], input=job, capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).resolve().parent.parent, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"timing {path.name} with llama.cpp failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _time_here(path: Path, prompt: list[int], new_tokens: int, threads: int, repeats: int) -> dict:
     import llama_cpp
 
     with quiet_stderr():
@@ -92,3 +112,8 @@ def time_decode(path: Path, prompt: list[int], new_tokens: int, threads: int, re
     ms = min(steps)
     return dict(ttft_ms=min(ttfts), ms_per_token=ms, tok_s=1e3 / ms, ids=ids,
                 file=f"{path.name} ({path.stat().st_size / 1e6:.0f} MB)")
+
+
+if __name__ == "__main__":  # the child of time_decode: one job as JSON on stdin, the result as JSON on stdout
+    job = json.loads(sys.stdin.read())
+    print(json.dumps(_time_here(Path(job["path"]), job["prompt"], job["new_tokens"], job["threads"], job["repeats"])))

@@ -6,6 +6,7 @@ import os
 # ATen's elementwise ops, two thread pools on the same cores, so each spins while the other needs the core:
 # a SmolLM2 step on 2 cores took 100-250 ms spinning and ~60 ms with passive waits. It only takes effect
 # when engine is imported before torch, which is why the entry points import engine first.
+USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # what the user set, if anything
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from engine import graphs, speculative  # noqa: E402
