@@ -9,6 +9,8 @@ advanced the cache's length by T, see Engine._forward):
   prefill  causal attention over the prompt itself (SDPA); the cache held nothing before it.
   cached   T queries per row against the cache: a decode step (T = 1) or a verify pass (T = k + 1),
            ops.attention (the fused kernel where it runs), optionally windowed with attention sinks.
+           With the CPU kernels the blocks of this path run in one native call (ops.blocks): the same
+           kernels in the same order as Block.forward, without Python between them.
 The residual stream goes through add+rmsnorm, so a block is attn -> (add + norm) -> mlp -> (add + norm)
 and the norm of the next block (or the final norm) is fused into this block's last add.
 """
@@ -198,6 +200,13 @@ class Transformer(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(x).float()
 
+    def native_blocks(self, s: ForwardContext) -> bool:
+        """Whether this forward runs its blocks in one native call (the CPU kernels' ops.blocks): decode
+        steps and verify passes whose positions the host knows, unless something hooks a block (layer-skip
+        calibration, the profiler's per-block scopes on the Python path), which needs Block.forward to run."""
+        return (self.ops.blocks is not None and s.mode == "cached" and s.start is not None
+                and not any(b._forward_hooks or b._forward_pre_hooks for b in self.layers))
+
     def forward(self, tokens: torch.Tensor, cache: KVCache, mode: str, kv_limit: int | None = None,
                 last_only: bool = False, window: int = 0, sinks: int = 0, start: int | None = None) -> torch.Tensor:
         """tokens: [B, T] -> float32 logits [B, T, V] ([B, V] with last_only). The cache's length already
@@ -210,8 +219,11 @@ class Transformer(nn.Module):
         layers = self.layers
         h = self.embed_tokens(tokens)  # residual stream: [N, C]
         x = self.ops.rmsnorm(h, layers[0].attn_norm.weight, self.config.rms_eps)
-        for i, block in enumerate(layers):
-            x = block(x, h, layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm, s)
+        if self.native_blocks(s):
+            x = self.ops.blocks(self, x, h, s)  # the loop below, in one native call
+        else:
+            for i, block in enumerate(layers):
+                x = block(x, h, layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm, s)
         x = x.view(B, T, -1)
         x = x[:, -1] if last_only else x.reshape(B * T, -1)
         return self.head(x).view(B, -1) if last_only else self.head(x).view(B, T, -1)

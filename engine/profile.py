@@ -118,6 +118,10 @@ def scopes(model, cache=None):
     (an index_put, or a slice copy where the host knows the positions); a projection is classed by its op's
     name (aten's matmul family, or the kernels' decodescope::linear_<format>).
 
+    With the CPU kernels the blocks run in one native call that records the same layer scopes and the
+    KV write itself (csrc/cpu/ops_blocks.cpp), so the blocks are not hooked: a hook would force the Python
+    loop and profile a path the engine does not run.
+
     Each hooked module call costs ~10 us of Python on our 2-core box, so the 4 projections of every Block
     are left unhooked. model.ops is swapped without use_ops: the version a captured graph checks stays put
     (a replay runs no Python, so graphs see no scopes either way)."""
@@ -135,8 +139,9 @@ def scopes(model, cache=None):
         handles.extend((module.register_forward_pre_hook(pre), module.register_forward_hook(post)))
 
     hook(model, MODEL)
-    for i, block in enumerate(model.layers):
-        hook(block, f"{LAYER}{i}")
+    if model.ops.blocks is None:  # the native block loop (CPU kernels) records its own layer scopes
+        for i, block in enumerate(model.layers):
+            hook(block, f"{LAYER}{i}")
     saved = model.ops
     model.ops = scoped_ops(saved)
     if cache is not None:  # an instance attribute shadows the method while profiling; del restores it

@@ -30,4 +30,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("qs"), py::arg("d"));
   m.def("linear_q4", &c::linear_q4, "out = x @ W^T, W Q4_1 panels, fp32 activations", py::arg("out"), py::arg("x"),
         py::arg("qs"), py::arg("d"), py::arg("m"));
+  m.def("blocks", &c::blocks, "the transformer blocks of a cached forward in one call", py::arg("x"), py::arg("h"),
+        py::arg("layers"), py::arg("formats"), py::arg("positions"), py::arg("cos"), py::arg("sin"),
+        py::arg("seq_lens"), py::arg("batch"), py::arg("start"), py::arg("kv_limit"), py::arg("n_heads"),
+        py::arg("n_kv_heads"), py::arg("intermediate"), py::arg("eps"), py::arg("scale"), py::arg("window"),
+        py::arg("sinks"));
 }

@@ -24,6 +24,9 @@ class OpSet:
     attention: Callable  # T queries per row against the cache, ref.attention's signature
     layout: str  # the weight layout its matmuls stream (engine/weights.py LAYOUTS)
     linear: dict[str, Callable]  # weight format -> matmul(x [N, in], *packed tensors) -> [N, out]
+    # every block of a cached forward in one native call, (model, x, h, ForwardContext) -> x; None: the
+    # blocks run one by one in Python (engine/model.py)
+    blocks: Callable | None = None
 
 
 DENSE_MATMULS = dict(fp32=ref.matmul_t, fp16=ref.matmul_t, bf16=ref.matmul_t)

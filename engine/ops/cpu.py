@@ -13,6 +13,7 @@ import torch
 from engine.weights import Packed
 
 KERNELS = {"fp32": "linear_f32", "fp16": "linear_f16", "int8": "linear_int8", "q8": "linear_q8", "q4": "linear_q4"}
+FORMAT_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "q8": 3, "q4": 4}  # csrc/cpu/ops_blocks.cpp's codes
 
 
 class CpuOps:
@@ -56,8 +57,32 @@ class CpuOps:
         return matmul
 
 
+    def blocks(self, model, x: torch.Tensor, h: torch.Tensor, s) -> torch.Tensor:
+        """Block.forward of every block of `model` in one native call (csrc/cpu/ops_blocks.cpp): the same
+        kernels in the same order, so the same numbers. x = attn_norm_0(h) [N, C]; h is updated in place, as
+        the blocks do; returns the final norm of h. `s` is the forward's ForwardContext (cached mode, start
+        known on the host)."""
+        cfg, blocks = model.config, model.layers
+        layers, formats = [], []
+        for i, b in enumerate(blocks):
+            next_norm = blocks[i + 1].attn_norm if i + 1 < len(blocks) else model.norm
+            bias = b.attn.wqkv.bias
+            row = [b.mlp_norm.weight, next_norm.weight, s.cache.layer_k[b.attn.layer], s.cache.layer_v[b.attn.layer],
+                   self.no_bias if bias is None else bias]
+            for lin in (b.attn.wqkv, b.attn.wo, b.mlp.w_gate_up, b.mlp.w_down):
+                row.extend(lin.weight.tensors)
+                formats.append(FORMAT_CODES[lin.weight.fmt])
+            layers.append(row)
+        return self.module.blocks(x, h, layers, formats, s.flat_positions, s.cos, s.sin, s.cache.seq_lens, s.B,
+                                  s.start, s.kv_limit, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size,
+                                  float(cfg.rms_eps), float(blocks[0].attn.scale), int(s.window), int(s.sinks))
+
+    no_bias = torch.empty(0)
+
+
 def ops(module: ModuleType) -> dict:
     """The OpSet fields the CPU kernels fill, bound to one CpuOps."""
     c = CpuOps(module)
     return dict(rmsnorm=c.rmsnorm, add_rmsnorm=c.add_rmsnorm, rope_=c.rope_, silu_mul=c.silu_mul,
-                attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in KERNELS})
+                attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in KERNELS},
+                blocks=c.blocks)
