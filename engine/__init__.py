@@ -8,6 +8,10 @@ import os
 # when engine is imported before torch, which is why the entry points import engine first.
 USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # what the user set, if anything
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Tensors of 2 MB and more on transparent huge pages (torch's CPU allocator reads this): a decode step
+# streams every weight once, and with 4 KB pages each page costs a TLB miss and restarts the hardware
+# prefetcher. The default model's fp32 step on the 2-core box: 19.4 -> 18.3 ms.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from engine import graphs, speculative  # noqa: E402
 from engine.engine import Engine  # noqa: E402

@@ -90,13 +90,41 @@ def test_a_hooked_block_runs_in_python():
 def test_bad_input_is_named():
     module = ext.load("cpu").module
     model = random_model(tiny_config(), weights="fp32", seed=6)
-    h = torch.zeros(1, model.config.hidden_size)
+    cache = KVCache(model.config, 1, 16, torch.float32, "cpu")
+    norm, bias = model.norm.weight, torch.empty(0)
+    w = [t for lin in (model.layers[0].attn.wqkv, model.layers[0].attn.wo, model.layers[0].mlp.w_gate_up,
+                       model.layers[0].mlp.w_down) for t in lin.weight.tensors]
+    good = [norm, norm, cache.layer_k[0], cache.layer_v[0], bias, *w]
+    cfg = model.config
+    args = (cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, 1e-5, 0.25)
     with pytest.raises(RuntimeError, match="formats must hold 4 codes per layer"):
-        module.blocks(h, h, [[]], [0], torch.zeros(1, dtype=torch.long), torch.zeros(1, 8),
-                      torch.zeros(1, 8), torch.ones(1, dtype=torch.int32), 1, 0, 8, 4, 2, 160, 1e-5, 0.25, 0, 0)
+        module.BlockPlan([good], [0], *args)
     with pytest.raises(RuntimeError, match="must list 9 tensors"):
-        module.blocks(h, h, [[h]], [0, 0, 0, 0], torch.zeros(1, dtype=torch.long), torch.zeros(1, 8),
-                      torch.zeros(1, 8), torch.ones(1, dtype=torch.int32), 1, 0, 8, 4, 2, 160, 1e-5, 0.25, 0, 0)
+        module.BlockPlan([good[:6]], [0, 0, 0, 0], *args)
     with pytest.raises(RuntimeError, match="unknown weight format code 7"):
-        module.blocks(h, h, [[h]], [7, 0, 0, 0], torch.zeros(1, dtype=torch.long), torch.zeros(1, 8),
-                      torch.zeros(1, 8), torch.ones(1, dtype=torch.int32), 1, 0, 8, 4, 2, 160, 1e-5, 0.25, 0, 0)
+        module.BlockPlan([good], [7, 0, 0, 0], *args)
+    with pytest.raises(RuntimeError, match="k_cache and v_cache must be"):
+        module.BlockPlan([[norm, norm, cache.layer_k[0], cache.layer_v[0][:, :, :8], bias, *w]], [0] * 4, *args)
+    plan = module.BlockPlan([good], [0] * 4, *args)
+    h = torch.zeros(1, cfg.hidden_size)
+    model.ensure_rope(16)
+    with pytest.raises(RuntimeError, match="must lie below kv_limit = 20, at most the cache's 16"):
+        plan.run(h, h, torch.zeros(1, dtype=torch.long), model.cos, model.sin, cache.seq_lens, 3, 20, 0, 0)
+
+
+def test_a_plan_lives_with_its_cache():
+    import gc
+
+    model = random_model(tiny_config(), weights="fp32", seed=7)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
+    run(model, model.ops, prompt[:, :1], prompt)
+    gc.collect()
+    assert len(model._block_plans) == 0  # run()'s cache is gone, and its plan with it
+    eng = Engine(model, max_seq_len=32)
+    eng.generate(prompt[0].tolist(), 3)
+    assert list(model._block_plans) == [eng.cache]
+    version = model.version
+    model.ensure_rope(4096)  # a new version: the next forward plans again
+    assert model.version != version
+    eng.generate(prompt[0].tolist(), 3)
+    assert model._block_plans[eng.cache][0] == model.version

@@ -30,9 +30,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("qs"), py::arg("d"));
   m.def("linear_q4", &c::linear_q4, "out = x @ W^T, W Q4_1 panels, fp32 activations", py::arg("out"), py::arg("x"),
         py::arg("qs"), py::arg("d"), py::arg("m"));
-  m.def("blocks", &c::blocks, "the transformer blocks of a cached forward in one call", py::arg("x"), py::arg("h"),
-        py::arg("layers"), py::arg("formats"), py::arg("positions"), py::arg("cos"), py::arg("sin"),
-        py::arg("seq_lens"), py::arg("batch"), py::arg("start"), py::arg("kv_limit"), py::arg("n_heads"),
-        py::arg("n_kv_heads"), py::arg("intermediate"), py::arg("eps"), py::arg("scale"), py::arg("window"),
-        py::arg("sinks"));
+  py::class_<c::BlockPlan>(m, "BlockPlan", "the transformer blocks of a cached forward, planned for one call")
+      .def(py::init<std::vector<std::vector<at::Tensor>>, std::vector<int64_t>, int64_t, int64_t, int64_t, double,
+                    double>(),
+           py::arg("layers"), py::arg("formats"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("intermediate"),
+           py::arg("eps"), py::arg("scale"))
+      .def("run", &c::BlockPlan::run, "every block in one call; h updated in place, the final norm returned",
+           py::arg("x"), py::arg("h"), py::arg("positions"), py::arg("cos"), py::arg("sin"), py::arg("seq_lens"),
+           py::arg("start"), py::arg("kv_limit"), py::arg("window"), py::arg("sinks"));
 }

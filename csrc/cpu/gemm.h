@@ -25,9 +25,10 @@ namespace {
 // Software prefetch of the weight stream, kPrefetch bytes ahead, into L2 (prefetcht1). A tile with two or
 // more rows is compute-bound per panel (T FMAs per weight load), and without it the core stops issuing
 // loads while it computes: the hardware prefetcher alone let a 6-row f16 step take 30 ms on one core
-// against 16.9 ms with it (8 KB ahead; 1, 2 and 4 KB ahead and prefetcht0 all did worse). A 1-row dense
-// tile streams fast enough on the hardware prefetcher, and the extra load-port work cost it ~5-10%; q4
-// unpacks nibbles, so even its 1-row tile has the slack and gains a little.
+// against 16.9 ms with it (8 KB ahead; 1, 2 and 4 KB ahead and prefetcht0 all did worse). 1-row tiles gain
+// too, measured in whole decode steps of the default model (a kernel timed alone in a loop finds part of
+// its weights still in L3): int8 7.0-7.5 -> 6.2 ms, fp32 19.0-19.4 -> 18.0-18.8 ms, fp16 and q4 a little;
+// the hardware prefetcher stops at each 4 KB page, the software one runs on across it.
 constexpr int kPrefetch = 8192;
 inline void prefetch(const void* p, int ahead = kPrefetch) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 2);
@@ -76,7 +77,7 @@ struct Gemm {
     for (; i + C <= a.in; i += C) {
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
-        if constexpr (R >= 2) prefetch(w + (i + c) * kPanel);
+        prefetch(w + (i + c) * kPanel);
         const F wv = load(w + (i + c) * kPanel);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) acc[c][r] = S::fma(wv, S::set1(x[r * a.ldx + i + c]), acc[c][r]);
@@ -154,10 +155,10 @@ struct Gemm {
       I acc[R];
       for (int r = 0; r < R; ++r) acc[r] = S::q8_init(S::kQ8Offset ? a.qoff[(r0 + r) * a.nb + b] : 0);
       const uint8_t* qb = qs + b * kBlock * kPanel;
-      if constexpr (R >= 2) prefetch(d + b * kPanel, kPrefetch / 16);  // scales: 1/16 of the bytes' pace
+      prefetch(d + b * kPanel, kPrefetch / 16);  // scales: 1/16 of the bytes' pace
 #pragma GCC unroll 8
       for (int g = 0; g < kBlock / 4; ++g) {
-        if constexpr (R >= 2) prefetch(qb + g * 4 * kPanel);
+        prefetch(qb + g * 4 * kPanel);
         const typename S::Q8W w = S::q8_load(qb + g * 4 * kPanel);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {

@@ -42,17 +42,27 @@ void linear_q8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const
 // qs: [P, nb, 16, 16] uint8 nibble pairs; d, m: [P, nb, 16] fp16. fp32 activations.
 void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m);
 
-// The blocks of a cached forward in one call (ops_blocks.cpp): x = attn_norm_0(h) [N = B*T, C] in, the
-// last block's output (the final norm of h) out; h, the residual stream, updated in place. layers[i]:
-// mlp_norm, the next norm (the final norm after the last block), k_cache and v_cache [B, Hkv, S, D], the
-// qkv bias (or an empty tensor), then the packed tensors of qkv, o, gate_up and down, whose weight format
-// codes (fp32 0, fp16 1, int8 2, q8 3, q4 4) are formats[4i..4i+3]. The new K/V go to positions
-// start..start+T-1 of every row; attention reads keys below kv_limit.
-at::Tensor blocks(const at::Tensor& x, at::Tensor& h, const std::vector<std::vector<at::Tensor>>& layers,
-                  const std::vector<int64_t>& formats, const at::Tensor& positions, const at::Tensor& cos,
-                  const at::Tensor& sin, const at::Tensor& seq_lens, int64_t batch, int64_t start, int64_t kv_limit,
-                  int64_t n_heads, int64_t n_kv_heads, int64_t intermediate, double eps, double scale,
-                  int64_t window, int64_t sinks);
+// The blocks of a cached forward in one call (ops_blocks.cpp), planned once per model and KV cache.
+// layers[i]: mlp_norm, the next norm (the final norm after the last block), k_cache and v_cache
+// [B, Hkv, S, D], the qkv bias (or an empty tensor), then the packed tensors of qkv, o, gate_up and down,
+// whose weight format codes (fp32 0, fp16 1, int8 2, q8 3, q4 4) are formats[4i..4i+3].
+class BlockPlan {
+ public:
+  BlockPlan(std::vector<std::vector<at::Tensor>> layers, std::vector<int64_t> formats, int64_t n_heads,
+            int64_t n_kv_heads, int64_t intermediate, double eps, double scale);
+  // x = attn_norm_0(h) [N = B*T, C] in; the last block's output (the final norm of h) out; h, the residual
+  // stream, updated in place. The new K/V go to positions start..start+T-1 of every row (positions: [N]);
+  // attention reads keys below kv_limit, windowed as attention() says.
+  at::Tensor run(const at::Tensor& x, at::Tensor& h, const at::Tensor& positions, const at::Tensor& cos,
+                 const at::Tensor& sin, const at::Tensor& seq_lens, int64_t start, int64_t kv_limit, int64_t window,
+                 int64_t sinks) const;
+
+ private:
+  std::vector<std::vector<at::Tensor>> layers_;
+  std::vector<int64_t> formats_;
+  int64_t n_heads_, n_kv_heads_, intermediate_, batch_ = 0, max_len_ = 0, head_dim_ = 0;
+  double eps_, scale_;
+};
 
 std::string isa();          // the kernel table in use, e.g. "avx512 (vnni)"
 std::string unsupported();  // "" when this CPU can run the kernels, else what it lacks

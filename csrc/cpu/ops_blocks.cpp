@@ -48,47 +48,64 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, con
 
 }  // namespace
 
-at::Tensor blocks(const at::Tensor& x_in, at::Tensor& h, const std::vector<std::vector<at::Tensor>>& layers,
-                  const std::vector<int64_t>& formats, const at::Tensor& positions, const at::Tensor& cos,
-                  const at::Tensor& sin, const at::Tensor& seq_lens, int64_t batch, int64_t start, int64_t kv_limit,
-                  int64_t n_heads, int64_t n_kv_heads, int64_t intermediate, double eps, double scale, int64_t window, int64_t sinks) {
+BlockPlan::BlockPlan(std::vector<std::vector<at::Tensor>> layers, std::vector<int64_t> formats, int64_t n_heads,
+                     int64_t n_kv_heads, int64_t intermediate, double eps, double scale)
+    : layers_(std::move(layers)), formats_(std::move(formats)), n_heads_(n_heads), n_kv_heads_(n_kv_heads),
+      intermediate_(intermediate), eps_(eps), scale_(scale) {
+  TORCH_CHECK(!layers_.empty(), "layers must list at least one block");
+  TORCH_CHECK(formats_.size() == 4 * layers_.size(), "formats must hold 4 codes per layer (qkv, o, gate_up, down): ",
+              4 * layers_.size(), " for ", layers_.size(), " layers, got ", formats_.size());
+  TORCH_CHECK(intermediate > 0, "intermediate = ", intermediate, " must be positive");
+  TORCH_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_heads = ", n_heads,
+              " must be a multiple of n_kv_heads = ", n_kv_heads);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::vector<at::Tensor>& L = layers_[i];
+    size_t want = 5;
+    for (int j = 0; j < 4; ++j) {
+      const int64_t f = formats_[4 * i + j];
+      TORCH_CHECK(f >= 0 && f < kFormats, "layer ", i, ": unknown weight format code ", f);
+      want += kTensorsPerFormat[f];
+    }
+    TORCH_CHECK(L.size() == want, "layer ", i, " must list ", want, " tensors (mlp_norm, next_norm, k_cache, ",
+                "v_cache, qkv bias or an empty tensor, then each projection's packed tensors), got ", L.size());
+    const at::Tensor &k_cache = L[2], &v_cache = L[3];
+    check_cpu(k_cache, "k_cache");
+    check_dtype(k_cache, "k_cache", at::kFloat);
+    check_dtype(v_cache, "v_cache", at::kFloat);
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(1) == n_kv_heads && k_cache.stride(3) == 1 &&
+                    v_cache.sizes() == k_cache.sizes() && v_cache.strides() == k_cache.strides() &&
+                    k_cache.sizes() == layers_[0][2].sizes(),
+                "layer ", i, ": k_cache and v_cache must be [B, Hkv = ", n_kv_heads, ", S, D] alike in every layer, got ",
+                k_cache.sizes(), " and ", v_cache.sizes());
+  }
+  batch_ = layers_[0][2].size(0);
+  max_len_ = layers_[0][2].size(2);
+  head_dim_ = layers_[0][2].size(3);
+}
+
+at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tensor& positions, const at::Tensor& cos,
+                          const at::Tensor& sin, const at::Tensor& seq_lens, int64_t start, int64_t kv_limit,
+                          int64_t window, int64_t sinks) const {
   check_cpu(h, "h");
   check_dtype(h, "h", at::kFloat);
   check_dense(h, "h");
   TORCH_CHECK(x_in.sizes() == h.sizes(), "x must be shaped like h ", h.sizes(), ", got ", x_in.sizes());
-  TORCH_CHECK(formats.size() == 4 * layers.size(), "formats must hold 4 codes per layer (qkv, o, gate_up, down): ",
-              4 * layers.size(), " for ", layers.size(), " layers, got ", formats.size());
-  const int64_t N = h.size(0), C = h.size(1);
-  TORCH_CHECK(batch > 0 && N % batch == 0, "batch = ", batch, " must divide the ", N, " rows of h");
+  const int64_t N = h.size(0), C = h.size(1), batch = batch_, D = head_dim_;
+  TORCH_CHECK(N % batch == 0, "the cache's batch ", batch, " must divide the ", N, " rows of h");
   const int64_t T = N / batch;
-  TORCH_CHECK(start >= 0 && kv_limit >= start + T, "the new positions ", start, "..", start + T - 1,
-              " must lie below kv_limit = ", kv_limit);
-  TORCH_CHECK(intermediate > 0, "intermediate = ", intermediate, " must be positive");
-  TORCH_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_heads = ", n_heads,
-              " must be a multiple of n_kv_heads = ", n_kv_heads);
+  TORCH_CHECK(start >= 0 && kv_limit >= start + T && kv_limit <= max_len_, "the new positions ", start, "..",
+              start + T - 1, " must lie below kv_limit = ", kv_limit, ", at most the cache's ", max_len_);
+  const int64_t n_heads = n_heads_, n_kv_heads = n_kv_heads_, intermediate = intermediate_;
+  const int64_t Q = n_heads * D, KV = n_kv_heads * D;
+  const double eps = eps_, scale = scale_;
   const auto f32 = h.options();
   at::Tensor x = x_in.clone(at::MemoryFormat::Contiguous), next = at::empty_like(h), y, y_flat, qkv, o, gate_up, act;
-  for (size_t i = 0; i < layers.size(); ++i) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
     RECORD_FUNCTION("decodescope/layer." + std::to_string(i), std::vector<c10::IValue>());
-    const std::vector<at::Tensor>& L = layers[i];
-    const int64_t* fmt = &formats[4 * i];
-    size_t want = 5;
-    for (int j = 0; j < 4; ++j) {
-      TORCH_CHECK(fmt[j] >= 0 && fmt[j] < kFormats, "layer ", i, ": unknown weight format code ", fmt[j]);
-      want += kTensorsPerFormat[fmt[j]];
-    }
-    TORCH_CHECK(L.size() == want, "layer ", i, " must list ", want, " tensors (mlp_norm, next_norm, k_cache, ",
-                "v_cache, qkv bias or an empty tensor, then each projection's packed tensors), got ", L.size());
+    const std::vector<at::Tensor>& L = layers_[i];
+    const int64_t* fmt = &formats_[4 * i];
     const at::Tensor &mlp_norm = L[0], &next_norm = L[1], &bias = L[4];
     at::Tensor k_cache = L[2], v_cache = L[3];
-    check_dtype(k_cache, "k_cache", at::kFloat);
-    check_dtype(v_cache, "v_cache", at::kFloat);
-    TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == batch && k_cache.size(1) == n_kv_heads &&
-                    k_cache.size(2) >= kv_limit && k_cache.stride(3) == 1 && v_cache.sizes() == k_cache.sizes() &&
-                    v_cache.strides() == k_cache.strides(),
-                "layer ", i, ": k_cache and v_cache must be [B, Hkv, S >= kv_limit, D] alike, got ",
-                k_cache.sizes(), " and ", v_cache.sizes());
-    const int64_t D = k_cache.size(3), Q = n_heads * D, KV = n_kv_heads * D;
     const at::Tensor* w = &L[5];
     auto project = [&](int j, at::Tensor& out, const at::Tensor& in, int64_t n_out) {
       if (!out.defined() || out.size(1) != n_out) out = at::empty({N, n_out}, f32);

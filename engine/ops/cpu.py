@@ -6,6 +6,7 @@ is what engine.ops.select builds the CPU OpSet from.
 """
 from __future__ import annotations
 
+import weakref
 from types import ModuleType
 
 import torch
@@ -62,20 +63,32 @@ class CpuOps:
         kernels in the same order, so the same numbers. x = attn_norm_0(h) [N, C]; h is updated in place, as
         the blocks do; returns the final norm of h. `s` is the forward's ForwardContext (cached mode, start
         known on the host)."""
+        return self.plan(model, s.cache).run(x, h, s.flat_positions, s.cos, s.sin, s.cache.seq_lens, s.start,
+                                             s.kv_limit, int(s.window), int(s.sinks))
+
+    def plan(self, model, cache):
+        """The native BlockPlan of (model, cache): its weights and KV layers gathered once, kept on the model
+        per cache (weakly: a plan goes with its cache) until the model changes (version: use_ops repacks
+        the weights, ensure_rope replaces the tables)."""
+        plans = model.__dict__.setdefault("_block_plans", weakref.WeakKeyDictionary())
+        saved = plans.get(cache)
+        if saved is not None and saved[0] == model.version:
+            return saved[1]
         cfg, blocks = model.config, model.layers
         layers, formats = [], []
         for i, b in enumerate(blocks):
             next_norm = blocks[i + 1].attn_norm if i + 1 < len(blocks) else model.norm
             bias = b.attn.wqkv.bias
-            row = [b.mlp_norm.weight, next_norm.weight, s.cache.layer_k[b.attn.layer], s.cache.layer_v[b.attn.layer],
+            row = [b.mlp_norm.weight, next_norm.weight, cache.layer_k[b.attn.layer], cache.layer_v[b.attn.layer],
                    self.no_bias if bias is None else bias]
             for lin in (b.attn.wqkv, b.attn.wo, b.mlp.w_gate_up, b.mlp.w_down):
                 row.extend(lin.weight.tensors)
                 formats.append(FORMAT_CODES[lin.weight.fmt])
             layers.append(row)
-        return self.module.blocks(x, h, layers, formats, s.flat_positions, s.cos, s.sin, s.cache.seq_lens, s.B,
-                                  s.start, s.kv_limit, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size,
-                                  float(cfg.rms_eps), float(blocks[0].attn.scale), int(s.window), int(s.sinks))
+        plan = self.module.BlockPlan(layers, formats, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size,
+                                     float(cfg.rms_eps), float(blocks[0].attn.scale))
+        plans[cache] = (model.version, plan)
+        return plan
 
     no_bias = torch.empty(0)
 
