@@ -142,7 +142,8 @@ def projected(acceptance: list[float], draft_cost: float, verify: dict[int, floa
 def bench(args, save) -> dict:
     grid = QUICK if args.quick else FULL
     repeats = args.repeats or grid["repeats"]
-    model = load_model(None, device=args.device)
+    # the target in fp32 on a CPU: its verify pass costs about a step (q4's costs ~2.4: T FMAs per weight)
+    model = load_model(None, device=args.device, weights="fp32" if args.device == "cpu" else None)
     tok = Tokenizer(model.path)
     sets = {name: [encode(tok, p) for p in texts[: grid["prompts_per_set"]]] for name, texts in PROMPTS.items()}
     longest = max(len(p) for ps in sets.values() for p in ps)

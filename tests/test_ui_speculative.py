@@ -66,6 +66,10 @@ def test_examples_use_each_modes_best_settings(rt):
     by_mode = {row[1]: row for row in rows}
     assert set(by_mode) == {"n-gram", "self-draft", "layer-skip", "draft model"} and len(labels) == len(rows)
     assert by_mode["layer-skip"][3] == CALIBRATED and by_mode["n-gram"][2] == 8
+    assert by_mode["self-draft"][4] != rt.self_draft_format  # a target in another format than its drafts
+    for prompt, mode, k, layers, weights in rows:  # every example runs as it stands
+        rt.validate(RunSettings(mode=mode, k=k, layers=layers, weights=weights,
+                                draft_model=next(iter(rt.drafts), "")), rt.encode(prompt, False))
 
 
 def test_validate_takes_calibrated_and_needs_no_draft_slots(rt):

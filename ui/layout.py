@@ -31,12 +31,21 @@ def examples(rt: Runtime) -> tuple[list[list], list[str]]:
     """A prompt per mode where that mode does best, each at its best settings (k is the most a round drafts;
     the schedule drafts less, or not at all, where drafting does not pay on this machine): an edit whose answer
     repeats its input for n-gram lookup, prose for the model's own quantized copy or a draft model, code for
-    layer skipping over a set calibrated on the prompt."""
-    rows = [[EDIT, "n-gram", 8, CALIBRATED], [PROSE, "self-draft", 6, CALIBRATED],
-            [CODE, "layer-skip", 4, CALIBRATED]]
-    labels = ["n-gram: quote and edit", f"self-draft ({rt.self_draft_format}): prose", "layer-skip (calibrated): code"]
+    layer skipping over a set calibrated on the prompt. Rows: prompt, mode, k, layers, weights.
+
+    The weights are the target's: n-gram drafts cost nothing, so it runs the launch format (the fastest);
+    the model drafters draft for a target whose verify pass costs about one step, which on a CPU means a
+    dense format (fp32: a 6-token verify pass ~1.05 steps; q4 needs T FMAs per weight and pays ~2.4), and
+    self-draft needs a target in another format than its drafts."""
+    formats = [f for f, why in rt.formats().items() if why is None]
+    dense = next((f for f in ("fp32", "bf16", "fp16") if f in formats and f != rt.self_draft_format),
+                 rt.weight_format)
+    rows = [[EDIT, "n-gram", 8, CALIBRATED, rt.weight_format], [PROSE, "self-draft", 6, CALIBRATED, dense],
+            [CODE, "layer-skip", 4, CALIBRATED, dense]]
+    labels = ["n-gram: quote and edit", f"self-draft ({rt.self_draft_format} drafts, {dense} target): prose",
+              f"layer-skip (calibrated, {dense}): code"]
     if rt.drafts:
-        rows.append([PROSE, "draft model", 5, CALIBRATED])
+        rows.append([PROSE, "draft model", 5, CALIBRATED, rt.weight_format])
         labels.append("draft model: prose")
     available = [m for m, why in rt.modes().items() if why is None]
     keep = [i for i, row in enumerate(rows) if row[1] in available]
@@ -122,7 +131,7 @@ def build(rt: Runtime) -> gr.Blocks:
                     max_new = gr.Slider(1, max_tokens, value=min(128, max_tokens), step=1,
                                         label="max new tokens", elem_id="max-new-tokens")
         rows, labels = examples(rt)
-        gr.Examples(rows, inputs=[prompt, mode, k, layers], label="Examples", example_labels=labels)
+        gr.Examples(rows, inputs=[prompt, mode, k, layers, weights], label="Examples", example_labels=labels)
         with gr.Row():
             plot_itl = gr.Plot(label="Inter-token latency", elem_id="plot-itl")
             plot_steps = gr.Plot(label="Step timeline", elem_id="plot-steps")
