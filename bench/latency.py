@@ -65,6 +65,13 @@ def ours_decode(eng: Engine, prompt, new_tokens, repeats: int = 3) -> dict:
     return dict(ttft_ms=ttft, ms_per_token=ms, tok_s=1e3 / ms, ids=ids, verify6_over_step=verify["verify6_over_step"])
 
 
+ROUNDS = 2  # rounds of ours against llama.cpp per weight format
+
+
+def faster(best: dict | None, r: dict) -> dict:
+    return r if best is None or r["ms_per_token"] < best["ms_per_token"] else best
+
+
 def cpu_bench(args, save) -> dict:
     """One run, side by side: transformers fp32; decodescope's torch path (fp32) and fused kernels in every
     format; llama.cpp on the default model's GGUF file in the types of the same bytes per weight."""
@@ -104,13 +111,21 @@ def cpu_bench(args, save) -> dict:
     for fmt in args.formats:
         model = load_model(None, weights=fmt)
         eng = Engine(model, max_seq_len=len(prompt) + args.new_tokens + 64)
-        ids = add("decodescope", fmt, model.ops.name, model.weight_bytes, ours_decode(eng, prompt, args.new_tokens))
-        out["rows"][-1]["same_tokens_as_fp32"] = ids == ref_ids
-        del model, eng
+        path = None
         if out["llamacpp"].startswith("llama-cpp-python"):
             path = llamacpp.model_file(default_model.gguf_path(progress=lambda msg: None), fmt)
-            r = llamacpp.time_decode(path, prompt, args.new_tokens, torch.get_num_threads())
-            ids = add("llama.cpp", llamacpp.FORMATS[fmt], "ggml", path.stat().st_size, r)
+        # ours and llama.cpp alternate, each keeping its better round: this shared machine's bandwidth moves
+        # within minutes, and a pair timed once each can land in different regimes
+        ours = theirs = None
+        for _ in range(ROUNDS):
+            ours = faster(ours, ours_decode(eng, prompt, args.new_tokens))
+            if path is not None:
+                theirs = faster(theirs, llamacpp.time_decode(path, prompt, args.new_tokens, torch.get_num_threads()))
+        ids = add("decodescope", fmt, model.ops.name, model.weight_bytes, ours)
+        out["rows"][-1]["same_tokens_as_fp32"] = ids == ref_ids
+        del model, eng
+        if theirs is not None:
+            ids = add("llama.cpp", llamacpp.FORMATS[fmt], "ggml", path.stat().st_size, theirs)
             out["rows"][-1]["same_tokens_as_fp32"] = ids == ref_ids
     return out
 

@@ -69,11 +69,21 @@ def verify_ms(eng: Engine, prompt: list[int], T: int, repeats: int = 12) -> floa
     return statistics.median(times)
 
 
-def verify_costs(eng: Engine, prompt: list[int], ts=(1, 2, 4, 6, 9), steps: int = 32) -> dict:
-    """A decode step's median ms, and each verify pass's ms over it (T = 1 is the step through chunk())."""
-    step = statistics.median(step_ms(eng, prompt, steps))
-    out = dict(step_ms=step)
+def verify_costs(eng: Engine, prompt: list[int], ts=(1, 2, 4, 6, 9), steps: int = 32, rounds: int = 3) -> dict:
+    """A decode step's median ms, and each verify pass's ms over it (T = 1 is the step through chunk()).
+
+    Steps and passes alternate over `rounds` rounds, and each ratio is the median of the rounds' own ratios:
+    on a shared machine whose memory bandwidth moves within minutes, a step and a pass timed apart could
+    land in different regimes."""
+    step_all, ms_all, ratios = [], {T: [] for T in ts}, {T: [] for T in ts}
+    for _ in range(rounds):
+        step = statistics.median(step_ms(eng, prompt, steps))
+        step_all.append(step)
+        for T in ts:
+            ms = verify_ms(eng, prompt, T)
+            ms_all[T].append(ms)
+            ratios[T].append(ms / step)
+    out = dict(step_ms=statistics.median(step_all))
     for T in ts:
-        ms = verify_ms(eng, prompt, T)
-        out[f"verify{T}_ms"], out[f"verify{T}_over_step"] = ms, ms / step
+        out[f"verify{T}_ms"], out[f"verify{T}_over_step"] = statistics.median(ms_all[T]), statistics.median(ratios[T])
     return out

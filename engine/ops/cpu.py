@@ -11,34 +11,14 @@ from types import ModuleType
 
 import torch
 
+from engine.ops.fused import RowwiseOps
 from engine.weights import Packed
 
 KERNELS = {"fp32": "linear_f32", "fp16": "linear_f16", "int8": "linear_int8", "q8": "linear_q8", "q4": "linear_q4"}
 FORMAT_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "q8": 3, "q4": 4}  # csrc/cpu/ops_blocks.cpp's codes
 
 
-class CpuOps:
-    def __init__(self, module: ModuleType):
-        self.module = module
-
-    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None):
-        out = torch.empty_like(x) if out is None else out
-        self.module.rmsnorm(out, x, weight, float(eps))
-        return out
-
-    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-        self.module.add_rmsnorm(x, residual, weight, float(eps))
-        return x
-
-    def rope_(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              positions: torch.Tensor) -> None:
-        self.module.rope(q, k, cos, sin, positions)
-
-    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor | None = None):
-        out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2) if out is None else out
-        self.module.silu_mul(out, gate_up)
-        return out
-
+class CpuOps(RowwiseOps):
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
                   scale: float, window: int = 0, sinks: int = 0, out: torch.Tensor | None = None):
         # q: [B, T, H, D], k_cache/v_cache: [B, Hkv, S, D], seq_lens: [B] int32

@@ -34,17 +34,12 @@ def active_splits(n_keys: int, tile_keys: int, splits: int) -> tuple[int, int]:
     return max(1, -(-tiles // per)), per * tile_keys
 
 
-class FusedOps:
-    """Holds the extension and the attention workspaces, one per (q's shape and dtype, Hkv, device)."""
+class RowwiseOps:
+    """The row-wise ops over a compiled module; the CUDA module (csrc/) and the CPU one (csrc/cpu/) share
+    these names and argument orders."""
 
     def __init__(self, module: ModuleType):
         self.module = module
-        self._workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def opset(self) -> dict:
-        """The five ops of engine.ops.OpSet, bound to this instance (and its workspaces)."""
-        return dict(rmsnorm=self.rmsnorm, add_rmsnorm=self.add_rmsnorm, rope_=self.rope_, silu_mul=self.silu_mul,
-                    decode_attention=self.decode_attention)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None):
         out = torch.empty_like(x) if out is None else out
@@ -65,6 +60,19 @@ class FusedOps:
             out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
         self.module.silu_mul(out, gate_up)
         return out
+
+
+class FusedOps(RowwiseOps):
+    """Holds the extension and the attention workspaces, one per (q's shape and dtype, Hkv, device)."""
+
+    def __init__(self, module: ModuleType):
+        super().__init__(module)
+        self._workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def opset(self) -> dict:
+        """The five ops of engine.ops.OpSet, bound to this instance (and its workspaces)."""
+        return dict(rmsnorm=self.rmsnorm, add_rmsnorm=self.add_rmsnorm, rope_=self.rope_, silu_mul=self.silu_mul,
+                    decode_attention=self.decode_attention)
 
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          seq_lens: torch.Tensor, scale: float, window: int = 0, sinks: int = 0,
