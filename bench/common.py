@@ -31,10 +31,12 @@ def _run(*cmd: str) -> str | None:
 
 
 def provenance(device: str | torch.device, telemetry: Telemetry | None = None) -> dict:
-    """Commit (and whether the tree had uncommitted changes), versions, hardware, threads, time, and the
+    """Commit (and whether the tree had uncommitted changes outside bench/results/), versions, hardware, threads, time, and the
     machine's state: what `telemetry` sampled during the run, or a snapshot taken now (sampled=False)."""
     device = torch.device(device)
-    status = _run("git", "status", "--porcelain")
+    # bench/results/ is where the benchmarks write: one that saves as it goes (or runs after another) must
+    # not call its own output a change to the code
+    status = _run("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results")
     info = dict(
         commit=_run("git", "rev-parse", "HEAD"),
         dirty=None if status is None else bool(status),
