@@ -142,3 +142,21 @@ def test_nothing_ran_is_a_figure_with_the_reasons():
 
 def test_environment_card_says_what_the_machine_was_doing(rt):
     assert {"CPU", "CPU clock", "load average", "flags at launch"} <= set(rt.env)
+
+
+def test_default_comparison_is_one_the_page_can_afford():
+    from types import SimpleNamespace
+
+    import torch
+
+    def runtime(device, fmt, fused_reason=None, graphs_reason="no GPU"):
+        return SimpleNamespace(engine=SimpleNamespace(device=torch.device(device)), weight_format=fmt,
+                               fused_reason=fused_reason, graphs_reason=graphs_reason,
+                               formats=lambda: {"fp32": None, "fp16": None, "int8": None, "q4": None})
+
+    assert profile.default_against(runtime("cpu", "fp32")) == "kernels"
+    # a quantized format's torch twin dequantizes every weight on every call: fp32 weights instead
+    assert profile.default_against(runtime("cpu", "q4")) == "weights fp32"
+    assert profile.default_against(runtime("cpu", "q4", fused_reason="no compiler")) == "kernels"
+    assert profile.default_against(runtime("cuda", "q4", graphs_reason=None)) == "kernels"
+    assert profile.default_against(runtime("cuda", "bf16", fused_reason="no nvcc", graphs_reason=None)) == "CUDA graphs"
