@@ -31,8 +31,9 @@ def _run(*cmd: str) -> str | None:
 
 
 def provenance(device: str | torch.device, telemetry: Telemetry | None = None) -> dict:
-    """Commit (and whether the tree had uncommitted changes outside bench/results/), versions, hardware, threads, time, and the
-    machine's state: what `telemetry` sampled during the run, or a snapshot taken now (sampled=False)."""
+    """Commit (and whether the tree had uncommitted changes outside bench/results/), versions, hardware,
+    threads, time, and the machine's state: what `telemetry` sampled during the run, or a snapshot taken now
+    (sampled=False)."""
     device = torch.device(device)
     # bench/results/ is where the benchmarks write: one that saves as it goes (or runs after another) must
     # not call its own output a change to the code
