@@ -31,18 +31,21 @@ void linear(int64_t fmt, at::Tensor& out, const at::Tensor& x, const at::Tensor*
   }
 }
 
-// k, v: [B, T, Hkv, D] views (dense heads) into the cache [B, Hkv, S, D] at positions start..start+T-1.
+// k, v: [B, T, Hkv, D] views with the same strides (dense heads) into the caches [B, Hkv, S, D] (the same
+// strides too) at positions start..start+T-1.
 void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v, int64_t start) {
   RECORD_FUNCTION("decodescope::kv_write", std::vector<c10::IValue>());
   const int64_t B = k.size(0), T = k.size(1), Hkv = k.size(2), D = k.size(3);
   const size_t bytes = static_cast<size_t>(D) * sizeof(float);
+  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < Hkv; ++h) {
         const int64_t dst = b * k_cache.stride(0) + h * k_cache.stride(1) + (start + t) * k_cache.stride(2);
         const int64_t src = b * k.stride(0) + t * k.stride(1) + h * k.stride(2);
-        std::memcpy(k_cache.data_ptr<float>() + dst, k.data_ptr<float>() + src, bytes);
-        std::memcpy(v_cache.data_ptr<float>() + dst, v.data_ptr<float>() + src, bytes);
+        std::memcpy(kc + dst, kp + src, bytes);
+        std::memcpy(vc + dst, vp + src, bytes);
       }
 }
 
