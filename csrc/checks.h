@@ -8,7 +8,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <limits>
+
+#include "tensor_checks.h"  // check_dense, check_dtype, check_dense_heads, checked_int
 
 namespace decodescope {
 
@@ -33,31 +34,11 @@ inline void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& 
   TORCH_CHECK(t.device() == ref.device(), name, " is on ", t.device(), " but the inputs are on ", ref.device());
 }
 
-inline void check_dense(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous, got strides ", t.strides(), " for shape ", t.sizes());
-}
-
 inline void check_same(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   TORCH_CHECK(t.sizes() == ref.sizes(), name, " must have the shape of ", ref_name, " ", ref.sizes(), ", got ",
               t.sizes());
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), name, " must have the dtype of ", ref_name, " (",
               ref.scalar_type(), "), got ", t.scalar_type());
-}
-
-inline void check_dtype(const at::Tensor& t, const char* name, at::ScalarType dtype) {
-  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-}
-
-// [..., n_heads, D] with each head's D elements dense and heads D apart (the token stride is free).
-inline void check_dense_heads(const at::Tensor& t, const char* name) {
-  const int64_t d = t.size(-1);
-  TORCH_CHECK(t.stride(-1) == 1 && t.stride(-2) == d, name, " must have dense heads (strides [*, ", d,
-              ", 1]), got strides ", t.strides());
-}
-
-inline int checked_int(int64_t v, const char* name) {
-  TORCH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), name, " = ", v, " does not fit in int32");
-  return static_cast<int>(v);
 }
 
 inline void check_launch(cudaError_t err, const char* op) {

@@ -1,26 +1,19 @@
-// Input checks shared by the CPU torch-facing host files; messages name the offending values. (The CUDA
-// host code has its own in csrc/checks.h, which pulls in the CUDA runtime headers.)
+// Input checks shared by the CPU torch-facing host files; messages name the offending values. The ones the
+// CUDA host code shares are in ../tensor_checks.h (csrc/checks.h adds the CUDA-only ones).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
-#include <limits>
 #include <vector>
+
+#include "../tensor_checks.h"  // check_dense, check_dtype, check_dense_heads, checked_int
 
 namespace decodescope::cpu {
 
 inline void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got device ", t.device());
-}
-
-inline void check_dtype(const at::Tensor& t, const char* name, at::ScalarType dtype) {
-  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-}
-
-inline void check_dense(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous, got strides ", t.strides(), " for shape ", t.sizes());
 }
 
 // A CPU tensor of the dtype, contiguous, of exactly `shape` (`what` spells the letters, e.g. "[P, in, 16]").
@@ -31,18 +24,6 @@ inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType d
               ", got ", t.sizes());
   check_dtype(t, name, dtype);
   check_dense(t, name);
-}
-
-// [..., n_heads, D] with each head's D elements dense and heads D apart (the token stride is free).
-inline void check_dense_heads(const at::Tensor& t, const char* name) {
-  const int64_t d = t.size(-1);
-  TORCH_CHECK(t.stride(-1) == 1 && t.stride(-2) == d, name, " must have dense heads (strides [*, ", d,
-              ", 1]), got strides ", t.strides());
-}
-
-inline int checked_int(int64_t v, const char* name) {
-  TORCH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), name, " = ", v, " does not fit in int32");
-  return static_cast<int>(v);
 }
 
 // Whether two tensors' memory overlaps (an output must not alias an input it reads after writing).
