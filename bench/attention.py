@@ -27,12 +27,12 @@ import torch.nn.functional as F
 
 
 from bench.common import Telemetry, markdown_table, provenance, write_results
-from engine import ext
-from engine.ops import fused, ref
+from engine.ops import ext
+from engine.ops import cuda, ref
 
 WINDOWS = [(0, 0), (512, 4)]  # (window, sinks); window 0 is full attention
 HEADS_PER_BLOCK = (1, 2, 3, 4, 6, 8)  # the decode_kernel instances of csrc/decode_attention.cuh
-THREADS, STAGES, MAX_SPLITS = 128, fused.ATTN_STAGES, 256
+THREADS, STAGES, MAX_SPLITS = 128, cuda.ATTN_STAGES, 256
 # Without a GPU to ask: an H200 (HBM3e 4.8 TB/s, 132 SMs at 1.98 GHz, 228 KB shared memory per SM).
 H200 = dict(gb_s=4800.0, sms=132, clock_ghz=1.98, smem_per_sm=228 * 1024)
 SMEM_PER_SM = {"sm_80": 164 * 1024, "sm_90": 228 * 1024}
@@ -48,7 +48,7 @@ def kernel_shape(H: int, Hkv: int, D: int, dtype: torch.dtype) -> dict:
     group = H // Hkv
     head_blocks = -(-group // 8)
     per_block = -(-group // head_blocks)
-    tile = fused.attention_tile_keys(D, dtype)
+    tile = cuda.attention_tile_keys(D, dtype)
     return dict(vec=vec, lanes=lanes, slots=THREADS // lanes, tile_keys=tile, keys_per_thread=tile * lanes // THREADS,
                 heads=min(h for h in HEADS_PER_BLOCK if h >= per_block), live_heads=per_block, head_blocks=head_blocks)
 
@@ -87,8 +87,8 @@ def analysis(shape: str, dtype: torch.dtype, blocks_per_sm: int, machine: dict, 
     plans = []
     for context in contexts:
         for window, sinks in WINDOWS:
-            live = fused.live_keys(context, window, sinks)
-            active, per = fused.active_splits(live, s["tile_keys"], splits)
+            live = cuda.live_keys(context, window, sinks)
+            active, per = cuda.active_splits(live, s["tile_keys"], splits)
             plans.append(dict(context=context, window=window, sinks=sinks, live_keys=live, active_splits=active,
                               keys_per_split=per, blocks=active * pairs,
                               wave_fraction=active * pairs / (machine["sms"] * blocks_per_sm)))
@@ -105,7 +105,7 @@ def ptxas_blocks_per_sm(arch: str, dtype: torch.dtype, head_dim: int, heads: int
     names = {torch.float32: "f", torch.float16: "6__half", torch.bfloat16: "13__nv_bfloat16"}
     regs = ptxas_registers(arch)[f"decode_kernelI{names[dtype]}Li{head_dim}ELi{heads}E"]
     warp_regs = -(-regs * 32 // 256) * 256
-    return min(65536 // (4 * warp_regs), SMEM_PER_SM[arch] // ((2 * STAGES * fused.ATTN_TILE_BYTES) + 1024),
+    return min(65536 // (4 * warp_regs), SMEM_PER_SM[arch] // ((2 * STAGES * cuda.ATTN_TILE_BYTES) + 1024),
                2048 // THREADS)
 
 
@@ -180,7 +180,7 @@ def bench_case(kernels, shape: str, context: int, window: int, sinks: int, dtype
         (sdpa_name, sdpa),
         ("twin", lambda: ref.decode_attention(q, k, v, seq_lens, scale, window, sinks, out=out)),
     ]
-    live = fused.live_keys(context, window, sinks)
+    live = cuda.live_keys(context, window, sinks)
     nbytes = (2 * Hkv * live * D + 2 * q.numel()) * q.element_size()
     rows = []
     for name, fn in impls:
@@ -244,12 +244,12 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench.attention needs a CUDA device to time the kernel (torch sees no GPU here); "
                  "--analysis-only reports the structure without one")
-    from engine.bandwidth import measure_gbs
+    from engine.observe.bandwidth import measure_gbs
 
     status = ext.load("cuda")
     if status.module is None:
         sys.exit(f"the fused kernels are not available, nothing to time: {status.reason}")
-    kernels = fused.FusedOps(status.module)
+    kernels = cuda.CudaOps(status.module)
     props = torch.cuda.get_device_properties(0)
     l2 = props.L2_cache_size
     flush = torch.empty(2 * max(l2, 2**20), dtype=torch.uint8, device="cuda")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from engine.provenance import Telemetry, snapshot
+from engine.observe.provenance import Telemetry, snapshot
 
 __all__ = ["Telemetry", "markdown_table", "provenance", "write_results"]
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ GEMMs: the default model's shapes (30 layers of qkv 576->960, o 576->576, gate_u
 1536->576, then the tied head 576->49152), random weights already in the kernels' panel layout, every
 layer its own tensors so a step streams all of them from DRAM as a real one does. Timed at T = 1 (decode),
 6 (a verify pass), 16 and 128 (prefill) rows; ms is the minimum over repeats of a whole step, GB/s the
-weight bytes over that time, % of the read bandwidth measured in this run (engine/bandwidth.py).
+weight bytes over that time, % of the read bandwidth measured in this run (engine/observe/bandwidth.py).
 Attention: 9 query / 3 kv heads of dim 64 over 30 layers' caches at a few contexts, full and with a
 window of 512 + 4 sinks. The machine's load average is recorded before and after: timings from a busy
 machine are slower, never faster, so minimums over repeats are the figure to trust.
@@ -23,8 +23,8 @@ import engine  # noqa: F401  (sets OpenMP's passive wait policy before torch loa
 import torch
 
 from bench.common import markdown_table, provenance, write_results
-from engine import ext
-from engine.bandwidth import measure_gbs
+from engine.ops import ext
+from engine.observe.bandwidth import measure_gbs
 from engine.ops import ref
 
 HIDDEN, INTER, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 576, 1536, 30, 49152, 9, 3, 64
@@ -70,7 +70,7 @@ def others_pct() -> float | None:
 
 
 class ReadProbe:
-    """engine/bandwidth.py's measure: a read-only reduction over 512 MB, as a callable to time."""
+    """engine/observe/bandwidth.py's measure: a read-only reduction over 512 MB, as a callable to time."""
 
     def __init__(self, nbytes: int = 512 * 2**20):
         self.x, self.nbytes = torch.ones(nbytes // 4), nbytes
@@ -212,7 +212,7 @@ def main(argv=None) -> None:
     quiet = "" if others is None else (f" Other processes took up to {others:.0f}% of the CPUs while a group was "
                                        "timed (others_pct).")
     head = (f"CPU kernels ({m.isa()}), {args.threads} threads, minimum over {args.repeats} repeats. Read bandwidth "
-            f"at the start of the run (engine/bandwidth.py): {bw:.1f} GB/s; read_gb_s is the same measure "
+            f"at the start of the run (engine/observe/bandwidth.py): {bw:.1f} GB/s; read_gb_s is the same measure "
             "interleaved with each group's timings, which pct_of_read_bw divides by. Load average before "
             f"{load_before[0]:.2f}, after {result['load_after'][0]:.2f}.{quiet}\n\nOne decode step's GEMMs "
             "(30 layers + head), random weights:\n\n")

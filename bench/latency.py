@@ -23,8 +23,8 @@ import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch l
 from bench.common import Telemetry, markdown_table, provenance, write_results
 from bench.steps import prompt_ids, shape_config, step_ms, verify_costs
 from engine import Engine, load_model
-from engine.bandwidth import measure_gbs
-from engine.loader import random_model
+from engine.observe.bandwidth import measure_gbs
+from engine.checkpoint import random_model
 import torch
 
 TEXT = Path(__file__).parent / "data" / "prose.txt"
@@ -76,7 +76,8 @@ def cpu_bench(args, save) -> dict:
     """One run, side by side: transformers fp32; decodescope's torch path (fp32) and fused kernels in every
     format; llama.cpp on the default model's GGUF file in the types of the same bytes per weight."""
     from bench import llamacpp
-    from engine import Tokenizer, default_model
+    from engine import Tokenizer
+    from engine.checkpoint import default_model
 
     bw = measure_gbs("cpu")
     tok = Tokenizer(load_model(None, weights="fp32", progress=lambda msg: None).path)

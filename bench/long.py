@@ -22,7 +22,7 @@ from pathlib import Path
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import Telemetry, markdown_table, provenance, write_results
 from engine import Engine, Tokenizer, load_model
-from engine.bandwidth import measure_gbs
+from engine.observe.bandwidth import measure_gbs
 import torch
 
 TEXT = Path(__file__).parent / "data" / "long.txt"

@@ -29,7 +29,7 @@ def check() -> tuple[dict, str | None]:
     """(facts, the reason the GPU check cannot run here or None)."""
     from torch.utils import cpp_extension
 
-    from engine import ext
+    from engine.ops import ext
 
     facts = dict(python=sys.version.split()[0], torch=torch.__version__, torch_cuda=torch.version.cuda,
                  cuda_home=cpp_extension.CUDA_HOME, nvcc=_version(["nvcc", "--version"]),

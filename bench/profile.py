@@ -16,10 +16,11 @@ from pathlib import Path
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import Telemetry, markdown_table, provenance, write_results
 from bench.steps import shape_config
-from engine import Engine, load_model, profile
-from engine.loader import random_model
-from engine.bandwidth import measure_gbs
-from engine.breakdown import OP_CLASSES
+from engine import Engine, load_model
+from engine.observe import profile
+from engine.checkpoint import random_model
+from engine.observe.bandwidth import measure_gbs
+from engine.observe.breakdown import OP_CLASSES
 from engine.weights import FORMATS
 import torch
 

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from engine.provenance import describe
+from engine.observe.provenance import describe
 
 HERE = Path(__file__).resolve().parent
 PROVENANCE_KEYS = ("commit", "dirty", "time", "device", "gpu", "driver", "torch", "torch_cuda", "cpu",

@@ -1,7 +1,7 @@
 """Speculative decoding vs plain decoding on the default model, as ratios measured within one run.
 
 Three prompt sets (prose; code; quote-or-edit, where the answer repeats its input), temperature 0 and 0.7.
-Every mode runs with the adaptive schedule (engine/schedule.py; k is the most a round drafts) except the
+Every mode runs with the adaptive schedule (engine/speculative/schedule.py; k is the most a round drafts) except the
 fixed-k rows kept for reference. Each repeat runs plain decoding and every mode back to back on every prompt
 of a set, so the modes share the machine's load; speedup = a mode's decode tok/s over plain's, pooled over the
 prompts and repeats (lo / hi: the worst and best repeat). Decode tok/s excludes the first token (as Stats does).
@@ -29,8 +29,9 @@ from pathlib import Path
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import Telemetry, markdown_table, provenance, write_results
 from bench.steps import prompt_ids, shape_config, verify_costs
-from engine import Engine, Tokenizer, graphs, load_model, schedule, speculative
-from engine.loader import random_model
+from engine import Engine, Tokenizer, graphs, load_model, speculative
+from engine.speculative import schedule
+from engine.checkpoint import random_model
 import torch
 
 PASSAGE = ("The old lighthouse stood at the edge of the cliff for more than a century. Every night its keeper "
@@ -309,7 +310,7 @@ def markdown(result: dict) -> str:
         "first prompt).\n\n",
         markdown_table(result["sweep"], ["set", "layers", "draft_layers", "skipped", "acceptance", "draft_cost",
                                          "speedup_fixed_k3"]),
-        "\nThe schedule's formula (engine/schedule.py) on the acceptance measured above, at the best fixed k: with "
+        "\nThe schedule's formula (schedule.py) on the acceptance measured above, at the best fixed k: with "
         "this run's draft and verify costs (predicted_now); with a draft step at the cost the CPU weight-format "
         "kernels aim at (kernel_draft_cost) and this run's verify costs (predicted_at_kernel_cost); and with both "
         f"draft and verify at the kernels' targets (a verify pass of T positions at 1 + {KERNEL_VERIFY_SLOPE} (T - 1) "

@@ -4,7 +4,7 @@
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "decodescope fused CUDA kernels (wrapped by engine/ops/fused.py)";
+  m.doc() = "decodescope fused CUDA kernels (wrapped by engine/ops/cuda.py)";
   m.def("rmsnorm", &decodescope::rmsnorm, "out = rmsnorm(x) * weight", py::arg("out"), py::arg("x"),
         py::arg("weight"), py::arg("eps"));
   m.def("add_rmsnorm", &decodescope::add_rmsnorm, "residual += x; x = rmsnorm(residual) * weight, in place",

@@ -1,6 +1,6 @@
 // The torch-facing functions bindings.cpp registers. Each checks its inputs (messages name the values),
 // runs on the current CUDA stream and dispatches on dtype; outputs are allocated by the Python wrappers
-// in engine/ops/fused.py and passed in.
+// in engine/ops/cuda.py and passed in.
 #pragma once
 
 #include <ATen/core/Tensor.h>

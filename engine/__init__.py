@@ -15,7 +15,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from engine import graphs, speculative  # noqa: E402
 from engine.engine import Engine  # noqa: E402
-from engine.loader import ModelLoadError, load_model  # noqa: E402
+from engine.checkpoint import ModelLoadError, load_model  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 
 __all__ = ["Engine", "ModelLoadError", "load_model", "Tokenizer", "graphs", "speculative"]

@@ -159,7 +159,7 @@ class Transformer(nn.Module):
 
     @property
     def weight_format(self) -> str:
-        """The projections' format (a q4 model keeps its head in int8, see loader.head_format)."""
+        """The projections' format (a q4 model keeps its head in int8, see checkpoint.load.head_format)."""
         return self.layers[0].attn.wqkv.weight.fmt
 
     @property

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.config import ModelConfig
-from engine.loader import expected_shapes
+from engine.checkpoint.hf import expected_shapes
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (

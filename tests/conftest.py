@@ -5,7 +5,7 @@ pyproject.toml). They still run by default; `pytest -m "not slow"` skips them fo
 """
 import pytest
 
-from engine import default_model
+from engine.checkpoint import default_model
 import torch  # after engine, which sets OpenMP's wait policy before torch loads
 
 

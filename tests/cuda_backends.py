@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import ext
-from engine.ops import fused
+from engine.ops import ext
+from engine.ops import cuda
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 NAN = float("nan")
@@ -88,7 +88,7 @@ class Backend:
 
     def __init__(self, name: str, device: str, module):
         self.name, self.device, self.module = name, device, module
-        self.fused = fused.FusedOps(module)
+        self.fused = cuda.CudaOps(module)
         self.ops = SimpleNamespace(**self.fused.opset())
 
 

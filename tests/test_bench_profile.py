@@ -6,7 +6,8 @@ import pytest
 from bench import profile as bench_profile
 from bench.common import Telemetry, provenance, write_results
 from bench.render_results import conditions_lines, render
-from engine import Engine, load_model, profile
+from engine import Engine, load_model
+from engine.observe import profile
 from engine.tiny import tiny_config, write_tiny_model
 
 

@@ -9,9 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from engine import Engine, ext
+from engine import Engine
+from engine.ops import ext
 from engine.kv_cache import KVCache
-from engine.loader import random_model
+from engine.checkpoint import random_model
 from engine.tiny import tiny_config
 
 pytestmark = pytest.mark.skipif(ext.load("cpu").module is None, reason="the CPU kernels did not build")

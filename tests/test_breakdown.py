@@ -1,7 +1,7 @@
-"""engine/breakdown.py: hand-built traces in torch.profiler's export format reduce to known cells."""
+"""engine/observe/breakdown.py: hand-built traces in torch.profiler's export format reduce to known cells."""
 import pytest
 
-from engine.breakdown import kernel_class, reduce_trace, scope_class
+from engine.observe.breakdown import kernel_class, reduce_trace, scope_class
 
 
 def X(name, ts, dur, cat="cpu_op", pid=1, tid=1, **args):

@@ -1,4 +1,4 @@
-"""engine/default_model.py and engine/gguf_convert.py: the GGUF -> HF conversion, checked against
+"""engine/checkpoint/default_model.py and engine/checkpoint/gguf_convert.py: the GGUF -> HF conversion, checked against
 transformers' own GGUF loader; the kept blocks against the fp32 tensors."""
 import json
 import subprocess
@@ -10,7 +10,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from engine import default_model, gguf_convert, weights
+from engine import weights
+from engine.checkpoint import default_model, gguf_convert
 from engine.tokenizer import Tokenizer
 
 TEXTS = [

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine import Engine, load_model, speculative
-from engine.drafters import NgramDrafter
-from engine.layerskip import truncated
+from engine.speculative.drafters import NgramDrafter
+from engine.speculative.layerskip import truncated
 from engine.sampling import SamplingParams
 from engine.tiny import tiny_config, write_tiny_model
 

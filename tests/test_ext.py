@@ -1,4 +1,4 @@
-"""engine/ext.py and the csrc/ sources, without a GPU.
+"""engine/ops/ext.py and the csrc/ sources, without a GPU.
 
 Compiles every kernel for sm_80 and sm_90 with nvcc alone (csrc/kernels.cu is torch-free; ptxas reports each
 kernel's registers and spills, and none may spill), compiles the
@@ -20,8 +20,9 @@ import pytest
 import torch
 from torch.utils import cpp_extension
 
-from engine import ext, ops
-from engine.ops import fused, ref
+from engine import ops
+from engine.ops import ext
+from engine.ops import cuda, ref
 
 NVCC = shutil.which("nvcc")
 CXX = shutil.which("c++")
@@ -226,17 +227,17 @@ def test_compiler_error_keeps_the_error_lines():
 def test_active_splits_cover_the_live_keys():
     """The mirror of the kernel's device-side plan (tests/test_kernels_cuda.py checks it against the kernel):
     whole tiles per split, at least two of them, every live key covered by exactly the active splits."""
-    tile = fused.attention_tile_keys(128, torch.bfloat16)
+    tile = cuda.attention_tile_keys(128, torch.bfloat16)
     assert tile == 32
-    assert fused.active_splits(1000, tile, 49) == (16, 64)  # short: fewer, still whole-pipeline splits
-    assert fused.active_splits(32768, tile, 49) == (49, 672)  # long: every split of the wave
+    assert cuda.active_splits(1000, tile, 49) == (16, 64)  # short: fewer, still whole-pipeline splits
+    assert cuda.active_splits(32768, tile, 49) == (49, 672)  # long: every split of the wave
     for n, splits in [(1, 8), (63, 8), (64, 8), (65, 8), (4097, 8), (4097, 256), (100000, 256)]:
-        active, per = fused.active_splits(n, tile, splits)
+        active, per = cuda.active_splits(n, tile, splits)
         assert 1 <= active <= splits and per % tile == 0
         assert per * (active - 1) < n <= per * active
-        assert active == 1 or per >= fused.ATTN_MIN_TILES_PER_SPLIT * tile
-    assert fused.live_keys(4097, 512, 4) == 516 and fused.live_keys(516, 512, 4) == 516
-    assert fused.live_keys(300, 0, 4) == 300
+        assert active == 1 or per >= cuda.ATTN_MIN_TILES_PER_SPLIT * tile
+    assert cuda.live_keys(4097, 512, 4) == 516 and cuda.live_keys(516, 512, 4) == 516
+    assert cuda.live_keys(300, 0, 4) == 300
 
 
 # --- fallbacks -----------------------------------------------------------------------------------------
@@ -292,7 +293,7 @@ def test_cpu_torch_reports_instead_of_building(fresh_load):
     status = ext.build("cuda")
     assert status.module is None and "CPU build" in status.reason and "torch.version.cuda is None" in status.reason
     assert_twins(ops.select("cuda"), "CPU build")
-    proc = run([sys.executable, "-m", "engine.ext", "build", "--target", "cuda"])
+    proc = run([sys.executable, "-m", "engine.ops.ext", "build", "--target", "cuda"])
     assert proc.returncode == 1 and "CPU build" in proc.stdout
 
 

@@ -1,5 +1,5 @@
 """The int8 and q4 GEMV kernels (csrc/gemv.cuh) against their twin, ref.linear(x, weights.dequantize(blocks)),
-through the wrappers in engine/ops/fused.py, on both backends of tests/cuda_backends.py.
+through the wrappers in engine/ops/cuda.py, on both backends of tests/cuda_backends.py.
 
 Outputs are poisoned with NaN before each launch. Sizes are awkward on purpose: 1 and 17 output rows (a
 block's rows mostly idle), 769 (not a multiple of any block's rows), inputs 32 (one quantization block), 96

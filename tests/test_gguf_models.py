@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import Engine, load_model, speculative
-from engine.loader import ModelLoadError, resolve_path
+from engine.checkpoint import ModelLoadError, resolve_path
 
 
 def write_gguf(path, tokenizer_model="llama", tokenizer_pre="default"):
@@ -52,7 +52,7 @@ def test_a_missing_gguf_file_is_named(tmp_path):
 def test_the_default_models_gguf_loads_converted_once_and_again_when_changed(tmp_path, default_model_dir):
     """The embedded model's own GGUF file given as a model: the same weights as the default folder (greedy
     tokens identical), converted on the first load only, and again once the file changes."""
-    from engine import default_model
+    from engine.checkpoint import default_model
 
     src = tmp_path / "smol.gguf"
     shutil.copy(default_model.gguf_path(), src)

@@ -22,7 +22,7 @@ import threading
 import pytest
 import torch
 
-from engine import ext
+from engine.ops import ext
 from engine import weights as W
 from engine.ops import ref
 

@@ -1,4 +1,4 @@
-"""Each fused kernel against its torch twin, through the wrappers in engine/ops/fused.py, on both backends of
+"""Each fused kernel against its torch twin, through the wrappers in engine/ops/cuda.py, on both backends of
 tests/cuda_backends.py: the built extension on a GPU, and the same kernel source on CPU threads.
 
 Outputs are poisoned with NaN before each launch, and so is every cache entry a row does not attend (past
@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from cuda_backends import CODES, DTYPES, NAN, Emulated, emulated_library, make_backend, ptr, randn, tol
-from engine import ext
-from engine.ops import fused, ref
+from engine.ops import ext
+from engine.ops import cuda, ref
 
 EMULATED_SMS = 8  # with 2 blocks per SM: 16 blocks a wave, e.g. 8 splits for B = 1, Hkv = 2
 
@@ -235,7 +235,7 @@ def test_one_plan_serves_every_length(backend):
 @pytest.mark.parametrize("n,window,sinks", [(1, 0, 0), (63, 0, 0), (64, 0, 0), (129, 0, 0), (700, 0, 0),
                                             (700, 100, 4), (700, 600, 200)])
 def test_splits_follow_the_mirrored_plan(backend, n, window, sinks):
-    """The splits that write a partial row are exactly the ones fused.active_splits predicts: the analysis in
+    """The splits that write a partial row are exactly the ones cuda.active_splits predicts: the analysis in
     bench/attention.py describes the kernel that runs."""
     q, k, v, seq_lens, want = attention_case(backend, torch.bfloat16, 128, 1, [n], window=window, sinks=sinks)
     partials, counters = backend.fused.attention_workspace(q, k.shape[1])
@@ -243,9 +243,9 @@ def test_splits_follow_the_mirrored_plan(backend, n, window, sinks):
     partials.fill_(NAN)
     out = backend.ops.decode_attention(q, k, v, seq_lens, 128 ** -0.5, window, sinks)
     torch.testing.assert_close(out, want, **tol(torch.bfloat16))
-    active, per_split = fused.active_splits(fused.live_keys(n, window, sinks), fused.attention_tile_keys(128, q.dtype),
+    active, per_split = cuda.active_splits(cuda.live_keys(n, window, sinks), cuda.attention_tile_keys(128, q.dtype),
                                             splits)
-    assert per_split % fused.attention_tile_keys(128, q.dtype) == 0
+    assert per_split % cuda.attention_tile_keys(128, q.dtype) == 0
     written = ~partials[0, 0, :splits, 0].isnan()
     assert written.tolist() == ([True] * active + [False] * (splits - active) if active > 1 else [False] * splits)
 
@@ -256,7 +256,7 @@ def test_two_level_merge(backend, lens):
     """More splits than one merge level takes (a big GPU with few kv heads): the last split of each group
     merges the group, and the last group the groups."""
     wide = EmulatedExtension(sm_count=24 * len(lens))  # 24 splits per (row, kv head), in 5 groups of 5
-    f = fused.FusedOps(wide)
+    f = cuda.CudaOps(wide)
     q, k, v, seq_lens, want = attention_case(backend, torch.float32, 64, 2, lens)
     want = ref.decode_attention(q, k.nan_to_num(0.0), v.nan_to_num(0.0), seq_lens, 0.125)
     partials, counters = f.attention_workspace(q, k.shape[1])
@@ -318,7 +318,7 @@ def test_errors_name_the_values(backend):
 @pytest.mark.parametrize("backend", ["cuda"], indirect=True)
 def test_extension_builds_from_a_clean_cache(backend, tmp_path):
     env = {**os.environ, "DECODESCOPE_EXT_CACHE": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "engine.ext", "build", "--target", "cuda"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "engine.ops.ext", "build", "--target", "cuda"], capture_output=True,
                           text=True, env=env,
                           cwd=Path(ext.__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr

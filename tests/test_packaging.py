@@ -45,7 +45,7 @@ def run_installed(installed: Path, *cmd: str) -> subprocess.CompletedProcess:
 
 
 def test_the_installed_package_finds_its_kernel_sources(installed):
-    code = ("from engine import ext; print(ext.CSRC); "
+    code = ("from engine.ops import ext; print(ext.CSRC); "
             "print(ext.source_hash('cpu', ext.CSRC), ext.source_hash('cuda', ext.CSRC))")
     proc = run_installed(installed, sys.executable, "-c", code)
     assert proc.returncode == 0, proc.stderr

@@ -1,10 +1,11 @@
-"""engine/profile.py on the tiny random-weight model: a real torch.profiler trace reduced to rows."""
+"""engine/observe/profile.py on the tiny random-weight model: a real torch.profiler trace reduced to rows."""
 import json
 
 import pytest
 
-from engine import Engine, load_model, profile
-from engine.breakdown import OP_CLASSES, reduce_trace
+from engine import Engine, load_model
+from engine.observe import profile
+from engine.observe.breakdown import OP_CLASSES, reduce_trace
 from engine.tiny import tiny_config, write_tiny_model
 
 STEPS, K = 4, 3
@@ -73,7 +74,7 @@ def test_verify_pass_reads_k_plus_1_tokens(eng, result):
 
 def test_scopes_are_removed_and_the_engine_is_left_as_it_was(eng, result):
     model = eng.model
-    assert model.ops.rmsnorm.__module__ in ("engine.ops.ref", "engine.ops.fused")  # the twin or kernel, not a scope
+    assert model.ops.rmsnorm.__module__ in ("engine.ops.ref", "engine.ops.cuda")  # the twin or kernel, not a scope
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.layers)
     ids, _ = eng.generate([1, 2, 3], max_new_tokens=4, stop_ids=[])
@@ -88,7 +89,7 @@ def test_the_trace_is_trace_event_json_and_reduces_again(result):
 
 
 def test_compare_says_why_a_configuration_cannot_run_here(eng, monkeypatch):
-    from engine import ext
+    from engine.ops import ext
 
     monkeypatch.setattr(ext, "load", lambda target: ext.ExtStatus(None, f"no {target} kernels in this test"))
     eng.use_fused(False)  # fused is then asked for anew, and the (patched) build says why it cannot

@@ -5,7 +5,7 @@ import gradio as gr
 import pandas as pd
 import pytest
 
-from engine import profile as engine_profile
+from engine.observe import profile as engine_profile
 from ui import callbacks, profile
 from ui.callbacks import Session
 from ui.profile_plots import PROFILE_HEADERS, profile_figure, profile_rows

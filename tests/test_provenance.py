@@ -1,11 +1,11 @@
-"""engine/provenance.py: the sampler against a fake NVML (no GPU here), and the CPU figures it reads."""
+"""engine/observe/provenance.py: the sampler against a fake NVML (no GPU here), and the CPU figures it reads."""
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from engine import provenance
-from engine.provenance import Telemetry, snapshot
+from engine.observe import provenance
+from engine.observe.provenance import Telemetry, snapshot
 
 
 class FakeNVMLError(Exception):

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from engine.drafters import Drafter
-from engine.schedule import Acceptance, Costs, Schedule, expected_tokens, median
+from engine.speculative.drafters import Drafter
+from engine.speculative.schedule import Acceptance, Costs, Schedule, expected_tokens, median
 from engine.stats import Round
 
 

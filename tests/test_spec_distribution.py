@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import Engine, drafters, load_model, speculative
+from engine import Engine, load_model, speculative
+from engine.speculative import drafters
 from engine.sampling import SamplingParams, draw, probs, sample
 from engine.tiny import tiny_config, write_tiny_model
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import Engine, load_model, speculative
-from engine.drafters import Draft, Drafter
+from engine.speculative.drafters import Draft, Drafter
 from engine.tiny import tiny_config, write_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

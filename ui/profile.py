@@ -1,6 +1,6 @@
 """The Profile button: N decode steps and one verify pass of the engine under the current settings, and of
 one other configuration beside it (eager vs CUDA graph, torch ops vs fused kernels, another weight format),
-profiled (engine/profile.py) and drawn (ui/profile_plots.py). A configuration the machine cannot run is
+profiled (engine/observe/profile.py) and drawn (ui/profile_plots.py). A configuration the machine cannot run is
 shown with its reason. The event queues with Generate and Compare (concurrency_id="engine") and holds the
 runtime's lock while it touches the engine.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine import profile as engine_profile
-from engine.provenance import Telemetry
+from engine.observe import profile as engine_profile
+from engine.observe.provenance import Telemetry
 from engine.weights import FORMATS
 from ui import render
 from ui.callbacks import Session, parse_settings

@@ -6,7 +6,7 @@ import textwrap
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.breakdown import OP_CLASSES
+from engine.observe.breakdown import OP_CLASSES
 from engine.stats import finite
 from ui.plots import _base, empty_figure
 

@@ -122,11 +122,11 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
         self_drafts[self_draft] = _same_model(eng, dtype, progress, [], self_draft)
     tok = Tokenizer(eng.model.path)
     if bandwidth:
-        from engine.bandwidth import measure_gbs
+        from engine.observe.bandwidth import measure_gbs
 
         eng.bandwidth_gbs = measure_gbs(device)
         progress(f"measured memory bandwidth: {eng.bandwidth_gbs:.1f} GB/s")
-    from engine.profile import warm
+    from engine.observe.profile import warm
 
     warm()  # the profiler's first session in a process sets up its tracer (~1 s): at launch, not in a Profile
     graphs_reason = None if eng.graph is not None else eng.graph_status
@@ -169,7 +169,7 @@ def environment(rt: Runtime, device: str) -> dict:
 def machine_state(device: str) -> dict:
     """The machine at launch (engine.provenance): CPU model and flags, clock and governor, load; GPU clocks,
     heat, power and throttling. What would make a number on this page suspect is listed last."""
-    from engine.provenance import describe, snapshot
+    from engine.observe.provenance import describe, snapshot
 
     state = describe(snapshot(device))
     state.pop("sampled")

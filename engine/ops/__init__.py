@@ -60,14 +60,14 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
     if head_dim is not None and head_dim not in FUSED_HEAD_DIMS:
         return torch_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; "
                          f"this model has {head_dim}", device)
-    from engine import ext
+    from engine.ops import ext
 
     status = ext.load("cuda")
     if status.module is None:
         return torch_ops(status.reason, device)
-    from engine.ops import fused as fused_ops
+    from engine.ops import cuda
 
-    kernels = fused_ops.ops(status.module)
+    kernels = cuda.ops(status.module)
     int8, q4 = kernels.pop("linear_int8"), kernels.pop("linear_q4")
     linear = dict(DENSE_MATMULS,  # dense: cuBLAS through torch; int8 and q8 alike (activations in their dtype)
                   int8=lambda x, w: int8(x, *w.tensors), q8=lambda x, w: int8(x, *w.tensors),
@@ -78,7 +78,7 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
 
 def cpu_ops() -> OpSet:
     """The SIMD kernels of csrc/cpu/ where they build and this CPU runs them, else the twins with the reason."""
-    from engine import ext
+    from engine.ops import ext
 
     status = ext.load("cpu")
     if status.module is None:

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import torch
 
-from engine.ops.fused import RowwiseOps
+from engine.ops.rowwise import RowwiseOps
 from engine.weights import Packed
 
 KERNELS = {"fp32": "linear_f32", "fp16": "linear_f16", "int8": "linear_int8", "q8": "linear_q8", "q4": "linear_q4"}

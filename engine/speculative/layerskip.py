@@ -10,7 +10,7 @@ N, the old truncation, or any set) or calibrated on each prompt before the targe
   2. for a few skip counts, the layers that turn the stream least are left out and the view's distributions at
      the same positions are compared with the target's: sum_x min(p_t(x), p_d(x)) is the probability that
      speculative sampling accepts a draft there (at temperature 0: the argmaxes agree), under the run's sampling;
-  3. the count with the most modeled tokens per second wins (engine/schedule.py's formula, a draft step costing
+  3. the count with the most modeled tokens per second wins (schedule.py's formula, a draft step costing
      its share of the layers plus the head, and the schedule's prior verify cost).
 
 This is the spirit of SWIFT (Xia et al. 2024) and Draft & Verify (Zhang et al. 2023), who search skip sets by
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from engine import schedule
-from engine.drafters import ModelDrafter
+from engine.speculative import schedule
+from engine.speculative.drafters import ModelDrafter
 from engine.kv_cache import KVCache
 from engine.sampling import SamplingParams, probs
 

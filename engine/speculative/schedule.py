@@ -22,7 +22,7 @@ round, so a context that turned bad is probed again after a while and one that t
 as it ages. The choice depends only on earlier rounds, never on the round's own draws, so speculative
 sampling stays exact whatever k is picked.
 
-A drafter tells the schedule three things (engine/drafters.py): context() before each round (None: nothing to
+A drafter tells the schedule three things (drafters.py): context() before each round (None: nothing to
 propose), prior(context) (the acceptance it expects before any evidence) and draft_cost (ms a draft costs
 relative to a plain step where known in advance: 0 for a lookup; None until measured, for a model).
 """

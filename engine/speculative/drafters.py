@@ -1,5 +1,5 @@
 """The drafters behind speculative decoding: prompt lookup (n-gram) and a second model (a smaller one, or the
-target itself in a cheaper weight format). Layer skipping lives in engine/layerskip.py.
+target itself in a cheaper weight format). Layer skipping lives in engine/speculative/layerskip.py.
 
 Protocol (speculative.stream drives it; a test can implement it too):
   begin(target, prompt_ids, sampling, extra)  once per run, before the target's prefill; validates against
@@ -9,7 +9,7 @@ Protocol (speculative.stream drives it; a test can implement it too):
                                               drafter's own drafts; the drafter rolls back or catches up
   context() -> key | None                     before a round: what the next proposal rests on (None: nothing
                                               to propose, the round is a plain step); the schedule keeps
-                                              acceptance statistics per key (engine/schedule.py)
+                                              acceptance statistics per key (engine/speculative/schedule.py)
   propose(k, sampling, gen) -> Draft          up to k tokens following the sequence committed so far
   prior(key) -> float                         the acceptance expected for a key before any evidence
   draft_cost                                  a draft token's cost over a plain step's where known without
@@ -234,7 +234,7 @@ def self_drafter(target, weights: str = "q4") -> ModelDrafter:
     engine and cache. Same tokenizer, near-target acceptance, a second copy of the weights at a fraction of the
     bytes (for the default model q4 is its own GGUF blocks: lossless, so acceptance is ~1)."""
     from engine.engine import Engine
-    from engine.loader import load_model
+    from engine.checkpoint import load_model
 
     m = target.model
     if m.path is None:

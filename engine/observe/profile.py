@@ -1,5 +1,5 @@
 """Where the time goes inside a step: N decode steps and one verify pass of the engine as configured, under
-torch.profiler (CPU activities, plus CUDA where present), reduced (engine/breakdown.py) to rows per layer and
+torch.profiler (CPU activities, plus CUDA where present), reduced (engine/observe/breakdown.py) to rows per layer and
 op class with the bytes each moved and the GB/s it achieved against the measured bandwidth ceiling.
 
     configs = [profile.Config("torch", fused=False), profile.Config("fused", fused=True)]
@@ -25,7 +25,7 @@ import torch
 from torch._C._profiler import _RecordFunctionFast as Scope
 from torch.profiler import ProfilerActivity
 
-from engine.breakdown import LAYER, MODEL, OP, SAMPLE, quiet, reduce_trace, row_order
+from engine.observe.breakdown import LAYER, MODEL, OP, SAMPLE, quiet, reduce_trace, row_order
 from engine.model import Linear, RMSNorm
 from engine.sampling import SamplingParams
 

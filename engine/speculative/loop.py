@@ -12,7 +12,7 @@ fp32 (the tests' setting); in bf16 or fp16 a chunk pass and a decode step round 
 between the top two tokens can break the other way and the texts part there (the bf16 test in
 tests/test_speculative.py checks that a parting is such a near-tie).
 
-k is the most a round drafts. The schedule (engine/schedule.py) picks each round's k from the run's
+k is the most a round drafts. The schedule (engine/speculative/schedule.py) picks each round's k from the run's
 measured costs and acceptance, 0 being a plain decode step, and never more than the tokens left less one
 (the token after the drafts comes free). The target's cache therefore never holds more than plain decoding's
 prompt + max_new_tokens - 1 positions, and a speculative run needs no slots beyond a plain one's.
@@ -29,15 +29,11 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, self_drafter
-from engine.layerskip import LayerSkipDrafter
 from engine.sampling import SamplingParams, draw, probs, shown_probs
-from engine.schedule import Schedule
+from engine.speculative.drafters import Draft, Drafter
+from engine.speculative.schedule import Schedule
 from engine.stats import EMITTED_KINDS, Round, Stats, Token
 from engine.timing import now_ms
-
-__all__ = ["accept", "stream", "generate", "Draft", "Drafter", "NgramDrafter", "ModelDrafter", "LayerSkipDrafter",
-           "Schedule", "self_drafter"]
 
 K_MAX = 16
 

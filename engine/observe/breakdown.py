@@ -1,5 +1,5 @@
 """A recorded trace (Chrome Trace Event JSON, as torch.profiler exports it) -> where a step's time went, per
-layer and op class. Pure: no torch, no engine; engine/profile.py records the trace and adds bytes moved.
+layer and op class. Pure: no torch, no engine; engine/observe/profile.py records the trace and adds bytes moved.
 
 The recorder marks what it ran with scopes: a pass window per decode step ("decodescope/step") or verify
 pass ("decodescope/verify"), the model's forward ("decodescope/model"), each Block ("decodescope/layer.<i>"),

@@ -15,21 +15,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-CONTROL = 3  # llama.cpp's token_type for special tokens such as <|im_end|>
-BLOCKS_FILE = "blocks.safetensors"
-Q4_1, Q8_0 = 3, 8  # GGMLQuantizationType values of the block formats we keep
+from engine.checkpoint import store
+from engine.checkpoint.hf import BLOCKS_FILE, LAYER_MODULES, TOP_MODULES
+from engine.checkpoint.store import Progress
 
-Progress = Callable[[str], None]
+CONTROL = 3  # llama.cpp's token_type for special tokens such as <|im_end|>
+# Bump when the conversion changes: cached folders carry it (their names, or their markers), so a new
+# converter rebuilds them and two versions of decodescope sharing a cache never rebuild each other's.
+CONVERTER_VERSION = 2  # 2: the GGUF blocks are kept (blocks.safetensors)
+Q4_1, Q8_0 = 3, 8  # GGMLQuantizationType values of the block formats we keep
 
 
 def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
@@ -71,35 +73,18 @@ def cached(gguf_file: Path, cache_dir: Path | None = None, progress: Progress = 
     """The converted folder for a GGUF file, converting it on the first call. The folder is keyed by the file's
     path, size and modification time and the converter's version, so a changed file is converted again (and
     the folder of its previous version removed)."""
-    from filelock import FileLock
-
-    from engine.default_model import CONVERTER_VERSION, default_cache_dir
-
     gguf_file = Path(gguf_file).expanduser().resolve()
     st = gguf_file.stat()
     source = f"{gguf_file}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}"
-    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    root = root / "gguf"
+    root = store.cache_dir(cache_dir) / "gguf"
     folder = root / f"{gguf_file.stem}-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
-    marker = folder / ".complete"
-    if marker.exists():
+    if store.marker(folder) is not None:
         return folder
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(root / f".{folder.name}.lock"):
-        if marker.exists():  # another process finished it while we waited
+    with store.locked(folder, progress):
+        if store.marker(folder) is not None:  # another process finished it while we waited
             return folder
-        tmp = root / f"{folder.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            convert(gguf_file, tmp, progress)
-            (tmp / ".complete").write_text(json.dumps({"source": str(gguf_file), "key": source}) + "\n")
-            shutil.rmtree(folder, ignore_errors=True)  # a folder without its marker was not finished
-            os.rename(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        for old in root.glob(f"{gguf_file.stem}-*/.complete"):  # earlier versions of the same file
+        store.build(folder, lambda tmp: convert(gguf_file, tmp, progress), {"source": str(gguf_file), "key": source})
+        for old in root.glob(f"{gguf_file.stem}-*/{store.MARKER}"):  # earlier versions of the same file
             if old.parent != folder and json.loads(old.read_text()).get("source") == str(gguf_file):
                 shutil.rmtree(old.parent, ignore_errors=True)
     return folder
@@ -141,9 +126,7 @@ def hf_config(reader) -> dict:
 
 
 def hf_name(name: str) -> str:
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight', through loader's one table."""
-    from engine.loader import LAYER_MODULES, TOP_MODULES
-
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight', through hf.py's one table."""
     top = {g: hf for parts in TOP_MODULES.values() for hf, g in parts}
     layer = {g: hf for parts in LAYER_MODULES.values() for hf, g in parts}
     parts = name.split(".")

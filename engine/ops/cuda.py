@@ -1,4 +1,4 @@
-"""Thin wrappers over the compiled kernels, with the signatures of the twins in ref.py.
+"""Thin wrappers over the CUDA kernels (csrc/*.cuh), with the signatures of the twins in ref.py.
 
 They allocate outputs (or write into `out=`) and the decode-attention workspace; the extension checks
 shapes, dtypes and devices and says which value is wrong. `ops(module)` is what engine.ops.select uses.
@@ -8,6 +8,8 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
+
+from engine.ops.rowwise import RowwiseOps
 
 # csrc/decode_attention.cuh plans its splits on the device from seq_lens; these mirror its constants and rule
 # for the analysis bench/attention.py reports (tests check the mirror against the kernel).
@@ -34,35 +36,7 @@ def active_splits(n_keys: int, tile_keys: int, splits: int) -> tuple[int, int]:
     return max(1, -(-tiles // per)), per * tile_keys
 
 
-class RowwiseOps:
-    """The row-wise ops over a compiled module; the CUDA module (csrc/) and the CPU one (csrc/cpu/) share
-    these names and argument orders."""
-
-    def __init__(self, module: ModuleType):
-        self.module = module
-
-    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None):
-        out = torch.empty_like(x) if out is None else out
-        self.module.rmsnorm(out, x, weight, float(eps))
-        return out
-
-    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-        self.module.add_rmsnorm(x, residual, weight, float(eps))
-        return x
-
-    def rope_(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              positions: torch.Tensor) -> None:
-        self.module.rope(q, k, cos, sin, positions)
-
-    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor | None = None):
-        if out is None:
-            assert gate_up.shape[-1] % 2 == 0, gate_up.shape
-            out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
-        self.module.silu_mul(out, gate_up)
-        return out
-
-
-class FusedOps(RowwiseOps):
+class CudaOps(RowwiseOps):
     """Holds the extension and the attention workspaces, one per (q's shape and dtype, Hkv, device)."""
 
     def __init__(self, module: ModuleType):
@@ -121,6 +95,6 @@ class FusedOps(RowwiseOps):
 
 
 def ops(module: ModuleType) -> dict:
-    """The kernels by op name, bound to one FusedOps: engine.ops.select builds the CUDA OpSet from them."""
-    f = FusedOps(module)
+    """The kernels by op name, bound to one CudaOps: engine.ops.select builds the CUDA OpSet from them."""
+    f = CudaOps(module)
     return dict(**f.opset(), linear_int8=f.linear_int8, linear_q4=f.linear_q4)

@@ -4,7 +4,7 @@ Two targets share the mechanism: "cpu" (csrc/cpu/*.cpp, the host compiler, SIMD 
 the module) and "cuda" (nvcc for csrc/kernels.cu plus the torch-facing host files). `load(target)` never
 raises for the expected reasons the kernels cannot run (no device, DECODESCOPE_NO_EXT=1, no compiler or
 CUDA toolkit, a bad arch list, a failed build); it returns an ExtStatus whose `.reason` says which, and the
-caller runs the torch twins. `python -m engine.ext build [--target cpu|cuda|all]` builds ahead of time.
+caller runs the torch twins. `python -m engine.ops.ext build [--target cpu|cuda|all]` builds ahead of time.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ log = logging.getLogger("decodescope.ext")
 
 # In an installed package the kernel sources ship inside it (engine/csrc); in a source checkout they sit
 # beside engine/.
-_HERE = Path(__file__).resolve().parent
-CSRC = next((p for p in (_HERE / "csrc", _HERE.parent / "csrc") if p.is_dir()), _HERE.parent / "csrc")
+_ENGINE = Path(__file__).resolve().parent.parent
+CSRC = next((p for p in (_ENGINE / "csrc", _ENGINE.parent / "csrc") if p.is_dir()), _ENGINE.parent / "csrc")
 CACHE_ENV = "DECODESCOPE_EXT_CACHE"  # compiled extensions; models live under DECODESCOPE_CACHE
 CUDA_SOURCES = ("kernels.cu", "ops.cpp", "ops_attention.cpp", "bindings.cpp")
 DEFAULT_ARCHS = ("8.0", "8.6", "8.9", "9.0", "12.0")  # when no device is visible to ask
@@ -219,7 +219,7 @@ def load(target: str = "cuda") -> ExtStatus:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.ext", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.ops.ext", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["build"], help="build the kernels ahead of time")
     parser.add_argument("--target", choices=[*TARGETS, "all"], default="all",
                         help="which kernels (default: all; a CPU-only torch reports why CUDA cannot build)")
