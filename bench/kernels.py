@@ -25,24 +25,17 @@ import torch
 from bench.common import markdown_table, provenance, write_results
 from engine.ops import ext
 from engine.observe.bandwidth import measure_gbs
+from engine import weights as W
 from engine.ops import ref
 
 HIDDEN, INTER, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 576, 1536, 30, 49152, 9, 3, 64
 LAYER_SHAPES = [(3 * 320, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in)
-FORMATS = ("f32", "f16", "int8", "q8", "q4")  # the kernels' names: linear_<format>; q8 = Q8_0 exact, int8 = W8A8
+FORMATS = W.PANEL_FORMATS  # every format with a CPU kernel; q8 = Q8_0 with exact activations, int8 = W8A8
 
 
 def random_panels(fmt: str, out: int, n_in: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Random weights in the layout engine.weights.to_panels produces (the values do not change the time)."""
-    P, nb = -(-out // 16), -(-n_in // 32)
-    scales = lambda: (torch.rand(P, nb, 16, generator=g) * 0.01).half()  # noqa: E731
-    if fmt == "f32":
-        return (torch.randn(P, n_in, 16, generator=g),)
-    if fmt == "f16":
-        return (torch.randn(P, n_in, 16, generator=g).half(),)
-    if fmt in ("int8", "q8"):
-        return torch.randint(1, 256, (P, nb, 8, 16, 4), dtype=torch.uint8, generator=g), scales()
-    return torch.randint(0, 256, (P, nb, 16, 16), dtype=torch.uint8, generator=g), scales(), scales()
+    """Random weights packed as engine.weights packs them for the CPU kernels (the values do not change the time)."""
+    return W.to_panels(W.quantize(torch.randn(out, n_in, generator=g) * 0.02, fmt))
 
 
 def step_weights(fmt: str, g: torch.Generator) -> list[tuple[int, int, tuple]]:
@@ -107,7 +100,7 @@ def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, probe: ReadProbe
     g = torch.Generator().manual_seed(0)
     weights = step_weights(fmt, g)
     nbytes = sum(t.numel() * t.element_size() for _, _, ts in weights for t in ts)
-    kernel = getattr(m, f"linear_{fmt}")
+    code = m.formats().index(fmt)
 
     def step_for(T: int):
         xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)}
@@ -115,7 +108,7 @@ def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, probe: ReadProbe
 
         def step():
             for (_, n_in, ts), y in zip(weights, outs, strict=True):
-                kernel(y, xs[n_in], *ts)
+                m.linear(y, xs[n_in], code, list(ts))
         return step
 
     best = best_of_each({"read": probe, **{T: step_for(T) for T in rows_list}}, repeats)

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-# our weight format -> llama.cpp's file type of the same bytes per weight
-FORMATS = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0", "q4": "Q4_1"}
+from engine import weights as W
+
+# our weight format -> llama.cpp's file type of the same bytes per weight (the formats' records name it)
+FORMATS = {name: f.gguf for name, f in W.REGISTRY.items() if f.pickable and f.gguf and f.name != "bf16"}
 
 
 def unavailable() -> str | None:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 from engine import Engine, Tokenizer, graphs, load_model
-from engine.weights import FORMATS
+from engine.weights import FORMATS, QUANTIZED
 from engine.tiny import write_tiny_model
 
 
@@ -50,8 +50,8 @@ def parse_args(argv=None):
                            "picks (no value, or 'auto'), or running the first N")
     spec.add_argument("--draft", metavar="MODEL", help="speculate with a smaller model of the same vocabulary "
                                                        "(folder, hub id or GGUF file)")
-    spec.add_argument("--self-draft", choices=("q4", "int8"), help="speculate with the model itself in a cheaper "
-                                                                    "weight format (a second copy of the weights)")
+    spec.add_argument("--self-draft", choices=[f for f in FORMATS if f in QUANTIZED],
+                      help="speculate with the model itself in a cheaper weight format (a second copy of the weights)")
     p.add_argument("-k", type=int, default=5, help="the most draft tokens a round proposes")
     p.add_argument("--fixed-k", action="store_true",
                    help="draft k tokens every round instead of letting the schedule pick (0..k) per round")

@@ -9,13 +9,15 @@ advanced the cache's length by T, see Engine._forward):
   prefill  causal attention over the prompt itself (SDPA); the cache held nothing before it.
   cached   T queries per row against the cache: a decode step (T = 1) or a verify pass (T = k + 1),
            ops.attention (the fused kernel where it runs), optionally windowed with attention sinks.
-           With the CPU kernels the blocks of this path run in one native call (ops.blocks): the same
-           kernels in the same order as Block.forward, without Python between them.
+           With the CPU kernels the blocks of this path run in one native call (ops.blocks, whose loop is
+           csrc/cpu/ops_blocks.cpp BlockPlan::run): the same kernels in the same order as Block.forward,
+           without Python between them, unless `python_blocks` asks for Block.forward itself.
 The residual stream goes through add+rmsnorm, so a block is attn -> (add + norm) -> mlp -> (add + norm)
 and the norm of the next block (or the final norm) is fused into this block's last add.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -124,7 +126,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, h: torch.Tensor, next_norm: RMSNorm, s: ForwardContext) -> torch.Tensor:
         """x: this block's attn_norm(h), [N, C]; h: the residual stream. Returns next_norm(h) for the block
-        after it; add_rmsnorm adds each branch into h IN PLACE, so h leaves as the new residual stream."""
+        after it; add_rmsnorm adds each branch into h IN PLACE, so h leaves as the new residual stream.
+        Its native twin, for the CPU kernels' cached forwards: csrc/cpu/ops_blocks.cpp BlockPlan::run."""
         eps = self.attn_norm.eps
         x = s.ops.add_rmsnorm(self.attn(x, s), h, self.mlp_norm.weight, eps)
         return s.ops.add_rmsnorm(self.mlp(x, s), h, next_norm.weight, eps)
@@ -144,6 +147,9 @@ class Transformer(nn.Module):
         self.path = None  # the folder it was loaded from
         self.eos_ids: tuple[int, ...] = cfg.eos_token_ids
         self.version = 0  # bumped whenever something a captured graph reads by address is replaced
+        # True: cached forwards run Block.forward in Python even where the OpSet has a native block loop; for
+        # whoever hooks the blocks (layer-skip calibration), whose hooks the native loop would not call
+        self.python_blocks = False
 
     @property
     def device(self) -> torch.device:
@@ -200,12 +206,19 @@ class Transformer(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(x).float()
 
+    @contextmanager
+    def blocks_in_python(self):
+        """Run Block.forward for every block while inside (see python_blocks): hooks on the blocks then run."""
+        saved, self.python_blocks = self.python_blocks, True
+        try:
+            yield self
+        finally:
+            self.python_blocks = saved
+
     def native_blocks(self, s: ForwardContext) -> bool:
         """Whether this forward runs its blocks in one native call (the CPU kernels' ops.blocks): decode
-        steps and verify passes whose positions the host knows, unless something hooks a block (layer-skip
-        calibration, the profiler's per-block scopes on the Python path), which needs Block.forward to run."""
-        return (self.ops.blocks is not None and s.mode == "cached" and s.start is not None
-                and not any(b._forward_hooks or b._forward_pre_hooks for b in self.layers))
+        steps and verify passes whose positions the host knows, unless python_blocks is set."""
+        return self.ops.blocks is not None and s.mode == "cached" and s.start is not None and not self.python_blocks
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, mode: str, kv_limit: int | None = None,
                 last_only: bool = False, window: int = 0, sinks: int = 0, start: int | None = None) -> torch.Tensor:

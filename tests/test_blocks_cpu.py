@@ -75,17 +75,21 @@ def test_biases_and_the_engine_path():
     assert fast == slow and len(calls) >= 11
 
 
-def test_a_hooked_block_runs_in_python():
-    """Layer-skip calibration and the profiler's Python-path scopes hook blocks: their forwards must run."""
+def test_hooked_blocks_run_in_python_only_when_asked():
+    """The native loop calls no Python per block: whoever hooks the blocks (layer-skip calibration) asks for
+    Block.forward with blocks_in_python(), an explicit choice rather than one sniffed from the hooks."""
     model = random_model(tiny_config(), weights="fp32", seed=5)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
     seen = []
     handle = model.layers[2].register_forward_hook(lambda mod, args, out: seen.append(out.shape))
     try:
-        prompt = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
         run(model, model.ops, prompt[:, :2], prompt)
+        assert len(seen) == 1  # the prefill only: the cached forward ran natively
+        with model.blocks_in_python():
+            run(model, model.ops, prompt[:, :2], prompt)
+        assert len(seen) == 3 and not model.python_blocks  # the prefill and the cached forward; the flag restored
     finally:
         handle.remove()
-    assert len(seen) == 2  # the prefill and the cached forward
 
 
 def test_bad_input_is_named():
@@ -93,20 +97,29 @@ def test_bad_input_is_named():
     model = random_model(tiny_config(), weights="fp32", seed=6)
     cache = KVCache(model.config, 1, 16, torch.float32, "cpu")
     norm, bias = model.norm.weight, torch.empty(0)
-    w = [t for lin in (model.layers[0].attn.wqkv, model.layers[0].attn.wo, model.layers[0].mlp.w_gate_up,
-                       model.layers[0].mlp.w_down) for t in lin.weight.tensors]
-    good = [norm, norm, cache.layer_k[0], cache.layer_v[0], bias, *w]
+    code = {name: i for i, name in enumerate(module.formats())}
+    lin = model.layers[0]
+
+    def proj(linear, fmt=None, tensors=None):
+        return module.Projection(code[fmt or linear.weight.fmt], list(tensors or linear.weight.tensors))
+
+    def block(qkv=None, v_cache=None):
+        return module.BlockWeights(mlp_norm=norm, next_norm=norm, k_cache=cache.layer_k[0],
+                                   v_cache=cache.layer_v[0] if v_cache is None else v_cache, qkv_bias=bias,
+                                   qkv=qkv or proj(lin.attn.wqkv), o=proj(lin.attn.wo), gate_up=proj(lin.mlp.w_gate_up),
+                                   down=proj(lin.mlp.w_down))
+
     cfg = model.config
     args = (cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, 1e-5, 0.25)
-    with pytest.raises(RuntimeError, match="formats must hold 4 codes per layer"):
-        module.BlockPlan([good], [0], *args)
-    with pytest.raises(RuntimeError, match="must list 9 tensors"):
-        module.BlockPlan([good[:6]], [0, 0, 0, 0], *args)
+    with pytest.raises(RuntimeError, match="qkv is q4, whose weights are 3 packed tensor"):
+        module.BlockPlan([block(qkv=proj(lin.attn.wqkv, fmt="q4"))], *args)
     with pytest.raises(RuntimeError, match="unknown weight format code 7"):
-        module.BlockPlan([good], [7, 0, 0, 0], *args)
+        module.BlockPlan([block(qkv=module.Projection(7, list(lin.attn.wqkv.weight.tensors)))], *args)
     with pytest.raises(RuntimeError, match="k_cache and v_cache must be"):
-        module.BlockPlan([[norm, norm, cache.layer_k[0], cache.layer_v[0][:, :, :8], bias, *w]], [0] * 4, *args)
-    plan = module.BlockPlan([good], [0] * 4, *args)
+        module.BlockPlan([block(v_cache=cache.layer_v[0][:, :, :8])], *args)
+    with pytest.raises(RuntimeError, match="at least one block"):
+        module.BlockPlan([], *args)
+    plan = module.BlockPlan([block()], *args)
     h = torch.zeros(1, cfg.hidden_size)
     model.ensure_rope(16)
     with pytest.raises(RuntimeError, match="must lie below kv_limit = 20, at most the cache's 16"):
@@ -120,12 +133,13 @@ def test_a_plan_lives_with_its_cache():
     prompt = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
     run(model, model.ops, prompt[:, :1], prompt)
     gc.collect()
-    assert len(model._block_plans) == 0  # run()'s cache is gone, and its plan with it
+    plans = model.ops.blocks.__self__.plans  # the CPU OpSet's plan cache: cache -> (model, version, plan)
+    assert len(plans) == 0  # run()'s cache is gone, and its plan with it
     eng = Engine(model, max_seq_len=32)
     eng.generate(prompt[0].tolist(), 3)
-    assert list(model._block_plans) == [eng.cache]
+    assert list(plans) == [eng.cache]
     version = model.version
     model.ensure_rope(4096)  # a new version: the next forward plans again
     assert model.version != version
     eng.generate(prompt[0].tolist(), 3)
-    assert model._block_plans[eng.cache][0] == model.version
+    assert plans[eng.cache][1] == model.version

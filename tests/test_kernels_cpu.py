@@ -27,7 +27,12 @@ from engine import weights as W
 from engine.ops import ref
 
 NAN = float("nan")
-KERNEL = {"fp32": "linear_f32", "fp16": "linear_f16", "int8": "linear_int8", "q8": "linear_q8", "q4": "linear_q4"}
+KERNEL_FORMATS = W.PANEL_FORMATS  # every format with a CPU kernel, q8 (a q4 model's head) included
+
+
+def linear(m, fmt: str, out: torch.Tensor, x: torch.Tensor, *tensors: torch.Tensor) -> None:
+    """The module's one linear, for the format named as engine/weights names it."""
+    m.linear(out, x, m.formats().index(fmt), list(tensors))
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +68,7 @@ ROWS = [1, 2, 5, 6, 16, 17, 33]
 
 def check_linear(m, fmt: str, b: W.Blocks, x: torch.Tensor, what: str) -> None:
     out = torch.full((x.shape[0], b.out_features), NAN)
-    getattr(m, KERNEL[fmt])(out, x, *W.to_panels(b))
+    linear(m, fmt, out, x, *W.to_panels(b))
     if fmt == "int8":
         qx, dx = ref.quantize_activations(x, b.q.shape[1])
         sums = torch.einsum("nbi,obi->nob", qx, b.q.float().view(b.out_features, -1, 32))
@@ -82,7 +87,7 @@ def assert_within(out: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, wh
     assert excess.max() <= 0, f"{what}: |out - twin| exceeds the bound by {excess.max():.3g}"
 
 
-@pytest.mark.parametrize("fmt", list(KERNEL))
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS)
 @pytest.mark.parametrize("n_in", IN_SIZES)
 def test_linear(m, fmt, n_in):
     x_all = randn(max(ROWS), n_in, seed=n_in, scale=2.0)
@@ -99,14 +104,14 @@ def test_q4_kernel_equals_dequantize_then_matmul(cpu_module):
     x = randn(3, 576, seed=12)
     b = W.quantize(w, "q4")
     out = torch.empty(3, 300)
-    cpu_module.linear_q4(out, x, *W.to_panels(b))
+    linear(cpu_module, "q4", out, x, *W.to_panels(b))
     w_fp32 = W.dequantize(b)
     assert_within(out, x @ w_fp32.t(), 1e-5 * (x.abs() @ w_fp32.abs().t()), "q4 vs the fp32 matmul")
 
 
 def test_prefill_rows_and_a_large_panel_count(cpu_module):
     """128 rows (prefill, many row tiles per panel) and 300 panels split across threads."""
-    for fmt in KERNEL:
+    for fmt in KERNEL_FORMATS:
         b = W.quantize(randn(4800, 100, seed=5), fmt)
         check_linear(cpu_module, fmt, b, randn(128, 100, seed=6), f"{fmt} T=128")
 
@@ -119,9 +124,13 @@ def test_tied_head_in_8_bit_blocks(cpu_module, fmt):
     check_linear(cpu_module, fmt, b, randn(2, 576, seed=8), f"{fmt} head")
 
 
-def test_linear_handles_no_rows(cpu_module):
+def test_linear_handles_no_rows_and_no_inputs(cpu_module):
     b = W.quantize(randn(17, 64, seed=1), "q4")
-    cpu_module.linear_q4(torch.empty(0, 17), torch.empty(0, 64), *W.to_panels(b))
+    linear(cpu_module, "q4", torch.empty(0, 17), torch.empty(0, 64), *W.to_panels(b))
+    for fmt in KERNEL_FORMATS:  # a zero-width input: an empty sum, zeros (no block prologue divides by it)
+        out = torch.full((3, 17), NAN)
+        linear(cpu_module, fmt, out, torch.empty(3, 0), *W.to_panels(W.quantize(torch.empty(17, 0), fmt)))
+        assert torch.equal(out, torch.zeros(3, 17)), fmt
 
 
 def test_threads_and_concurrent_callers(cpu_module):
@@ -134,7 +143,7 @@ def test_threads_and_concurrent_callers(cpu_module):
     torch.set_num_threads(1)
     try:
         out = torch.empty(4, 2000)
-        cpu_module.linear_int8(out, x, *panels)
+        linear(cpu_module, "int8", out, x, *panels)
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(n)
@@ -142,7 +151,7 @@ def test_threads_and_concurrent_callers(cpu_module):
 
     def call(y):
         for _ in range(20):
-            cpu_module.linear_int8(y, x, *panels)
+            linear(cpu_module, "int8", y, x, *panels)
 
     threads = [threading.Thread(target=call, args=(y,)) for y in outs]
     for t in threads:
@@ -266,18 +275,22 @@ def test_errors_name_the_values(cpu_module):
     x, out = torch.randn(2, 100), torch.empty(2, 17)
     (w,) = W.to_panels(W.quantize(torch.randn(17, 100), "fp32"))
     with pytest.raises(RuntimeError, match=r"w must be \[P, in, 16\] = \[2, 100, 16\], got \[2, 64, 16\]"):
-        m.linear_f32(out, x, w[:, :64].contiguous())
+        linear(m, "fp32", out, x, w[:, :64].contiguous())
     with pytest.raises(RuntimeError, match="w must be Float, got Half"):
-        m.linear_f32(out, x, w.half())
+        linear(m, "fp32", out, x, w.half())
     with pytest.raises(RuntimeError, match="x must be contiguous"):
-        m.linear_f32(out, torch.randn(100, 2).t(), w)
+        linear(m, "fp32", out, torch.randn(100, 2).t(), w)
     with pytest.raises(RuntimeError, match=r"out must be \[T, out\] with T = 2, got \[3, 17\]"):
-        m.linear_f32(torch.empty(3, 17), x, w)
+        linear(m, "fp32", torch.empty(3, 17), x, w)
     qs, d = W.to_panels(W.quantize(torch.randn(17, 100), "int8"))
     with pytest.raises(RuntimeError, match=r"d must be \[P, nb, 16\] = \[2, 4, 16\], got \[2, 4, 15\]"):
-        m.linear_int8(out, x, qs, d[..., :15].contiguous())
+        linear(m, "int8", out, x, qs, d[..., :15].contiguous())
     with pytest.raises(RuntimeError, match="x must be Float, got Double"):
-        m.linear_q8(out, x.double(), qs, d)
+        linear(m, "q8", out, x.double(), qs, d)
+    with pytest.raises(RuntimeError, match="q4 weights are 3 packed tensor"):
+        linear(m, "q4", out, x, qs, d)
+    with pytest.raises(RuntimeError, match=r"unknown weight format code 9 \(0\.\.4: "):
+        m.linear(out, x, 9, [qs, d])
     with pytest.raises(RuntimeError, match=r"weight must be \[hidden\] = \[8\], got \[9\]"):
         m.rmsnorm(torch.empty(2, 8), torch.randn(2, 8), torch.ones(9), 1e-5)
     cos = torch.randn(10, 32)

@@ -70,7 +70,7 @@ def test_padded_outputs_are_zero(fmt):
 
 
 def test_bf16_and_bad_shapes_are_refused():
-    with pytest.raises(ValueError, match="no panel layout for 'bf16'"):
+    with pytest.raises(ValueError, match="the CPU kernels have no layout for 'bf16'"):
         W.to_panels(blocks("bf16", 16, 32))
     qs, d = W.to_panels(blocks("int8", 17, 64))
     bad = r"int8 panels for \[17, 96\] must be \[2, 3, 8, 16, 4\], got \[2, 2, 8, 16, 4\]"

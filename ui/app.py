@@ -8,7 +8,7 @@ import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch l
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from engine.weights import FORMATS
+    from engine.weights import FORMATS, QUANTIZED
     from ui.startup import DEFAULT_MODEL, KNOWN_MODELS
 
     p = argparse.ArgumentParser(prog="decodescope",
@@ -19,7 +19,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft", action="append", default=[], metavar="PATH_OR_ID",
                    help="a draft model for 'draft model' mode (same vocabulary; folder, hub id or GGUF file); "
                         "repeat for several")
-    p.add_argument("--self-draft", choices=("q4", "int8", "none"), default="q4",
+    p.add_argument("--self-draft", choices=(*[f for f in FORMATS if f in QUANTIZED], "none"), default="q4",
                    help="the weight format of the model's own copy that drafts for it in 'self-draft' mode")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--weights", choices=FORMATS, default=None,

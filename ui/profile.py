@@ -16,6 +16,7 @@ import gradio as gr
 
 from engine.observe import profile as engine_profile
 from engine.observe.provenance import Telemetry
+from engine import weights
 from engine.weights import FORMATS
 from ui import render
 from ui.callbacks import Session, parse_settings
@@ -43,7 +44,7 @@ def default_against(rt: Runtime) -> str:
     dequantizes every weight on every call (a reference, not a runtime: ~165 ms a q4 step of the default
     model against ~5 ms with the kernels), so profiling it would cost the page ~7 s; "kernels" stays one
     pick away."""
-    cpu_quantized = rt.engine.device.type == "cpu" and rt.weight_format in ("int8", "q4")
+    cpu_quantized = rt.engine.device.type == "cpu" and weights.get(rt.weight_format).quantized
     if cpu_quantized and rt.fused_reason is None and rt.formats().get("fp32", "") is None:
         return "weights fp32"
     return next((a for a, why in (("kernels", rt.fused_reason), ("CUDA graphs", rt.graphs_reason)) if why is None),

@@ -126,7 +126,8 @@ class Runtime:
         if self.load_format is None:
             return {f: None if f in self.engines else "only the launch format is loaded" for f in FORMATS}
         cpu_kernels = self.engine.device.type == "cpu" and self.fused_reason is None
-        return {f: f"{f} has no CPU kernel (fp16 stores half the bytes)" if cpu_kernels and f not in PANEL_FORMATS
+        runs = ", ".join(f for f in FORMATS if f in PANEL_FORMATS)
+        return {f: f"{f} has no CPU kernel (the CPU kernels run {runs})" if cpu_kernels and f not in PANEL_FORMATS
                 else None for f in FORMATS}
 
     def engine_for(self, fmt: str):

@@ -1,6 +1,9 @@
 // Registers the torch-facing functions of ops.h; nothing else lives here.
 #include <torch/python.h>  // pybind11 plus the at::Tensor casters
 
+#include <utility>
+#include <vector>
+
 #include "ops.h"
 #include "pool.h"
 
@@ -22,19 +25,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &c::attention, "T new queries per row against a [B, Hkv, S, D] cache, split across threads",
         py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"), py::arg("scale"),
         py::arg("window") = 0, py::arg("sinks") = 0);
-  m.def("linear_f32", &c::linear_f32, "out = x @ W^T, W fp32 panels", py::arg("out"), py::arg("x"), py::arg("w"));
-  m.def("linear_f16", &c::linear_f16, "out = x @ W^T, W fp16 panels", py::arg("out"), py::arg("x"), py::arg("w"));
-  m.def("linear_int8", &c::linear_int8, "out = x @ W^T, W Q8_0 panels, activations quantized to int8",
-        py::arg("out"), py::arg("x"), py::arg("qs"), py::arg("d"));
-  m.def("linear_q8", &c::linear_q8, "out = x @ W^T, W Q8_0 panels, fp32 activations", py::arg("out"),
-        py::arg("x"), py::arg("qs"), py::arg("d"));
-  m.def("linear_q4", &c::linear_q4, "out = x @ W^T, W Q4_1 panels, fp32 activations", py::arg("out"), py::arg("x"),
-        py::arg("qs"), py::arg("d"), py::arg("m"));
+  m.def("formats", &c::format_names, "the weight formats' names in code order (engine/weights' records)");
+  m.def("linear", &c::linear_packed, "out = x @ W^T, W in weight format `format` (a code), packed in panels",
+        py::arg("out"), py::arg("x"), py::arg("format"), py::arg("w"));
+  py::class_<c::Projection>(m, "Projection", "one projection of a block: its format code and packed tensors")
+      .def(py::init([](int64_t format, std::vector<at::Tensor> tensors) {
+             return c::Projection{format, std::move(tensors)};
+           }),
+           py::arg("format"), py::arg("tensors"));
+  py::class_<c::BlockWeights>(m, "BlockWeights", "one block's weights and KV cache, as the block loop reads them")
+      .def(py::init([](at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor k_cache, at::Tensor v_cache,
+                       at::Tensor qkv_bias, c::Projection qkv, c::Projection o, c::Projection gate_up,
+                       c::Projection down) {
+             return c::BlockWeights{mlp_norm, next_norm, k_cache, v_cache, qkv_bias, qkv, o, gate_up, down};
+           }),
+           py::arg("mlp_norm"), py::arg("next_norm"), py::arg("k_cache"), py::arg("v_cache"), py::arg("qkv_bias"),
+           py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"));
   py::class_<c::BlockPlan>(m, "BlockPlan", "the transformer blocks of a cached forward, planned for one call")
-      .def(py::init<std::vector<std::vector<at::Tensor>>, std::vector<int64_t>, int64_t, int64_t, int64_t, double,
-                    double>(),
-           py::arg("layers"), py::arg("formats"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("intermediate"),
-           py::arg("eps"), py::arg("scale"))
+      .def(py::init<std::vector<c::BlockWeights>, int64_t, int64_t, int64_t, double, double>(), py::arg("layers"),
+           py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("intermediate"), py::arg("eps"), py::arg("scale"))
       .def("run", &c::BlockPlan::run, "every block in one call; h updated in place, the final norm returned",
            py::arg("x"), py::arg("h"), py::arg("positions"), py::arg("cos"), py::arg("sin"), py::arg("seq_lens"),
            py::arg("start"), py::arg("kv_limit"), py::arg("window"), py::arg("sinks"));

@@ -14,6 +14,7 @@
 // their height is bounded by the register file: kRows* below.
 #pragma once
 
+#include <array>
 #include <cstring>
 #include <type_traits>
 
@@ -254,6 +255,17 @@ struct Gemm {
   static void linear_q4(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4, kRowsQ4>(a, p0, p1); }
   static void linear_int8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<I8, kRowsI8>(a, p0, p1); }
   static void linear_q8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q8, kRowsQ4>(a, p0, p1); }
+
+  // KernelTable::linear: each format's kernel at its code.
+  static constexpr std::array<LinearFn, kNumFormats> linears() {
+    std::array<LinearFn, kNumFormats> t{};
+    t[kFp32] = linear_f32;
+    t[kFp16] = linear_f16;
+    t[kInt8] = linear_int8;
+    t[kQ8] = linear_q8;
+    t[kQ4] = linear_q4;
+    return t;
+  }
 
   // The recipe of engine/ops/ref.py quantize_activations, bit for bit: per row and block of 32, amax,
   // inv = 127 / amax, qx = round_half_even(x * inv), dx = amax / 127 (all fp32; zeros for a zero block);

@@ -6,12 +6,17 @@
 // Letters: T rows of activations (tokens), P panels of 16 outputs, nb blocks of 32 inputs (nb = ceil(in/32)).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace decodescope::cpu {
 
 constexpr int kPanel = 16;  // outputs per panel: one 512-bit register of fp32
 constexpr int kBlock = 32;  // inputs per quantization block (GGUF Q8_0 / Q4_1)
+
+// The weight formats the CPU kernels run: the index of KernelTable::linear and of formats.h's records, which
+// carry the names engine/weights' records have (engine/ops/cpu.py maps names to these codes at load).
+enum Format : int { kFp32, kFp16, kInt8, kQ8, kQ4, kNumFormats };
 
 // y[T, n_out] = x[T, in] @ W^T over panels [p0, p1). Rows `ldx` / `ldy` floats apart.
 // f32: w [P, in, 16] fp32.  f16: w [P, in, 16] fp16 bits.
@@ -87,9 +92,10 @@ struct AttentionArgs {
 using AttentionFn = void (*)(const AttentionArgs&, int64_t item0, int64_t item1);       // items b, kvh, split
 using AttentionMergeFn = void (*)(const AttentionArgs&, int64_t row0, int64_t row1);     // rows b, t, h
 
+// One per instruction set, its fields set by name (designated initializers) in kernels_<isa>.cpp.
 struct KernelTable {
   const char* name;  // what isa() reports
-  LinearFn linear_f32, linear_f16, linear_q4, linear_int8, linear_q8;
+  std::array<LinearFn, kNumFormats> linear;  // by Format
   QuantizeRowsFn quantize_rows;
   NormFn norm;
   SiluMulFn silu_mul;

@@ -32,24 +32,34 @@ void silu_mul(at::Tensor& out, const at::Tensor& gate_up);
 void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                const at::Tensor& seq_lens, double scale, int64_t window, int64_t sinks);
 
-// out[T, n_out] = x[T, in] @ W^T, W packed in panels of 16 outputs by engine/weights.py to_panels.
-void linear_f32(at::Tensor& out, const at::Tensor& x, const at::Tensor& w);  // w: [P, in, 16] fp32
-void linear_f16(at::Tensor& out, const at::Tensor& x, const at::Tensor& w);  // w: [P, in, 16] fp16
-// qs: [P, nb, 8, 16, 4] uint8 (q + 128); d: [P, nb, 16] fp16.
-// int8: activations quantized per block of 32 (llama.cpp's Q8_0 recipe); q8: activations left fp32 (exact).
-void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);
-void linear_q8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);
-// qs: [P, nb, 16, 16] uint8 nibble pairs; d, m: [P, nb, 16] fp16. fp32 activations.
-void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m);
+// out[T, n_out] = x[T, in] @ W^T for W in weight format `format` (kernels.h Format; names in format_names()),
+// packed in panels of 16 outputs by engine/weights: w holds the format's packed tensors (formats.h says which,
+// and checks them). x stays fp32; what each format's kernel does with it is its record's `activations`.
+void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tensor* w);
+void linear_packed(at::Tensor& out, const at::Tensor& x, int64_t format, const std::vector<at::Tensor>& w);
+std::vector<std::string> format_names();  // the formats' names in code order
 
-// The blocks of a cached forward in one call (ops_blocks.cpp), planned once per model and KV cache.
-// layers[i]: mlp_norm, the next norm (the final norm after the last block), k_cache and v_cache
-// [B, Hkv, S, D], the qkv bias (or an empty tensor), then the packed tensors of qkv, o, gate_up and down,
-// whose weight format codes (fp32 0, fp16 1, int8 2, q8 3, q4 4) are formats[4i..4i+3].
+// One projection of a block: its format and packed tensors.
+struct Projection {
+  int64_t format = 0;
+  std::vector<at::Tensor> tensors;
+};
+
+// One block's weights and KV cache, as the block loop reads them (engine/ops/cpu.py fills it by name).
+struct BlockWeights {
+  at::Tensor mlp_norm;   // [C]
+  at::Tensor next_norm;  // [C]: the next block's attn_norm, the final norm after the last block
+  at::Tensor k_cache, v_cache;  // [B, Hkv, S, D], the same shape in every block
+  at::Tensor qkv_bias;   // [Q + 2 KV], or an empty tensor
+  Projection qkv, o, gate_up, down;
+};
+
+// The blocks of a cached forward in one call (ops_blocks.cpp), planned once per model and KV cache: the
+// same kernels in the same order as engine/model.py's Block.forward.
 class BlockPlan {
  public:
-  BlockPlan(std::vector<std::vector<at::Tensor>> layers, std::vector<int64_t> formats, int64_t n_heads,
-            int64_t n_kv_heads, int64_t intermediate, double eps, double scale);
+  BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t n_kv_heads, int64_t intermediate, double eps,
+            double scale);
   // x = attn_norm_0(h) [N = B*T, C] in; the last block's output (the final norm of h) out; h, the residual
   // stream, updated in place. The new K/V go to positions start..start+T-1 of every row (positions: [N]);
   // attention reads keys below kv_limit, windowed as attention() says.
@@ -58,8 +68,7 @@ class BlockPlan {
                  int64_t sinks) const;
 
  private:
-  std::vector<std::vector<at::Tensor>> layers_;
-  std::vector<int64_t> formats_;
+  std::vector<BlockWeights> layers_;
   int64_t n_heads_, n_kv_heads_, intermediate_, batch_ = 0, max_len_ = 0, head_dim_ = 0;
   double eps_, scale_;
 };

@@ -1,7 +1,7 @@
 // The transformer blocks of a cached forward (a decode step or a verify pass) in one call: the same kernels,
 // in the same order, as engine/model.py's Block.forward with the CPU OpSet, without ~30 Python round trips
 // per block (module calls, views, the OpSet's wrappers), which on the 2-core box cost about as much as the
-// q4 GEMMs themselves. engine/ops/cpu.py builds the per-layer lists; model.py says when this path runs.
+// q4 GEMMs themselves. engine/ops/cpu.py fills the BlockWeights; engine/model.py says when this path runs.
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
@@ -11,25 +11,11 @@
 #include <vector>
 
 #include "checks.h"
+#include "formats.h"
 #include "ops.h"
 
 namespace decodescope::cpu {
 namespace {
-
-// Tensors per projection by format code (engine/ops/cpu.py FORMAT_CODES), as engine/weights.py packs them.
-constexpr int kFormats = 5;
-constexpr int kTensorsPerFormat[kFormats] = {1, 1, 2, 2, 3};  // fp32 w, fp16 w, int8 qs d, q8 qs d, q4 qs d m
-
-void linear(int64_t fmt, at::Tensor& out, const at::Tensor& x, const at::Tensor* w) {
-  switch (fmt) {
-    case 0: return linear_f32(out, x, w[0]);
-    case 1: return linear_f16(out, x, w[0]);
-    case 2: return linear_int8(out, x, w[0], w[1]);
-    case 3: return linear_q8(out, x, w[0], w[1]);
-    case 4: return linear_q4(out, x, w[0], w[1], w[2]);
-    default: TORCH_CHECK(false, "unknown weight format code ", fmt, " (0..", kFormats - 1, ")");
-  }
-}
 
 // k, v: [B, T, Hkv, D] views with the same strides (dense heads) into the caches [B, Hkv, S, D] (the same
 // strides too) at positions start..start+T-1.
@@ -51,39 +37,34 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, con
 
 }  // namespace
 
-BlockPlan::BlockPlan(std::vector<std::vector<at::Tensor>> layers, std::vector<int64_t> formats, int64_t n_heads,
-                     int64_t n_kv_heads, int64_t intermediate, double eps, double scale)
-    : layers_(std::move(layers)), formats_(std::move(formats)), n_heads_(n_heads), n_kv_heads_(n_kv_heads),
-      intermediate_(intermediate), eps_(eps), scale_(scale) {
+BlockPlan::BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t n_kv_heads, int64_t intermediate,
+                     double eps, double scale)
+    : layers_(std::move(layers)), n_heads_(n_heads), n_kv_heads_(n_kv_heads), intermediate_(intermediate), eps_(eps),
+      scale_(scale) {
   TORCH_CHECK(!layers_.empty(), "layers must list at least one block");
-  TORCH_CHECK(formats_.size() == 4 * layers_.size(), "formats must hold 4 codes per layer (qkv, o, gate_up, down): ",
-              4 * layers_.size(), " for ", layers_.size(), " layers, got ", formats_.size());
   TORCH_CHECK(intermediate > 0, "intermediate = ", intermediate, " must be positive");
   TORCH_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_heads = ", n_heads,
               " must be a multiple of n_kv_heads = ", n_kv_heads);
   for (size_t i = 0; i < layers_.size(); ++i) {
-    const std::vector<at::Tensor>& L = layers_[i];
-    size_t want = 5;
-    for (int j = 0; j < 4; ++j) {
-      const int64_t f = formats_[4 * i + j];
-      TORCH_CHECK(f >= 0 && f < kFormats, "layer ", i, ": unknown weight format code ", f);
-      want += kTensorsPerFormat[f];
+    const BlockWeights& L = layers_[i];
+    for (const auto& [name, p] : {std::pair{"qkv", &L.qkv}, {"o", &L.o}, {"gate_up", &L.gate_up}, {"down", &L.down}}) {
+      const FormatRecord& f = format_record(p->format);
+      TORCH_CHECK(static_cast<int>(p->tensors.size()) == f.n_tensors, "layer ", i, ": ", name, " is ", f.name,
+                  ", whose weights are ", f.n_tensors, " packed tensor(s), got ", p->tensors.size());
     }
-    TORCH_CHECK(L.size() == want, "layer ", i, " must list ", want, " tensors (mlp_norm, next_norm, k_cache, ",
-                "v_cache, qkv bias or an empty tensor, then each projection's packed tensors), got ", L.size());
-    const at::Tensor &k_cache = L[2], &v_cache = L[3];
-    check_cpu(k_cache, "k_cache");
-    check_dtype(k_cache, "k_cache", at::kFloat);
-    check_dtype(v_cache, "v_cache", at::kFloat);
-    TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(1) == n_kv_heads && k_cache.stride(3) == 1 &&
-                    v_cache.sizes() == k_cache.sizes() && v_cache.strides() == k_cache.strides() &&
-                    k_cache.sizes() == layers_[0][2].sizes(),
+    check_cpu(L.k_cache, "k_cache");
+    check_dtype(L.k_cache, "k_cache", at::kFloat);
+    check_dtype(L.v_cache, "v_cache", at::kFloat);
+    const at::Tensor& first = layers_[0].k_cache;
+    TORCH_CHECK(L.k_cache.dim() == 4 && L.k_cache.size(1) == n_kv_heads && L.k_cache.stride(3) == 1 &&
+                    L.v_cache.sizes() == L.k_cache.sizes() && L.v_cache.strides() == L.k_cache.strides() &&
+                    L.k_cache.sizes() == first.sizes(),
                 "layer ", i, ": k_cache and v_cache must be [B, Hkv = ", n_kv_heads, ", S, D] alike in every layer, got ",
-                k_cache.sizes(), " and ", v_cache.sizes());
+                L.k_cache.sizes(), " and ", L.v_cache.sizes());
   }
-  batch_ = layers_[0][2].size(0);
-  max_len_ = layers_[0][2].size(2);
-  head_dim_ = layers_[0][2].size(3);
+  batch_ = layers_[0].k_cache.size(0);
+  max_len_ = layers_[0].k_cache.size(2);
+  head_dim_ = layers_[0].k_cache.size(3);
 }
 
 at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tensor& positions, const at::Tensor& cos,
@@ -105,19 +86,16 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
   at::Tensor x = x_in.clone(at::MemoryFormat::Contiguous), next = at::empty_like(h), y, y_flat, qkv, o, gate_up, act;
   for (size_t i = 0; i < layers_.size(); ++i) {
     RECORD_FUNCTION("decodescope/layer." + std::to_string(i), std::vector<c10::IValue>());
-    const std::vector<at::Tensor>& L = layers_[i];
-    const int64_t* fmt = &formats_[4 * i];
-    const at::Tensor &mlp_norm = L[0], &next_norm = L[1], &bias = L[4];
-    at::Tensor k_cache = L[2], v_cache = L[3];
-    const at::Tensor* w = &L[5];
-    auto project = [&](int j, at::Tensor& out, const at::Tensor& in, int64_t n_out) {
+    const BlockWeights& L = layers_[i];
+    const at::Tensor &mlp_norm = L.mlp_norm, &next_norm = L.next_norm, &bias = L.qkv_bias;
+    at::Tensor k_cache = L.k_cache, v_cache = L.v_cache;
+    auto project = [&](const Projection& p, at::Tensor& out, const at::Tensor& in, int64_t n_out) {
       if (!out.defined() || out.size(1) != n_out) out = at::empty({N, n_out}, f32);
-      linear(fmt[j], out, in, w);
-      w += kTensorsPerFormat[fmt[j]];
+      linear(out, in, p.format, p.tensors.data());
     };
 
     // attention: qkv in one GEMM, rope on the q and k views, K/V into the cache, attention over it
-    project(0, qkv, x, Q + 2 * KV);
+    project(L.qkv, qkv, x, Q + 2 * KV);
     if (bias.numel() > 0) qkv.add_(bias);
     // views made with as_strided: narrow + view cost ~2 us each through the dispatcher, ~0.3 ms a step
     const int64_t ld = Q + 2 * KV;
@@ -139,14 +117,14 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
       vc = v_cache.as_strided(live, v_cache.strides(), v_cache.storage_offset());
     }
     attention(y, q, kc, vc, seq_lens, scale, window, sinks);
-    project(1, o, y_flat, C);
+    project(L.o, o, y_flat, C);
     add_rmsnorm(o, h, mlp_norm, eps);  // h += o; o = mlp_norm(h)
 
     // MLP: [gate | up] in one GEMM, silu(gate) * up, down; the next block's norm folded into the add
-    project(2, gate_up, o, 2 * intermediate);
+    project(L.gate_up, gate_up, o, 2 * intermediate);
     if (!act.defined()) act = at::empty({N, intermediate}, f32);
     silu_mul(act, gate_up);
-    project(3, next, act, C);
+    project(L.down, next, act, C);
     add_rmsnorm(next, h, next_norm, eps);  // h += down; next = next_norm(h)
     std::swap(x, next);
   }

@@ -1,10 +1,13 @@
-// Torch-facing host code for the panel GEMMs (kernels in gemm.h): check, prepare the activations a
-// format needs, split the panels across threads, call the table's kernel.
+// Torch-facing host code for the panel GEMMs (kernels in gemm.h), one function for every format: check the
+// packed tensors against the format's record (formats.h), prepare the activations its kernel needs, split
+// the panels across threads, call the table's kernel.
 #include <ATen/record_function.h>
 
+#include <string>
 #include <vector>
 
 #include "checks.h"
+#include "formats.h"
 #include "isa.h"
 #include "ops.h"
 #include "parallel.h"
@@ -35,27 +38,18 @@ Shape check_linear(const at::Tensor& out, const at::Tensor& x) {
   return s;
 }
 
-LinearArgs base_args(at::Tensor& out, const at::Tensor& x, const Shape& s) {
-  LinearArgs a{};
-  a.y = out.data_ptr<float>();
-  a.ldy = s.n_out;
-  a.x = x.data_ptr<float>();
-  a.ldx = s.in;
-  a.rows = static_cast<int>(s.rows);
-  a.in = static_cast<int>(s.in);
-  a.n_out = static_cast<int>(s.n_out);
-  a.nb = static_cast<int>(s.nb);
-  return a;
+void check_weights(const FormatRecord& f, const Shape& s, const at::Tensor* w) {
+  for (int j = 0; j < f.n_tensors; ++j) {
+    const TensorSpec& spec = f.tensors[j];
+    std::vector<int64_t> shape(spec.dims.begin(), spec.dims.begin() + spec.rank);
+    for (int64_t& d : shape) d = d == kP ? s.panels : d == kNb ? s.nb : d == kIn ? s.in : d;
+    check_tensor(w[j], spec.name, spec.dtype, spec.letters, shape);
+  }
 }
 
 // A chunk of panels handed to another thread should stream at least this many weight bytes: less and
 // the handoff costs more than the chunk.
 constexpr int64_t kMinChunkBytes = 32 << 10;
-
-void run(LinearFn fn, const LinearArgs& a, const Shape& s, int64_t panel_bytes) {
-  const int64_t min_chunk = (kMinChunkBytes + panel_bytes - 1) / panel_bytes;
-  parallel_chunks(s.panels, min_chunk, [&](int64_t p0, int64_t p1) { fn(a, p0, p1); });
-}
 
 // Activations prepared per call, reused across calls of the calling thread.
 struct Scratch {
@@ -65,7 +59,7 @@ struct Scratch {
 };
 thread_local Scratch scratch;
 
-// The q4 and q8 kernels read whole blocks of x, so a ragged `in` is zero-padded here.
+// The block formats' kernels read whole blocks of x, so a ragged `in` is zero-padded here.
 void pad_blocks(LinearArgs& a, const Shape& s) {
   const int64_t width = s.nb * kBlock;
   if (width == s.in) return;
@@ -76,72 +70,8 @@ void pad_blocks(LinearArgs& a, const Shape& s) {
   a.ldx = width;
 }
 
-}  // namespace
-
-void linear_f32(at::Tensor& out, const at::Tensor& x, const at::Tensor& w) {
-  RECORD_FUNCTION("decodescope::linear_f32", std::vector<c10::IValue>({x, w}));
-  const Shape s = check_linear(out, x);
-  check_tensor(w, "w", at::kFloat, "[P, in, 16]", {s.panels, s.in, kPanel});
-  if (s.rows == 0 || s.n_out == 0) return;
-  LinearArgs a = base_args(out, x, s);
-  a.w = w.data_ptr();
-  run(kernels().linear_f32, a, s, s.in * kPanel * 4);
-}
-
-void linear_f16(at::Tensor& out, const at::Tensor& x, const at::Tensor& w) {
-  RECORD_FUNCTION("decodescope::linear_f16", std::vector<c10::IValue>({x, w}));
-  const Shape s = check_linear(out, x);
-  check_tensor(w, "w", at::kHalf, "[P, in, 16]", {s.panels, s.in, kPanel});
-  if (s.rows == 0 || s.n_out == 0) return;
-  LinearArgs a = base_args(out, x, s);
-  a.w = w.data_ptr();
-  run(kernels().linear_f16, a, s, s.in * kPanel * 2);
-}
-
-void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d) {
-  RECORD_FUNCTION("decodescope::linear_int8", std::vector<c10::IValue>({x, qs, d}));
-  const Shape s = check_linear(out, x);
-  check_tensor(qs, "qs", at::kByte, "[P, nb, 8, 16, 4]", {s.panels, s.nb, kBlock / 4, kPanel, 4});
-  check_tensor(d, "d", at::kHalf, "[P, nb, 16]", {s.panels, s.nb, kPanel});
-  if (s.rows == 0 || s.n_out == 0) return;
-  LinearArgs a = base_args(out, x, s);
-  // The activations are quantized once here, not per thread: T * in values against out * in weights.
-  scratch.qx.resize(s.rows * s.nb * kBlock);
-  scratch.dx.resize(s.rows * s.nb);
-  scratch.qoff.resize(s.rows * s.nb);
-  kernels().quantize_rows(a.x, a.ldx, a.in, a.nb, scratch.qx.data(), scratch.dx.data(), scratch.qoff.data(), 0,
-                          s.rows);
-  a.qx = scratch.qx.data();
-  a.dx = scratch.dx.data();
-  a.qoff = scratch.qoff.data();
-  a.w = qs.data_ptr();
-  a.d = reinterpret_cast<const uint16_t*>(d.data_ptr());
-  run(kernels().linear_int8, a, s, s.nb * (kBlock * kPanel + 2 * kPanel));
-}
-
-void linear_q8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d) {
-  RECORD_FUNCTION("decodescope::linear_q8", std::vector<c10::IValue>({x, qs, d}));
-  const Shape s = check_linear(out, x);
-  check_tensor(qs, "qs", at::kByte, "[P, nb, 8, 16, 4]", {s.panels, s.nb, kBlock / 4, kPanel, 4});
-  check_tensor(d, "d", at::kHalf, "[P, nb, 16]", {s.panels, s.nb, kPanel});
-  if (s.rows == 0 || s.n_out == 0) return;
-  LinearArgs a = base_args(out, x, s);
-  pad_blocks(a, s);
-  a.w = qs.data_ptr();
-  a.d = reinterpret_cast<const uint16_t*>(d.data_ptr());
-  run(kernels().linear_q8, a, s, s.nb * (kBlock * kPanel + 2 * kPanel));
-}
-
-void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m) {
-  RECORD_FUNCTION("decodescope::linear_q4", std::vector<c10::IValue>({x, qs, d, m}));
-  const Shape s = check_linear(out, x);
-  check_tensor(qs, "qs", at::kByte, "[P, nb, 16, 16]", {s.panels, s.nb, kBlock / 2, kPanel});
-  check_tensor(d, "d", at::kHalf, "[P, nb, 16]", {s.panels, s.nb, kPanel});
-  check_tensor(m, "m", at::kHalf, "[P, nb, 16]", {s.panels, s.nb, kPanel});
-  if (s.rows == 0 || s.n_out == 0) return;
-  LinearArgs a = base_args(out, x, s);
-  pad_blocks(a, s);
-  // each block's sum of x carries the mins' term (m * sum x) out of the inner loop
+// Each block's sum of x: carries q4's min term (m * sum x) out of the inner loop.
+void block_sums(LinearArgs& a, const Shape& s) {
   scratch.xsum.resize(s.rows * s.nb);
   for (int64_t r = 0; r < s.rows; ++r) {
     for (int64_t b = 0; b < s.nb; ++b) {
@@ -151,10 +81,84 @@ void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const
     }
   }
   a.xsum = scratch.xsum.data();
-  a.w = qs.data_ptr();
-  a.d = reinterpret_cast<const uint16_t*>(d.data_ptr());
-  a.m = reinterpret_cast<const uint16_t*>(m.data_ptr());
-  run(kernels().linear_q4, a, s, s.nb * (kBlock / 2 * kPanel + 4 * kPanel));
+}
+
+// The activations quantized once here, not per thread: T * in values against out * in weights.
+void quantize_int8(LinearArgs& a, const Shape& s) {
+  scratch.qx.resize(s.rows * s.nb * kBlock);
+  scratch.dx.resize(s.rows * s.nb);
+  scratch.qoff.resize(s.rows * s.nb);
+  kernels().quantize_rows(a.x, a.ldx, a.in, a.nb, scratch.qx.data(), scratch.dx.data(), scratch.qoff.data(), 0,
+                          s.rows);
+  a.qx = scratch.qx.data();
+  a.dx = scratch.dx.data();
+  a.qoff = scratch.qoff.data();
+}
+
+// "decodescope::linear_<format>": what torch.profiler shows (engine/observe/breakdown.py classes it as matmul).
+const std::string& scope_name(int64_t format) {
+  static const std::array<std::string, kNumFormats> names = [] {
+    std::array<std::string, kNumFormats> n;
+    for (int i = 0; i < kNumFormats; ++i) n[i] = std::string("decodescope::linear_") + kFormats[i].name;
+    return n;
+  }();
+  return names[format];
+}
+
+}  // namespace
+
+const FormatRecord& format_record(int64_t format) {
+  TORCH_CHECK(format >= 0 && format < kNumFormats, "unknown weight format code ", format, " (0..", kNumFormats - 1,
+              ": ", format_names(), ")");
+  return kFormats[format];
+}
+
+std::vector<std::string> format_names() {
+  std::vector<std::string> names;
+  for (const FormatRecord& f : kFormats) names.emplace_back(f.name);
+  return names;
+}
+
+void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tensor* w) {
+  const FormatRecord& f = format_record(format);
+  RECORD_FUNCTION(scope_name(format), std::vector<c10::IValue>({x}));
+  const Shape s = check_linear(out, x);
+  check_weights(f, s, w);
+  if (s.rows == 0 || s.n_out == 0) return;
+  if (s.in == 0) {  // an empty sum: nothing to read, and nothing for the per-block prologues to divide
+    out.zero_();
+    return;
+  }
+  LinearArgs a{};
+  a.y = out.data_ptr<float>();
+  a.ldy = s.n_out;
+  a.x = x.data_ptr<float>();
+  a.ldx = s.in;
+  a.rows = static_cast<int>(s.rows);
+  a.in = static_cast<int>(s.in);
+  a.n_out = static_cast<int>(s.n_out);
+  a.nb = static_cast<int>(s.nb);
+  switch (f.activations) {
+    case Activations::kAsIs: break;
+    case Activations::kPadded: pad_blocks(a, s); break;
+    case Activations::kPaddedSums: pad_blocks(a, s); block_sums(a, s); break;
+    case Activations::kInt8: quantize_int8(a, s); break;
+  }
+  a.w = w[0].data_ptr();
+  if (f.n_tensors > 1) a.d = reinterpret_cast<const uint16_t*>(w[1].data_ptr());
+  if (f.n_tensors > 2) a.m = reinterpret_cast<const uint16_t*>(w[2].data_ptr());
+  const double in_streamed = f.activations == Activations::kAsIs ? s.in : s.nb * kBlock;
+  const int64_t panel_bytes = static_cast<int64_t>(in_streamed * f.bytes_per_input) + 1;
+  const int64_t min_chunk = (kMinChunkBytes + panel_bytes - 1) / panel_bytes;
+  const LinearFn fn = kernels().linear[format];
+  parallel_chunks(s.panels, min_chunk, [&](int64_t p0, int64_t p1) { fn(a, p0, p1); });
+}
+
+void linear_packed(at::Tensor& out, const at::Tensor& x, int64_t format, const std::vector<at::Tensor>& w) {
+  const FormatRecord& f = format_record(format);
+  TORCH_CHECK(static_cast<int>(w.size()) == f.n_tensors, f.name, " weights are ", f.n_tensors,
+              " packed tensor(s), got ", w.size());
+  linear(out, x, format, w.data());
 }
 
 }  // namespace decodescope::cpu

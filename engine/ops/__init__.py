@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine import weights
 from engine.ops import ref
 
 
@@ -29,14 +30,23 @@ class OpSet:
     blocks: Callable | None = None
 
 
-DENSE_MATMULS = dict(fp32=ref.matmul_t, fp16=ref.matmul_t, bf16=ref.matmul_t)
+# The torch twins' matmul by what a format's CPU kernel does with the activations (WeightFormat.cpu_activations)
+TWIN_MATMULS = {"exact": ref.matmul_dequantized, "int8": ref.matmul_int8_a8}
+
+
+def twin_matmul(fmt: weights.WeightFormat, device: torch.device) -> Callable:
+    """The torch twin of a format's matmul: dense weights as stored, block formats dequantized; on a CPU the
+    activations as the SIMD kernel treats them (int8: quantized per block, llama.cpp's Q8_0 recipe), on a GPU
+    left as they are (the CUDA GEMV's recipe)."""
+    if not fmt.quantized:
+        return ref.matmul_t
+    return TWIN_MATMULS[fmt.cpu_activations if device.type == "cpu" else "exact"]
 
 
 def torch_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
-    """The twins: every format's weights dequantized, the activations left as they are, except int8 on a
-    CPU, whose twin quantizes the activations as the SIMD kernel does (llama.cpp's Q8_0 recipe)."""
-    int8 = ref.matmul_int8_a8 if torch.device(device).type == "cpu" else ref.matmul_dequantized
-    linear = dict(DENSE_MATMULS, int8=int8, q8=ref.matmul_dequantized, q4=ref.matmul_dequantized)
+    """The twins: every format's weights dequantized, the activations as each format's kernel treats them."""
+    device = torch.device(device)
+    linear = {name: twin_matmul(f, device) for name, f in weights.REGISTRY.items()}
     return OpSet(name="torch", reason=reason, rmsnorm=ref.rmsnorm, add_rmsnorm=ref.add_rmsnorm, rope_=ref.rope_,
                  silu_mul=ref.silu_mul, attention=ref.attention, layout="torch", linear=linear)
 
@@ -68,10 +78,10 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
     from engine.ops import cuda
 
     kernels = cuda.ops(status.module)
-    int8, q4 = kernels.pop("linear_int8"), kernels.pop("linear_q4")
-    linear = dict(DENSE_MATMULS,  # dense: cuBLAS through torch; int8 and q8 alike (activations in their dtype)
-                  int8=lambda x, w: int8(x, *w.tensors), q8=lambda x, w: int8(x, *w.tensors),
-                  q4=lambda x, w: q4(x, *w.tensors))
+    gemv = {name: kernels.pop(name) for name in ("linear_int8", "linear_q4")}
+    # dense: cuBLAS through torch; block formats: the format's GEMV (int8 and q8 alike, activations in their dtype)
+    linear = {name: ref.matmul_t if f.cuda_kernel is None else cuda_matmul(gemv[f.cuda_kernel])
+              for name, f in weights.REGISTRY.items() if "cuda" in f.layouts}
     return OpSet(name="fused", reason=status.reason, attention=cuda_attention(kernels.pop("decode_attention")),
                  layout="cuda", linear=linear, **kernels)
 
@@ -86,6 +96,10 @@ def cpu_ops() -> OpSet:
     from engine.ops import cpu
 
     return OpSet(name="fused", reason=status.reason, **cpu.ops(status.module))
+
+
+def cuda_matmul(kernel: Callable) -> Callable:
+    return lambda x, w: kernel(x, *w.tensors)
 
 
 def cuda_attention(decode_attention: Callable) -> Callable:

@@ -14,11 +14,18 @@ import torch
 from engine.ops.rowwise import RowwiseOps
 from engine.weights import Packed
 
-KERNELS = {"fp32": "linear_f32", "fp16": "linear_f16", "int8": "linear_int8", "q8": "linear_q8", "q4": "linear_q4"}
-FORMAT_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "q8": 3, "q4": 4}  # csrc/cpu/ops_blocks.cpp's codes
-
 
 class CpuOps(RowwiseOps):
+    """The CPU module's ops, and the block loop's plans: one BlockPlan per (model, KV cache), kept weakly with
+    the cache (a plan goes with its cache) until the model changes (its version: use_ops repacks the weights,
+    ensure_rope replaces the tables)."""
+
+    def __init__(self, module: ModuleType):
+        super().__init__(module)
+        # the module's format codes by the names engine/weights' records carry (csrc/cpu/formats.h)
+        self.codes = {name: code for code, name in enumerate(module.formats())}
+        self.plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> (model, version, plan)
+
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
                   scale: float, window: int = 0, sinks: int = 0, out: torch.Tensor | None = None):
         # q: [B, T, H, D], k_cache/v_cache: [B, Hkv, S, D], seq_lens: [B] int32
@@ -28,15 +35,14 @@ class CpuOps(RowwiseOps):
 
     def matmul(self, fmt: str):
         """The matmul of one weight format: (x [N, in], a Packed weight in the CPU panel layout) -> [N, out]."""
-        kernel = getattr(self.module, KERNELS[fmt])
+        linear, code = self.module.linear, self.codes[fmt]
 
         def matmul(x: torch.Tensor, w: Packed) -> torch.Tensor:
             out = x.new_empty(x.shape[0], w.out_features)
-            kernel(out, x.contiguous(), *w.tensors)
+            linear(out, x.contiguous(), code, list(w.tensors))
             return out
 
         return matmul
-
 
     def blocks(self, model, x: torch.Tensor, h: torch.Tensor, s) -> torch.Tensor:
         """Block.forward of every block of `model` in one native call (csrc/cpu/ops_blocks.cpp): the same
@@ -47,27 +53,27 @@ class CpuOps(RowwiseOps):
                                              s.kv_limit, int(s.window), int(s.sinks))
 
     def plan(self, model, cache):
-        """The native BlockPlan of (model, cache): its weights and KV layers gathered once, kept on the model
-        per cache (weakly: a plan goes with its cache) until the model changes (version: use_ops repacks
-        the weights, ensure_rope replaces the tables)."""
-        plans = model.__dict__.setdefault("_block_plans", weakref.WeakKeyDictionary())
-        saved = plans.get(cache)
-        if saved is not None and saved[0] == model.version:
-            return saved[1]
-        cfg, blocks = model.config, model.layers
-        layers, formats = [], []
+        """The native BlockPlan of (model, cache): its weights and KV layers gathered once."""
+        saved = self.plans.get(cache)
+        if saved is not None and saved[0]() is model and saved[1] == model.version:
+            return saved[2]
+        m, cfg, blocks = self.module, model.config, model.layers
+
+        def projection(linear) -> object:
+            return m.Projection(self.codes[linear.weight.fmt], list(linear.weight.tensors))
+
+        layers = []
         for i, b in enumerate(blocks):
             next_norm = blocks[i + 1].attn_norm if i + 1 < len(blocks) else model.norm
             bias = b.attn.wqkv.bias
-            row = [b.mlp_norm.weight, next_norm.weight, cache.layer_k[b.attn.layer], cache.layer_v[b.attn.layer],
-                   self.no_bias if bias is None else bias]
-            for lin in (b.attn.wqkv, b.attn.wo, b.mlp.w_gate_up, b.mlp.w_down):
-                row.extend(lin.weight.tensors)
-                formats.append(FORMAT_CODES[lin.weight.fmt])
-            layers.append(row)
-        plan = self.module.BlockPlan(layers, formats, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size,
-                                     float(cfg.rms_eps), float(blocks[0].attn.scale))
-        plans[cache] = (model.version, plan)
+            layers.append(m.BlockWeights(
+                mlp_norm=b.mlp_norm.weight, next_norm=next_norm.weight, k_cache=cache.layer_k[b.attn.layer],
+                v_cache=cache.layer_v[b.attn.layer], qkv_bias=self.no_bias if bias is None else bias,
+                qkv=projection(b.attn.wqkv), o=projection(b.attn.wo), gate_up=projection(b.mlp.w_gate_up),
+                down=projection(b.mlp.w_down)))
+        plan = m.BlockPlan(layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, intermediate=cfg.intermediate_size,
+                           eps=float(cfg.rms_eps), scale=float(blocks[0].attn.scale))
+        self.plans[cache] = (weakref.ref(model), model.version, plan)
         return plan
 
     no_bias = torch.empty(0)
@@ -77,5 +83,5 @@ def ops(module: ModuleType) -> dict:
     """The OpSet fields the CPU kernels fill, bound to one CpuOps."""
     c = CpuOps(module)
     return dict(rmsnorm=c.rmsnorm, add_rmsnorm=c.add_rmsnorm, rope_=c.rope_, silu_mul=c.silu_mul,
-                attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in KERNELS},
+                attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in c.codes},
                 blocks=c.blocks)

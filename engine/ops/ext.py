@@ -38,7 +38,7 @@ DEFAULT_ARCHS = ("8.0", "8.6", "8.9", "9.0", "12.0")  # when no device is visibl
 MIN_ARCH = (7, 5)  # the oldest compute capability nvcc 13 builds for
 # The CPU module picks its instruction set at run time (csrc/cpu/isa.h), so no -march here: one build
 # serves every x86-64 CPU. No -fopenmp either: threads come from torch's own pool (at::parallel_for).
-CPU_FLAGS = ["-O3", "-std=c++17"]
+CPU_FLAGS = ["-O3", "-std=c++20"]  # C++20 for designated initializers (the kernel tables, the format records)
 CXX_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3", "-lineinfo"]  # line info costs nothing at run time and lets Nsight map time to source
 TARGETS = ("cpu", "cuda")

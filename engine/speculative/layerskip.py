@@ -93,7 +93,8 @@ def influence(model, ids: list[int], window: int) -> tuple[list[float], torch.Te
 
     hooks = [h for b in model.layers for h in (b.register_forward_pre_hook(before), b.register_forward_hook(after))]
     try:
-        logits = _forward(model, ids)[-window:]
+        with model.blocks_in_python():
+            logits = _forward(model, ids)[-window:]
     finally:
         for h in hooks:
             h.remove()

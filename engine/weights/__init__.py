@@ -1,0 +1,23 @@
+"""Weight formats: what a projection's weight is stored as, and how it becomes one.
+
+A format is chosen once at load (`load_model(..., weights="q4")`) and every projection of the model is
+packed into it; the embedding and the tied LM head too. One module per family of formats holds its
+quantizer, its dequantize twin, its layouts and its record (WeightFormat):
+
+    dense.py   fp32, fp16, bf16   the weight itself
+    q8_0.py    int8, q8           GGUF Q8_0 blocks (q8: a q4 model's head, activations left exact)
+    q4_1.py    q4                 GGUF Q4_1 blocks: the default model's own, so lossless for it
+
+registry.py lists them by name; everything else (the loader, the ops, the app, the benchmarks) reads the
+records through it. A new format: its module (record, quantizer, twin, layouts), one line in registry.py,
+its CPU kernel (csrc/cpu/formats.h + gemm.h) and its tests.
+"""
+from engine.weights.format import BLOCK, LAYOUTS, Blocks, Layout, Packed, WeightFormat
+from engine.weights.panels import PANEL
+from engine.weights.q4_1 import pack_nibbles, unpack_nibbles
+from engine.weights.registry import (BITS, DENSE_DTYPES, FORMATS, PANEL_FORMATS, QUANTIZED, REGISTRY, check_format,
+                                     dequantize, from_panels, get, pack, quantize, rows, to_panels, unpack)
+
+__all__ = ["BITS", "BLOCK", "Blocks", "DENSE_DTYPES", "FORMATS", "LAYOUTS", "Layout", "PANEL", "PANEL_FORMATS",
+           "Packed", "QUANTIZED", "REGISTRY", "WeightFormat", "check_format", "dequantize", "from_panels", "get",
+           "pack", "pack_nibbles", "quantize", "rows", "to_panels", "unpack", "unpack_nibbles"]

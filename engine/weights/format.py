@@ -1,0 +1,95 @@
+"""What a weight format is: canonical Blocks, the layouts a path streams, and the record that names them.
+
+`Blocks` is the canonical, layout-free form of one weight [out, in] in a format: a GGUF file's blocks load
+into it unchanged, so a format that matches the file's is lossless. `Packed` is the same weight in the layout
+one path streams (LAYOUTS), packed from Blocks once at load. A `WeightFormat` record holds everything about one
+format (the way ggml's type_traits does): its size, how a weight becomes Blocks, the dequantize twin every
+kernel is tested against, the layouts it has and what its CPU kernel does with the activations. Every table
+of formats in the engine, the app and the benchmarks reads these records (engine/weights/registry.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+BLOCK = 32  # inputs per quantization block, as in GGUF's Q8_0 and Q4_1
+
+# "torch"  the torch twins: dense formats as W^T [in, out] (on a CPU, MKL's vector-times-matrix path reads
+#          that layout at 20-25 GB/s where F.linear's [out, in] reads ~11), quantized formats as canonical
+#          Blocks (the twin dequantizes them per call)
+# "cuda"   dense as "torch" (cuBLAS takes either); quantized formats as rows the GEMV kernels read
+# "cpu"    panels of 16 outputs for the SIMD kernels (csrc/cpu/gemm.h)
+LAYOUTS = ("torch", "cuda", "cpu")
+
+
+@dataclass
+class Blocks:
+    """One weight [out, in] in a format, canonical layout.
+
+    dense formats: q is the weight [out, in] in the format's dtype; d and m are None.
+    block formats: q holds one integer per weight [out, in_pad], d (and m) one fp16 per block [out, nb];
+    in_pad is `in` rounded up to a whole block, the padding zeros (contributing nothing)."""
+    fmt: str
+    out_features: int
+    in_features: int
+    q: torch.Tensor
+    d: torch.Tensor | None = None
+    m: torch.Tensor | None = None
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(t for t in (self.q, self.d, self.m) if t is not None)
+
+
+@dataclass
+class Packed:
+    """A weight in the layout one path streams; `tensors` are what that path's matmul takes after x."""
+    fmt: str
+    layout: str
+    out_features: int
+    in_features: int
+    tensors: tuple[torch.Tensor, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How Blocks become one path's tensors and back (exactly: switching paths never changes a weight), and
+    how a few output rows come back dequantized without unpacking the rest (a tied embedding's lookup)."""
+    pack: Callable[[Blocks], tuple[torch.Tensor, ...]]
+    unpack: Callable[[str, int, int, tuple[torch.Tensor, ...]], Blocks]  # (fmt, out, in, tensors) -> Blocks
+    rows: Callable[[Packed, torch.Tensor], torch.Tensor]  # (packed, ids [n]) -> [n, in] fp32
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    name: str  # what load_model(weights=...), the app, the CLI and the benchmarks call it
+    bits: float  # per weight, block scales and mins included
+    block: int  # inputs per quantization block; 1 for a dense format
+    quantize: Callable[[torch.Tensor], Blocks]  # a float weight [out, in] -> Blocks
+    dequantize: Callable[[Blocks], torch.Tensor]  # Blocks -> the fp32 weight [out, in]: every kernel's twin
+    layouts: dict[str, Layout]  # by LAYOUTS name; a path without one cannot run the format
+    pickable: bool = True  # False: used inside a model only (q8, the head of a q4 model)
+    dtype: torch.dtype | None = None  # a dense format's storage dtype
+    # What the CPU kernel does with the activations (its torch twin does the same: engine/ops/ref.py):
+    # "exact" keeps them fp32; "int8" quantizes them per block of 32 (W8A8, llama.cpp's Q8_0 recipe)
+    cpu_activations: str = "exact"
+    head: str | None = None  # the format a model in this one keeps its LM head in (None: this one)
+    cuda_kernel: str | None = None  # the CUDA module's GEMV for the format (csrc/gemv.cuh); dense runs cuBLAS
+    gguf: str | None = None  # llama.cpp's name of the same type (GGMLQuantizationType): its blocks load unchanged
+    notes: str = ""  # one line for the app's and the README's format tables
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def quantized(self) -> bool:
+        return self.block > 1
+
+    def nbytes(self, out_features: int, in_features: int) -> int:
+        """Bytes one matrix-vector product reads for a weight [out, in] (scales and mins included)."""
+        width = in_features if self.block == 1 else -(-in_features // self.block) * self.block
+        return int(out_features * width * self.bits / 8)

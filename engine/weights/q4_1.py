@@ -1,0 +1,102 @@
+"""q4: GGUF's Q4_1 blocks. Per block of 32 inputs: q in [0, 15], fp16 scale d and min m; w = d * q + m.
+Quantized with d = (max - min) / 15, m = min, q = round((w - m) / d); the fp16-rounded d and m are used.
+
+CUDA rows: q nibble-packed [out, in_pad / 2] in GGUF's order (pack_nibbles), d and m [out, nb].
+CPU panels: qs uint8 [P, nb, 16, 16] with qs[p, b, i, j] = q[16p + j, 32b + 2i] | q[16p + j, 32b + 2i + 1] << 4;
+d, m fp16 [P, nb, 16].
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.weights import panels
+from engine.weights.format import BLOCK, Blocks, Layout, Packed, WeightFormat
+from engine.weights.panels import PANEL
+
+
+
+def quantize(w: torch.Tensor) -> Blocks:
+    x = panels.pad_blocks(w)
+    lo, hi = x.amin(-1), x.amax(-1)
+    d, m = ((hi - lo) / 15).half(), lo.half()
+    inv = torch.where(d == 0, 0.0, 1.0 / d.float())
+    q = torch.round((x - m.float()[..., None]) * inv[..., None]).clamp_(0, 15).to(torch.uint8)
+    return Blocks("q4", w.shape[0], w.shape[1], q.view(w.shape[0], -1), d, m)
+
+
+def dequantize(b: Blocks) -> torch.Tensor:
+    w = b.q.float().view(b.out_features, -1, BLOCK) * b.d.float()[..., None] + b.m.float()[..., None]
+    return w.view(b.out_features, -1)[:, : b.in_features]
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q4 values [out, in_pad] (0..15) -> bytes [out, in_pad / 2] in GGUF's Q4_1 order: byte j of a block holds
+    element j in its low nibble and element j + 16 in its high nibble."""
+    x = q.view(q.shape[0], -1, 2, BLOCK // 2)
+    return (x[:, :, 0] | (x[:, :, 1] << 4)).view(q.shape[0], -1)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_nibbles."""
+    x = packed.view(packed.shape[0], -1, BLOCK // 2)
+    return torch.stack((x & 0xF, x >> 4), dim=2).view(packed.shape[0], -1)
+
+
+def to_panels(b: Blocks) -> tuple[torch.Tensor, ...]:
+    q = panels.pad_outputs(b.q)
+    pairs = q.view(q.shape[0] // PANEL, PANEL, q.shape[1] // BLOCK, BLOCK // 2, 2)
+    qs = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 3, 1).contiguous()
+    return qs, panels.scales(b.d), panels.scales(b.m)
+
+
+def from_panels(fmt: str, out: int, n_in: int, tensors) -> Blocks:
+    P, nb = -(-out // PANEL), -(-n_in // BLOCK)
+    panels.check(fmt, out, n_in, tensors, (P, nb, BLOCK // 2, PANEL), 2)
+    qs, d, m = tensors
+    pairs = torch.stack((qs & 0xF, qs >> 4), dim=-1)  # [P, nb, 16 (i), 16 (j), 2]
+    q = pairs.permute(0, 3, 1, 2, 4).reshape(-1, nb * BLOCK)[:out].contiguous()
+    return Blocks(fmt, out, n_in, q, panels.unscales(d, out), panels.unscales(m, out))
+
+
+def panel_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
+    qs, d, m = p.tensors
+    q = qs[ids // PANEL, :, :, ids % PANEL]  # [n, nb, 16]
+    q = torch.stack((q & 0xF, q >> 4), dim=-1).reshape(len(ids), -1)
+    return dequantize(Blocks(p.fmt, len(ids), p.in_features, q, panels.lane_scales(d, ids),
+                             panels.lane_scales(m, ids)))
+
+
+def canonical(b: Blocks) -> tuple[torch.Tensor, ...]:
+    return b.q, b.d, b.m
+
+
+def from_canonical(fmt: str, out: int, n_in: int, tensors) -> Blocks:
+    return Blocks(fmt, out, n_in, *tensors)
+
+
+def canonical_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
+    return dequantize(Blocks(p.fmt, len(ids), p.in_features, *(t[ids] for t in p.tensors)))
+
+
+def to_nibble_rows(b: Blocks) -> tuple[torch.Tensor, ...]:
+    return pack_nibbles(b.q), b.d, b.m
+
+
+def from_nibble_rows(fmt: str, out: int, n_in: int, tensors) -> Blocks:
+    q, d, m = tensors
+    return Blocks(fmt, out, n_in, unpack_nibbles(q), d, m)
+
+
+def nibble_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
+    q, d, m = (t[ids] for t in p.tensors)
+    return dequantize(Blocks(p.fmt, len(ids), p.in_features, unpack_nibbles(q), d, m))
+
+
+FORMATS = (
+    WeightFormat(name="q4", bits=5.0, block=BLOCK, quantize=quantize, dequantize=dequantize,
+                 layouts={"torch": Layout(canonical, from_canonical, canonical_rows),
+                          "cuda": Layout(to_nibble_rows, from_nibble_rows, nibble_rows),
+                          "cpu": Layout(to_panels, from_panels, panel_rows)},
+                 head="q8", cuda_kernel="linear_q4", gguf="Q4_1",
+                 notes="GGUF Q4_1 blocks: the default model's own, so lossless for it"),
+)

@@ -1,0 +1,81 @@
+"""int8 and q8: GGUF's Q8_0 blocks. Per block of 32 inputs: q int8 in [-127, 127] and one fp16 scale d;
+w = d * q. Quantized with d = max|w| / 127, q = round(w / d).
+
+int8 is the format a user picks; its CPU kernel quantizes the activations too (W8A8, as llama.cpp runs Q8_0).
+q8 is the same blocks run with the activations left exact: the LM head of a q4 model (GGUF Q4 files keep
+it in Q8_0), so q4 stays lossless there; not a format to pick (it would be a slower int8).
+
+CPU panels: qs uint8 [P, nb, 8, 16, 4] with qs[p, b, g, j, r] = q[16p + j, 32b + 4g + r] + 128, so VNNI's
+unsigned-by-signed dot product takes 4 inputs of 16 outputs at once; d fp16 [P, nb, 16].
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.weights import panels
+from engine.weights.format import BLOCK, Blocks, Layout, Packed, WeightFormat
+from engine.weights.panels import PANEL
+
+
+
+def quantizer(fmt: str):
+    def quantize(w: torch.Tensor) -> Blocks:
+        x = panels.pad_blocks(w)
+        d = (x.abs().amax(-1) / 127).half()
+        inv = torch.where(d == 0, 0.0, 1.0 / d.float())
+        q = torch.round(x * inv[..., None]).clamp_(-127, 127).to(torch.int8)
+        return Blocks(fmt, w.shape[0], w.shape[1], q.view(w.shape[0], -1), d)
+    return quantize
+
+
+def dequantize(b: Blocks) -> torch.Tensor:
+    w = b.q.float().view(b.out_features, -1, BLOCK) * b.d.float()[..., None]
+    return w.view(b.out_features, -1)[:, : b.in_features]
+
+
+def to_panels(b: Blocks) -> tuple[torch.Tensor, ...]:
+    q = panels.pad_outputs(b.q)
+    nb = q.shape[1] // BLOCK
+    offset = (q.to(torch.int16) + 128).to(torch.uint8)  # offset binary: 0..254 for q in -127..127
+    qs = offset.view(q.shape[0] // PANEL, PANEL, nb, BLOCK // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+    return qs, panels.scales(b.d)
+
+
+def from_panels(fmt: str, out: int, n_in: int, tensors) -> Blocks:
+    P, nb = -(-out // PANEL), -(-n_in // BLOCK)
+    panels.check(fmt, out, n_in, tensors, (P, nb, BLOCK // 4, PANEL, 4), 1)
+    qs, d = tensors
+    q = (qs.permute(0, 3, 1, 2, 4).reshape(-1, nb * BLOCK)[:out].to(torch.int16) - 128).to(torch.int8)
+    return Blocks(fmt, out, n_in, q.contiguous(), panels.unscales(d, out))
+
+
+def panel_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
+    qs, d = p.tensors
+    q = (qs[ids // PANEL, :, :, ids % PANEL].to(torch.int16) - 128).to(torch.int8)  # [n, nb, 8, 4]
+    return dequantize(Blocks(p.fmt, len(ids), p.in_features, q.reshape(len(ids), -1), panels.lane_scales(d, ids)))
+
+
+def canonical(b: Blocks) -> tuple[torch.Tensor, ...]:
+    return b.q, b.d
+
+
+def from_canonical(fmt: str, out: int, n_in: int, tensors) -> Blocks:
+    return Blocks(fmt, out, n_in, *tensors)
+
+
+def canonical_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
+    q, d = (t[ids] for t in p.tensors)
+    return dequantize(Blocks(p.fmt, len(ids), p.in_features, q, d))
+
+
+ROWS = Layout(canonical, from_canonical, canonical_rows)  # the torch twins and the CUDA GEMV read the rows
+LAYOUTS = {"torch": ROWS, "cuda": ROWS, "cpu": Layout(to_panels, from_panels, panel_rows)}
+
+FORMATS = (
+    WeightFormat(name="int8", bits=8.5, block=BLOCK, quantize=quantizer("int8"), dequantize=dequantize,
+                 layouts=LAYOUTS, cpu_activations="int8", cuda_kernel="linear_int8", gguf="Q8_0",
+                 notes="GGUF Q8_0 blocks; the CPU kernel quantizes the activations too (W8A8)"),
+    WeightFormat(name="q8", bits=8.5, block=BLOCK, quantize=quantizer("q8"), dequantize=dequantize,
+                 layouts=LAYOUTS, pickable=False, cuda_kernel="linear_int8", gguf="Q8_0",
+                 notes="Q8_0 blocks with exact activations: a q4 model's head"),
+)

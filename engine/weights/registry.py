@@ -1,0 +1,71 @@
+"""Every weight format by name, and the operations every format has, dispatched through its record."""
+from __future__ import annotations
+
+import torch
+
+from engine.weights import dense, q4_1, q8_0
+from engine.weights.format import Blocks, Packed, WeightFormat
+
+REGISTRY: dict[str, WeightFormat] = {f.name: f for f in (*dense.FORMATS, *q8_0.FORMATS, *q4_1.FORMATS)}
+
+FORMATS = tuple(name for name, f in REGISTRY.items() if f.pickable)  # what a user picks
+QUANTIZED = tuple(name for name, f in REGISTRY.items() if f.quantized)
+DENSE_DTYPES = {name: f.dtype for name, f in REGISTRY.items() if f.dtype is not None}
+BITS = {name: f.bits for name, f in REGISTRY.items()}
+PANEL_FORMATS = tuple(name for name, f in REGISTRY.items() if "cpu" in f.layouts)  # the CPU kernels run these
+
+
+def get(fmt: str) -> WeightFormat:
+    if fmt not in REGISTRY:
+        raise ValueError(f"weights={fmt!r} is not one of {', '.join(FORMATS)}")
+    return REGISTRY[fmt]
+
+
+def check_format(fmt: str) -> str:
+    """A format a user may pick, or a ValueError naming the ones there are."""
+    if fmt not in FORMATS:
+        raise ValueError(f"weights={fmt!r} is not one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def quantize(w: torch.Tensor, fmt: str) -> Blocks:
+    """w [out, in] (any float dtype) -> Blocks in `fmt`."""
+    return get(fmt).quantize(w)
+
+
+def dequantize(b: Blocks) -> torch.Tensor:
+    """Blocks -> the fp32 weight [out, in] the format stands for (the twin of every kernel's weight read)."""
+    return REGISTRY[b.fmt].dequantize(b)
+
+
+def layout(fmt: str, name: str):
+    f = get(fmt)
+    if name not in f.layouts:
+        kind = {"cpu": "the CPU kernels", "cuda": "the CUDA kernels"}.get(name, f"the {name} path")
+        runs = [n for n in FORMATS if name in REGISTRY[n].layouts]
+        raise ValueError(f"{kind} have no layout for {fmt!r}; they take {', '.join(runs)}")
+    return f.layouts[name]
+
+
+def pack(b: Blocks, name: str) -> Packed:
+    return Packed(b.fmt, name, b.out_features, b.in_features, layout(b.fmt, name).pack(b))
+
+
+def unpack(p: Packed) -> Blocks:
+    """The inverse of pack: exact, so switching paths never changes a weight."""
+    return layout(p.fmt, p.layout).unpack(p.fmt, p.out_features, p.in_features, p.tensors)
+
+
+def rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
+    """Output rows `ids` of the weight, dequantized: [len(ids), in] fp32 (a tied embedding's lookup)."""
+    return layout(p.fmt, p.layout).rows(p, ids)
+
+
+def to_panels(b: Blocks) -> tuple[torch.Tensor, ...]:
+    """Blocks -> the tensors the CPU kernel of its format takes after x and out."""
+    return layout(b.fmt, "cpu").pack(b)
+
+
+def from_panels(fmt: str, out_features: int, in_features: int, *tensors: torch.Tensor) -> Blocks:
+    """The inverse of to_panels."""
+    return layout(fmt, "cpu").unpack(fmt, out_features, in_features, tensors)
