@@ -1,16 +1,17 @@
 """decodescope's runtime: a llama-family engine with a static KV cache, fused kernels, CUDA graphs and
-speculative decoding. Public API in DESIGN.md: load_model, Tokenizer, Engine, graphs, speculative."""
+speculative decoding. Public API (docs/ARCHITECTURE.md): load_model, Tokenizer, Engine, graphs, speculative."""
 import os
 
 # By default idle OpenMP threads spin. A CPU decode step on the torch path alternates MKL's matmuls with
-# ATen's elementwise ops, two thread pools on the same cores, so each spins while the other needs the core:
-# a SmolLM2 step on 2 cores took 100-250 ms spinning and ~60 ms with passive waits. It only takes effect
-# when engine is imported before torch, which is why the entry points import engine first.
+# ATen's elementwise ops, two thread pools on the same cores, so each spins while the other needs the core
+# (on 2 cores a step took several times longer spinning). It only takes effect when engine is imported
+# before torch, which is why the entry points import engine first. A child process inherits it: start
+# another engine's process (llama.cpp's OpenMP threads spin by design) with a clean environment.
 USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # what the user set, if anything
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Tensors of 2 MB and more on transparent huge pages (torch's CPU allocator reads this): a decode step
 # streams every weight once, and with 4 KB pages each page costs a TLB miss and restarts the hardware
-# prefetcher. The default model's fp32 step on the 2-core box: 19.4 -> 18.3 ms.
+# prefetcher.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from engine import graphs, speculative  # noqa: E402

@@ -1,6 +1,6 @@
 """Round and Token events, and the Stats computed from them.
 
-One vocabulary everywhere (DESIGN.md): a token's kind is one of KINDS. A plain decode step is a Round
+One vocabulary everywhere (docs/ARCHITECTURE.md): a token's kind is one of KINDS. A plain decode step is a Round
 with one `target` token; a speculative round carries its accepted / rejected / resampled / bonus tokens.
 Everything the UI or a CSV shows is computed here from the events, never re-measured.
 """

@@ -26,7 +26,8 @@ from engine.ops import cuda, ref
 
 NVCC = shutil.which("nvcc")
 CXX = shutil.which("c++")
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc on PATH")
+def needs_nvcc(test):
+    return pytest.mark.nvcc(pytest.mark.skipif(NVCC is None, reason="needs nvcc on PATH")(test))
 
 # The defines torch's extension builds pass to nvcc (no implicit half/bfloat16 conversions): the kernels
 # must compile under them, so the test uses the same list.

@@ -40,7 +40,7 @@ class EmulatedGemv(Emulated):
         self._linear(True, out, x, qs, d, m)
 
 
-@pytest.fixture(scope="module", params=["cuda", "emulated"])
+@pytest.fixture(scope="module", params=["cuda", pytest.param("emulated", marks=pytest.mark.emulation)])
 def backend(request):
     return make_backend(request.param, EmulatedGemv)
 

@@ -73,7 +73,7 @@ class EmulatedExtension(Emulated):
         return plan[0], plan[1], plan[2]
 
 
-@pytest.fixture(scope="module", params=["cuda", "emulated"])
+@pytest.fixture(scope="module", params=["cuda", pytest.param("emulated", marks=pytest.mark.emulation)])
 def backend(request):
     return make_backend(request.param, EmulatedExtension)
 

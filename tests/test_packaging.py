@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.packaging
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,8 @@ def test_the_wheel_carries_every_kernel_source_and_both_entry_points(installed):
     sources = [p.relative_to(REPO / "csrc").as_posix() for p in (REPO / "csrc").rglob("*")
                if p.is_file() and p.suffix in (".h", ".cuh", ".cu", ".cpp")]
     assert sources and all(f"engine/csrc/{s}" in names for s in sources), sorted(set(sources) - names)
+    modules = [p.relative_to(REPO).as_posix() for pkg in ("engine", "ui") for p in (REPO / pkg).rglob("*.py")]
+    assert modules and not set(modules) - names, sorted(set(modules) - names)  # every subpackage is listed
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "decodescope = ui.app:main" in text and "decodescope-generate = engine.cli:main" in text

@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, load_model, speculative
-from engine.speculative import drafters
+from engine.speculative import drafters, loop
 from engine.sampling import SamplingParams, draw, probs, sample
 from engine.tiny import tiny_config, write_tiny_model
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.distribution]
 
 
 def chi2_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
@@ -172,15 +172,15 @@ def sampled_pvalues(small, monkeypatch, drafter, sampling_name, broken, schedule
     was a bonus, token 4 against p(token 4 | tokens 1-3)."""
     target, draft_model, joints = small
     sampling = SAMPLINGS[sampling_name]
-    patches = {"residual": (speculative, "accept", residual_ignores_the_draft),
-               "bonus_row": (speculative, "accept", bonus_from_the_last_draft_row),
-               "verify_temperature": (speculative, "probs", verify_ignores(temperature=1.0)),
-               "verify_top_k": (speculative, "probs", verify_ignores(top_k=0)),
+    patches = {"residual": (loop, "accept", residual_ignores_the_draft),
+               "bonus_row": (loop, "accept", bonus_from_the_last_draft_row),
+               "verify_temperature": (loop, "probs", verify_ignores(temperature=1.0)),
+               "verify_top_k": (loop, "probs", verify_ignores(top_k=0)),
                "raw_q": (drafters, "sample", raw_q)}
     if broken:
         monkeypatch.setattr(*patches[broken])
     if schedule == "random":
-        monkeypatch.setattr(speculative, "Schedule", RandomK)
+        monkeypatch.setattr(loop, "Schedule", RandomK)
     eng = Engine(target, max_seq_len=32)
     d = make_drafter(drafter, eng, draft_model)
     if sampling_name not in joints:

@@ -41,9 +41,8 @@ def default_against(rt: Runtime) -> str:
     """The first comparison this machine can run: kernels, then CUDA graphs; kernels (with its reason) if none.
 
     A CPU launched in a quantized format compares with fp32 weights instead: the torch twin of int8 or q4
-    dequantizes every weight on every call (a reference, not a runtime: ~165 ms a q4 step of the default
-    model against ~5 ms with the kernels), so profiling it would cost the page ~7 s; "kernels" stays one
-    pick away."""
+    dequantizes every weight on every call (a reference, not a runtime: tens of times slower than the
+    kernels), so profiling it would keep the page waiting for seconds; "kernels" stays one pick away."""
     cpu_quantized = rt.engine.device.type == "cpu" and weights.get(rt.weight_format).quantized
     if cpu_quantized and rt.fused_reason is None and rt.formats().get("fp32", "") is None:
         return "weights fp32"

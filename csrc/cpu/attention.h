@@ -145,8 +145,8 @@ struct Attention {
   // also prefetches the next block's rows (kn, vn; null for the last block) into L2, K a group of 16 rows
   // before each score group and V a row per key, spread through the work rather than in one burst that
   // would fill the miss queue and stall: the scores read K across 16 rows at once, a pattern the hardware
-  // prefetcher follows poorly. 8k keys, T = 1, one core: 26.8 ms per step spread like this, 32.5 ms with
-  // all the rows prefetched at the block's start (which in turn beat no prefetch: 26 -> 19.5 ms on two).
+  // prefetcher follows poorly. Spread like this beat prefetching all the rows at the block's start, which in
+  // turn beat no prefetch (bench/kernels.py times the attention op).
   template <int ND>
   static void block(const AttentionArgs& a, const float* kp, const float* vp, int j0, int n, int nq,
                     const float (*qs)[kMaxDim], float (*acc)[kMaxDim], float* m, float* l, const int* pos,

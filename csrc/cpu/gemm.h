@@ -25,11 +25,10 @@ namespace {
 
 // Software prefetch of the weight stream, kPrefetch bytes ahead, into L2 (prefetcht1). A tile with two or
 // more rows is compute-bound per panel (T FMAs per weight load), and without it the core stops issuing
-// loads while it computes: the hardware prefetcher alone let a 6-row f16 step take 30 ms on one core
-// against 16.9 ms with it (8 KB ahead; 1, 2 and 4 KB ahead and prefetcht0 all did worse). 1-row tiles gain
-// too, measured in whole decode steps of the default model (a kernel timed alone in a loop finds part of
-// its weights still in L3): int8 7.0-7.5 -> 6.2 ms, fp32 19.0-19.4 -> 18.0-18.8 ms, fp16 and q4 a little;
-// the hardware prefetcher stops at each 4 KB page, the software one runs on across it.
+// loads while it computes: with the hardware prefetcher alone a 6-row f16 step took nearly twice as long
+// (8 KB ahead measured best; 1, 2 and 4 KB ahead and prefetcht0 all did worse). 1-row tiles gain too, in
+// whole decode steps (a kernel timed alone in a loop finds part of its weights still in L3): the hardware
+// prefetcher stops at each 4 KB page, the software one runs on across it.
 constexpr int kPrefetch = 8192;
 inline void prefetch(const void* p, int ahead = kPrefetch) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 2);
@@ -97,8 +96,8 @@ struct Gemm {
   // q4: y = sum_b d * (sum_i q x) + m * (sum_i x). The nibble sums run in fp32 on q in 0..15 (exact
   // products, rounding only in the sums), low and high nibbles in separate chains. With fp32 activations
   // a T-row pass costs T FMAs per 16 weights on top of the unpack, against 5 bits of memory per weight: q4
-  // is compute-bound by design (at T = 6 the FMAs alone take ~6.9 ms per step of the default model on two
-  // 3.65 GHz Zen 4 cores, one 512-bit FMA per cycle each), where the other formats stay memory-bound.
+  // is compute-bound by design (at T = 6 the FMAs alone outlast the weights' stream from DRAM), where the
+  // other formats stay memory-bound.
   template <int R>
   static void q4_tile(const LinearArgs& a, int64_t p, int r0) {
     const uint8_t* qs = static_cast<const uint8_t*>(a.w) + p * a.nb * (kBlock / 2) * kPanel;

@@ -1,11 +1,10 @@
 // Splitting a kernel's work items across threads, in the torch-facing host code.
 //
 // Threads come from our own pool (pool.h), sized by at::get_num_threads() so torch.set_num_threads
-// still rules. Against at::parallel_for (torch's OpenMP, OMP_WAIT_POLICY=PASSIVE as the engine sets it),
-// on the 2-core Zen 4 box: a decode-like q4 step (30 layers of norm, 4 GEMMs, rope, attention over 512
-// keys, silu; ~180 parallel regions) took 6.1 ms median with the pool and 9.9 ms with OpenMP, whose
-// sleeping worker costs ~5.5 us to wake and join per call. With one busy process competing for the
-// cores both took 10.0 ms; with two, 25.8 (pool) and 22.7 ms (OpenMP).
+// still rules. A decode step opens ~180 parallel regions (30 layers of norm, 4 GEMMs, rope, attention,
+// silu); torch's OpenMP (at::parallel_for, passive waits as the engine sets them) wakes and joins a
+// sleeping worker for each, which cost a decode step more than a third of its time on two cores; the
+// pool's workers spin briefly between regions instead (pool.h). Under competing load the two are alike.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -22,8 +21,8 @@ namespace decodescope::cpu {
 // others instead of holding them up.
 //
 // Weight streams want per_thread = 1, one contiguous half each on two cores: every extra chunk restarts
-// the hardware and software prefetch streams, and with 4 chunks per thread a decode step's GEMMs took
-// 5-10% longer (f16 at T = 6: 10.7 ms against 9.5 ms; q4 at T = 1: 3.76 against 3.44 ms).
+// the hardware and software prefetch streams (4 chunks per thread made a decode step's GEMMs measurably
+// slower).
 template <class Fn>
 void parallel_chunks(int64_t n, int64_t min_chunk, const Fn& fn, int per_thread = 1) {
   if (n <= 0) return;

@@ -122,9 +122,9 @@ def scopes(model, cache=None):
     KV write itself (csrc/cpu/ops_blocks.cpp), so the blocks are not hooked: a hook would force the Python
     loop and profile a path the engine does not run.
 
-    Each hooked module call costs ~10 us of Python on our 2-core box, so the 4 projections of every Block
-    are left unhooked. model.ops is swapped without use_ops: the version a captured graph checks stays put
-    (a replay runs no Python, so graphs see no scopes either way)."""
+    Each hooked module call costs microseconds of Python, as much as a small projection's kernel, so the 4
+    projections of every Block are left unhooked. model.ops is swapped without use_ops: the version a captured
+    graph checks stays put (a replay runs no Python, so graphs see no scopes either way)."""
     open_scopes, handles = [], []
 
     def hook(module, name):

@@ -16,9 +16,9 @@ import torch
 
 BLOCK = 32  # inputs per quantization block, as in GGUF's Q8_0 and Q4_1
 
-# "torch"  the torch twins: dense formats as W^T [in, out] (on a CPU, MKL's vector-times-matrix path reads
-#          that layout at 20-25 GB/s where F.linear's [out, in] reads ~11), quantized formats as canonical
-#          Blocks (the twin dequantizes them per call)
+# "torch"  the torch twins: dense formats as W^T [in, out] (on a CPU, MKL's vector-times-matrix path streams
+#          that layout about twice as fast as F.linear's [out, in]), quantized formats as canonical Blocks
+#          (the twin dequantizes them per call)
 # "cuda"   dense as "torch" (cuBLAS takes either); quantized formats as rows the GEMV kernels read
 # "cpu"    panels of 16 outputs for the SIMD kernels (csrc/cpu/gemm.h)
 LAYOUTS = ("torch", "cuda", "cpu")
