@@ -5,7 +5,7 @@ packed into it; the embedding and the tied LM head too. One module per family of
 quantizer, its dequantize twin, its layouts and its record (WeightFormat):
 
     dense.py   fp32, fp16, bf16   the weight itself
-    q8_0.py    int8, q8           GGUF Q8_0 blocks (q8: a q4 model's head, activations left exact)
+    q8_0.py    int8, q8           GGUF Q8_0 blocks (q8: a q4 model's head, 16-bit activations on a CPU)
     q4_1.py    q4                 GGUF Q4_1 blocks: the default model's own, so lossless for it
 
 registry.py lists them by name; everything else (the loader, the ops, the app, the benchmarks) reads the
