@@ -21,7 +21,7 @@ from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import Telemetry, markdown_table, provenance, write_results
-from bench.steps import prompt_ids, shape_config, step_ms, verify_costs
+from bench.steps import cpu_path, prompt_ids, shape_config, step_ms, verify_costs
 from engine import Engine, load_model
 from engine.observe.bandwidth import measure_gbs
 from engine.checkpoint import random_model
@@ -83,7 +83,7 @@ def cpu_bench(args, save) -> dict:
     tok = Tokenizer(load_model(None, weights="fp32", progress=lambda msg: None).path)
     prompt = tok.encode(TEXT.read_text())[: args.prompt_len]
     out = dict(model="SmolLM2-135M-Instruct (embedded default)", batch=1, prompt_tokens=len(prompt),
-               new_tokens=args.new_tokens, threads=torch.get_num_threads(), bandwidth_gbs=bw, rows=[],
+               new_tokens=args.new_tokens, threads=torch.get_num_threads(), bandwidth_gbs=bw, isa=cpu_path(), rows=[],
                llamacpp=llamacpp.unavailable() or "llama-cpp-python " + __import__("llama_cpp").__version__)
 
     ceiling = [bw]  # the read bandwidth around each row: this shared machine's moves between runs
@@ -176,9 +176,9 @@ def markdown(result: dict, device: str) -> str:
                 f"{result['prompt_tokens']}-token prompt (bench/data/prose.txt), {result['new_tokens']} greedy tokens, "
                 "all in one run. The read bandwidth is measured before and after every row (this shared machine's "
                 "moved within %.0f-%.0f GB/s during the run); a row's ceiling is the larger of its two, and "
-                "%% of ceiling = weight bytes per step / step time over it. llama.cpp: " % tuple(
+                "%% of ceiling = weight bytes per step / step time over it. Fused kernels: " % tuple(
                     result.get("bandwidth_range_gbs", [result["bandwidth_gbs"]] * 2)) +
-                f"{result['llamacpp']}.\n\n")
+                f"{result.get('isa', 'path not recorded')}. llama.cpp: {result['llamacpp']}.\n\n")
         cols = ["engine", "weights", "path", "tok_s", "ttft_ms", "ms_per_token", "weight_mb", "gb_s",
                 "bandwidth_gbs", "pct_of_ceiling", "verify6_over_step", "same_tokens_as_fp32"]
     else:
