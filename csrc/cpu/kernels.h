@@ -18,28 +18,28 @@ constexpr int kBlock = 32;  // inputs per quantization block (GGUF Q8_0 / Q4_1)
 // carry the names engine/weights' records have (engine/ops/cpu.py maps names to these codes at load).
 enum Format : int { kFp32, kFp16, kInt8, kQ8, kQ4, kNumFormats };
 
-// 16-bit activations, what the q4 and q8 kernels read instead of x (gemm_q16.h): per row and block of 32,
+// 16-bit activations, what the q4 and q8 kernels read instead of x (q16.h): per row and block of 32,
 // x16 = round_half_even(x * (32767 / amax)) in [-32767, 32767], dx = amax / 32767, split into int8 halves
 // x16 = 256 * hi + lo (hi = x16 >> 8 signed, lo = x16 & 255 unsigned: exact for every x16, no clamp). Each ISA's
-// prep writes the planes its kernels read: hi and lo (AVX-512, AMX) or xp (AVX2); rows past T may be read by
-// an AMX tile (never folded), so the host allocates kAct16PadRows more. Per [T, nb]: dx; xs = dx * sum(x16),
+// prep writes the planes its kernels read: hi and lo (every path), xp (AVX2's q8); rows past T may be read by an
+// AMX tile (never stored), so the host allocates kAct16PadRows more. Per [T, nb]: dx; xs = dx * sum(x16),
 // the quantized block sum q4's min term multiplies; sum16 = sum(x16) and shi = sum(hi), exact.
 constexpr int kAct16PadRows = 15;
 struct Act16 {
   int64_t ld;      // elements per row of a plane: nb * 32
   int8_t* hi;      // [T + pad, ld]
   uint8_t* lo;     // [T + pad, ld]
-  int16_t* xp;     // [T, ld]: x16 with each group of 8 in kPairOrder (AVX2's int16 pairs)
+  int16_t* xp;     // [T, ld]: x16 with each group of 4 in kPairOrder (AVX2's int16 pairs)
   float* dx;       // [T, nb]
   float* xs;       // [T, nb]
   int32_t* sum16;  // [T, nb]
   int32_t* shi;    // [T, nb]
 };
-// The inputs of a group of 8 in the order the AVX2 pair kernels read them (gemm_q16.h, the q4 layout).
-constexpr int kPairOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+// The inputs of a group of 4 in the order AVX2's q8 kernel reads them: its weight pairs (0, 2) and (1, 3).
+constexpr int kPairOrder[4] = {0, 2, 1, 3};
 
 // q4 panels: one stream [P, nb, kQ4BlockBytes], each block of 16 outputs x 32 inputs as 4 chunks c of
-// [16 outputs j][4 bytes r], byte = q[j, 8c+r] | q[j, 8c+4+r] << 4, then d[16] and m[16] fp16 (gemm_q16.h).
+// [16 outputs j][4 bytes r], byte = q[j, 8c+r] | q[j, 8c+4+r] << 4, then d[16] and m[16] fp16 (gemm.h q4_tile).
 constexpr int kQ4Chunk = 64;
 constexpr int kQ4Nibbles = 4 * kQ4Chunk;
 constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a weight, as GGUF's Q4_1

@@ -104,76 +104,92 @@ struct Avx2 {
                                _mm256_add_ps(_mm256_mul_ps(b.lo, z), _mm256_mul_ps(b.hi, z))));
   }
 
-  // ---- 16-bit activations (gemm_q16.h) without VNNI: VPMADDWD on int16 pairs -------------------------
-  // The plane writer: x16 itself, each group of 8 in kPairOrder, so a dword of q4 nibbles shifted by 4s and
-  // masked with 0x000F000F lines up with the activation pair at 2s (and a q8 group's sign-extended bytes with
-  // the pairs q8_dot16 picks). Products <= 127 * 32767, pair sums < 2^23: exact in int32.
+  // ---- 16-bit activations (gemm.h, q16.h) without VNNI ---------------------------------------------------
+  // The plane writer: hi and lo as AVX-512's (q4: VPMADDUBSW), and x16 itself with each group of 4 in kPairOrder
+  // (q8: VPMADDWD against the sign-extended weight pairs of q8_group).
   static void store_x16(F q0, F q1, const Act16& a, int64_t o, int32_t& sum, int32_t& shi) {
     const __m256i i[4] = {_mm256_cvtps_epi32(q0.lo), _mm256_cvtps_epi32(q0.hi), _mm256_cvtps_epi32(q1.lo),
                           _mm256_cvtps_epi32(q1.hi)};
-    __m256i h[4];
-    for (int k = 0; k < 4; ++k) h[k] = _mm256_srai_epi32(i[k], 8);
+    __m256i h[4], l[4];
+    for (int k = 0; k < 4; ++k) {
+      h[k] = _mm256_srai_epi32(i[k], 8);
+      l[k] = _mm256_and_si256(i[k], _mm256_set1_epi32(255));
+    }
     sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
     shi = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(h[0], h[1]), _mm256_add_epi32(h[2], h[3])));
-    // int32 -> int16 in order (packs works per 128-bit lane, the permute restores the order), then kPairOrder
-    // within each group of 8 = each 128-bit lane
-    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
-                                           13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6,
+                                           7, 8, 9, 12, 13, 10, 11, 14, 15);
     for (int k = 0; k < 2; ++k) {
-      const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[2 * k], i[2 * k + 1]), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.xp + o + 16 * k), _mm256_shuffle_epi8(w16, order));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.hi + o + 16 * k), bytes16(h[2 * k], h[2 * k + 1], false));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.lo + o + 16 * k), bytes16(l[2 * k], l[2 * k + 1], true));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.xp + o + 16 * k),
+                          _mm256_shuffle_epi8(int16s(i[2 * k], i[2 * k + 1]), order));
     }
   }
 
-  // A row's sums over one block, outputs 0-7 and 8-15: sum q * x16 directly.
+  // A row's sums over one block, outputs 0-7 and 8-15 in each pair: sum q * hi in int16 lanes (two a output),
+  // sum q * lo (q4) or sum q * x16 (q8) in int32. S = 256 hi + lo.
   struct Q16Acc {
-    __m256i lo, hi;
+    __m256i hi[2], lo[2];
   };
-  static Q16Acc q16_init(int32_t) { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-  static I q16_sum(const Q16Acc& acc) { return {acc.lo, acc.hi}; }
+  static Q16Acc q16_init(int32_t) {
+    const __m256i z = _mm256_setzero_si256();
+    return {{z, z}, {z, z}};
+  }
+  static I q16_sum(const Q16Acc& acc) {
+    const __m256i k256 = _mm256_set1_epi16(256);
+    return {_mm256_add_epi32(_mm256_madd_epi16(acc.hi[0], k256), acc.lo[0]),
+            _mm256_add_epi32(_mm256_madd_epi16(acc.hi[1], k256), acc.lo[1])};
+  }
 
-  // A 64-byte q4 chunk as int16 pairs: w[s] = (dword >> 4s) & 0x000F000F holds inputs (0,2), (4,6), (1,3), (5,7)
-  // of the chunk's 8 for s = 0..3, as kPairOrder lays out the activation.
+  // q4: VPMADDUBSW, AVX-512's VPDPBUSD in 16-bit lanes with saturation: hi (signed) against the nibbles as
+  // unsigned, a pair at most 2 * 15 * 128 = 3840, so a block's 8 pairs a lane stay below 2^15 in int16; lo
+  // (unsigned) against the nibbles as signed, a pair at most 2 * 255 * 15 = 7650, widened each chunk (VPMADDWD
+  // by ones). A chunk: inputs 8c..8c+3 (low nibbles) and 8c+4..8c+7 (high), outputs 0-7 and 8-15.
   struct Q4Chunk {
-    __m256i lo[4], hi[4];
+    __m256i w0[2], w1[2];
   };
   static Q4Chunk q4_chunk(const uint8_t* p) {
-    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-    const __m256i mask = _mm256_set1_epi32(0x000F000F);
+    const __m256i nib = _mm256_set1_epi8(0x0F);
     Q4Chunk w;
-    for (int s = 0; s < 4; ++s) {
-      w.lo[s] = _mm256_and_si256(_mm256_srli_epi32(v0, 4 * s), mask);
-      w.hi[s] = _mm256_and_si256(_mm256_srli_epi32(v1, 4 * s), mask);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h));
+      w.w0[h] = _mm256_and_si256(v, nib);
+      w.w1[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
     }
     return w;
   }
   static void q4_dot16(Q16Acc& acc, const Q4Chunk& w, const Act16& x, int64_t o) {
-    for (int s = 0; s < 4; ++s) {
-      const __m256i xv = _mm256_set1_epi32(load4(x.xp + o + 2 * s));
-      acc.lo = _mm256_add_epi32(acc.lo, _mm256_madd_epi16(w.lo[s], xv));
-      acc.hi = _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w.hi[s], xv));
+    const __m256i ha = _mm256_set1_epi32(load4(x.hi + o)), hb = _mm256_set1_epi32(load4(x.hi + o + 4));
+    const __m256i la = _mm256_set1_epi32(load4(x.lo + o)), lb = _mm256_set1_epi32(load4(x.lo + o + 4));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(w.w0[h], ha), _mm256_maddubs_epi16(w.w1[h], hb));
+      const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(la, w.w0[h]), _mm256_maddubs_epi16(lb, w.w1[h]));
+      acc.hi[h] = _mm256_add_epi16(acc.hi[h], hi);
+      acc.lo[h] = _mm256_add_epi32(acc.lo[h], _mm256_madd_epi16(lo, _mm256_set1_epi16(1)));
     }
   }
 
-  // A q8 group (16 outputs x 4 inputs, q + 128) as int16 pairs of q: inputs (0, 2) and (1, 3).
+  // q8: a group (16 outputs x 4 inputs, q + 128) as int16 pairs of q, inputs (0, 2) and (1, 3), against x16 in
+  // the same pairs (kPairOrder); products <= 127 * 32767, pair sums < 2^23, exact in int32.
   struct Q8Group {
-    __m256i a_lo, a_hi, b_lo, b_hi;
+    __m256i a[2], b[2];
   };
   static Q8Group q8_group(const uint8_t* p) {
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip);
-    const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), flip);
-    return {_mm256_srai_epi16(_mm256_slli_epi16(v0, 8), 8), _mm256_srai_epi16(_mm256_slli_epi16(v1, 8), 8),
-            _mm256_srai_epi16(v0, 8), _mm256_srai_epi16(v1, 8)};
+    Q8Group w;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)),
+                                         _mm256_set1_epi8(static_cast<char>(0x80)));
+      w.a[h] = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+      w.b[h] = _mm256_srai_epi16(v, 8);
+    }
+    return w;
   }
-  // Inputs o..o+3 (o a multiple of 4): in the kPairOrder group of 8 holding them, (0, 2) sits at 0 and (1, 3)
-  // at 4 for the first four inputs, (4, 6) at 2 and (5, 7) at 6 for the last four.
   static void q8_dot16(Q16Acc& acc, const Q8Group& w, const Act16& x, int64_t o) {
-    const int16_t* xp = x.xp + (o & ~int64_t{7}) + ((o & 4) >> 1);
-    const __m256i xa = _mm256_set1_epi32(load4(xp)), xb = _mm256_set1_epi32(load4(xp + 4));
-    acc.lo = _mm256_add_epi32(acc.lo, _mm256_add_epi32(_mm256_madd_epi16(w.a_lo, xa), _mm256_madd_epi16(w.b_lo, xb)));
-    acc.hi = _mm256_add_epi32(acc.hi, _mm256_add_epi32(_mm256_madd_epi16(w.a_hi, xa), _mm256_madd_epi16(w.b_hi, xb)));
+    const __m256i xa = _mm256_set1_epi32(load4(x.xp + o)), xb = _mm256_set1_epi32(load4(x.xp + o + 2));
+    for (int h = 0; h < 2; ++h)
+      acc.lo[h] = _mm256_add_epi32(acc.lo[h], _mm256_add_epi32(_mm256_madd_epi16(w.a[h], xa),
+                                                               _mm256_madd_epi16(w.b[h], xb)));
   }
 
   // v[0..15] -> lane i = sum of v[i]'s lanes.
@@ -191,6 +207,14 @@ struct Avx2 {
     int32_t v;
     std::memcpy(&v, p, 4);
     return v;
+  }
+  // 16 int32 (a: lanes 0-7, b: 8-15) -> 16 int16 in order: packs works per 128-bit lane, the permute restores it.
+  static __m256i int16s(__m256i a, __m256i b) { return _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8); }
+  // ... -> 16 bytes in order, values in [-128, 127] (or [0, 255] when unsigned)
+  static __m128i bytes16(__m256i a, __m256i b, bool unsigned_bytes) {
+    const __m256i w = int16s(a, b);
+    const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
+    return unsigned_bytes ? _mm_packus_epi16(lo, hi) : _mm_packs_epi16(lo, hi);
   }
   static int32_t hsum_i32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

@@ -88,7 +88,7 @@ struct Avx512 {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_mul_ps(a, zero()), _mm512_mul_ps(b, zero())));
   }
 
-  // ---- 16-bit activations (gemm_q16.h): exact integer sums over the int8 halves hi, lo of x16 ------------
+  // ---- 16-bit activations (gemm.h, q16.h): exact integer sums over the int8 halves hi, lo of x16 --------
   // The prep's plane writer: a block's 32 rounded values (exact integers in floats) -> the hi and lo planes at
   // offset o; the block's sum of x16 and of hi.
   static void store_x16(F q0, F q1, const Act16& a, int64_t o, int32_t& sum, int32_t& shi) {
