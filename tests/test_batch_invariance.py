@@ -21,7 +21,7 @@ SHAPES = {  # head_dim 16 runs attention's generic path; 64 its unrolled one. 35
     "wide": dict(hidden_size=128, intermediate_size=352, num_attention_heads=2, num_key_value_heads=1,
                  num_hidden_layers=2),
 }
-PROMPT, MAX_T = 300, 17  # the prompt crosses a split of attention's keys (kSplitKeys = 256)
+PROMPT, MAX_T = 300, 17  # the prompt crosses several of attention's key splits (kernels.h split_start)
 
 
 def paths(module):

@@ -4,13 +4,13 @@
 //
 // At batch 1 there are only Hkv (3 for the default model) (row, kv head) pairs, too few to keep two cores
 // busy, and a long cache takes one core's bandwidth for the whole step. So each row's keys are cut into splits
-// of kSplitKeys positions (kernels.h); a work item (b, kv head, split) runs the kv head's whole GQA group
+// at fixed positions (kernels.h split_start); a work item (b, kv head, split) runs the kv head's whole GQA group
 // (n_rep heads x T queries) over the split's live keys, so each K/V row is read from memory once for all of
 // them, and leaves unnormalised partials (running max m, sum of exp l, acc = sum p v). The merge folds the
 // splits with log-sum-exp. Only live keys are read: [0, len), or with a window the sinks and the window.
 //
-// Batch invariance: splits start at multiples of kSplitKeys and the blocks inside them (one online-softmax
-// rescale each) at multiples of kKeys, lane k of a block holding key j0 + k, so a query meets the same keys
+// Batch invariance: splits start at fixed positions and the blocks inside them (one online-softmax rescale
+// each) at multiples of kKeys, lane k of a block holding key j0 + k, so a query meets the same keys
 // in the same blocks, lanes and splits whether it is a decode step's only query or one of a verify pass's T:
 // the extra keys a longer pass reads are masked for it (weight exactly 0, and a masked block is skipped),
 // and its output comes out the same bits. Tying the splits to the thread count or the row's length, as an
@@ -28,6 +28,7 @@ template <class S>
 struct Attention {
   using F = typename S::F;
   static constexpr int kKeys = 32;      // keys per block (two groups of 16): one online-softmax rescale per block
+  static_assert(split_start(1) % kKeys == 0, "splits must start at block boundaries");
   static constexpr int kQueries = 16;   // queries per tile; the tile's state lives on the stack
   static constexpr int kMaxDim = 256;   // head_dim limit of the stack buffers (the host checks)
   static constexpr float kNegInf = -INFINITY;
@@ -110,7 +111,7 @@ struct Attention {
       const int b = static_cast<int>(item / a.splits / a.n_kv_heads);
       const int len = a.seq_lens[b];
       const Live live = live_keys(a, len);
-      const int j_lo = split * kSplitKeys, j_hi = len < j_lo + kSplitKeys ? len : j_lo + kSplitKeys;
+      const int j_lo = split_start(split), j_end = split_start(split + 1), j_hi = len < j_end ? len : j_end;
       const int64_t part = (static_cast<int64_t>(b) * a.n_kv_heads + kvh) * a.splits + split;
       if (!live.any(j_lo, j_hi)) {  // past the row, or between the sinks and the window: an empty partial
         for (int qi = 0; qi < Q; ++qi) {

@@ -101,12 +101,23 @@ struct RopeArgs {
 using RopeFn = void (*)(const RopeArgs&, int64_t t0, int64_t t1);
 
 // Attention of T new queries per row over the live keys of a [B, Hkv, S, D] cache, flash-decoding style:
-// work item (b, kv head, split) covers the row's live keys at positions [split, split + 1) * kSplitKeys for
-// the kv head's whole GQA group (n_rep heads x T queries), so each K/V row is read once for all of them. It
-// writes unnormalised partials (m, l, acc) into the workspace; merge folds the splits of each (b, t, h) into
-// out. The splits sit at fixed positions, whatever T, the row's length or the thread count, so a query's
-// sums run in the same order in a decode step and in every verify pass (attention.h).
-constexpr int kSplitKeys = 256;
+// work item (b, kv head, split) covers the row's live keys at positions [split_start(split), split_start(split +
+// 1)) for the kv head's whole GQA group (n_rep heads x T queries), so each K/V row is read once for all of them.
+// It writes unnormalised partials (m, l, acc) into the workspace; merge folds the splits of each (b, t, h) into
+// out. The splits sit at fixed positions, whatever T, the row's length or the thread count, so a query's sums
+// run in the same order in a decode step and in every verify pass (attention.h). They double in size every
+// four: 64 keys up to position 256, then 128, 256, ...: a short context still gives the threads several items
+// each, and a long one no more than ~4 log2(length / 256) partials for the merge.
+constexpr int split_start(int split) {
+  const int group = split / 4;
+  return 256 * ((1 << group) - 1) + 64 * (split % 4) * (1 << group);
+}
+// The splits covering positions [0, len).
+constexpr int splits_for(int len) {
+  int s = 0;
+  while (split_start(s) < len) ++s;
+  return s;
+}
 struct AttentionArgs {
   float* out;             // [B, T, H, D]: strides out_b, out_t; heads dense
   const float* q;         // [B, T, H, D]: strides q_b, q_t; heads dense
@@ -115,7 +126,7 @@ struct AttentionArgs {
   const int32_t* seq_lens;  // [B] live length, the T new tokens included
   float* part_acc;        // [B, Hkv, splits, n_rep * T, D]
   float* part_ml;         // [B, Hkv, splits, n_rep * T, 2]: max and sum of exp, -inf / 0 when empty
-  // splits: ceil(longest row / kSplitKeys)
+  // splits: splits_for(the longest row)
   int batch, tokens, n_heads, n_kv_heads, head_dim, max_len, splits, window, sinks;
   int64_t q_b, q_t, out_b, out_t, kv_b, kv_h, kv_s;
   float scale;

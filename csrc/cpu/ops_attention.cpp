@@ -83,9 +83,9 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.kv_h = k_cache.stride(1);
   a.kv_s = k_cache.stride(2);
   a.scale = static_cast<float>(scale);
-  // Splits at fixed positions (kernels.h kSplitKeys), not an even share per thread: the same sum order for a
+  // Splits at fixed positions (kernels.h split_start), not an even share per thread: the same sum order for a
   // query whatever the pass. Each item is its own task below, so the threads still share them out.
-  a.splits = static_cast<int>((longest + kSplitKeys - 1) / kSplitKeys);
+  a.splits = splits_for(static_cast<int>(longest));
   const int64_t items = B * Hkv * a.splits, queries = (H / Hkv) * T;
   workspace.acc.resize(items * queries * D);
   workspace.ml.resize(items * queries * 2);
