@@ -1,14 +1,21 @@
-"""The int8 and q4 GEMV kernels (csrc/gemv.cuh) against their twin, ref.linear(x, weights.dequantize(blocks)),
-through the wrappers in engine/ops/cuda.py, on both backends of tests/cuda_backends.py.
+"""The int8 and q4 products (csrc/gemv.cuh up to 16 rows, csrc/dequantize.cuh + a GEMM beyond) against their twin,
+ref.linear(x, weights.dequantize(blocks)), through the wrappers in engine/ops/cuda.py, on both backends of
+tests/cuda_backends.py; the dequantize kernel alone against weights.dequantize; on a GPU, q4 and int8 models whose
+prefill, verify pass and decode step go through both routes, against the same models on the torch twins.
 
 Outputs are poisoned with NaN before each launch. Sizes are awkward on purpose: 1 and 17 output rows (a
 block's rows mostly idle), 769 (not a multiple of any block's rows), inputs 32 (one quantization block), 96
-(a chunk's lanes mostly idle) and 576 (two chunks, the second partial), T 1, 6 and 16 (token tiles 1, 8, 16).
+(a chunk's lanes mostly idle) and 576 (two chunks, the second partial), T 1, 6 and 16 (token tiles 1, 8, 16),
+then 17 and 40 rows (the dequantize route).
 
-Tolerance: kernel and twin accumulate in fp32 and round once, but the kernel takes the block's scale (and min)
+Tolerance: kernel and twin accumulate in fp32 and round once, but the GEMV takes the block's scale (and min)
 out of the block's sum and adds in another order. fp32 rounding over `in` terms stays far below
 1e-5 * sum_i |w_i x_i| (the worst case is in * 2^-24 of it; a random order gives about sqrt(in) * 2^-24),
-plus one ulp of the output dtype where bf16/fp16 round that sum.
+plus one ulp of the output dtype where bf16/fp16 round that sum. The dequantize route holds the weights in x's
+dtype: exact in fp32 (the dequantize kernel is the twin bit for bit), rounded to half an ulp in bf16/fp16, which
+adds at most eps / 2 * sum_i |w_i x_i|; a GEMM allowed reduced-precision reductions (torch's default for
+bf16/fp16 on a GPU) rounds its partial sums, at most another eps / 2 of the same sum. So that route's bound in
+bf16/fp16 gains eps * sum_i |w_i x_i|.
 """
 from __future__ import annotations
 
@@ -18,8 +25,9 @@ import pytest
 import torch
 
 from cuda_backends import CODES, DTYPES, NAN, Emulated, emulated_library, make_backend, ptr, randn
-from engine import weights
-from engine.ops import ref
+from engine import Engine, load_model, weights
+from engine.ops import cuda, ref
+from engine.tiny import tiny_cuda_config, write_tiny_model
 
 
 class EmulatedGemv(Emulated):
@@ -38,6 +46,17 @@ class EmulatedGemv(Emulated):
 
     def linear_q4(self, out, x, qs, d, m):
         self._linear(True, out, x, qs, d, m)
+
+    def _dequantize(self, q4: bool, out, qs, d, m):
+        ints = (ctypes.c_int * 2)(out.shape[0], out.shape[1])
+        self._call("dequantize", int(q4), CODES[out.dtype], ptr(out), ptr(qs), ptr(d), None if m is None else ptr(m),
+                   ints, ctypes.c_int64(out.stride(0)))
+
+    def dequantize_int8(self, out, qs, d):
+        self._dequantize(False, out, qs, d, None)
+
+    def dequantize_q4(self, out, qs, d, m):
+        self._dequantize(True, out, qs, d, m)
 
 
 @pytest.fixture(scope="module", params=["cuda", pytest.param("emulated", marks=pytest.mark.emulation)])
@@ -64,7 +83,9 @@ def assert_matches_twin(out: torch.Tensor, x: torch.Tensor, b: weights.Blocks) -
     w = weights.dequantize(b).to(x.device)
     want = ref.linear(x, w)
     magnitude = x.float().abs() @ w.abs().t()  # sum_i |w_i x_i| per output
-    bound = 1e-5 * magnitude + (0 if x.dtype == torch.float32 else torch.finfo(x.dtype).eps) * want.float().abs()
+    eps = 0 if x.dtype == torch.float32 else torch.finfo(x.dtype).eps
+    dequantized = x.shape[0] > cuda.GEMV_MAX_TOKENS  # the route that holds the weights in x's dtype
+    bound = (1e-5 + (eps if dequantized else 0)) * magnitude + eps * want.float().abs()
     err = (out.float() - want.float()).abs()
     assert not out.isnan().any(), "an output was never written"
     worst = (err - bound).argmax()
@@ -108,11 +129,57 @@ def test_linear_reads_strided_rows_and_allocates(backend, fmt, T):
     assert_matches_twin(out, x, b)
 
 
+ROUTE_CASES = [
+    pytest.param(name, fmt, dtype, o, i, T, id=f"{name}-{fmt}-{str(dtype)[6:]}-o{o}-i{i}-T{T}")
+    for name, sizes in [("cuda", [(17, 96), (769, 576), (1, 32)]), ("emulated", [(17, 100), (40, 576)])]
+    for fmt in ("int8", "q4")
+    for dtype in DTYPES
+    for o, i in sizes
+    for T in (17, 40)
+]
+
+
+@pytest.mark.parametrize("backend,fmt,dtype,out_features,in_features,T", ROUTE_CASES, indirect=["backend"])
+def test_more_than_16_rows_take_the_dequantize_route(backend, fmt, dtype, out_features, in_features, T):
+    """A prefill, full-sequence logits, layer-skip calibration, a verify pass of 17 or a long catch-up: every row
+    count runs, past the GEMV's 16 rows through the dense weight and a GEMM."""
+    b, args = quantized(fmt, out_features, in_features, backend.device, seed=out_features + T)
+    x = randn(T, in_features, dtype=dtype, device=backend.device, seed=T)
+    out = torch.full((T, out_features), NAN, dtype=dtype, device=backend.device)
+    assert run(backend, fmt, x, args, out=out) is out
+    assert_matches_twin(out, x, b)
+    wide = randn(T, in_features + 9, dtype=dtype, device=backend.device, seed=T + 1)[:, 5:5 + in_features]
+    assert_matches_twin(run(backend, fmt, wide, args), wide, b)  # rows of a wider buffer, out allocated
+
+
+DEQUANTIZE_CASES = [
+    pytest.param(name, fmt, dtype, o, i, id=f"{name}-{fmt}-{str(dtype)[6:]}-o{o}-i{i}")
+    for name, sizes in [("cuda", [(1, 32), (17, 100), (769, 576), (300, 2048)]), ("emulated", [(1, 32), (17, 100)])]
+    for fmt in ("int8", "q4")
+    for dtype in DTYPES
+    for o, i in sizes
+]
+
+
+@pytest.mark.parametrize("backend,fmt,dtype,out_features,in_features", DEQUANTIZE_CASES, indirect=["backend"])
+def test_dequantize_is_the_twin_bit_for_bit(backend, fmt, dtype, out_features, in_features):
+    """weights.dequantize(blocks) cast to the dtype, exactly: the products with d and then m round as the twin's do.
+    in = 100 ends inside a block, whose padding must not be written past the row."""
+    b, args = quantized(fmt, out_features, in_features, backend.device, seed=in_features)
+    buf = torch.full((out_features * in_features + 8,), NAN, dtype=dtype, device=backend.device)
+    out = buf[:-8].view(out_features, in_features)
+    getattr(backend.module, f"dequantize_{fmt}")(out, *args)
+    want = weights.dequantize(b).to(device=backend.device, dtype=dtype)
+    assert torch.equal(out, want), (out - want).abs().max()
+    assert buf[-8:].isnan().all(), "written past the matrix"
+
+
 @pytest.mark.parametrize("backend", ["emulated"], indirect=True)
-def test_more_than_16_tokens_is_refused(backend):
-    b, args = quantized("int8", 8, 32, "cpu")
+def test_the_gemv_launcher_refuses_more_than_16_tokens(backend):
+    """The launcher's contract: 1..16 tokens, nothing launched beyond (the wrapper routes those rows elsewhere)."""
+    b, (qs, d) = quantized("int8", 8, 32, "cpu")
     with pytest.raises(RuntimeError, match=r"linear failed \(1\)"):  # cudaErrorInvalidValue, nothing launched
-        run(backend, "int8", torch.zeros(17, 32), args)
+        backend.module.linear_int8(torch.empty(17, 8), torch.zeros(17, 32), qs, d)
 
 
 @pytest.mark.parametrize("backend", ["emulated"], indirect=True)
@@ -133,7 +200,7 @@ def test_errors_name_the_values(backend):
     b, (qs, d) = quantized("int8", 8, 40, "cuda")
     x = torch.randn(2, 40, device="cuda")
     with pytest.raises(RuntimeError, match=r"x must be \[T, in\] with T <= 16 tokens, got \[17, 40\]"):
-        backend.fused.linear_int8(torch.randn(17, 40, device="cuda"), qs, d)
+        backend.module.linear_int8(torch.empty(17, 8, device="cuda"), torch.randn(17, 40, device="cuda"), qs, d)
     with pytest.raises(RuntimeError, match=r"qs must be \[out, 64\] for in = 40 \(64 inputs padded"):
         backend.fused.linear_int8(x, qs[:, :32], d)
     with pytest.raises(RuntimeError, match="d must be Half, got Float"):
@@ -143,3 +210,55 @@ def test_errors_name_the_values(backend):
         backend.fused.linear_q4(x, q4, d4, m4[:, :1])
     with pytest.raises(RuntimeError, match="qs must be Byte, got Char"):
         backend.fused.linear_q4(x, qs, d4, m4)
+    # the dequantize route: the weight's `in` is out's width
+    with pytest.raises(RuntimeError, match=r"qs must be \[out, 96\] for in = 70 \(96 inputs padded"):
+        backend.module.dequantize_int8(torch.empty(8, 70, device="cuda"), qs, d)
+    with pytest.raises(RuntimeError, match=r"out must be \[out, in\] = \[8, 40\], got \[9, 40\]"):
+        backend.module.dequantize_q4(torch.empty(9, 40, device="cuda"), q4, d4, m4)
+    with pytest.raises(RuntimeError, match="out must be float32, float16 or bfloat16, got Int"):
+        backend.module.dequantize_int8(torch.empty(8, 40, dtype=torch.int32, device="cuda"), qs, d)
+    with pytest.raises(RuntimeError, match=r"qs must be \[out, 64\] for in = 40"):  # a wrong weight, past 16 rows
+        backend.fused.linear_int8(torch.randn(20, 40, device="cuda"), qs[:, :32], d)
+
+
+# --- a whole model on each route --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kernel_sized_model(tmp_path_factory):
+    """A tiny model at head_dim 64, so the fused kernels run it (tiny_config's head_dim 16 runs the twins)."""
+    return write_tiny_model(tmp_path_factory.mktemp("gemv_model"), tiny_cuda_config(), seed=3)
+
+
+# The fused path against the same model on the twins. fp32: the two differ in summation order only (GEMM, GEMV
+# and the row-wise kernels, each ~1e-6 relative), so 1e-4 of the largest logit after 4 layers. bf16: every op
+# rounds to 8 bits on both paths, in different places (the route's weights are bf16, the twin's fp32), MODEL_BF16_TOL
+# of the largest logit; a wrong block, scale or row moves logits by their own size.
+MODEL_FP32_TOL = 1e-4
+MODEL_BF16_TOL = 2 ** -4
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4", "int8"])
+def test_quantized_models_prefill_verify_and_step_like_their_twins(kernel_sized_model, fmt, dtype):
+    """A 40-token prefill (logits of every position: the dequantize route), a 17-token verify pass on top (the
+    route again), then a decode step (the GEMV): the q4 app starts with this on a GPU."""
+    fused = load_model(kernel_sized_model, device="cuda", dtype=dtype, weights=fmt)
+    twin = load_model(kernel_sized_model, device="cuda", dtype=dtype, weights=fmt, fused=False)
+    assert fused.ops.name == "fused", fused.ops.reason
+    tol = MODEL_FP32_TOL if dtype == "fp32" else MODEL_BF16_TOL
+    ids = [(7 * i + 3) % 256 for i in range(60)]
+    results = []
+    for model in (fused, twin):
+        eng = Engine(model, max_seq_len=128)
+        with torch.inference_mode():
+            prefill = eng.logits(ids[:40])
+            verify = eng.chunk(torch.tensor([ids[40:57]], device="cuda"))[0].float()
+            step = eng.decode(torch.tensor([ids[57]], device="cuda"))[0].float()
+        results.append((prefill, verify, step))
+    for name, got, want in zip(("prefill", "verify", "step"), *results, strict=True):
+        assert not got.isnan().any(), name
+        err = (got - want).abs().max().item()
+        assert err <= tol * want.abs().max().item(), (name, err, want.abs().max().item())
