@@ -1,7 +1,9 @@
 // int8 (GGUF Q8_0) and q4 (GGUF Q4_1) weights dequantized into a dense [out, in] matrix of the activations'
 // dtype: the route for more rows than the GEMV's token tiles take (a prefill, full-sequence logits, a long verify
-// pass or catch-up), where cuBLAS then multiplies. Past a few rows a product is no longer bound by the weight
-// stream alone, and one extra write and read of the dense weight costs less than a GEMV pass per 16 rows.
+// pass or catch-up), where cuBLAS then multiplies on tensor cores. It moves a write and a read of the dense weight
+// (4 bytes a weight in bf16) on top of the blocks (0.625 for q4, 1.0625 for int8): fewer bytes than a GEMV pass per
+// 16 rows would read past about 120 rows (q4) or 80 (int8), more below that, where bench/gemv.py's 17- and 64-row
+// figures say what it costs.
 //
 // One thread per 16-byte load of a row (16 int8 or 32 q4 inputs, one block's scale and min), the weight's rows
 // read in place as gemv.cuh reads them. The recipe is the twin's (engine/weights: q * d, then + m, each rounded in

@@ -83,8 +83,10 @@ class CudaOps(RowwiseOps):
     # catch-up) dequantize the weight once into x's dtype and multiply with cuBLAS. That is how vLLM's AWQ layer
     # runs large batches (awq_dequantize, then torch.matmul) and what llama.cpp falls back to past its mat-vec
     # kernel's batch limit (dequantize to fp16, then cuBLAS): one write and one read of the dense weight on top of
-    # the blocks, in exchange for tensor-core GEMMs at any row count, and no second kernel to keep exact. The
-    # route is fixed by the row count, so a captured graph (one T) holds one of the two.
+    # the blocks (csrc/dequantize.cuh counts the bytes), in exchange for tensor-core GEMMs at any row count and no
+    # second product kernel to keep exact; a tiled kernel over the blocks (llama.cpp's MMQ) would read less from
+    # 17 to ~100 rows, which bench/gemv.py's 17- and 64-row figures will say is worth writing or not. The route is
+    # fixed by the row count, so a captured graph (one T) holds one of the two.
 
     def linear_int8(self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: torch.Tensor | None = None):
         """x [T, in] @ W^T with W = d * q: qs int8 [out, in_pad], d fp16 [out, in_pad / 32] -> [T, out]."""
