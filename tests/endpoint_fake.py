@@ -151,3 +151,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def replay(reads, speed: float = 1.0):
+    """A behaviour that sends a transcript's reads at their recorded times (divided by speed)."""
+    def run(h, body):
+        start_sse(h)
+        t0 = time.perf_counter()
+        for t_ms, data in reads:
+            wait = t_ms / 1e3 / speed - (time.perf_counter() - t0)
+            if wait > 0:
+                time.sleep(min(wait, MAX_WAIT_S))
+            h.wfile.write(data)
+            h.wfile.flush()
+    return run

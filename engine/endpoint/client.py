@@ -109,12 +109,14 @@ class EndpointStream:
 
     def __init__(self, ep: Endpoint, prompt: str, *, chat: bool = True, max_new_tokens: int = 128,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = 0,
-                 tokenizer=None, cancelled: Callable[[], bool] = lambda: False):
+                 tokenizer=None, cancelled: Callable[[], bool] = lambda: False,
+                 tap: Callable[[float, bytes], None] | None = None):
         if not prompt:
             raise ValueError("the prompt is empty")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
         self.ep, self.prompt, self.chat, self.tokenizer, self.cancelled = ep, prompt, chat, tokenizer, cancelled
+        self.tap = tap  # (ms since the request, bytes) of every read: how transcripts are recorded
         self.sampling = dict(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         if top_k:
             self.sampling["top_k"] = top_k  # not OpenAI's; llama-server, vLLM and SGLang take it
@@ -241,13 +243,19 @@ class EndpointStream:
                     raise _http_error(status, reason, ctype, item[1], ep.api_key)
                 elif kind == "data":
                     last_byte = item[1]
-                    a = time.perf_counter()
-                    done = []
-                    for event in sse.feed(item[2], item[1]):
-                        done += builder.add(parse(event, t0, fields))
-                        info.chunks += 1
+                    if self.tap is not None:
+                        self.tap((item[1] - t0) * 1e3, item[2])
+                    a, done, bad = time.perf_counter(), [], None
+                    try:
+                        for event in sse.feed(item[2], item[1]):
+                            done += builder.add(parse(event, t0, fields))
+                            info.chunks += 1
+                    except EndpointError as e:  # the rounds its read completed before the bad chunk still count
+                        bad = e
                     info.client_ms += (time.perf_counter() - a) * 1e3
                     yield from done
+                    if bad is not None:
+                        raise bad
                 elif kind == "error":
                     yield from builder.close()
                     raise self._fail(builder, self._describe(item[1]))
