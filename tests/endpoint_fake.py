@@ -153,8 +153,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def replay(reads, speed: float = 1.0):
-    """A behaviour that sends a transcript's reads at their recorded times (divided by speed)."""
+def replay(reads, speed: float = 1.0, within_s: float | None = None):
+    """A behaviour that sends a transcript's reads at their recorded times divided by speed (or sped up so the
+    whole transcript takes within_s: the gaps keep their proportions)."""
+    if within_s and reads:
+        speed = max(speed, reads[-1][0] / 1e3 / within_s)
+
     def run(h, body):
         start_sse(h)
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ DATA = Path(__file__).parent / "data"
 def run_transcript(name: str, tokenizer=None):
     header, reads = load(DATA / name)
     probes = {"/props": {"build_info": header["server_version"]}} if header["server"] == "llama-server" else {}
-    with FakeServer(replay(reads, speed=4.0), extra_get=probes) as fake:
+    with FakeServer(replay(reads, within_s=1.5), extra_get=probes) as fake:
         s = stream(Endpoint(fake.url, model="m", server=header["server"]), "x", tokenizer=tokenizer)
         rounds = list(s)
     return header, rounds, s.info
@@ -55,3 +55,23 @@ def test_sglang_chunks_without_counters_are_inferred_and_say_so():
     assert all(t.inferred for r in rounds if len(r.tokens) > 1 for t in r.tokens)
     x = extra_summary(endpoint_stats(rounds, info), info)
     assert x["tokens_per_chunk"] == pytest.approx(header["expect"]["tokens"] / len(rounds))
+
+
+@pytest.mark.parametrize("name", ["llama-server-plain.jsonl", "llama-server-ngram.jsonl"])
+def test_recorded_llama_server_runs(name):
+    header, rounds, info = run_transcript(name)
+    want = header["expect"]
+    assert header["server_version"].startswith("b") and info.server_version == header["server_version"]
+    stats = endpoint_stats(rounds, info)
+    assert len(stats.ids) == want["tokens"] == info.completion_tokens == want["completion_tokens"]
+    assert info.tokens_from == "the server's token count" and rounds[-1].finished
+    assert info.server_ms_per_token == want["predicted_per_token_ms"]
+    if want["draft_n"]:
+        # the client's acceptance, from its Rounds, is the server's draft_n_accepted / draft_n exactly
+        assert stats.summary()["acceptance_rate"] == want["draft_n_accepted"] / want["draft_n"]
+        assert sum(r.n_drafted for r in rounds) == want["draft_n"] and info.kinds_from == "the server, per step"
+        assert any(len(r.emitted) > 1 for r in rounds)
+    else:
+        assert {t.kind for r in rounds for t in r.tokens} == {"target"} and len(rounds) == want["tokens"]
+    text = "".join(t.text for r in rounds for t in r.tokens)
+    assert text.strip() and all(r.total_ms >= 0 for r in rounds)

@@ -110,13 +110,14 @@ class EndpointStream:
     def __init__(self, ep: Endpoint, prompt: str, *, chat: bool = True, max_new_tokens: int = 128,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = 0,
                  tokenizer=None, cancelled: Callable[[], bool] = lambda: False,
-                 tap: Callable[[float, bytes], None] | None = None):
+                 tap: Callable[[float, bytes], None] | None = None, extra: dict | None = None):
         if not prompt:
             raise ValueError("the prompt is empty")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
         self.ep, self.prompt, self.chat, self.tokenizer, self.cancelled = ep, prompt, chat, tokenizer, cancelled
         self.tap = tap  # (ms since the request, bytes) of every read: how transcripts are recorded
+        self.extra = dict(extra or {})  # more request fields (a server's own, e.g. llama-server's ignore_eos)
         self.sampling = dict(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         if top_k:
             self.sampling["top_k"] = top_k  # not OpenAI's; llama-server, vLLM and SGLang take it
@@ -131,7 +132,7 @@ class EndpointStream:
             body["messages"] = [{"role": "user", "content": self.prompt}]
         else:
             body["prompt"] = self.prompt
-        for k, v in fields.request.items():
+        for k, v in {**fields.request, **self.extra}.items():
             body[k] = {**body[k], **v} if isinstance(v, dict) and isinstance(body.get(k), dict) else v
         return body
 

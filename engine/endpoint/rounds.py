@@ -47,11 +47,15 @@ class RoundBuilder:
         self.finish_reason = c.finish_reason or self.finish_reason
         self.usage = c.usage or self.usage
         done = []
-        if self.pending and (c.step_clock is None or c.step_clock != self.pending[-1].step_clock):
-            done += self._close()
         seen = max([self.total] + [p.tokens_total for p in self.pending if p.tokens_total is not None])
         grows = c.tokens_total is not None and c.tokens_total > seen  # e.g. an EOS token that sent no text
-        if c.says_tokens or grows:
+        carries = c.says_tokens or grows
+        # a new step clock ends the step in flight; so does a chunk of tokens from a server without one (a chunk
+        # is a step there); a chunk with neither (a role delta, the finish_reason) ends nothing
+        if self.pending and (c.step_clock is not None and c.step_clock != self.pending[-1].step_clock
+                             or c.step_clock is None and carries):
+            done += self._close()
+        if carries:
             self.pending.append(c)
             if c.step_clock is None:  # no step clock: a chunk is a step
                 done += self._close()
