@@ -74,12 +74,9 @@ def run_rounds(pump: EndpointPump, interval_s: float):
 
 
 def stats_of(rt: Runtime, rounds: list[Round], pump: EndpointPump, settings: dict, prompt_len: int):
-    info = pump.run.info
-    return endpoint_stats(rounds, info, {**settings, "model": info.endpoint_model or s_model(settings)}, prompt_len)
-
-
-def s_model(settings: dict) -> str:
-    return str(settings.get("endpoint_model") or settings.get("model") or "")
+    info = pump.run.info  # the model column names the served model, not ours
+    return endpoint_stats(rounds, info, {**settings, "model": info.endpoint_model or settings.get("model")},
+                          prompt_len)
 
 
 def generate(rt: Runtime, session, prompt: str, s: RunSettings, ids: list[int]):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import httpx
 
 from engine.endpoint import metrics, servers
+from engine.endpoint.probe import http_client, headers, detect, resolve_model
 from engine.endpoint.chunks import parse
 from engine.endpoint.config import Endpoint, EndpointInfo
 from engine.endpoint.errors import EndpointError, redact
@@ -31,67 +32,6 @@ HINTS = {
     404: "check the base URL (usually ending in /v1), the model name and the API (chat or completion)",
     429: "the server is rate limiting or its queue is full; wait and run again",
 }
-_probed: dict[str, tuple[str, str | None]] = {}  # server root -> (server name, version)
-_models: dict[str, str] = {}  # base URL -> the first model it lists
-
-
-def _headers(ep: Endpoint) -> dict:
-    h = {"Accept": "text/event-stream"}
-    if ep.api_key:
-        h["Authorization"] = f"Bearer {ep.api_key}"
-    return h
-
-
-def _client(ep: Endpoint) -> httpx.Client:
-    # trust_env=False: no proxy from the environment sees the prompt or the key; no redirects: a configured
-    # endpoint must not send the app to another address
-    return httpx.Client(trust_env=False, follow_redirects=False, timeout=httpx.Timeout(
-        ep.stall_s, connect=ep.connect_s))
-
-
-def _get_json(client: httpx.Client, url: str, ep: Endpoint):
-    try:
-        r = client.get(url, headers=_headers(ep))
-    except httpx.HTTPError:
-        return None
-    if r.status_code != 200:
-        return None
-    try:
-        return r.json()
-    except ValueError:
-        return None
-
-
-def detect(ep: Endpoint, client: httpx.Client) -> tuple[str, str | None]:
-    """(server name, version): the configured one, or the first whose probe answers (once per server root)."""
-    if ep.server != servers.AUTO:
-        fields = servers.server(ep.server)
-        if fields.probe and (body := _get_json(client, ep.root + fields.probe[0], ep)) is not None:
-            return ep.server, str(servers.lookup(body, fields.version) or "") or None
-        return ep.server, None
-    if ep.root not in _probed:
-        found = (servers.GENERIC, None)
-        for fields in servers.SERVERS.values():
-            if fields.probe and isinstance(body := _get_json(client, ep.root + fields.probe[0], ep), dict) \
-                    and fields.probe[1] in body:
-                found = (fields.name, str(servers.lookup(body, fields.version) or "") or None)
-                break
-        _probed[ep.root] = found
-    return _probed[ep.root]
-
-
-def resolve_model(ep: Endpoint, client: httpx.Client) -> str:
-    if ep.model:
-        return ep.model
-    if ep.url not in _models:
-        body = _get_json(client, ep.url + "/models", ep)
-        name = servers.lookup(body, "data.0.id") if isinstance(body, dict) else None
-        if not name:
-            raise EndpointError(f"no model was named and {ep.url}/models lists none; give the model's name")
-        _models[ep.url] = str(name)
-    return _models[ep.url]
-
-
 def _http_error(status: int, reason: str, content_type: str, body: bytes, key: str | None) -> EndpointError:
     text = body[:ERROR_BODY_BYTES].decode("utf-8", "replace").strip()
     if 300 <= status < 400:
@@ -138,7 +78,7 @@ class EndpointStream:
 
     def __iter__(self) -> Iterator[Round]:
         ep, info = self.ep, self.info
-        with _client(ep) as client:
+        with http_client(ep) as client:
             try:
                 info.server, info.server_version = detect(ep, client)
                 info.endpoint_model = resolve_model(ep, client)
@@ -155,7 +95,7 @@ class EndpointStream:
         if not fields.prometheus:
             return None
         try:
-            r = client.get(self.ep.root + "/metrics", headers=_headers(self.ep))
+            r = client.get(self.ep.root + "/metrics", headers=headers(self.ep))
         except httpx.HTTPError:
             return None
         return metrics.parse(r.text, fields.prometheus) if r.status_code == 200 else None
@@ -175,7 +115,7 @@ class EndpointStream:
         """The reader thread: ('head', status, reason, content type) or ('body', bytes) for an error reply, then
         ('data', t, bytes) per read; ('error', exception) if it failed; always ('end',) last."""
         try:
-            with client.stream("POST", url, json=body, headers=_headers(self.ep)) as resp:
+            with client.stream("POST", url, json=body, headers=headers(self.ep)) as resp:
                 self._resp = resp
                 ctype = resp.headers.get("content-type", "")
                 q.put(("head", resp.status_code, resp.reason_phrase, ctype))
