@@ -53,7 +53,7 @@ def test_conversion_writes_an_hf_llama_folder(gguf_file, tmp_path):
     lines = []
     gguf_convert.convert(gguf_file, tmp_path, progress=lines.append)
     names = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-             "blocks.safetensors"}
+             "blocks.safetensors", "gguf.json"}
     assert {p.name for p in tmp_path.iterdir()} == names
     assert any("272/272 tensors" in line for line in lines)
 

@@ -158,7 +158,8 @@ def test_formats_on_random_weights_stay_near_fp32(folder, fmt, bound):
 def test_a_format_without_a_cpu_kernel_is_named(folder):
     if load_model(folder).ops.name != "fused":
         pytest.skip("the CPU kernels do not run here, so every format runs its twin")
-    with pytest.raises(ModelLoadError, match="weights='bf16' has no CPU kernel; pick one of fp32, fp16, int8, q4"):
+    with pytest.raises(ModelLoadError, match=r"weights='bf16' has no CPU kernel; its torch twin runs it with "
+                                             r"fused=False \(--no-fused\), or pick one of fp32, fp16, int8, q4"):
         load_model(folder, weights="bf16")
 
 
