@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from engine import Engine
+from engine import Engine, families
 from engine.ops import ext
 from engine.kv_cache import KVCache
 from engine.checkpoint import random_model
@@ -53,6 +53,26 @@ def test_native_blocks_equal_the_python_loop(fmt, B, T):
         want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
         assert torch.isfinite(want).all()
         assert torch.equal(got, want), (fmt, kw, (got - want).abs().max())
+        assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
+
+
+FAMILIES = [name for name, f in families.FAMILIES.items() if f.native_blocks and name != "llama"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("fmt", ["fp32", "int8"])
+def test_each_familys_blocks_equal_the_python_loop(family, fmt):
+    """The families' additions to the loop (q/k norms, norms after attention and MLP, GeGLU, each layer's own
+    window and rope table) run the same kernels in the same order as Block.forward: bit for bit."""
+    model = random_model(tiny_config(family), weights=fmt, seed=5)
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 37), generator=g)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 3), generator=g)
+    for kw in (dict(), dict(window=16, sinks=2)):
+        got, got_cache = run(model, model.ops, tokens, prompt, **kw)
+        want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
+        assert torch.isfinite(want).all()
+        assert torch.equal(got, want), (family, fmt, kw, (got - want).abs().max())
         assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
 
 
