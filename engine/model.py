@@ -184,6 +184,7 @@ class Transformer(nn.Module):
         self.cos = self.sin = None  # the full layers' rope table; every layer's in rope_tables
         self.rope_tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]] = {}
         self.load_notes: list[str] = []  # what the loader did that a user should know (a tensor dequantized)
+        self.format: str | None = None  # the format the loader chose (the projections' but those load_notes names)
         self.path = None  # the folder it was loaded from
         self.eos_ids: tuple[int, ...] = cfg.eos_token_ids
         self.version = 0  # bumped whenever something a captured graph reads by address is replaced
@@ -207,7 +208,7 @@ class Transformer(nn.Module):
     def weight_format(self) -> str:
         """The projections' format (a q4 model keeps its head in int8, see checkpoint.formats.head_format; a GGUF
         model may keep some tensors in another: load_notes says which)."""
-        return self.layers[0].attn.wqkv.weight.fmt
+        return self.format or self.layers[0].attn.wqkv.weight.fmt
 
     @property
     def weight_bytes(self) -> int:

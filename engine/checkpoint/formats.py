@@ -85,7 +85,13 @@ class FormatPlan:
             return kept
         blocked = [n for n in names if self.kept.block_typed(n)]
         if self.asked is None:  # the file's own format cannot hold these: dense, exactly
-            if blocked and self.opset.name == "fused":
+            own = [self.kept.stored_format(n) for n in blocked]
+            alone = [s is not None and any(runs(f, self.opset) for f in (s, *wts.get(s).exact_in)) for s in own]
+            if blocked and self.opset.name == "fused" and all(alone):  # each would run, but not all in one
+                types = sorted({self.kept.gguf_type(n) for n in blocked})
+                self.note(blocked, f"dequantized to {self.dense}: fused into one matrix from parts in different block "
+                                   f"types ({', '.join(types)}), which no one format holds exactly")
+            elif blocked and self.opset.name == "fused":
                 self.note(blocked, f"dequantized to {self.dense}: the {self.opset.layout.upper()} kernels have no "
                                    "kernel for their blocks yet")
             elif blocked:

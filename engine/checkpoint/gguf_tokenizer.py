@@ -68,7 +68,7 @@ def build(meta: Callable, arch: str) -> Tokenizer:
     tokens = list(meta("tokenizer.ggml.tokens"))
     types = list(meta("tokenizer.ggml.token_type", [1] * len(tokens)))
     if how == "bpe":
-        tok = byte_level(tokens, meta("tokenizer.ggml.merges"), meta("tokenizer.ggml.pre"))
+        tok = byte_level(tokens, meta("tokenizer.ggml.merges", []), meta("tokenizer.ggml.pre"))
     else:
         scores = list(meta("tokenizer.ggml.scores", [0.0] * len(tokens)))
         tok = sentencepiece(tokens, scores, how)

@@ -110,7 +110,7 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
             module.weight = wts.pack(blocks, opset.layout)
     model.requires_grad_(False).eval()
     model.path, model.eos_ids = folder, tuple(sorted(tokenizer.eos_ids))
-    model.load_notes = plan.messages()
+    model.format, model.load_notes = plan.fmt, plan.messages()
     for note in model.load_notes:
         progress(note)
     model.use_ops(opset)
