@@ -38,6 +38,20 @@ def test_missing_tokenizer(folder):
         load_model(folder)
 
 
+def test_a_tokenizer_larger_than_the_vocabulary_is_named(folder):
+    """Ids past config.json's vocab_size would index past the embeddings: a tokenizer of another model."""
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 200
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = load_file(folder / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        weights[name] = weights[name][:200].contiguous()
+    save_file(weights, folder / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"tokenizer.json has 259 tokens but config.json's vocab_size is 200.*"
+                                             r"copy the model's own tokenizer.json there"):
+        load_model(folder)
+
+
 def test_missing_tensor_is_named(folder):
     weights = load_file(folder / "model.safetensors")
     del weights["model.layers.1.mlp.up_proj.weight"]
