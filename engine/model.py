@@ -239,7 +239,7 @@ class Transformer(nn.Module):
         else:
             h = weights.rows(self.lm_head.weight, tokens.reshape(-1)).to(self.dtype)
         scale = self.config.embed_scale
-        return h if scale == 1.0 else h.mul_(torch.tensor(scale, dtype=h.dtype))
+        return h if scale == 1.0 else h.mul_(torch.tensor(scale, dtype=h.dtype).item())
 
     def ensure_rope(self, n_positions: int) -> None:
         if self.cos is not None and self.cos.shape[0] >= n_positions:
