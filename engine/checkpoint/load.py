@@ -99,7 +99,9 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
             module = model.get_submodule(owner)
             if not (isinstance(module, Linear) and kind == "weight"):
                 value = torch.cat([handles[found[n][0]].get_tensor(n) for n in names]).float()
-                if ours.endswith("norm.weight"):  # (1 + w) norms: the model runs the weight the formula uses
+                # (1 + w) norms: the model runs the weight the formula uses, summed in fp32 as transformers does
+                # (in bf16 it is then rounded once, where transformers keeps the fp32 sum)
+                if ours.endswith("norm.weight"):
                     value += cfg.norm_offset
                 params[ours].copy_(value)
                 continue
