@@ -37,6 +37,13 @@ def tiny_config(model_type: str = "llama", **overrides) -> ModelConfig:
     return ModelConfig.from_dict(d)
 
 
+def tiny_cuda_config(**overrides) -> ModelConfig:
+    """tiny_config with head_dim 64 (hidden 256 over 4 heads): a size the fused CUDA decode attention is built for
+    (engine.ops.FUSED_HEAD_DIMS), so the CUDA tests run the kernels, and the graphs over them, where tiny_config's
+    head_dim 16 would fall back to the torch twins."""
+    return tiny_config(**{"hidden_size": 256, "intermediate_size": 640, **overrides})
+
+
 def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.1) -> dict[str, torch.Tensor]:
     """HF-named fp32 tensors. A larger std than training init keeps logits peaked, so greedy choices are
     not near-ties that fp32 rounding could flip between two correct attention paths."""
