@@ -25,7 +25,8 @@ from engine.tiny import write_tiny_model
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="decodescope-generate", description=__doc__.splitlines()[0].split(": ", 1)[1])
     p.add_argument("model", nargs="?",
-                   help="model folder, hub id or llama GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+                   help="model folder, hub id, GGUF file, or an embedded model: smollm2-135m (the default), "
+                        "gemma3-270m")
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("-n", "--max-new-tokens", type=int, default=64)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")

@@ -14,7 +14,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="decodescope",
                                 description="Stream LLM decoding token by token and see where the time goes.")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="model folder, hub id or llama GGUF file (default: the embedded SmolLM2-135M); one of "
+                   help="model folder, hub id, GGUF file or embedded model (default: the embedded SmolLM2-135M; "
+                        "gemma3-270m: the embedded Gemma 3 270M); one of "
                         f"{', '.join(KNOWN_MODELS)} unless --allow-any-model")
     p.add_argument("--draft", action="append", default=[], metavar="PATH_OR_ID",
                    help="a draft model for 'draft model' mode (same vocabulary; folder, hub id or GGUF file); "
