@@ -59,17 +59,22 @@ def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.1) -> dict[st
     return out
 
 
-def byte_tokenizer_json() -> str:
-    """A byte-level BPE tokenizer with no merges: token i < 256 is byte i, then the specials."""
+def byte_tokenizer_json(vocab_size: int = 256 + len(SPECIALS)) -> str:
+    """A byte-level BPE tokenizer with no merges: token i < 256 is byte i, then the specials.
+
+    A smaller vocab_size (the distribution tests' 8 tokens) keeps only bytes 0..vocab_size-1 and no specials, so the
+    tokenizer never names an id the model has no embedding for (the loader refuses such a pair)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     from engine.tokenizer import BYTE_TO_CHAR
 
-    vocab = {BYTE_TO_CHAR[b]: b for b in range(256)}
+    full = vocab_size >= 256 + len(SPECIALS)
+    vocab = {BYTE_TO_CHAR[b]: b for b in range(256 if full else vocab_size)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
+    if full:
+        tok.add_special_tokens(SPECIALS)
     return tok.to_str()
 
 
@@ -79,7 +84,7 @@ def write_tiny_model(folder: str | Path, cfg: ModelConfig | None = None, seed: i
     cfg = cfg or tiny_config()
     (folder / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
     save_file(random_weights(cfg, seed, std), folder / "model.safetensors")
-    (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+    (folder / "tokenizer.json").write_text(byte_tokenizer_json(cfg.vocab_size))
     (folder / "tokenizer_config.json").write_text(json.dumps(dict(
         chat_template=CHAT_TEMPLATE, bos_token="<|endoftext|>", eos_token="<|im_end|>", add_bos_token=False)))
     return folder
