@@ -266,6 +266,12 @@ def test_errors_name_the_values(cpu_module):
         m.linear(out, x, 9, [qs, d])
     with pytest.raises(RuntimeError, match=r"weight must be \[hidden\] = \[8\], got \[9\]"):
         m.rmsnorm(torch.empty(2, 8), torch.randn(2, 8), torch.ones(9), 1e-5)
+    with pytest.raises(RuntimeError, match=r"weight must be \[hidden\] = \[8\], got \[16\]"):
+        m.rmsnorm_heads(torch.randn(2, 4, 8), torch.ones(16), 1e-5)
+    with pytest.raises(RuntimeError, match="x must have dense heads"):
+        m.rmsnorm_heads(torch.randn(2, 8, 4).transpose(1, 2), torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match=r"out must be \[\.\.\., I\] = \[2, 4\], got \[2, 5\]"):
+        m.gelu_tanh_mul(torch.empty(2, 5), torch.randn(2, 8))
     cos = torch.randn(10, 32)
     with pytest.raises(RuntimeError, match=r"positions\[1\] = 10 is outside the table \[0, 10\)"):
         m.rope(torch.randn(2, 3, 64), torch.randn(2, 1, 64), cos, cos, torch.tensor([0, 10]))

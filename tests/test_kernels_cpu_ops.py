@@ -5,8 +5,9 @@ Outputs are poisoned with NaN before each call, and so is every cache entry the 
 (past seq_len, and with a window the keys between the sinks and the window); the twin gets zeros there.
 
 Tolerances, kernel vs twin (both fp32):
-  rmsnorm, silu_mul, rope: a different summation order, exp from a polynomial (~1 ulp), FMA contraction:
-      rtol 1e-5 (atol 1e-6 near zero). The residual of add_rmsnorm is the same fp32 add: exact.
+  rmsnorm (and per head), silu_mul, gelu_tanh_mul, rope: a different summation order, exp from a polynomial
+      (~1 ulp), FMA contraction: rtol 1e-5 (atol 1e-6 near zero). The residual of add_rmsnorm is the same fp32
+      add: exact.
   attention: online softmax with the polynomial exp and log-sum-exp merges of splits over up to 4097
       keys: rtol 1e-4, atol 1e-5 (as the CUDA kernel's test).
 """
@@ -104,7 +105,7 @@ def native_calls(m) -> dict:
         cache.set_length(n)
         h = randn(n, 256, seed=61)
         plan = model.ops.blocks.__self__.plan(model, cache)
-        return partial(plan.run, h, h, torch.arange(n), model.cos, model.sin, cache.seq_lens, 0, n, 0, 0)
+        return partial(plan.run, h, h, torch.arange(n), cache.seq_lens, 0, n, 0, 0)
 
     def rows(n):
         return randn(16 * n, 4096, seed=n)
@@ -114,13 +115,15 @@ def native_calls(m) -> dict:
             "rmsnorm": lambda n: partial(m.rmsnorm, torch.empty(16 * n, 4096), rows(n), torch.ones(4096), 1e-5),
             "add_rmsnorm": lambda n: partial(m.add_rmsnorm, rows(n), rows(n), torch.ones(4096), 1e-5),
             "silu_mul": lambda n: partial(m.silu_mul, torch.empty(16 * n, 2048), rows(n)),
+            "gelu_tanh_mul": lambda n: partial(m.gelu_tanh_mul, torch.empty(16 * n, 2048), rows(n)),
+            "rmsnorm_heads": lambda n: partial(m.rmsnorm_heads, rows(n).view(16 * n, 32, 128), torch.ones(128), 1e-5),
             "rope": lambda n: rope(16 * n),
             "BlockPlan.run": blocks}
 
 
 def test_native_calls_release_the_gil(cpu_module):
-    """Every binding that does real work (linear, attention, the norms, rope, silu_mul, the block loop) runs
-    without the GIL: a Python thread keeps running through a long native call (one kernel thread, so the loop
+    """Every binding that does real work (linear, attention, the norms, rope, the gated activations, the block
+    loop) runs without the GIL: a Python thread keeps running through a long native call (one kernel thread, so the loop
     has a core)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -166,6 +169,37 @@ def test_silu_mul(m, inter):
         out = torch.full((rows, inter), NAN)
         m.silu_mul(out, gate_up)
         torch.testing.assert_close(out, ref.silu_mul(gate_up), equal_nan=True, **TOL)
+
+
+@pytest.mark.parametrize("inter", [111, 1536, 2048])
+def test_gelu_tanh_mul(m, inter):
+    """Gemma's GeGLU gate: gelu's tanh form, computed as g * sigmoid(2u) with the same exp as silu. The twin (and
+    transformers) compute 0.5 g (1 + tanh(u)), which loses what lies below 1's ulp (6e-8) where tanh saturates
+    (g < -4): there the two differ by up to an ulp of 1 times |gate * up|, the twin's rounding, on top of TOL."""
+    for rows in (1, 4, 100):
+        gate_up = randn(rows, 2 * inter, seed=inter + 7, scale=4)
+        gate_up[0, :5] = torch.tensor([-100.0, 100.0, 0.0, -12.0, 1e-4])  # exp's clamps, tanh's flat ends, ~0
+        out = torch.full((rows, inter), NAN)
+        m.gelu_tanh_mul(out, gate_up)
+        want = ref.gelu_tanh_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        bound = TOL["rtol"] * want.abs() + TOL["atol"] + 1.2e-7 * (gate * up).abs()
+        assert ((out - want).abs() <= bound).all(), (out - want).abs().max()
+
+
+@pytest.mark.parametrize("heads,head_dim", [(4, 256), (9, 64), (3, 6)])
+def test_rmsnorm_heads(m, heads, head_dim):
+    """The q/k norms in place on the q part of a qkv output (dense heads, a token stride past them): the rest of
+    each token's row (here NaN: the k and v parts) is neither read nor written."""
+    for tokens in (1, 3, 200):
+        qkv = torch.full((tokens, 3 * heads * head_dim), NAN)
+        q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+        q.copy_(randn(tokens, heads, head_dim, seed=heads, scale=3))
+        w = randn(head_dim, seed=head_dim)
+        want = ref.rmsnorm(q.reshape(-1, head_dim), w, 1e-6).view_as(q)
+        m.rmsnorm_heads(q, w, 1e-6)
+        torch.testing.assert_close(q, want, **TOL)
+        assert qkv[:, heads * head_dim:].isnan().all()
 
 
 @pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [(9, 3, 64), (32, 8, 128), (4, 2, 6)])

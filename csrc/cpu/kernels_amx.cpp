@@ -56,6 +56,7 @@ const KernelTable& amx_table() {
                                  .quantize_rows16 = quantize_rows16<Avx512>,
                                  .norm = R::norm,
                                  .silu_mul = R::silu_mul,
+                                 .gelu_tanh_mul = R::gelu_tanh_mul,
                                  .rope = R::rope,
                                  .attention = A::run,
                                  .attention_merge = A::merge};

@@ -29,6 +29,7 @@ const KernelTable& avx512_table() {
                                  .quantize_rows16 = quantize_rows16<Avx512>,
                                  .norm = R::norm,
                                  .silu_mul = R::silu_mul,
+                                 .gelu_tanh_mul = R::gelu_tanh_mul,
                                  .rope = R::rope,
                                  .attention = A::run,
                                  .attention_merge = A::merge};
