@@ -28,11 +28,14 @@ KINDS = ("F32", "F16", "Q8_0", "Q4_1")
 STD = 0.02  # the usual init scale: logits over the vocabulary spread ~0.5, so greedy picks are rarely near-ties
 SHAPES = {
     # SmolLM2-135M, the embedded default model (30 layers, GQA 9/3, tied head)
-    "135M": dict(hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, tied=True, rope_theta=100000.0),
+    "135M": dict(like="SmolLM2-135M", hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, tied=True,
+                 rope_theta=100000.0),
     # SmolLM2-360M (32 layers, GQA 15/5, tied head)
-    "360M": dict(hidden=960, intermediate=2560, layers=32, heads=15, kv_heads=5, tied=True, rope_theta=100000.0),
+    "360M": dict(like="SmolLM2-360M", hidden=960, intermediate=2560, layers=32, heads=15, kv_heads=5, tied=True,
+                 rope_theta=100000.0),
     # TinyLlama-1.1B's layers (22, GQA 32/4, its own head), with SmolLM2's vocabulary
-    "1.1B": dict(hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=4, tied=False, rope_theta=10000.0),
+    "1.1B": dict(like="TinyLlama-1.1B's layers", hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=4,
+                 tied=False, rope_theta=10000.0),
 }
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_1": 3, "Q8_0": 7}  # llama.cpp's LLAMA_FTYPE_* of each file
 
