@@ -278,3 +278,51 @@ def test_results_md_carries_the_anchors_provenance(tmp_path):
     assert "system_info: `CPU : AVX2 = 1 |`" in line and "use_mmap=False" in line
     assert "version: 0.5.0-dev; built with GNU 12" in line and "GGML_AMX_TILE=OFF" in line
     assert md.count("llama.cpp:") == 1  # a result that did not time llama.cpp gets no such line
+
+
+def scaling_result(mismatches: list[str]) -> dict:
+    """A scaling run as bench.scaling.run() records it (two rows, figures invented for the layout only)."""
+    from bench.common import provenance
+
+    info = dict(settings=llamacpp.SETTINGS, python="llama-cpp-python 0.3.36", system_info="CPU : AVX2 = 1 |",
+                llama_bench="/x/llama-bench", llama_bench_version="version: 0.5.0-dev\nbuilt with GNU 12")
+    rows = [dict(shape=s, weights=fmt, gguf=kind, weight_mb=mb, ours_tok_s=ours, loop_tok_s=loop, bench_tg_tok_s=tg,
+                 bench_pp_tok_s=4 * tg, ours_pct=50.0, loop_pct=40.0, bench_pct=60.0, ours_over_bench=ours / tg,
+                 bandwidth_gbs=bw, greedy_ids=ids, bench_tests="tg128@d128, pp128")
+            for s, fmt, kind, mb, ours, loop, tg, bw, ids in (
+                ("135M", "fp32", "F32", 650.0, 41.0, 33.0, 47.0, 58.0, "same 128/128"),
+                ("1.1B", "q4", "Q4_1", 690.0, 27.5, 30.0, 31.0, 61.0, "part at 17: 0.0213 vs 0.0018"))]
+    return dict(shapes={s: random_gguf.SHAPES[s] for s in ("135M", "1.1B")}, vocab=random_gguf.VOCAB,
+                prompt_tokens=128, new_tokens=128, rounds=2, threads=2, bandwidth_gbs=58.0,
+                bandwidth_range_gbs=[58.0, 61.0], llamacpp=info, rows=rows, f32_mismatches=mismatches,
+                provenance=provenance("cpu"))
+
+
+def test_scaling_table_renders_into_results_md(tmp_path):
+    """bench.scaling's table, written as it writes it, reaches RESULTS.md under its own heading with every row,
+    the run's bandwidth range, the anchor's provenance and the machine's."""
+    from bench import scaling
+    from bench.common import write_results
+    from bench.render_results import render
+
+    result = scaling_result([])
+    write_results(tmp_path, "scaling-cpu", result, scaling.markdown(result))
+    md = render(tmp_path)
+    section = md[md.index("## scaling-cpu"):]
+    table = [x for x in section.splitlines() if x.startswith("| ")]
+    assert table[0].startswith("| shape | weights | gguf |") and len(table) == 3
+    assert "| 135M | fp32 | F32 |" in table[1] and "same 128/128" in table[1]
+    assert "| 1.1B | q4 | Q4_1 |" in table[2] and "part at 17" in table[2]
+    assert "58-61 GB/s in this run" in section and "tg128@d128, pp128" in section
+    assert "SmolLM2-135M" in section and "TinyLlama-1.1B" in section
+    assert "F32 ids differ" not in section
+    line = next(x for x in section.splitlines() if x.startswith("llama.cpp:"))
+    assert "system_info: `CPU : AVX2 = 1 |`" in line and "use_mmap=False" in line
+    assert any(x.startswith("Provenance: commit=") and "cpu=" in x for x in section.splitlines())
+
+
+def test_scaling_table_names_an_f32_mismatch():
+    from bench import scaling
+
+    md = scaling.markdown(scaling_result(["random 135M F32: ids part at 3"]))
+    assert "**F32 ids differ:** random 135M F32: ids part at 3" in md
