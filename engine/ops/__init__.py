@@ -28,6 +28,10 @@ class OpSet:
     # every block of a cached forward in one native call, (model, x, h, ForwardContext) -> x; None: the
     # blocks run one by one in Python (engine/model.py)
     blocks: Callable | None = None
+    # the ops only some families run (Gemma's GeGLU, Qwen3's and Gemma 3's q/k norms): the twins unless a
+    # module has the kernel
+    gelu_tanh_mul: Callable = ref.gelu_tanh_mul
+    rmsnorm_heads_: Callable = ref.rmsnorm_heads_
 
 
 # The torch twins' matmul by what a format's CPU kernel does with the activations (WeightFormat.cpu_activations)
