@@ -59,13 +59,10 @@ def clean_env() -> dict:
     """The environment for a llama.cpp process: the caller's, without the OMP_WAIT_POLICY=PASSIVE default that
     `import engine` sets for torch (engine/__init__.py). llama.cpp's OpenMP threads spin between ops by design;
     passive, they made it ~2.5x slower on the 2-core box (Q4_1: 44 against 111 tok/s). A policy the user set
-    before engine was imported is kept."""
-    from engine import USER_OMP_WAIT_POLICY
+    before engine was imported is kept. The same environment llama-server gets (engine/endpoint/llamacpp.py)."""
+    from engine.endpoint.llamacpp import clean_env as server_env
 
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if USER_OMP_WAIT_POLICY is not None:
-        env["OMP_WAIT_POLICY"] = USER_OMP_WAIT_POLICY
-    return env
+    return server_env()
 
 
 def prefix() -> Path:
