@@ -69,13 +69,31 @@ def test_greedy_speculative_output_equals_plain(rt):
         assert ids(mode) == plain, mode
 
 
-def test_stream_is_throttled_and_append_only(rt):
-    outs, _ = run(rt, Session(), max_new_tokens=200)
+def test_the_stream_goes_by_its_side_channel_and_ends_with_the_whole_html(rt):
+    from ui import stream
+
+    session = Session()
+    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=200))
+    marker = next(gen)[0]
+    token = marker.removeprefix("<!--ds-live:").removesuffix("-->")
+    assert marker == stream.MARKER.format(token) and rt.streams[token] is not None
+    got, offset, outs = "", 0, []
+    for out in gen:  # the page's fetches, between the event's own (rare) updates
+        outs.append(out)
+        reply = stream.poll(rt, token, offset)
+        got, offset = got + reply["html"], reply["offset"]
     assert all(isinstance(v, str) for o in outs for v in o)  # strings only while streaming
-    htmls = [o[0] for o in outs if o[0]]
-    assert all(b.startswith(a) for a, b in zip(htmls, htmls[1:], strict=False))
-    # 200 tokens come as a handful of updates, not one per token
-    assert len(outs) < 200 / 4
+    assert all(o[0] == marker for o in outs[:-1])  # no token HTML through gradio while the run streams
+    final = outs[-1][0]
+    assert final.startswith(got) and final.count('class="tok ') == len(session.last[0].rows())
+    assert len(outs) < 200 / 4  # a handful of updates, not one per token
+    assert token not in rt.streams and stream.poll(rt, token, offset)["done"]  # the run is gone
+
+
+def test_a_page_reads_only_the_run_it_was_given(rt):
+    from ui import stream
+
+    assert stream.poll(rt, "0" * 32, 0) == dict(html="", offset=0, done=True)
 
 
 BAD = [

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import gradio as gr
 
 from engine.stats import Round, finite
-from ui import export, plots, render
+from ui import export, plots, render, stream
 from ui.explain import schedule_note
 from ui.pump import RoundPump
 from ui.runtime import RunFacts, Runtime, ceiling_gbs
@@ -25,14 +25,14 @@ RUN_HEADERS = ["run", "label", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", 
                "mean accepted", "stopped"]
 
 
-STATS_INTERVAL_S = 0.5  # the live stats line: a summary over every round so far is not worth 15 a second
+STATS_INTERVAL_S = 0.5  # the live stats line (the tokens stream apart from it, ui/stream.py)
 STREAMED_NOTE = ("tok/s measured while this page streamed the tokens: on a CPU the browser's drawing shares the "
                  "cores with the engine (Compare streams nothing)")
 
 
 @dataclass
 class LiveRun:
-    rounds: list[Round]
+    rounds: list[Round]  # the pump's `arrived`: appended by its thread, read as a copy
     prompt_len: int
     settings: dict
     facts: list[RunFacts]  # the pump's: the bandwidth probe before the run is in once the first round is
@@ -203,10 +203,12 @@ def figures(stats) -> tuple:
 def generate(rt: Runtime, session: Session, prompt: str, *values):
     """Stream one run: yields (tokens html, stats html, status html), strings only.
 
-    Every other output of a streaming event would cost gradio a component rebuild on each update, skipped
-    or not, so figures refresh on their own timer (live_figures) and the run's figures, history and files
-    follow once it ends (last_run). A refused or failed run says why where the output goes and clears the
-    stats and status of the run before, then raises (API clients get the error)."""
+    While the run streams, the tokens value is a marker naming the run: the page fetches the new spans itself
+    (ui/stream.py), and this event yields only the stats line, twice a second. The last update carries the
+    whole token HTML. Every other output of a streaming event would cost gradio a component rebuild on each
+    update, skipped or not, so figures refresh on their own timer (live_figures) and the run's figures,
+    history and files follow once it ends (last_run). A refused or failed run says why where the output goes
+    and clears the stats and status of the run before, then raises (API clients get the error)."""
     session.last = None
     try:
         s, ids = prepare(rt, prompt, values)
@@ -218,29 +220,26 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
         return
     settings = s.as_dict(rt.model_name)
     status = render.message_html(starting(rt, s))
-    html, stats_html = "", render.stats_line(None, running=True)
-    yield (html, stats_html, status)
-    rounds: list[Round] = []
+    stats_html = render.stats_line(None, running=True)
     pump = RoundPump(rt, s, ids, session.run_stop)
-    session.live = LiveRun(rounds, len(ids), settings, pump.facts)
-    next_stats = 0.0
+    live = stream.open_stream(rt, pump)
+    session.live = LiveRun(pump.arrived, len(ids), settings, pump.facts)
+    yield (live, stats_html, status)
     try:
-        for batch in pump.batches(rt.stream_interval_s):
+        for batch in pump.batches(STATS_INTERVAL_S):
             if batch:  # an empty batch still yields: that is when gradio can close a dropped run
-                if not rounds:
-                    status = render.message_html(f"Running {s.label()}.")
-                rounds += batch
-                html += render.render_rounds(batch, rt.text_of, rt.special_ids)
-                if time.monotonic() >= next_stats:
-                    stats_html = render.stats_line(rt.stats(rounds, len(ids), settings, pump.facts), running=True)
-                    next_stats = time.monotonic() + STATS_INTERVAL_S
-            yield (html, stats_html, status)
+                status = render.message_html(f"Running {s.label()}.")
+                stats_html = render.stats_line(rt.stats(list(pump.arrived), len(ids), settings, pump.facts),
+                                               running=True)
+            yield (live, stats_html, status)
     except ValueError as e:  # a setting only the engine could judge
         yield (render.error_html(str(e), "Run failed"), "", "")
         raise refusal(str(e)) from None
     finally:
         pump.close()
+        stream.close_stream(rt, live)
         session.live = None
+    rounds = list(pump.arrived)
     stopped = not (rounds and rounds[-1].finished)
     stats = rt.stats(rounds, len(ids), settings, pump.facts)
     files = record_run(rt, session, stats, s.label(), stopped)
@@ -250,6 +249,7 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
     path = next((f.path for f in pump.facts if f.path), "")
     if "requested" in path:  # graphs were asked for and did not capture: the run says what ran instead
         note += f" It ran {path}."
+    html = render.render_rounds(rounds, rt.text_of, rt.special_ids)
     yield (html, final_stats(rt, stats, pump.facts), render.message_html(note))
 
 

@@ -6,9 +6,9 @@ from functools import partial
 
 import gradio as gr
 
-from ui import callbacks, compare, compare_plots, controls, profile, render
+from ui import callbacks, compare, compare_plots, controls, profile, render, stream
 from ui.examples import EDIT, FIRST_K, FIRST_MODE, examples
-from ui.page_js import OUTPUT_JS, OUTPUT_TEMPLATE, SHOW_REJECTED_JS
+from ui.page_js import OUTPUT_TEMPLATE, SHOW_REJECTED_JS, output_js
 from ui.profile_plots import PROFILE_COLUMN_WIDTHS, PROFILE_HEADERS
 from ui.runtime import Runtime
 from ui.settings import CALIBRATED, K_RANGE, NGRAM_RANGE, SINKS, WINDOW_RANGE
@@ -100,6 +100,11 @@ def build(rt: Runtime) -> gr.Blocks:
         # every page load, and a partial would carry a copy of the runtime, model weights and all.
         callbacks.end_session(rt, session)
 
+    def poll(args: list) -> dict:
+        """The output box's fetch of a streaming run's new spans (a closure, as above; called as poll)."""
+        token, offset = args
+        return stream.poll(rt, token, offset)
+
     with gr.Blocks(title=TITLE, delete_cache=(600, 3600)) as demo:
         session = gr.State(callbacks.Session, delete_callback=end_session)
         knobs = Knobs(rt)
@@ -119,8 +124,9 @@ def build(rt: Runtime) -> gr.Blocks:
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
                     compare_btn = gr.Button("Compare", elem_id="compare-btn")
                 gr.HTML(render.legend_html(), elem_id="legend")
-                output = gr.HTML("", elem_id="output-tokens", html_template=OUTPUT_TEMPLATE, js_on_load=OUTPUT_JS,
-                                 apply_default_css=False)
+                output = gr.HTML("", elem_id="output-tokens", html_template=OUTPUT_TEMPLATE,
+                                 js_on_load=output_js(rt.stream_interval_s), apply_default_css=False,
+                                 server_functions=[poll])
                 stats = gr.HTML("", elem_id="stats")
                 status = gr.HTML("", elem_id="status")
             with gr.Column(scale=2, min_width=320):
@@ -208,5 +214,10 @@ def profile_panel(rt: Runtime) -> ProfilePanel:
 
 
 def launch_kwargs() -> dict:
-    """What launch() needs besides host and port (gradio 6 takes CSS at launch)."""
-    return dict(css=page_css(), show_error=True)
+    """What launch() needs besides host and port (gradio 6 takes CSS at launch).
+
+    run_history=False: gradio's own run history re-reads and re-writes a JSON copy of each event's outputs in
+    the browser's localStorage on every streamed update, the whole token HTML included: while a run streams
+    that was the page's largest script cost after rendering. The page keeps its own history (Runs this
+    session, the Runs CSV)."""
+    return dict(css=page_css(), show_error=True, run_history=False)

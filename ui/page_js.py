@@ -1,33 +1,57 @@
 """The page's own JavaScript: the streamed output box (a gr.HTML js_on_load) and the show-rejected toggle.
 
-Why the output box has its own renderer: gr.HTML re-renders its template on every update, parsing the whole
-value into a scratch element and walking it against the live one, so a run of n tokens costs O(n^2) DOM work
-on the browser, which on a small CPU shares the cores with the engine. Here the template is constant and a
-watch on `value` appends only the new suffix (the value is append-only while a run streams, see render.py),
-at most once per animation frame however many updates arrived; a value that is not an extension (a new run,
-an error) replaces the content. Tooltips are built on hover from each span's data-t, in the format of
-render.token_tooltip, so each span carries a few numbers instead of a paragraph.
+The output box renders itself. While a run streams, its value is a marker naming the run and the box
+fetches the new spans from the server (ui/stream.py: `poll`, every stream interval), appending each answer
+as it comes; the run's last update carries the whole HTML, of which the box already shows a prefix, so only
+the rest (if any) is appended. A value that is not an extension (an error, a value set from elsewhere)
+replaces the content. gr.HTML's own rendering would parse the whole value into a scratch element on every
+update and walk it against the live one: O(n^2) DOM work over a run, on a CPU the engine shares. Tooltips are
+built on hover from each span's data-t, in the format of render.token_tooltip, so a span carries a few
+numbers instead of a paragraph.
 """
 
 OUTPUT_TEMPLATE = '<div class="ds-stream"></div>'
 
 OUTPUT_JS = r"""
 const box = element.querySelector('.ds-stream');
-let shown = '';
+const POLL_MS = __POLL_MS__;
+let shown = '';       // the HTML now in the box
+let live = null;      // {token, offset} of the run the page is fetching spans for (ui/stream.py)
 let queued = false;
+
+function put(html, replace) {
+  const scroller = element.closest('#output-tokens') || element;
+  const atEnd = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 48;
+  if (replace) box.innerHTML = html; else box.insertAdjacentHTML('beforeend', html);
+  shown = replace ? html : shown + html;
+  if (atEnd) scroller.scrollTop = scroller.scrollHeight;  // follow the stream unless the reader scrolled up
+}
 
 function flush() {
   queued = false;
   const value = props.value || '';
-  const scroller = element.closest('#output-tokens') || element;
-  const atEnd = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 48;
-  if (value.length >= shown.length && value.startsWith(shown)) {
-    if (value.length > shown.length) box.insertAdjacentHTML('beforeend', value.slice(shown.length));
-  } else {
-    box.innerHTML = value;
+  const m = value.match(/^<!--ds-live:([0-9a-f]+)-->$/);
+  if (m) {  // a run started: fetch its spans
+    if (!live || live.token !== m[1]) { live = {token: m[1], offset: 0}; put('', true); poll(live); }
+    return;
   }
-  shown = value;
-  if (atEnd) scroller.scrollTop = scroller.scrollHeight;  // follow the stream unless the reader scrolled up
+  live = null;  // the run's last update: the whole HTML, of which the box shows a prefix
+  if (value.length >= shown.length && value.startsWith(shown)) {
+    if (value.length > shown.length) put(value.slice(shown.length), false);
+  } else {
+    put(value, true);
+  }
+}
+
+async function poll(run) {
+  while (live === run) {
+    let got = null;
+    try { got = await server.poll(run.token, run.offset); } catch (e) { got = null; }
+    if (live !== run) return;  // the last update came first: it holds these spans too
+    if (got && got.html) { put(got.html, false); run.offset = got.offset; }
+    if (got && got.done) return;
+    await new Promise(r => setTimeout(r, POLL_MS));
+  }
 }
 
 function schedule() {
@@ -55,5 +79,11 @@ element.addEventListener('mouseover', (event) => {
 watch('value', schedule);
 schedule();
 """
+
+
+def output_js(poll_s: float) -> str:
+    """OUTPUT_JS with the page's poll interval (Runtime.stream_interval_s)."""
+    return OUTPUT_JS.replace("__POLL_MS__", str(max(16, round(poll_s * 1000))))
+
 
 SHOW_REJECTED_JS = "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"

@@ -17,13 +17,12 @@ OP_HELP = {"host": "CPU: Python between ops · CUDA: device idle between kernels
 PROFILE_HEADERS = ["configuration", "pass", "step ms", "profiled ms", "rows / step", "profiler cost %",
                    "outside kernels %", "GB/s", "% ceiling", "note"]
 # wide enough for each header's longest word ("profiled", "kernels"); the note, a sentence, gets the most room
-PROFILE_COLUMN_WIDTHS = ["170px", "72px", "80px", "96px", "86px", "96px", "96px", "76px", "90px", "520px"]
+PROFILE_COLUMN_WIDTHS = ["150px", "64px", "72px", "92px", "76px", "88px", "92px", "64px", "80px", "400px"]
 CONFIG_COLOR = "#17becf"  # a hue no op class uses; the second configuration is the same hue, hatched
 CAPTIONS = (
     "step → layer → op class: the tallest bars are where the time goes; grey host = time outside ops",
     "Op classes per pass (ms) against the step timed without the profiler (◆): the gap is the profiler's cost",
-    "GB/s per op class in a decode step, one bar per configuration, against the measured ceiling (dashed): far "
-    "below it means overhead-bound",
+    "GB/s per op class, a bar per configuration, against the ceiling (dashed): far below it = overhead-bound",
 )
 
 

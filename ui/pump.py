@@ -22,11 +22,13 @@ class RoundPump:
 
     The thread holds the runtime's lock for the whole run: one run on the engine at a time, and a
     stopped run frees the engine after the round in flight. The engine side yields Round records and
-    RunFacts; batches() hands on the rounds, and the facts collect in `facts`."""
+    RunFacts; batches() hands on the rounds, the facts collect in `facts`, and `arrived` holds every round
+    the moment it arrives (the page's token stream reads it, ui/stream.py)."""
 
     def __init__(self, rt: Runtime, s: RunSettings, prompt_ids: list[int], stop: threading.Event):
         self.rt, self.s, self.prompt_ids, self.stop = rt, s, prompt_ids, stop
         self.facts: list[RunFacts] = []
+        self.arrived: list[Round] = []  # appended here only; readers take a slice (a list append is atomic)
         self.closed = threading.Event()  # the page's generator went away (closed tab, cancelled event)
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         ctx = contextvars.copy_context()  # spaces.GPU reads the gradio request from context
@@ -41,6 +43,7 @@ class RoundPump:
                     if isinstance(item, RunFacts):
                         self.facts.append(item)
                         continue
+                    self.arrived.append(item)
                     self.q.put(item)
                     if self.stop.is_set() or self.closed.is_set():
                         break

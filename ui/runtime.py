@@ -63,10 +63,11 @@ class Runtime:
     layer_skip: dict = field(default_factory=dict)  # depth (0: calibrated) -> LayerSkipDrafter, see drafter_for
     model_drafters: dict = field(default_factory=dict)  # (mode, name) -> ModelDrafter: keeps its measured cost
     temp_dirs: list = field(default_factory=list)  # folders this runtime made (--tiny models), removed by close
-    stream_interval_s: float = 1 / 15  # token updates to the page, at most this often
+    stream_interval_s: float = 1 / 15  # the page fetches a streaming run's new spans this often (ui/stream.py)
     plot_interval_s: float = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
     probe_bandwidth: bool = True  # measure the bandwidth around each run (tests switch it off)
     special_ids: frozenset = frozenset()  # tokens shown as a marker, not as text (end of turn, bos)
+    streams: dict = field(default_factory=dict)  # token -> RoundPump of a run the page polls (ui/stream.py)
 
     def __post_init__(self):
         self.store = self.store or ExportStore()
