@@ -143,9 +143,11 @@ def test_token_csv_every_column_read_back_with_pandas(tmp_path):
     assert "nan" not in path.read_text().lower()
     df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     drafts = df["kind"].isin(["accepted", "rejected"])
+    none = df["round"] < 0
     rule = {  # column -> the rows that have a value (True: all of them)
         "round_k": df["round"] > 0, "token_index": df["kind"] != "rejected", "latency_ms": df["kind"] != "rejected",
-        "draft_position": drafts, "p_draft": drafts, "draft_model": df["round"] < 0,  # n-gram has no draft model
+        "draft_position": drafts, "p_draft": drafts, "draft_model": none,  # n-gram has no draft model
+        "endpoint": none, "endpoint_model": none,  # this engine's run, not an endpoint's
     }
     for column in df.columns:
         want = rule.get(column, True)

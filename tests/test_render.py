@@ -63,7 +63,8 @@ def tooltip(span):
     """The hover text the page builds from a span (page_js.OUTPUT_JS does the same in the browser)."""
     classes, attrs, _ = span
     kind = next(c for c in classes if c.startswith("tok-") and c != "tok-special").removeprefix("tok-")
-    return render.token_tooltip(kind, int(attrs["data-r"]), attrs["data-t"].split(" "), attrs.get("data-mark"))
+    return render.token_tooltip(kind, int(attrs["data-r"]), attrs["data-t"].split(" "), attrs.get("data-mark"),
+                                "data-inferred" in attrs)
 
 
 def test_tooltip_names_id_round_position_latency_and_probabilities():
@@ -74,6 +75,17 @@ def test_tooltip_names_id_round_position_latency_and_probabilities():
         assert part in title, (part, title)
     assert "\n" in title  # one fact a line
     assert "title" not in span[1]  # built on hover: a span carries a few numbers, not a paragraph
+
+
+def test_an_endpoint_token_shows_its_own_text_and_says_what_was_inferred():
+    # a server's token: text of its own, no id of ours, its kind inferred from the chunk's token count
+    rnd = Round(2, [Token(-1, "accepted", 0, text="<|im_end|>", inferred=True), Token(3, "target", text="hi")], 0, 4)
+    spans = parse(render.round_spans(rnd, lambda i: "ours", special_ids={3}))
+    assert [s[2] for s in spans] == ["<|im_end|>", "hi"]  # the server's text, never a marker by our ids
+    assert all("tok-special" not in s[0] for s in spans)
+    first = tooltip(spans[0])
+    assert first.startswith("accepted (inferred from the chunk's token count) · round 2") and "token id" not in first
+    assert tooltip(spans[1]).startswith("target · token id 3 · round 2")
 
 
 def test_a_span_is_compact():

@@ -12,14 +12,15 @@ from dataclasses import dataclass, replace
 import gradio as gr
 
 from engine.stats import Round, finite
-from ui import export, plots, render, stream
+from ui import endpoint, export, plots, render, stream
 from ui.explain import schedule_note
 from ui.pump import RoundPump
 from ui.runtime import RunFacts, Runtime, ceiling_gbs
 from ui.settings import RunSettings, as_int
 
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
-                   "temperature", "top_p", "top_k", "seed", "max_new_tokens", "adaptive", "weights", "window")
+                   "temperature", "top_p", "top_k", "seed", "max_new_tokens", "adaptive", "weights", "window",
+                   "backend", "endpoint", "endpoint_model", "server")
 INT_FIELDS = ("k", "ngram", "layers", "top_k", "seed", "max_new_tokens", "window")
 RUN_HEADERS = ["run", "label", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "acceptance",
                "mean accepted", "stopped"]
@@ -92,6 +93,10 @@ def parse_settings(*values) -> RunSettings:
     for name in ("cuda_graphs", "fused_kernels", "chat", "adaptive"):
         d[name] = bool(d[name])
     d["weights"] = str(d["weights"] or "")
+    d["backend"] = "endpoint" if d["backend"] in ("endpoint", endpoint.ENDPOINT) else "engine"
+    for name in ("endpoint", "endpoint_model", "server"):
+        d[name] = str(d[name] or "").strip()
+    d["server"] = d["server"] or "auto"
     return RunSettings(**d)
 
 
@@ -107,7 +112,8 @@ def prepare(rt: Runtime, prompt: str, values) -> tuple[RunSettings, list[int]]:
         raise refusal("The prompt is empty: type something or pick an example.")
     try:
         s = parse_settings(*values)
-        s = replace(s, weights=s.weights or rt.weight_format)  # named: the label and the CSVs say which
+        if not s.on_endpoint:  # the weights named: the label and the CSVs say which
+            s = replace(s, weights=s.weights or rt.weight_format)
         ids = rt.encode(prompt, s.chat)
         rt.validate(s, ids)
     except ValueError as e:
@@ -118,8 +124,9 @@ def prepare(rt: Runtime, prompt: str, values) -> tuple[RunSettings, list[int]]:
 def starting(rt: Runtime, s: RunSettings) -> str:
     """What the run is about to do, said before it starts: a weight format's first run loads it first."""
     fmt = s.weights or rt.weight_format
-    loading = "" if rt.loaded(fmt) else f"Loading the {fmt} weights (their first run; a few seconds), then running "
-    return (loading or "Running ") + s.label() + "."
+    if s.on_endpoint or rt.loaded(fmt):
+        return f"Running {s.label()}."
+    return f"Loading the {fmt} weights (their first run; a few seconds), then running {s.label()}."
 
 
 def ceiling_note(facts: list[RunFacts]) -> str | None:
@@ -215,6 +222,9 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
     except gr.Error as e:
         yield (render.error_html(e.message), "", "")
         raise
+    if s.on_endpoint:  # a serving engine's stream, through the same records (ui/endpoint.py)
+        yield from endpoint.generate(rt, session, prompt, s, ids)
+        return
     if not begin_run(session):
         yield (gr.skip(), gr.skip(), render.message_html("Stopped before it started."))
         return

@@ -20,13 +20,13 @@ from engine.stats import PHASES, Stats, finite
 
 TOKEN_COLUMNS = [
     "run_id", "round", "round_k", "token_index", "token_id", "token_text", "kind", "draft_position",
-    "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "target_ms", "sample_ms", "t_end_ms",
+    "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "target_ms", "sample_ms", "t_end_ms", "inferred",
     "prompt_tokens",
 ]
 # The settings a run was asked for, repeated on every row so a CSV stands alone.
 SETTINGS_COLUMNS = [
     "model", "mode", "k", "adaptive", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
-    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "weights", "window",
+    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "weights", "window", "backend",
 ]
 SUMMARY_COLUMNS = [
     "run_id", "label", "tokens", "prompt_tokens", "rounds", "ttft_ms", "itl_mean_ms", "itl_p50_ms",
@@ -51,10 +51,15 @@ def _settings_columns(settings: dict) -> list[str]:
     return SETTINGS_COLUMNS + sorted(k for k in settings if k not in SETTINGS_COLUMNS)
 
 
+def token_text(row: dict, text_of: Callable[[int], str]) -> str:
+    return row["text"] if row.get("text") is not None else text_of(row["token_id"])
+
+
 def token_rows(run_id: str, stats: Stats, text_of: Callable[[int], str]) -> list[dict]:
+    # an endpoint's tokens carry the text the server sent (their ids may not be ours)
     return [
-        {k: cell(v) for k, v in dict(row, run_id=run_id, token_text=text_of(row["token_id"]),
-                                     prompt_tokens=stats.prompt_len, **stats.settings).items()}
+        {k: cell(v) for k, v in dict(row, run_id=run_id, token_text=token_text(row, text_of),
+                                     **{**stats.settings, "prompt_tokens": stats.prompt_len}).items()}
         for row in stats.rows()
     ]
 

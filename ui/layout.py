@@ -6,7 +6,7 @@ from functools import partial
 
 import gradio as gr
 
-from ui import callbacks, compare, compare_plots, controls, profile, render, stream
+from ui import callbacks, compare, compare_plots, controls, endpoint, profile, render, stream
 from ui.examples import EDIT, FIRST_K, FIRST_MODE, examples
 from ui.page_js import OUTPUT_TEMPLATE, SHOW_REJECTED_JS, output_js
 from ui.profile_plots import PROFILE_COLUMN_WIDTHS, PROFILE_HEADERS
@@ -132,6 +132,7 @@ def build(rt: Runtime) -> gr.Blocks:
             with gr.Column(scale=2, min_width=320):
                 with gr.Accordion("Environment", open=False):
                     gr.HTML(render.env_card(rt.env), elem_id="env")
+                backend, endpoint_box, endpoint_url, endpoint_model, server, api_key = endpoint.widgets(rt)
                 knobs.render()
         with gr.Row():
             plot_itl = gr.Plot(label="Inter-token latency", elem_id="plot-itl", min_width=PLOT_MIN_WIDTH)
@@ -148,7 +149,8 @@ def build(rt: Runtime) -> gr.Blocks:
             runs_btn = gr.DownloadButton("Runs CSV", elem_id="runs-download", size="sm")
         panel = profile_panel(rt)
 
-        settings = knobs.settings()
+        # the engine's settings, then the backend's (ui/endpoint.py): SETTINGS_FIELDS order
+        settings = [*knobs.settings(), backend, endpoint_url, endpoint_model, server]
         assert len(settings) == len(callbacks.SETTINGS_FIELDS)
         # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
         # own range check would only say "Value 40 is greater than maximum value 16".
@@ -178,6 +180,8 @@ def build(rt: Runtime) -> gr.Blocks:
         # input, not change: a switch mode_changed made is not the user's pick, and keeps its explanation
         knobs.weights.input(partial(controls.weights_changed, rt), [knobs.mode, knobs.weights], [knobs.mode],
                             preprocess=False, **quick)
+        backend.change(endpoint.visibility, [backend], [endpoint_box], **quick)
+        api_key.change(endpoint.set_key, [session, api_key], None, **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=SHOW_REJECTED_JS)
         demo.load(partial(controls.mode_changed, rt), [knobs.mode, knobs.weights],
                   [*visibility, knobs.weights, knobs.mode], preprocess=False, **quick)

@@ -6,8 +6,8 @@ as it comes; the run's last update carries the whole HTML, of which the box alre
 the rest (if any) is appended. A value that is not an extension (an error, a value set from elsewhere)
 replaces the content. gr.HTML's own rendering would parse the whole value into a scratch element on every
 update and walk it against the live one: O(n^2) DOM work over a run, on a CPU the engine shares. Tooltips are
-built on hover from each span's data-t, in the format of render.token_tooltip, so a span carries a few
-numbers instead of a paragraph.
+built on hover from each span's data-t (and data-mark, data-inferred), in the format of render.token_tooltip,
+so a span carries a few numbers instead of a paragraph.
 """
 
 OUTPUT_TEMPLATE = '<div class="ds-stream"></div>'
@@ -63,7 +63,8 @@ function schedule() {
 function tooltip(span) {
   const kind = [...span.classList].find(c => c.startsWith('tok-') && c !== 'tok-special').slice(4);
   const [id, pos, lat, pTarget, pDraft] = span.dataset.t.split(' ');
-  const lines = [`${kind} · token id ${id} · round ${span.dataset.r}`];
+  const shown = span.dataset.inferred ? `${kind} (inferred from the chunk's token count)` : kind;
+  const lines = [`${id !== '-' ? `${shown} · token id ${id}` : shown} · round ${span.dataset.r}`];
   if (span.dataset.mark) lines[0] += ` · special token ${span.dataset.mark}`;
   if (pos !== '-') lines.push(`draft position ${pos}`);
   lines.push(lat !== '-' ? `latency ${lat} ms` : 'not emitted');

@@ -36,16 +36,22 @@ def _num(x: float | None, fmt: str) -> str | None:
 
 
 def token_facts(tok: Token, latency_ms: float | None) -> list[str]:
-    """id, draft position, latency ms, p_target, p_draft: the span's data-t, MISSING where a token has none."""
-    return [str(tok.token_id), MISSING if tok.draft_position is None else str(tok.draft_position),
-            _num(latency_ms, ".2f") or MISSING, _num(tok.p_target, ".3f") or MISSING,
-            _num(tok.p_draft, ".3f") or MISSING]
+    """id, draft position, latency ms, p_target, p_draft: the span's data-t, MISSING where a token has none (an
+    endpoint's token may come as text without an id)."""
+    return [str(tok.token_id) if tok.token_id >= 0 else MISSING,
+            MISSING if tok.draft_position is None else str(tok.draft_position), _num(latency_ms, ".2f") or MISSING,
+            _num(tok.p_target, ".3f") or MISSING, _num(tok.p_draft, ".3f") or MISSING]
 
 
-def token_tooltip(kind: str, round_index: int, facts: list[str], mark: str | None = None) -> str:
-    """The hover text of a span (page_js.OUTPUT_JS writes the same from data-t and data-mark)."""
+def token_tooltip(kind: str, round_index: int, facts: list[str], mark: str | None = None,
+                  inferred: bool = False) -> str:
+    """The hover text of a span (page_js.OUTPUT_JS writes the same from data-t, data-mark and data-inferred).
+
+    inferred: an endpoint's token whose kind was inferred from its chunk's token count."""
     token_id, pos, lat, p_target, p_draft = facts
-    parts = [f"{kind} · token id {token_id} · round {round_index}" + (f" · special token {mark}" if mark else "")]
+    kind = f"{kind} (inferred from the chunk's token count)" if inferred else kind
+    head = f"{kind} · token id {token_id}" if token_id != MISSING else kind
+    parts = [f"{head} · round {round_index}" + (f" · special token {mark}" if mark else "")]
     if pos != MISSING:
         parts.append(f"draft position {pos}")
     parts.append(f"latency {lat} ms" if lat != MISSING else "not emitted")
@@ -59,17 +65,18 @@ def token_span(tok: Token, text: str, round_index: int, latency_ms: float | None
     if tok.kind not in KINDS:
         raise ValueError(f"token kind {tok.kind!r} is not one of {KINDS}")
     head = f'<span class="tok tok-{tok.kind}{" tok-special" if special else ""}" data-r="{round_index}" ' \
-           f'data-t="{" ".join(token_facts(tok, latency_ms))}"'
+           f'data-t="{" ".join(token_facts(tok, latency_ms))}"' + (' data-inferred="1"' if tok.inferred else "")
     if special:
         return f'{head} data-mark="{escape(text, quote=True)}"></span>'
     return f"{head}>{escape(text)}</span>"
 
 
 def round_spans(rnd: Round, text_of: Callable[[int], str], special_ids: Collection[int] = ()) -> str:
-    """A round's tokens in engine order; an emitted token's latency is its share of the round's time."""
+    """A round's tokens in engine order; an emitted token's latency is its share of the round's time. A token
+    with text of its own (an endpoint's: its ids may not be ours) shows that text, never a marker."""
     return "".join(
-        token_span(t, text_of(t.token_id), rnd.index, rnd.token_ms if t.kind in EMITTED_KINDS else None,
-                   t.token_id in special_ids)
+        token_span(t, t.text if t.text is not None else text_of(t.token_id), rnd.index,
+                   rnd.token_ms if t.kind in EMITTED_KINDS else None, t.text is None and t.token_id in special_ids)
         for t in rnd.tokens
     )
 
@@ -102,7 +109,9 @@ def stats_line(stats: Stats | None, *, running: bool = False, ceiling: str | Non
     ceiling: how the bandwidth ceiling was measured (the tooltip of "of bandwidth ceiling"); notes: sentences
     shown under the figures (how many rounds drafted and why, what streaming to the page costs the engine)."""
     s = stats.summary() if stats is not None else {}
-    speculative = stats is not None and stats.settings.get("mode", "plain") != "plain"
+    # an endpoint's run: the server decides how it decodes, whatever the page's mode says
+    speculative = (stats is not None and stats.settings.get("mode", "plain") != "plain"
+                   and stats.settings.get("backend") != "endpoint")
     itl = None
     if (p50 := _num(s.get("itl_p50_ms"), ".1f")) and (p99 := _num(s.get("itl_p99_ms"), ".1f")):
         itl = f"{p50} / {p99} ms"

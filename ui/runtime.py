@@ -63,6 +63,10 @@ class Runtime:
     layer_skip: dict = field(default_factory=dict)  # depth (0: calibrated) -> LayerSkipDrafter, see drafter_for
     model_drafters: dict = field(default_factory=dict)  # (mode, name) -> ModelDrafter: keeps its measured cost
     temp_dirs: list = field(default_factory=list)  # folders this runtime made (--tiny models), removed by close
+    endpoints: list[str] = field(default_factory=list)  # the endpoints a run may use (--endpoint)
+    allow_any_endpoint: bool = False  # a typed URL too (--allow-any-endpoint): off, or the app is a proxy
+    endpoint_key: str | None = field(default=None, repr=False)  # the launch's key (--api-key-env), never shown
+    endpoint_stall_s: float = 30.0
     stream_interval_s: float = 1 / 15  # the page fetches a streaming run's new spans this often (ui/stream.py)
     plot_interval_s: float = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
     probe_bandwidth: bool = True  # measure the bandwidth around each run (tests switch it off)
@@ -153,6 +157,12 @@ class Runtime:
 
     def validate(self, s: RunSettings, prompt_ids: list[int]) -> None:
         """Raise ValueError naming the setting to change; the engine re-checks what it owns."""
+        if s.on_endpoint:
+            from ui import endpoint
+
+            return endpoint.check(self, s)
+        if s.backend != "engine":
+            raise ValueError(f"backend={s.backend!r} is not one of engine, endpoint")
         if s.mode not in MODES:
             raise ValueError(f"mode={s.mode!r} is not one of {', '.join(MODES)}")
         if (why := self.modes()[s.mode]) is not None:

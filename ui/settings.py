@@ -35,15 +35,25 @@ class RunSettings:
     adaptive: bool = True
     weights: str = ""  # the projections' weight format; "" is the one the app launched with
     window: int = 0  # 0: full attention; W: the last W positions and SINKS sinks (decode and verify)
+    backend: str = "engine"  # "engine" (ours) or "endpoint" (a serving engine's OpenAI-compatible API: ui/endpoint.py)
+    endpoint: str = ""  # its base URL
+    endpoint_model: str = ""  # the served model's name ("": the first it lists)
+    server: str = "auto"  # which server it is, for its own fields (engine.endpoint.servers)
 
     @property
     def speculative(self) -> bool:
         return self.mode != "plain"
 
+    @property
+    def on_endpoint(self) -> bool:
+        return self.backend == "endpoint"
+
     def as_dict(self, model: str) -> dict:
         return dict(model=model, **asdict(self))
 
     def label(self) -> str:
+        if self.on_endpoint:  # the server decides how it decodes
+            return " · ".join(p for p in ("endpoint", self.endpoint, self.endpoint_model) if p)
         parts = [self.mode_label(), "graph" if self.cuda_graphs else "eager",
                  "fused" if self.fused_kernels else "torch"]
         parts += [self.weights] if self.weights else []
