@@ -314,3 +314,35 @@ def test_self_draft_switches_a_target_its_drafts_cannot_help(page):
     page.wait_for_function("document.querySelector('#mode')?.innerText.includes('switched from q4')",
                            timeout=10_000)
     assert page.input_value("#weights input") == "fp32"
+
+
+def test_an_endpoint_run_streams_its_text_into_the_page(browser):
+    """The backend choice beside the settings: an endpoint run streams the server's text into the output box,
+    through the same page script as ours (its values are gradio's own updates, not the side channel)."""
+    from tests.endpoint_fake import FakeServer, chunk, sse
+
+    events = [chunk(None), chunk("Hello"), chunk(" wor"), chunk("ld", finish="stop"),
+              {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}]
+    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    with FakeServer(sse(events, gap_s=0.05)) as fake:
+        rt.endpoints = [fake.url]
+        demo = layout.build(rt)
+        demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        try:
+            page = context.new_page()
+            page.goto(demo.local_url)
+            page.locator("#backend").get_by_label("endpoint", exact=True).check()
+            page.wait_for_selector("#endpoint-url", state="visible")
+            page.fill("#endpoint-model textarea, #endpoint-model input", "m")
+            page.click("#generate-btn")
+            page.wait_for_function("document.querySelector('#status')?.innerText.includes('Run 1 done: endpoint')",
+                                   timeout=30_000)
+            text = page.locator("#output-tokens .ds-stream").inner_text()
+            assert text.replace("\n", "") == "Hello world", text
+            assert page.locator("#output-tokens span.tok").count() >= 3
+            assert "tok/s" in page.inner_text("#stats")
+        finally:
+            context.close()
+            demo.close()
+            rt.close()
