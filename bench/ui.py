@@ -24,8 +24,9 @@ import torch
 
 from bench.common import Telemetry, markdown_table, provenance, write_results
 from engine.stats import percentile
+from engine.stats import Round
 from ui import layout
-from ui.runtime import RoundPump
+from ui.pump import RoundPump
 from ui.startup import build_runtime
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -66,10 +67,11 @@ class Recorder:
     def __call__(self, s, ids):
         run = dict(settings=s, ids=ids, rounds=[], stamps=[])
         self.runs.append(run)
-        for rnd in self.rounds_fn(s, ids):
-            run["stamps"].append(time.time() * 1e3)
-            run["rounds"].append(rnd)
-            yield rnd
+        for item in self.rounds_fn(s, ids):  # Round events, and the RunFacts around them
+            if isinstance(item, Round):
+                run["stamps"].append(time.time() * 1e3)
+                run["rounds"].append(item)
+            yield item
 
 
 def headless(rt, rec: Recorder, s, ids) -> float:

@@ -1,5 +1,6 @@
-"""Screenshot the app after a real run: the default model, an n-gram run on the quote-and-edit example,
-then Compare. Writes docs/screenshot.png; the figures in it are whatever this machine measured.
+"""Screenshot the app after a real run: the default model, Generate on the prompt the page opens with (the
+quote-and-edit example, n-gram), then Compare. Writes docs/screenshot.png; the figures in it are whatever
+this machine measured.
 
     python scripts/screenshot.py [--out docs/screenshot.png] [--chromium /usr/bin/chromium]
 """
@@ -10,7 +11,6 @@ from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from ui import layout
-from ui.layout import EDIT
 from ui.startup import build_runtime
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -34,8 +34,6 @@ def main(argv=None) -> None:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.goto(demo.local_url)
             page.wait_for_selector("#generate-btn")
-            page.locator("#mode").get_by_label("n-gram", exact=True).check()
-            page.fill("#prompt textarea", EDIT)
             box = page.locator("#max-new-tokens input[type=number]")
             box.fill(str(args.tokens))
             box.press("Enter")

@@ -146,7 +146,7 @@ def test_stop_endpoint_ends_the_run_and_keeps_what_it_made(served):
     (dict(temperature=-0.5), "temperature=-0.5"),
     (dict(top_p=0), "top_p=0"),
     (dict(top_p=1.2), "top_p=1.2"),
-    (dict(max_new_tokens=4000), "max_seq_len"),
+    (dict(max_new_tokens=4000), "lower max new tokens"),
 ])
 def test_bad_settings_are_errors_and_the_app_keeps_serving(served, overrides, needle):
     _, url = served

@@ -96,6 +96,7 @@ def test_generate_n_gram_shows_coloured_spans_and_plots(page):
     classes = spans.evaluate_all("els => els.map(e => e.classList[1])")
     assert set(classes) <= {"tok-target", "tok-accepted", "tok-rejected", "tok-resampled", "tok-bonus"}
     assert set(classes) & {"tok-accepted", "tok-rejected", "tok-resampled", "tok-bonus"}
+    spans.first.hover()  # the tooltip is built on hover from the span's data
     assert "token id" in spans.first.get_attribute("title")
     accepted_bg = page.locator("#output-tokens .tok-target, #output-tokens .tok-accepted").first.evaluate(
         "e => getComputedStyle(e).backgroundColor")
@@ -218,3 +219,130 @@ def test_profile_panel_shows_the_step_and_downloads_csv_and_trace(page, served, 
     assert any(e.get("name") == "decodescope/step" and e["ph"] == "X" for e in trace["traceEvents"])
     if os.environ.get("DECODESCOPE_SCREENSHOT"):
         page.locator("#profile-panel").screenshot(path=os.environ["DECODESCOPE_SCREENSHOT"] + ".profile.png")
+
+
+def test_first_impression_a_prompt_ready_to_run_with_the_examples_in_view(page):
+    assert page.input_value("#prompt textarea").startswith("Repeat the following text exactly")
+    assert "n-gram" in page.locator("#mode input:checked").evaluate("e => e.value")
+    examples = page.locator("#examples").bounding_box()
+    assert examples["y"] + examples["height"] < 1000  # above the fold of a 1400x1000 window
+    page.click("#generate-btn")  # the first Generate runs as the page opened
+    page.wait_for_function("document.querySelector('#status')?.innerText.includes('Run 1 done')", timeout=60_000)
+
+
+def test_an_error_replaces_the_output_and_the_last_runs_status(page):
+    generate(page, mode="plain", max_new_tokens=8)
+    page.fill("#prompt textarea", "   ")
+    page.click("#generate-btn")
+    page.wait_for_selector("#output-tokens .ds-error", timeout=30_000)
+    assert "prompt is empty" in page.inner_text("#output-tokens")
+    # nothing of "Run 1 done" and its figures is left to read as this run's result
+    assert page.locator("#status .ds-message, #stats .ds-stats").count() == 0
+    assert page.locator(".toast-body").count() == 0  # said where the output goes, not in a fading toast
+    page.fill("#prompt textarea", PROMPT)
+    page.click("#generate-btn")  # the next run replaces the error
+    page.wait_for_function("document.querySelector('#status')?.innerText.includes('Run 2 done')", timeout=30_000)
+    assert page.locator("#output-tokens .ds-error").count() == 0
+
+
+def test_the_output_follows_the_stream_and_hovering_names_a_token(page, served):
+    from ui import render
+
+    generate(page, mode="plain", max_new_tokens=400)
+    box = page.locator("#output-tokens")
+    top, height, client = box.evaluate("e => [e.scrollTop, e.scrollHeight, e.clientHeight]")
+    assert height > client and top + client >= height - 48  # scrolled to the newest tokens
+    span = page.locator("#output-tokens span.tok").last
+    span.hover()
+    kind = span.evaluate("e => e.classList[1]").removeprefix("tok-")
+    facts = span.get_attribute("data-t").split(" ")
+    assert span.get_attribute("title") == render.token_tooltip(kind, int(span.get_attribute("data-r")), facts)
+
+
+def test_special_tokens_show_as_markers(page, served, monkeypatch):
+    rt = served[0]
+    monkeypatch.setattr(rt, "special_ids", frozenset(range(0, rt.tokenizer.vocab_size, 4)))
+    generate(page, mode="plain", max_new_tokens=40)
+    marks = page.locator("#output-tokens span.tok-special")
+    assert marks.count() > 0
+    text, before = marks.first.evaluate("e => [e.textContent, getComputedStyle(e, '::before').content]")
+    assert text == "" and before not in ("none", "normal", '""')  # no text of its own: a drawn marker
+
+
+def test_dark_mode_plots_are_not_white(browser, served):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(served[1] + "?__theme=dark")
+    page.wait_for_selector("#generate-btn")
+    generate(page, mode="plain", max_new_tokens=12)
+    page.wait_for_selector("#plot-itl .js-plotly-plot .main-svg")
+    bg, ink = page.locator("#plot-itl .js-plotly-plot").evaluate(
+        "e => [[getComputedStyle(e.querySelector('.main-svg')).backgroundColor,"
+        "       getComputedStyle(e.querySelector('.bglayer rect.bg')).fillOpacity],"
+        "      getComputedStyle(e.querySelector('.main-svg text.gtitle')).fill]")
+    assert bg == ["rgba(0, 0, 0, 0)", "0"] and ink == "rgb(227, 227, 227)"  # the page's dark shows through
+    context.close()
+
+
+def test_narrow_screens_stack_the_plots(browser, served):
+    context = browser.new_context(viewport={"width": 720, "height": 1000})
+    page = context.new_page()
+    page.goto(served[1])
+    page.wait_for_selector("#generate-btn")
+    itl, steps, acc = (page.locator(f"#{p}").bounding_box() for p in ("plot-itl", "plot-steps", "plot-acceptance"))
+    assert steps["y"] >= itl["y"] + itl["height"] - 1  # one above the other
+    assert abs(itl["width"] - acc["width"]) < 2  # each as wide as a full-width panel
+    context.close()
+
+
+def test_table_headers_break_between_words(page):
+    fits = page.locator("#profile-table th").evaluate_all("""ths => ths.map(th => {
+        const span = th.querySelector('.header');
+        const style = getComputedStyle(span);
+        const ctx = document.createElement('canvas').getContext('2d');
+        ctx.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+        const widest = Math.max(...span.textContent.trim().split(/\\s+/).map(w => ctx.measureText(w).width));
+        return [span.textContent.trim(), style.wordBreak, widest <= span.getBoundingClientRect().width + 0.5];
+    })""")
+    assert all(word_break == "normal" and ok for _, word_break, ok in fits), fits
+
+
+def test_self_draft_switches_a_target_its_drafts_cannot_help(page):
+    page.locator("#weights input").click()
+    page.get_by_role("option", name="q4", exact=True).click()
+    page.locator("#mode").get_by_label("self-draft", exact=True).check()
+    page.wait_for_function("document.querySelector('#mode')?.innerText.includes('switched from q4')",
+                           timeout=10_000)
+    assert page.input_value("#weights input") == "fp32"
+
+
+def test_an_endpoint_run_streams_its_text_into_the_page(browser):
+    """The backend choice beside the settings: an endpoint run streams the server's text into the output box,
+    through the same page script as ours (its values are gradio's own updates, not the side channel)."""
+    from tests.endpoint_fake import FakeServer, chunk, sse
+
+    events = [chunk(None), chunk("Hello"), chunk(" wor"), chunk("ld", finish="stop"),
+              {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}]
+    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    with FakeServer(sse(events, gap_s=0.05)) as fake:
+        rt.endpoints = [fake.url]
+        demo = layout.build(rt)
+        demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        try:
+            page = context.new_page()
+            page.goto(demo.local_url)
+            page.locator("#backend").get_by_label("endpoint", exact=True).check()
+            page.wait_for_selector("#endpoint-url", state="visible")
+            page.fill("#endpoint-model textarea, #endpoint-model input", "m")
+            page.click("#generate-btn")
+            page.wait_for_function("document.querySelector('#status')?.innerText.includes('Run 1 done: endpoint')",
+                                   timeout=30_000)
+            text = page.locator("#output-tokens .ds-stream").inner_text()
+            assert text.replace("\n", "") == "Hello world", text
+            assert page.locator("#output-tokens span.tok").count() >= 3
+            assert "tok/s" in page.inner_text("#stats")
+        finally:
+            context.close()
+            demo.close()
+            rt.close()

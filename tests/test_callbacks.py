@@ -1,5 +1,6 @@
 """The page's callbacks called directly, on a tiny random-weight engine (no server, no browser)."""
 import csv
+import dataclasses
 import threading
 import time
 
@@ -68,13 +69,31 @@ def test_greedy_speculative_output_equals_plain(rt):
         assert ids(mode) == plain, mode
 
 
-def test_stream_is_throttled_and_append_only(rt):
-    outs, _ = run(rt, Session(), max_new_tokens=200)
+def test_the_stream_goes_by_its_side_channel_and_ends_with_the_whole_html(rt):
+    from ui import stream
+
+    session = Session()
+    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=200))
+    marker = next(gen)[0]
+    token = marker.removeprefix("<!--ds-live:").removesuffix("-->")
+    assert marker == stream.MARKER.format(token) and rt.streams[token] is not None
+    got, offset, outs = "", 0, []
+    for out in gen:  # the page's fetches, between the event's own (rare) updates
+        outs.append(out)
+        reply = stream.poll(rt, token, offset)
+        got, offset = got + reply["html"], reply["offset"]
     assert all(isinstance(v, str) for o in outs for v in o)  # strings only while streaming
-    htmls = [o[0] for o in outs if o[0]]
-    assert all(b.startswith(a) for a, b in zip(htmls, htmls[1:], strict=False))
-    # 200 tokens come as a handful of updates, not one per token
-    assert len(outs) < 200 / 4
+    assert all(o[0] == marker for o in outs[:-1])  # no token HTML through gradio while the run streams
+    final = outs[-1][0]
+    assert final.startswith(got) and final.count('class="tok ') == len(session.last[0].rows())
+    assert len(outs) < 200 / 4  # a handful of updates, not one per token
+    assert token not in rt.streams and stream.poll(rt, token, offset)["done"]  # the run is gone
+
+
+def test_a_page_reads_only_the_run_it_was_given(rt):
+    from ui import stream
+
+    assert stream.poll(rt, "0" * 32, 0) == dict(html="", offset=0, done=True)
 
 
 BAD = [
@@ -84,7 +103,7 @@ BAD = [
     (dict(top_p=0.0), "top_p=0.0"),
     (dict(top_p=1.5), "top_p=1.5"),
     (dict(top_k=-3), "top_k=-3"),
-    (dict(max_new_tokens=5000), "max_seq_len"),
+    (dict(max_new_tokens=5000), "lower max new tokens to"),
     (dict(mode="layer-skip", layers=9), "layer-skip depth 9"),
     (dict(mode="n-gram", ngram=0), "n-gram size 0"),
     (dict(mode="draft model", draft_model="nope"), "'nope'"),
@@ -106,9 +125,44 @@ def test_bad_setting_is_a_gr_error_naming_it(rt, overrides, needle):
     assert len(session.history) == 1
 
 
-def test_prompt_longer_than_the_cache(rt):
-    with pytest.raises(gr.Error, match="shorten the prompt"):
+def test_a_refused_run_says_why_where_the_output_goes_and_clears_the_last_runs_status(rt):
+    session = Session()
+    run(rt, session)
+    gen = callbacks.generate(rt, session, PROMPT, *values(mode="n-gram", k=40))
+    html, stats_html, status = next(gen)
+    assert "k=40" in html and "ds-error" in html  # in the output box, not a fading toast
+    assert stats_html == "" and status == ""  # nothing of "Run 1 done" is left to read as this run's result
+    with pytest.raises(gr.Error) as e:  # API clients still get the error
+        next(gen)
+    assert e.value.visible is False  # the page shows it in place
+    assert callbacks.last_run(rt, session) == (gr.skip(),) * 7  # the last run's figures stay as they are
+
+
+def test_prompt_longer_than_the_cache_names_what_to_change_on_the_page(rt):
+    with pytest.raises(gr.Error, match="shorten the prompt") as e:
         run(rt, Session(), prompt="x" * 3000)
+    assert "max_seq_len" not in e.value.message  # a launch flag the page does not have
+    room = rt.engine.max_seq_len
+    n = len(rt.encode(PROMPT, False))
+    with pytest.raises(gr.Error, match=f"lower max new tokens to {room - n} or shorten the prompt"):
+        run(rt, Session(), max_new_tokens=room)
+
+
+def test_a_formats_first_run_says_it_loads_the_weights(rt):
+    rt.engines.pop("fp16", None)
+    gen = callbacks.generate(rt, Session(), PROMPT, *values(weights="fp16", max_new_tokens=4))
+    assert "Loading the fp16 weights" in next(gen)[2]
+    *_, final = gen
+    assert "done" in final[2] and rt.loaded("fp16")
+    assert "Loading" not in next(callbacks.generate(rt, Session(), PROMPT, *values(weights="fp16")))[2]
+
+
+def test_runs_table_lists_the_newest_first(rt):
+    session = Session()
+    run(rt, session, seed=1)
+    _, final = run(rt, session, seed=2)
+    table = final[6]
+    assert [row[0] for row in table] == [2, 1]
 
 
 def test_empty_prompt(rt):
@@ -196,10 +250,33 @@ def test_compare_lists_what_this_machine_cannot_run(rt):
     if rt.fused_reason:
         assert by_label[("kernels", "fused kernels")][-1] == rt.fused_reason
     assert by_label[("speculative", "plain")][2] > 0 and by_label[("speculative", "n-gram n=3 k≤4")][5] > 0
-    assert by_label[("weights", "fp32 weights")][-1] == "baseline" and by_label[("weights", "q4 weights")][5] > 0
+    assert by_label[("weights", "fp32 weights")][-1].endswith("baseline")
+    assert by_label[("weights", "q4 weights")][5] > 0
     assert by_label[("attention", "window 512 + 4 sinks")][2] > 0
     assert len(session.history) == ran and len(read_csv(runs_csv)) == ran and len(table) == ran
     fig.to_json()
+
+
+def test_compare_runs_carry_their_speedup_into_the_runs_csv(rt):
+    import pandas as pd
+
+    session = Session()
+    list(compare.compare(rt, session, PROMPT, *values(mode="n-gram")))
+    *_, runs_csv = compare.last_compare(rt, session)
+    df = pd.read_csv(runs_csv).set_index("label")
+    spec = df.loc["compare: n-gram n=3 k≤4 · eager · torch · fp32"]
+    assert spec["speedup"] > 0 and spec["speedup_over"] == "plain"
+    assert df["prompt_tokens"].notna().all()
+    compared = df[df["speedup"].notna()]
+    assert len(compared) == len(df) - 1  # every run but the plain fp32 one (a baseline in every group)
+
+
+def test_a_refused_compare_says_why_in_the_status_line(rt):
+    session = Session()
+    gen = compare.compare(rt, session, PROMPT, *values(mode="n-gram", k=40))
+    assert "k=40" in next(gen)
+    with pytest.raises(gr.Error):
+        next(gen)
 
 
 def test_live_figures_only_when_the_run_moved_on(rt):
@@ -230,36 +307,24 @@ def test_parse_settings_converts_widget_values():
     assert (s.k, s.seed, s.top_p) == (5, 7, 0.5) and isinstance(s.k, int)
 
 
-def test_zero_gpu_wrapping_only_when_spaces_reports_it(monkeypatch):
-    import sys
-    import types
-
-    from ui import startup
-
-    def fn(s, ids):
-        yield from ()
-
-    monkeypatch.setitem(sys.modules, "spaces", None)  # not installed: import fails
-    assert startup.on_zero_gpu(fn) is fn
-    wrapped = []
-    spaces = types.ModuleType("spaces")
-    spaces.GPU = lambda duration: (lambda f: wrapped.append((f, duration)) or f)
-    config = types.ModuleType("spaces.config")
-    config.Config = types.SimpleNamespace(zero_gpu=False)
-    monkeypatch.setitem(sys.modules, "spaces", spaces)
-    monkeypatch.setitem(sys.modules, "spaces.config", config)
-    assert startup.on_zero_gpu(fn) is fn and not wrapped
-    config.Config.zero_gpu = True
-    startup.on_zero_gpu(fn)
-    assert wrapped == [(fn, startup.ZERO_GPU_DURATION_S)]
-
-
 def test_engine_side_takes_and_yields_plain_records(rt):
-    """On ZeroGPU the arguments and every yielded Round cross a process boundary by pickle."""
+    """On ZeroGPU the arguments and every yielded record cross a process boundary by pickle."""
     import pickle
 
     s = callbacks.parse_settings(*values(mode="n-gram", max_new_tokens=8))
     ids = rt.encode(PROMPT, chat=False)
     pickle.dumps((s, ids))
-    rounds = list(rt.rounds_fn(s, ids))
-    assert pickle.loads(pickle.dumps(rounds)) == rounds
+    records = list(rt.rounds_fn(s, ids))
+    assert repr(pickle.loads(pickle.dumps(records))) == repr(records)  # repr: NaN == NaN
+    assert [type(r).__name__ for r in (records[0], records[-1])] == ["RunFacts", "RunFacts"]
+
+    def plain(x):  # nothing of torch crosses back: no tensor, no device object
+        if dataclasses.is_dataclass(x):
+            return all(plain(getattr(x, f.name)) for f in dataclasses.fields(x))
+        if isinstance(x, (list, tuple)):
+            return all(map(plain, x))
+        if isinstance(x, dict):
+            return all(plain(k) and plain(v) for k, v in x.items())
+        return isinstance(x, (str, int, float, bool, type(None)))
+
+    assert all(plain(r) for r in records)

@@ -84,3 +84,73 @@ def test_store_keeps_newest_and_cleans_up(tmp_path):
     assert not dirs[1].exists()
     store.close()
     assert not store.root.exists()
+
+
+def compare_like_history():
+    """A plain run, a speculative run compared against it (its speedup set the way Compare sets it), and a
+    speculative run whose every draft was rejected (acceptance 0, not missing)."""
+    import dataclasses
+
+    from engine.stats import Token
+
+    from ui.settings import RunSettings
+
+    def run(mode, k=0, seed=0):
+        stats = synthetic_stats(12, k=k, seed=seed)
+        stats.settings.update(RunSettings(mode=mode, k=3, weights="q4").as_dict("m"))  # what the page records
+        return stats
+
+    plain = run("plain")
+    spec = dataclasses.replace(run("n-gram", 3, 5), baseline_tok_s=plain.summary()["decode_tok_s"])
+    rejected = run("n-gram", 3, 6)
+    for r in rejected.rounds[1:]:
+        r.tokens = [Token(1, "rejected", 0, 0.2, 1.0), Token(2, "resampled", None, 0.5)]
+    return [("run-1", "plain", plain, {}), ("run-2", "compare: n-gram", spec, {"speedup_over": "plain"}),
+            ("run-3", "n-gram", rejected, {})]
+
+
+def test_runs_csv_every_column_read_back_with_pandas(tmp_path):
+    """One convention (an empty cell for a missing value, never 'nan'), and every column filled where its run
+    has the value: prompt_tokens always, speedup for a compared run, acceptance for a speculative one (0 too),
+    the bandwidth share for a plain one only."""
+    import pandas as pd
+
+    history = compare_like_history()
+    rows = [export.summary_row(i, label, {**s.summary(), **extra}, s.settings) for i, label, s, extra in history]
+    path = export.write_runs_csv(tmp_path / "runs.csv", rows)
+    assert "nan" not in path.read_text().lower()
+    df = pd.read_csv(path).set_index("run_id")
+    empty = {  # (column, run) pairs that have no value; every other cell must be filled
+        ("acceptance_rate", "run-1"), ("mean_accepted_len", "run-1"), ("draft_overhead_pct", "run-1"),
+        ("mean_k", "run-1"), ("plain_round_pct", "run-1"), ("speedup", "run-1"), ("speedup", "run-3"),
+        ("speedup_over", "run-1"), ("speedup_over", "run-3"), ("pct_of_ceiling", "run-2"),
+        ("pct_of_ceiling", "run-3"),
+    }
+    for column in export.SUMMARY_COLUMNS[1:] + [c for c in export.SETTINGS_COLUMNS if c != "draft_model"]:
+        for run in df.index:
+            filled = not pd.isna(df.loc[run, column])
+            assert filled == ((column, run) not in empty), (column, run, df.loc[run, column])
+    assert df.loc["run-1", "prompt_tokens"] == 7
+    assert df.loc["run-3", "acceptance_rate"] == 0
+    assert df.loc["run-2", "speedup"] == pytest.approx(history[1][2].summary()["speedup"])
+
+
+def test_token_csv_every_column_read_back_with_pandas(tmp_path):
+    import pandas as pd
+
+    _, _, spec, _ = compare_like_history()[1]
+    path = export.write_tokens_csv(tmp_path / "t.csv", "run-2", spec, text_of)
+    assert "nan" not in path.read_text().lower()
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    drafts = df["kind"].isin(["accepted", "rejected"])
+    none = df["round"] < 0
+    rule = {  # column -> the rows that have a value (True: all of them)
+        "round_k": df["round"] > 0, "token_index": df["kind"] != "rejected", "latency_ms": df["kind"] != "rejected",
+        "draft_position": drafts, "p_draft": drafts, "draft_model": none,  # n-gram has no draft model
+        "endpoint": none, "endpoint_model": none,  # this engine's run, not an endpoint's
+    }
+    for column in df.columns:
+        want = rule.get(column, True)
+        has = df[column].notna()
+        assert (has == want).all() if not isinstance(want, bool) else has.all(), column
+    assert set(df["prompt_tokens"]) == {spec.prompt_len}

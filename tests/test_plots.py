@@ -4,7 +4,8 @@ import plotly.graph_objects as go
 import pytest
 
 from engine.stats import Stats
-from ui import compare, plots
+from ui import compare, compare_plots, plots
+from ui.settings import RunSettings
 from ui.testing import synthetic_stats
 
 RUNS = {"plain": synthetic_stats(30), "spec": synthetic_stats(30, k=4, seed=3)}
@@ -16,6 +17,8 @@ def test_builders_return_serialisable_figures(builder, name):
     fig = builder(RUNS[name])
     assert isinstance(fig, go.Figure)
     assert fig.layout.uirevision  # zoom survives streamed updates
+    # the page's own colour shows through, light or dark (style.py recolours the ink in dark mode)
+    assert fig.layout.paper_bgcolor == fig.layout.plot_bgcolor == "rgba(0,0,0,0)"
     fig.to_json()
 
 
@@ -32,13 +35,17 @@ def test_itl_traces_are_per_kind_and_match_stats_latencies():
     assert {t.name for t in marker_traces} <= {"target", "accepted", "resampled", "bonus"}
     got = sorted(y for t in marker_traces for y in t.y)
     assert got == pytest.approx(sorted(s.token_latencies_ms()))
-    lines = [sh for sh in fig.layout.shapes]
-    assert len(lines) == 2  # p50 and p99
+    summary = s.summary()
+    lines = {t.name.split()[0]: t for t in fig.data if t.name.startswith("p")}
+    assert set(lines) == {"p50", "p99"}  # named in the legend, not written beside the axis
+    assert lines["p50"].y[0] == pytest.approx(summary["itl_p50_ms"])
+    assert lines["p99"].y[0] == pytest.approx(summary["itl_p99_ms"])
+    assert not fig.layout.annotations
 
 
 def test_plain_itl_has_no_separate_round_line():
     fig = plots.itl_figure(RUNS["plain"])
-    assert [t.name for t in fig.data] == ["target"]
+    assert [t.name for t in fig.data if not t.name.startswith("p")] == ["target"]
 
 
 def test_steps_lanes_cover_each_rounds_time():
@@ -61,21 +68,38 @@ def test_acceptance_panels_match_stats():
     assert list(accepted.y) == [r.n_accepted for r in s.rounds if r.n_drafted]
 
 
-def test_acceptance_title_names_the_layers_a_calibrated_drafter_skips():
+def test_acceptance_subtitle_names_the_layers_a_calibrated_drafter_skips():
     s = synthetic_stats(12, k=3, seed=1)
     s.rounds[0].draft_info = dict(drafter="layer_skip", draft_layers=28, target_layers=30, layer_set="calibrated",
                                   skipped_layers="13 14", calibrated_acceptance=0.81)
-    title = plots.acceptance_figure(s).layout.title.text
-    assert "runs 28 of 30 layers, skips 13 14 (calibrated on the prompt; 81% expected acceptance)" in title
+    title = plots.acceptance_figure(s).layout.title
+    want = "runs 28 of 30 layers, skips 13 14 (calibrated on the prompt; 81% expected acceptance)"
+    assert want in title.subtitle.text
+    assert title.subtitle.font.size >= 12  # a subtitle, not a footnote
 
 
-def test_a_run_the_schedule_kept_plain_still_shows_its_ks():
-    s = synthetic_stats(6)
+def plain_steps_only(n=8, mode="layer-skip", adaptive=True):
+    """A speculative run whose schedule made every round a plain step."""
+    s = synthetic_stats(n, mode=mode, adaptive=adaptive)
     for r in s.rounds[1:]:
         r.k = 0
+    return s
+
+
+def test_a_run_the_schedule_kept_plain_says_so_and_why():
+    s = plain_steps_only()
+    s.rounds[0].draft_info = dict(drafter="layer_skip", draft_layers=28, target_layers=30, layer_set="calibrated",
+                                  skipped_layers="13 14", calibrated_acceptance=0.62)
     fig = plots.acceptance_figure(s)
-    assert not fig.layout.annotations or "pick a speculative mode" not in fig.layout.annotations[0].text
-    assert list(fig.data[3].y) == [0] * 5
+    assert not fig.data  # no empty axes
+    text = fig.layout.annotations[0].text.replace("<br>", " ")
+    assert "Drafted in 0 of 7 rounds" in text and "beats a plain step by 5%" in text
+    assert "expected 62% acceptance" in text and "28 of 30 layers" in text
+
+
+def test_fixed_k_plain_steps_are_rounds_without_a_proposal():
+    fig = plots.acceptance_figure(plain_steps_only(mode="n-gram", adaptive=False))
+    assert "had none" in fig.layout.annotations[0].text.replace("<br>", " ")
 
 
 def test_acceptance_for_plain_run_says_why_it_is_empty():
@@ -83,27 +107,57 @@ def test_acceptance_for_plain_run_says_why_it_is_empty():
     assert "speculative" in fig.layout.annotations[0].text
 
 
-def test_compare_figure_speedups_and_reasons():
-    plain, spec = RUNS["plain"], RUNS["spec"]
-    configs = [("speculative", "plain", "p", None, True), ("speculative", "n-gram k=4", "s", None, False),
+def compare_entries():
+    plain, spec = RunSettings(mode="plain"), RunSettings(mode="n-gram", k=4)
+    configs = [("speculative", "plain", plain, None, True), ("speculative", "n-gram k=4", spec, None, False),
                ("CUDA graphs", "eager", None, "needs a CUDA device", True),
                ("CUDA graphs", "graph", None, "needs a CUDA device", False)]
-    entries = compare.entries(configs, {"p": plain, "s": spec})
+    return compare.entries(configs, {plain: RUNS["plain"], spec: RUNS["spec"]})
+
+
+def test_compare_figure_speedups_and_reasons():
+    plain, spec = RUNS["plain"], RUNS["spec"]
+    entries = compare_entries()
     want = spec.summary()["decode_tok_s"] / plain.summary()["decode_tok_s"]
     assert [e.speedup for e in entries] == [None, pytest.approx(want), None, None]
+    assert entries[1].baseline_label == "plain"
     assert spec.baseline_tok_s is None  # the run itself is left as it was
-    fig = plots.compare_figure(entries)
-    assert fig.data[0].text[1] == f"×{want:.2f}"
+    fig = compare_plots.compare_figure(entries)
+    texts = [t for trace in fig.data if trace.type == "bar" for t in trace.text]
+    assert any(f"×{want:.2f} vs plain" in t for t in texts)
     notes = " ".join(a.text for a in fig.layout.annotations)
-    assert "CUDA graphs / eager: needs a CUDA device" in notes
-    rows = plots.compare_rows(entries)
+    assert "CUDA graphs: eager: needs a CUDA device" in notes
+    rows = compare_plots.compare_rows(entries)
     assert rows[2][-1] == "needs a CUDA device" and rows[1][5] == pytest.approx(want, rel=1e-3)
-    assert len(plots.COMPARE_HEADERS) == len(rows[0])
+    assert rows[1][6] == "plain"
+    assert len(compare_plots.COMPARE_HEADERS) == len(rows[0])
     fig.to_json()
 
 
+def test_compare_figure_answers_which_is_fastest():
+    entries = compare_entries()
+    best = max((e for e in entries if e.stats), key=lambda e: e.tok_s)
+    fig = compare_plots.compare_figure(entries)
+    assert f"fastest here: {best.run}" in fig.layout.title.subtitle.text
+    marked = [t for trace in fig.data if trace.type == "bar" for t in trace.text if "fastest" in t]
+    assert len(marked) == 1
+    assert [r[-1] for r in compare_plots.compare_rows(entries)].count("fastest" if not best.baseline else
+                                                                       "fastest, baseline") == 1
+    assert {t.name for t in fig.data if t.type == "bar"} == {"baseline", "compared"}  # a legend says which is which
+    assert all(fig.layout[ax].type == "log" for ax in ("xaxis", "xaxis2"))  # a slow reference row stays readable
+
+
+def test_compare_rows_are_per_token_not_per_round():
+    """A speculative round emits several tokens: its time per token is what compares with a plain step."""
+    entries = compare_entries()
+    spec = entries[1]
+    assert spec.token_ms(50) == pytest.approx(spec.stats.summary()["itl_p50_ms"])
+    assert compare_plots.compare_rows(entries)[1][3] == pytest.approx(spec.stats.summary()["itl_p50_ms"], rel=1e-3)
+
+
 def test_compare_with_nothing_run_lists_reasons():
-    fig = plots.compare_figure([plots.CompareEntry("CUDA graphs", "graph", reason="needs a CUDA device")])
+    fig = compare_plots.compare_figure([compare_plots.CompareEntry("CUDA graphs", "graph",
+                                                                   reason="needs a CUDA device")])
     assert "needs a CUDA device" in fig.layout.annotations[0].text
 
 

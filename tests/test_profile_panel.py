@@ -81,13 +81,58 @@ def test_figure_has_axis_titles_units_and_captions(outputs):
     axes = {k: v for k, v in layout.items() if k.startswith(("xaxis", "yaxis")) and v.get("visible", True)}
     assert len(axes) == 6  # layers (one configuration ran; the other panel shows its reason), passes, GB/s
     assert all(a.get("title", {}).get("text") for a in axes.values())
-    assert {"ms per step", "ms per pass", "achieved GB/s (log)"} <= {a["title"]["text"] for a in axes.values()}
+    assert {"ms per step", "ms per pass", "achieved GB/s"} <= {a["title"]["text"] for a in axes.values()}
     texts = [a["text"] for a in layout["annotations"]]
     assert sum("<span style='font-size:11px'>" in t for t in texts) == 3  # one caption line per panel that ran
     assert "<b>graph · torch · fp32: not run here</b>" in texts
     assert any(t.startswith("CUDA graphs unavailable:") for t in texts)
-    ceiling = next(t for t in fig.data if t.name == "bandwidth ceiling")
-    assert set(ceiling.y) == {10.0} and ceiling.text[0] == "ceiling 10.0 GB/s (measured)"
+    assert "ceiling 10.0 GB/s (measured before this profile)" in texts  # the line's value, on the line
+    assert [s["y0"] for s in layout["shapes"]] == [10.0]
+
+
+def fake_result(label: str, scale: float, ceiling: float = 30.0):
+    """A profiled configuration as engine.observe.profile returns it, with made-up figures (figure tests only)."""
+    rows, summary = [], []
+    for kind in ("decode", "verify"):
+        for layer in ("0", "1", "head"):
+            for cls, ms, nbytes in (("matmul", 1.0, 27e6), ("attention", 0.2, 1e5), ("norm", 0.05, 4e3)):
+                rows.append(dict(configuration=label, **{"pass": kind}, layer=layer, op_class=cls, calls=1,
+                                 ms=ms * scale, pct_of_step=0.0, bytes=nbytes, gbs=nbytes / (ms * scale) / 1e6))
+        summary.append({"pass": kind, "step_ms": 3.9 * scale, "profiled_ms": 4.0 * scale, "rows_vs_step": 1.03,
+                        "profiler_overhead_pct": 3.0, "gbs": 25.0 / scale, "bandwidth_gbs": ceiling,
+                        "python": 0.5, "dispatch": 0.2})
+    return engine_profile.Result(engine_profile.Config(label), rows=rows, summary=summary)
+
+
+def test_achieved_bandwidth_is_grouped_per_configuration_on_a_linear_axis():
+    """Two configurations side by side per op class (not stacked on a log axis), told apart in the legend and
+    from the op classes' colours, each bar labelled with its value, the ceiling a labelled line above them."""
+    from ui.profile_plots import CONFIG_COLOR, OP_COLORS
+
+    fig = profile_figure([fake_result("eager · fused · q4", 1.0), fake_result("eager · torch · fp32", 1.04)])
+    bars = [t for t in fig.data if t.type == "bar" and t.xaxis == "x4"]
+    assert [t.name for t in bars] == ["eager · fused · q4", "eager · torch · fp32"]
+    assert bars[0].offsetgroup != bars[1].offsetgroup and fig.layout.barmode == "group"
+    assert all(t.showlegend is not False for t in bars)
+    assert CONFIG_COLOR not in OP_COLORS.values() and bars[1].marker.pattern.shape == "/"
+    matmul = [t.y[list(t.x).index("matmul")] for t in bars]
+    assert matmul == pytest.approx([27.0, 27 / 1.04])  # each its own, not their sum
+    assert bars[0].text[list(bars[0].x).index("matmul")] == "27"
+    assert fig.layout.yaxis4.type != "log" and fig.layout.yaxis4.range[1] > 30.0  # room above the ceiling
+    # the stacked panels still stack: each op class starts where the one below it ends
+    passes = [t for t in fig.data if t.type == "bar" and t.xaxis == "x3"]
+    assert len({t.offsetgroup for t in passes}) == 1
+    assert passes[1].base[0] == pytest.approx(passes[0].y[0])
+
+
+def test_compare_with_the_current_configuration_says_so():
+    from ui.profile import same_note, status_line
+
+    note = same_note("weights fp32", [engine_profile.Config("eager · torch · fp32")])
+    assert "one configuration was profiled" in note and "weights fp32" in note
+    assert same_note("kernels", [engine_profile.Config("a"), engine_profile.Config("b")]) == ""
+    line = status_line([fake_result("eager · torch · fp32", 1.0)], 1.0, {"flags": []}, note)
+    assert note in line
 
 
 @pytest.mark.parametrize("against,changed", [("kernels", "fused"), ("CUDA graphs", "graphs"),

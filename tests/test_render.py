@@ -9,7 +9,7 @@ from ui.testing import synthetic_rounds, synthetic_stats, text_of
 
 
 class Spans(HTMLParser):
-    """Collects (classes, title, text) for each span the HTML holds."""
+    """Collects (classes, attributes, text) for each span the HTML holds."""
 
     def __init__(self):
         super().__init__()
@@ -20,7 +20,7 @@ class Spans(HTMLParser):
             raise AssertionError(f"markup from model text leaked into the page: <{tag}>")
         if tag == "span":
             a = dict(attrs)
-            self._open = [a.get("class", "").split(), a.get("title"), ""]
+            self._open = [a.get("class", "").split(), a, ""]
 
     def handle_data(self, data):
         if self._open is not None:
@@ -59,20 +59,54 @@ def test_model_text_is_escaped():
     assert "<img" not in html and "&lt;img" in html
 
 
+def tooltip(span):
+    """The hover text the page builds from a span (page_js.OUTPUT_JS does the same in the browser)."""
+    classes, attrs, _ = span
+    kind = next(c for c in classes if c.startswith("tok-") and c != "tok-special").removeprefix("tok-")
+    return render.token_tooltip(kind, int(attrs["data-r"]), attrs["data-t"].split(" "), attrs.get("data-mark"),
+                                "data-inferred" in attrs)
+
+
 def test_tooltip_names_id_round_position_latency_and_probabilities():
     html = render.token_span(Token(42, "accepted", 2, 0.8125, 1.0), "a", 7, 3.25)
     (span,) = parse(html)
-    title = span[1]
+    title = tooltip(span)
     for part in ("token id 42", "round 7", "draft position 2", "latency 3.25 ms", "p_target 0.812", "p_draft 1.000"):
         assert part in title, (part, title)
     assert "\n" in title  # one fact a line
+    assert "title" not in span[1]  # built on hover: a span carries a few numbers, not a paragraph
+
+
+def test_an_endpoint_token_shows_its_own_text_and_says_what_was_inferred():
+    # a server's token: text of its own, no id of ours, its kind inferred from the chunk's token count
+    rnd = Round(2, [Token(-1, "accepted", 0, text="<|im_end|>", inferred=True), Token(3, "target", text="hi")], 0, 4)
+    spans = parse(render.round_spans(rnd, lambda i: "ours", special_ids={3}))
+    assert [s[2] for s in spans] == ["<|im_end|>", "hi"]  # the server's text, never a marker by our ids
+    assert all("tok-special" not in s[0] for s in spans)
+    first = tooltip(spans[0])
+    assert first.startswith("accepted (inferred from the chunk's token count) · round 2") and "token id" not in first
+    assert tooltip(spans[1]).startswith("target · token id 3 · round 2")
+
+
+def test_a_span_is_compact():
+    html = render.token_span(Token(42, "accepted", 2, 0.8125, 1.0), "a", 7, 3.25)
+    assert len(html) < 100, html
 
 
 def test_rejected_tooltip_says_not_emitted_and_latency_is_shared_by_emitted_tokens():
     rnd = Round(1, [Token(1, "accepted", 0), Token(2, "rejected", 1), Token(3, "resampled")], 10.0, 16.0)
     spans = parse(render.round_spans(rnd, str))
-    assert "latency 3.00 ms" in spans[0][1] and "latency 3.00 ms" in spans[2][1]
-    assert "not emitted" in spans[1][1]
+    assert "latency 3.00 ms" in tooltip(spans[0]) and "latency 3.00 ms" in tooltip(spans[2])
+    assert "not emitted" in tooltip(spans[1])
+
+
+def test_special_tokens_are_markers_not_text():
+    rnd = Round(1, [Token(5, "target"), Token(2, "target")], 0.0, 4.0)
+    spans = parse(render.round_spans(rnd, lambda i: "<|im_end|>" if i == 2 else "hi", special_ids={2}))
+    assert spans[0][2] == "hi" and "tok-special" not in spans[0][0]
+    classes, attrs, text = spans[1]
+    assert "tok-special" in classes and text == "" and attrs["data-mark"] == "<|im_end|>"
+    assert "special token <|im_end|>" in tooltip(spans[1])
 
 
 def test_render_rounds_is_append_only_while_streaming():
@@ -86,13 +120,50 @@ def test_render_rounds_is_append_only_while_streaming():
 
 
 def test_stats_line_shows_headline_figures_and_skips_missing_ones():
-    spec = render.stats_line(synthetic_stats(20, k=4).summary())
-    for label in ("TTFT", "ITL p50/p99", "tok/s", "acceptance", "mean accepted length", "peak memory",
-                  "of bandwidth ceiling"):
+    spec = render.stats_line(synthetic_stats(20, k=4))
+    for label in ("TTFT", "ITL p50/p99", "tok/s", "acceptance", "mean accepted length", "peak memory", "drafted in"):
         assert label in spec
-    plain = render.stats_line(synthetic_stats(20).summary(), running=True)
-    assert "acceptance" not in plain and "running" in plain
+    plain = render.stats_line(synthetic_stats(20), running=True)
+    assert "acceptance" not in plain and "running" in plain and "of bandwidth ceiling" in plain
     assert re.search(r"tok/s</b> [0-9.]+", plain)
+
+
+def all_rejected_stats():
+    """A speculative run whose every draft was rejected: acceptance 0, not missing."""
+    s = synthetic_stats(12, k=3, seed=4)
+    for r in s.rounds[1:]:
+        r.tokens = [Token(1, "rejected", 0, 0.2, 1.0), Token(2, "resampled", None, 0.5)]
+    return s
+
+
+def test_zero_acceptance_shows_as_zero_percent():
+    html = render.stats_line(all_rejected_stats())
+    assert re.search(r"acceptance</b> 0%", html), html
+
+
+def test_speculative_runs_leave_out_the_bandwidth_share():
+    """A round streams the weights once per verify pass and the drafter's besides: tok/s over the one-step
+    ceiling is no share of anything."""
+    assert "of bandwidth ceiling" not in render.stats_line(synthetic_stats(20, k=4))
+    ceiling = render.stats_line(synthetic_stats(20), ceiling="measured before and after")
+    assert 'title="measured before and after"' in ceiling
+
+
+def test_stats_line_counts_the_rounds_that_drafted():
+    s = synthetic_stats(10, k=3)
+    for r in s.rounds[1:4]:  # three plain steps the schedule chose
+        r.tokens, r.n_drafted, r.k = [Token(1, "target")], 0, 0
+    assert "drafted in</b> 6 of 9 rounds" in render.stats_line(s)
+
+
+def test_notes_are_escaped_lines_under_the_figures():
+    html = render.stats_line(synthetic_stats(5), notes=["<b>why</b>", ""])
+    assert html.count('class="ds-note"') == 1 and "&lt;b&gt;why" in html
+
+
+def test_error_html_escapes_and_names_itself():
+    html = render.error_html("k=<40>")
+    assert "Not run" in html and "&lt;40&gt;" in html and 'role="alert"' in html
 
 
 def test_env_card_escapes_values():

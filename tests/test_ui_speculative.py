@@ -4,9 +4,10 @@ import csv
 
 import pytest
 
-from ui import callbacks, layout
+from ui import callbacks, controls
 from ui.callbacks import Session
-from ui.runtime import CALIBRATED, RunSettings
+from ui.examples import examples
+from ui.settings import CALIBRATED, RunSettings
 from ui.startup import build_runtime
 from ui.testing import settings_values
 
@@ -40,7 +41,7 @@ def test_calibrated_layer_skip_shows_and_exports_its_layer_set(rt):
     acc, tokens, runs = run(rt, mode="layer-skip", layers=CALIBRATED)
     skipped = tokens[0]["skipped_layers"]
     assert skipped and {r["skipped_layers"] for r in tokens} == {skipped} and tokens[0]["layer_set"] == "calibrated"
-    assert f"skips {skipped}" in acc.layout.title.text
+    assert f"skips {skipped}" in acc.layout.title.subtitle.text
     assert runs[0]["skipped_layers"] == skipped
 
 
@@ -62,11 +63,11 @@ def test_labels_say_the_maximum_or_the_fixed_k():
 
 
 def test_examples_use_each_modes_best_settings(rt):
-    rows, labels = layout.examples(rt)
+    rows, labels = examples(rt)
     by_mode = {row[1]: row for row in rows}
     assert set(by_mode) == {"n-gram", "self-draft", "layer-skip", "draft model"} and len(labels) == len(rows)
     assert by_mode["layer-skip"][3] == CALIBRATED and by_mode["n-gram"][2] == 8
-    assert by_mode["self-draft"][4] != rt.self_draft_format  # a target in another format than its drafts
+    assert by_mode["self-draft"][4] in rt.self_draft_targets()  # a target that costs more than its drafts
     for prompt, mode, k, layers, weights in rows:  # every example runs as it stands
         rt.validate(RunSettings(mode=mode, k=k, layers=layers, weights=weights,
                                 draft_model=next(iter(rt.drafts), "")), rt.encode(prompt, False))
@@ -79,5 +80,22 @@ def test_validate_takes_calibrated_and_needs_no_draft_slots(rt):
         rt.validate(RunSettings(mode="layer-skip", layers=4), ids)
     room = rt.engine.max_seq_len - len(ids)
     rt.validate(RunSettings(mode="n-gram", k=16, max_new_tokens=room), ids)  # what plain decoding may use
-    with pytest.raises(ValueError, match="max_seq_len"):
+    with pytest.raises(ValueError, match=f"lower max new tokens to {room}"):
         rt.validate(RunSettings(mode="n-gram", k=16, max_new_tokens=room + 1), ids)
+
+
+def test_self_draft_is_offered_only_for_a_target_that_costs_more_than_its_drafts(rt):
+    """The default launch runs q4 and drafts with q4: picking self-draft switches the target and says so before
+    Generate; a q4 target picked afterwards is named in the note, and refused with the same advice."""
+    assert rt.self_draft_format == "q4" and "q4" not in rt.self_draft_targets()
+    assert {"fp32", "fp16"} <= set(rt.self_draft_targets())
+    *_, weights, info = controls.mode_changed(rt, "self-draft", "q4")
+    assert weights["value"] == "fp32"
+    assert "q4 drafts for the fp32 target" in info["info"] and "switched from q4" in info["info"]
+    *_, weights, info = controls.mode_changed(rt, "self-draft", "fp16")
+    assert weights == controls.gr.skip() and "q4 drafts for the fp16 target" in info["info"]
+    assert "switched" not in info["info"]
+    assert "pick fp32, fp16" in controls.weights_changed(rt, "self-draft", "q4")["info"]
+    assert controls.mode_changed(rt, "n-gram", "q4")[-1]["info"] is None  # every mode runs on this launch
+    with pytest.raises(ValueError, match="pick fp32, fp16"):
+        rt.validate(RunSettings(mode="self-draft", weights="q4"), rt.encode(PROMPT, False))

@@ -4,7 +4,12 @@ from __future__ import annotations
 import argparse
 import atexit
 
-import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+try:  # first of all where it is installed: on ZeroGPU it patches torch, which must happen before any CUDA call
+    import spaces  # noqa: F401  (elsewhere it imports neither torch nor gradio, and changes nothing)
+except ImportError:
+    pass
+
+import engine  # noqa: E402, F401  (next: it sets OpenMP's wait policy before torch loads, where spaces did not)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

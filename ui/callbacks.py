@@ -7,13 +7,16 @@ import math
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
 from engine.stats import Round, finite
-from ui import endpoint, export, plots, render
-from ui.runtime import RoundPump, RunSettings, Runtime, as_int
+from ui import endpoint, export, plots, render, stream
+from ui.explain import schedule_note
+from ui.pump import RoundPump
+from ui.runtime import RunFacts, Runtime, ceiling_gbs
+from ui.settings import RunSettings, as_int
 
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
                    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "adaptive", "weights", "window",
@@ -23,11 +26,17 @@ RUN_HEADERS = ["run", "label", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", 
                "mean accepted", "stopped"]
 
 
+STATS_INTERVAL_S = 0.5  # the live stats line (the tokens stream apart from it, ui/stream.py)
+STREAMED_NOTE = ("tok/s measured while this page streamed the tokens: on a CPU the browser's drawing shares the "
+                 "cores with the engine (Compare streams nothing)")
+
+
 @dataclass
 class LiveRun:
-    rounds: list[Round]
+    rounds: list[Round]  # the pump's `arrived`: appended by its thread, read as a copy
     prompt_len: int
     settings: dict
+    facts: list[RunFacts]  # the pump's: the bandwidth probe before the run is in once the first round is
     drawn: int = -1  # rounds the figures last showed
 
 
@@ -91,25 +100,52 @@ def parse_settings(*values) -> RunSettings:
     return RunSettings(**d)
 
 
+def refusal(message: str) -> gr.Error:
+    """The error a refused or failed run raises: API clients get it as an error; on the page the event has
+    already put it where the output goes (error_html), so no toast fades over it."""
+    return gr.Error(message, print_exception=False, visible=False)
+
+
 def prepare(rt: Runtime, prompt: str, values) -> tuple[RunSettings, list[int]]:
     """Settings and prompt ids, or gr.Error saying what to change; nothing has touched the engine yet."""
     if not prompt or not prompt.strip():
-        raise gr.Error("The prompt is empty: type something or pick an example.", print_exception=False)
+        raise refusal("The prompt is empty: type something or pick an example.")
     try:
         s = parse_settings(*values)
+        if not s.on_endpoint:  # the weights named: the label and the CSVs say which
+            s = replace(s, weights=s.weights or rt.weight_format)
         ids = rt.encode(prompt, s.chat)
         rt.validate(s, ids)
     except ValueError as e:
-        raise gr.Error(str(e), print_exception=False) from None
+        raise refusal(str(e)) from None
     return s, ids
 
 
+def starting(rt: Runtime, s: RunSettings) -> str:
+    """What the run is about to do, said before it starts: a weight format's first run loads it first."""
+    fmt = s.weights or rt.weight_format
+    if s.on_endpoint or rt.loaded(fmt):
+        return f"Running {s.label()}."
+    return f"Loading the {fmt} weights (their first run; a few seconds), then running {s.label()}."
+
+
+def ceiling_note(facts: list[RunFacts]) -> str | None:
+    """How the bandwidth ceiling of a run was measured (the tooltip of its % of the ceiling)."""
+    probes = [f"{f.when} the run {f.bandwidth_gbs:.1f} GB/s" for f in facts if finite(f.bandwidth_gbs) is not None]
+    weight_bytes = next((f.weight_bytes for f in facts if f.weight_bytes), 0)
+    if not probes or not weight_bytes:
+        return None
+    return (f"decode tok/s over the fastest a step could stream its {weight_bytes / 1e6:.0f} MB of weights: the "
+            f"bandwidth measured {' and '.join(probes)}, the larger ({ceiling_gbs(facts):.1f} GB/s)")
+
+
 def runs_table(session: Session) -> list[list]:
+    """The session's runs, newest first (the table shows its first rows)."""
     def num(x, nd):
         return None if (x := finite(x)) is None else round(x, nd)
 
     rows = []
-    for i, r in enumerate(session.history, 1):
+    for i, r in reversed(list(enumerate(session.history, 1))):
         s = r.summary
         acc = finite(s.get("acceptance_rate"))
         rows.append([
@@ -120,10 +156,12 @@ def runs_table(session: Session) -> list[list]:
     return rows
 
 
-def record_run(rt: Runtime, session: Session, stats, label: str, stopped: bool) -> tuple[str, str, str]:
-    """Add a finished run to the session; write its token CSV, trace and the session's summary CSV."""
+def record_run(rt: Runtime, session: Session, stats, label: str, stopped: bool,
+               extra: dict | None = None) -> tuple[str, str, str]:
+    """Add a finished run to the session; write its token CSV, trace and the session's summary CSV. extra: more
+    summary columns (a Compare run's speedup_over)."""
     run_id = session.next_run_id()
-    session.history.append(RunRecord(run_id, label, stats.summary(), stats.settings, stopped))
+    session.history.append(RunRecord(run_id, label, {**stats.summary(), **(extra or {})}, stats.settings, stopped))
     folder = rt.store.run_dir(run_id)
     tokens = export.write_tokens_csv(folder / f"tokens-{run_id}.csv", run_id, stats, rt.text_of)
     trace = export.write_trace(folder / f"trace-{run_id}.json", run_id, stats)
@@ -172,43 +210,64 @@ def figures(stats) -> tuple:
 def generate(rt: Runtime, session: Session, prompt: str, *values):
     """Stream one run: yields (tokens html, stats html, status html), strings only.
 
-    Every other output of a streaming event would cost gradio a component rebuild on each update, skipped
-    or not, so figures refresh on their own timer (live_figures) and the run's figures, history and files
-    follow once it ends (last_run)."""
-    s, ids = prepare(rt, prompt, values)
-    if s.on_endpoint:
+    While the run streams, the tokens value is a marker naming the run: the page fetches the new spans itself
+    (ui/stream.py), and this event yields only the stats line, twice a second. The last update carries the
+    whole token HTML. Every other output of a streaming event would cost gradio a component rebuild on each
+    update, skipped or not, so figures refresh on their own timer (live_figures) and the run's figures,
+    history and files follow once it ends (last_run). A refused or failed run says why where the output goes
+    and clears the stats and status of the run before, then raises (API clients get the error)."""
+    session.last = None
+    try:
+        s, ids = prepare(rt, prompt, values)
+    except gr.Error as e:
+        yield (render.error_html(e.message), "", "")
+        raise
+    if s.on_endpoint:  # a serving engine's stream, through the same records (ui/endpoint.py)
         yield from endpoint.generate(rt, session, prompt, s, ids)
         return
-    session.last = None
     if not begin_run(session):
         yield (gr.skip(), gr.skip(), render.message_html("Stopped before it started."))
         return
     settings = s.as_dict(rt.model_name)
-    status = render.message_html(f"Running {s.label()}.")
-    html, stats_html = "", render.stats_line({}, running=True)
-    yield (html, stats_html, status)
-    rounds: list[Round] = []
-    session.live = LiveRun(rounds, len(ids), settings)
+    status = render.message_html(starting(rt, s))
+    stats_html = render.stats_line(None, running=True)
     pump = RoundPump(rt, s, ids, session.run_stop)
+    live = stream.open_stream(rt, pump)
+    session.live = LiveRun(pump.arrived, len(ids), settings, pump.facts)
+    yield (live, stats_html, status)
     try:
-        for batch in pump.batches(rt.stream_interval_s):
+        for batch in pump.batches(STATS_INTERVAL_S):
             if batch:  # an empty batch still yields: that is when gradio can close a dropped run
-                rounds += batch
-                html += render.render_rounds(batch, rt.text_of)
-                stats_html = render.stats_line(rt.stats(rounds, len(ids), settings).summary(), running=True)
-            yield (html, stats_html, status)
+                status = render.message_html(f"Running {s.label()}.")
+                stats_html = render.stats_line(rt.stats(list(pump.arrived), len(ids), settings, pump.facts),
+                                               running=True)
+            yield (live, stats_html, status)
     except ValueError as e:  # a setting only the engine could judge
-        raise gr.Error(str(e), print_exception=False) from None
+        yield (render.error_html(str(e), "Run failed"), "", "")
+        raise refusal(str(e)) from None
     finally:
         pump.close()
+        stream.close_stream(rt, live)
         session.live = None
+    rounds = list(pump.arrived)
     stopped = not (rounds and rounds[-1].finished)
-    stats = rt.stats(rounds, len(ids), settings)
+    stats = rt.stats(rounds, len(ids), settings, pump.facts)
     files = record_run(rt, session, stats, s.label(), stopped)
     session.last = (stats, files)
     n = len(session.history)
     note = f"Run {n} stopped after {len(stats.ids)} tokens." if stopped else f"Run {n} done: {s.label()}."
-    yield (html, render.stats_line(stats.summary()), render.message_html(note))
+    path = next((f.path for f in pump.facts if f.path), "")
+    if "requested" in path:  # graphs were asked for and did not capture: the run says what ran instead
+        note += f" It ran {path}."
+    html = render.render_rounds(rounds, rt.text_of, rt.special_ids)
+    yield (html, final_stats(rt, stats, pump.facts), render.message_html(note))
+
+
+def final_stats(rt: Runtime, stats, facts: list[RunFacts]) -> str:
+    """The stats line of a finished run, with what its figures rest on: the ceiling's probes, how many rounds
+    drafted and why, and on a CPU that the page shared the cores while it streamed."""
+    notes = [n for n in (schedule_note(stats), STREAMED_NOTE if rt.engine.device.type == "cpu" else "") if n]
+    return render.stats_line(stats, ceiling=ceiling_note(facts), notes=notes)
 
 
 def live_figures(rt: Runtime, session: Session) -> tuple:
@@ -219,7 +278,7 @@ def live_figures(rt: Runtime, session: Session) -> tuple:
     rounds = list(live.rounds)
     live.drawn = len(rounds)
     # the latency panel only: drawing all three mid-run cost the engine ~10 % on a 2-core CPU
-    return plots.itl_figure(rt.stats(rounds, live.prompt_len, live.settings)), gr.skip(), gr.skip()
+    return plots.itl_figure(rt.stats(rounds, live.prompt_len, live.settings, live.facts)), gr.skip(), gr.skip()
 
 
 def last_run(rt: Runtime, session: Session) -> tuple:

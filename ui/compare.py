@@ -14,9 +14,12 @@ from dataclasses import replace
 import gradio as gr
 
 from engine.stats import Round
-from ui import endpoint, plots, render
-from ui.callbacks import Session, begin_run, prepare, record_run, runs_table, write_history
-from ui.runtime import SINKS, RoundPump, RunSettings, Runtime
+from ui import compare_plots, endpoint, render
+from ui.callbacks import Session, begin_run, prepare, record_run, refusal, runs_table, starting, write_history
+from ui.compare_plots import CompareEntry
+from ui.pump import RoundPump
+from ui.runtime import Runtime
+from ui.settings import SINKS, RunSettings
 
 IDLE_TICK_S = 0.25  # a run yields this often, so a closed tab or Stop is noticed
 COMPARE_WINDOW = 512  # the attention group's window when the run itself attends in full
@@ -65,52 +68,76 @@ def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int], st
             rounds += batch
             yield status
     except ValueError as e:
-        raise gr.Error(str(e), print_exception=False) from None
+        yield render.error_html(f"{s.label()}: {e}", "Compare failed")
+        raise refusal(f"Compare failed at {s.label()}: {e}") from None
     finally:
         pump.close()
     if not (rounds and rounds[-1].finished):
         return None
-    return rt.stats(rounds, len(ids), s.as_dict(rt.model_name))
+    return rt.stats(rounds, len(ids), s.as_dict(rt.model_name), pump.facts)
 
 
 def compare(rt: Runtime, session: Session, prompt: str, *values):
-    """Run each configuration of the plan once (shared ones once in all); yields the status html."""
-    s, ids = prepare(rt, prompt, values)
+    """Run each configuration of the plan once (shared ones once in all); yields the status html. A refused
+    Compare says why in the status line, then raises (API clients get the error)."""
     session.last_compare = None
+    try:
+        s, ids = prepare(rt, prompt, values)
+        configs = plan(rt, s)
+        for _, _, cfg, _, _ in configs:
+            if cfg is not None:
+                try:
+                    rt.validate(cfg, ids)
+                except ValueError as e:
+                    raise refusal(f"Compare cannot run {cfg.label()}: {e}") from None
+    except gr.Error as e:
+        yield render.error_html(e.message)
+        raise
     if not begin_run(session):
         yield render.message_html("Stopped before it started.")
         return
-    configs = plan(rt, s)
-    for _, _, cfg, _, _ in configs:
-        if cfg is not None:
-            try:
-                rt.validate(cfg, ids)
-            except ValueError as e:
-                raise gr.Error(f"Compare cannot run {cfg.label()}: {e}", print_exception=False) from None
     todo = list(dict.fromkeys(cfg for _, _, cfg, _, _ in configs if cfg is not None))
     done = {}
     for i, cfg in enumerate(todo, 1):
-        status = render.message_html(f"Compare {i}/{len(todo)}: {cfg.label()}")
+        status = render.message_html(f"Compare {i}/{len(todo)}: {starting(rt, cfg)}")
         stats = yield from run_to_end(rt, session, cfg, ids, status, prompt)
         if stats is None:
+            record(rt, session, configs, done)
             yield render.message_html(f"Compare stopped during {cfg.label()}.")
             return
         done[cfg] = stats
-        record_run(rt, session, stats, f"compare: {cfg.label()}", False)
-    session.last_compare = entries(configs, done)
+    session.last_compare = record(rt, session, configs, done)
     yield render.message_html(f"Compared {len(todo)} runs.")
 
 
-def entries(configs, done: dict) -> list[plots.CompareEntry]:
+def record(rt: Runtime, session: Session, configs, done: dict) -> list[CompareEntry]:
+    """Every run into the session's history, in the order it ran, each with its speedup over the baseline of
+    the first group that compares it (speedup_over names that baseline); returns the Compare's entries."""
+    out = entries(configs, done)
+    first = {}
+    for e, (_, _, cfg, _, _) in zip(out, configs, strict=True):
+        if cfg in done and (cfg not in first or (first[cfg].speedup is None and e.speedup is not None)):
+            first[cfg] = e
+    for cfg in done:
+        e = first[cfg]
+        record_run(rt, session, e.stats, f"compare: {cfg.label()}", False,
+                   dict(speedup_over=e.baseline_label if e.speedup is not None else None))
+    return out
+
+
+def entries(configs, done: dict) -> list[CompareEntry]:
     """One entry per configuration; a non-baseline run's stats carry its group's baseline tok/s, so its
     summary reports the speedup (a copy: one run can be a baseline in one group and compared in another)."""
-    base = {g: done[cfg].summary()["decode_tok_s"] for g, _, cfg, _, is_base in configs if is_base and cfg in done}
+    base = {g: (done[cfg].summary()["decode_tok_s"], label) for g, label, cfg, _, is_base in configs
+            if is_base and cfg in done}
     out = []
     for g, label, cfg, why, is_base in configs:
         stats = done.get(cfg)
+        over = ""
         if stats is not None and not is_base and g in base:
-            stats = dataclasses.replace(stats, baseline_tok_s=base[g])
-        out.append(plots.CompareEntry(g, label, stats, why, is_base))
+            stats = dataclasses.replace(stats, baseline_tok_s=base[g][0])
+            over = base[g][1]
+        out.append(CompareEntry(g, label, stats, why, is_base, run=cfg.label() if cfg else "", baseline_label=over))
     return out
 
 
@@ -120,5 +147,5 @@ def last_compare(rt: Runtime, session: Session) -> tuple:
         return (gr.skip(),) * 4
     entries = session.last_compare
     folder = rt.store.run_dir(session.compare_dir)
-    return (plots.compare_figure(entries), plots.compare_rows(entries), runs_table(session),
+    return (compare_plots.compare_figure(entries), compare_plots.compare_rows(entries), runs_table(session),
             write_history(rt, session, folder))

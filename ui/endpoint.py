@@ -14,7 +14,9 @@ import gradio as gr
 from engine.endpoint import Endpoint, EndpointError, EndpointStream, endpoint_stats, extra_summary, format_extra
 from engine.stats import Round
 from ui import render
-from ui.runtime import _DONE, RoundPump, RunSettings, Runtime
+from ui.pump import _DONE, RoundPump
+from ui.runtime import Runtime
+from ui.settings import RunSettings
 
 ENGINE, ENDPOINT = "this engine", "endpoint"
 BACKENDS = (ENGINE, ENDPOINT)
@@ -57,6 +59,7 @@ class EndpointPump(RoundPump):
     def _run(self) -> None:
         try:
             for rnd in self.run:
+                self.arrived.append(rnd)
                 self.q.put(rnd)
         except Exception as e:  # handed to the page's generator, which says what happened
             self.q.put(e)
@@ -81,7 +84,7 @@ def stats_of(rt: Runtime, rounds: list[Round], pump: EndpointPump, settings: dic
 
 def generate(rt: Runtime, session, prompt: str, s: RunSettings, ids: list[int]):
     """callbacks.generate for an endpoint run: yields (tokens html, stats html, status html)."""
-    from ui.callbacks import LiveRun, begin_run, record_run
+    from ui.callbacks import LiveRun, begin_run, record_run, refusal
 
     session.last = None
     if not begin_run(session):
@@ -89,19 +92,19 @@ def generate(rt: Runtime, session, prompt: str, s: RunSettings, ids: list[int]):
         return
     settings = s.as_dict(rt.model_name)
     html, rounds, failed = "", [], None
-    yield (html, render.stats_line({}, running=True), render.message_html(f"Running {s.label()}."))
+    yield (html, render.stats_line(None, running=True), render.message_html(f"Running {s.label()}."))
     try:
         pump = EndpointPump(rt, s, prompt, session)
-    except ValueError as e:
-        raise gr.Error(str(e), print_exception=False) from None
-    session.live = LiveRun(rounds, len(ids), settings)
+    except ValueError as e:  # said where the output goes, the last run's figures cleared (as for ours)
+        yield (render.error_html(str(e), "Run refused"), "", "")
+        raise refusal(str(e)) from None
+    session.live = LiveRun(rounds, len(ids), settings, [])
     try:
         for batch, err in run_rounds(pump, rt.stream_interval_s):
             failed = err or failed
             rounds += batch
             html += render.render_rounds(batch, rt.text_of)
-            summary = stats_of(rt, rounds, pump, settings, len(ids)).summary()
-            yield (html, render.stats_line(summary, running=True), gr.skip())
+            yield (html, render.stats_line(stats_of(rt, rounds, pump, settings, len(ids)), running=True), gr.skip())
     finally:
         pump.close()
         session.live = None
@@ -116,10 +119,11 @@ def generate(rt: Runtime, session, prompt: str, s: RunSettings, ids: list[int]):
     else:
         label, msg = s.label(), f"Run {n} done: {s.label()}."
     if not rounds and failed is not None:
-        raise gr.Error(str(failed), print_exception=False)
+        yield (render.error_html(str(failed), "Run failed"), "", "")
+        raise refusal(str(failed))
     files = record_run(rt, session, stats, label, failed is not None or pump.run.stopped)
     session.last = (stats, files)
-    yield (html, render.stats_line(stats.summary()), render.message_html(msg + (f"\n{note}" if note else "")))
+    yield (html, render.stats_line(stats), render.message_html(msg + (f"\n{note}" if note else "")))
 
 
 def run_to_end(rt: Runtime, session, s: RunSettings, prompt: str, status: str):

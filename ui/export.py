@@ -1,7 +1,9 @@
 """Per-token CSV, per-run summary CSV and a Chrome trace (Perfetto-loadable) of the step timeline.
 
-Files go to one folder per run under a temporary root that the app owns (ExportStore): the store keeps
-the newest runs only, a closed session drops its own, and the root goes when the app exits.
+One convention in both CSVs: a value a row does not have is an empty cell (never "nan"), so pandas reads it
+as missing and a spreadsheet shows a blank. Files go to one folder per run under a temporary root that the
+app owns (ExportStore): the store keeps the newest runs only, a closed session drops its own, and the root
+goes when the app exits.
 """
 from __future__ import annotations
 
@@ -19,17 +21,29 @@ from engine.stats import PHASES, Stats, finite
 TOKEN_COLUMNS = [
     "run_id", "round", "round_k", "token_index", "token_id", "token_text", "kind", "draft_position",
     "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "target_ms", "sample_ms", "t_end_ms", "inferred",
+    "prompt_tokens",
 ]
 # The settings a run was asked for, repeated on every row so a CSV stands alone.
 SETTINGS_COLUMNS = [
     "model", "mode", "k", "adaptive", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
-    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "prompt_tokens", "backend",
+    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "weights", "window", "backend",
 ]
 SUMMARY_COLUMNS = [
     "run_id", "label", "tokens", "prompt_tokens", "rounds", "ttft_ms", "itl_mean_ms", "itl_p50_ms",
     "itl_p99_ms", "decode_tok_s", "total_ms", "peak_memory_mb", "acceptance_rate", "mean_accepted_len",
     "draft_overhead_pct", "mean_k", "plain_round_pct", "bandwidth_ceiling_tok_s", "pct_of_ceiling", "speedup",
+    "speedup_over",
 ]
+# A speculative round streams the weights once per verify pass and the drafter's besides, so its decode tok/s
+# over the one-step ceiling is no share of anything: left empty for speculative runs (the page does the same).
+PLAIN_ONLY = ("pct_of_ceiling",)
+
+
+def cell(value):
+    """A CSV cell: missing, NaN and infinite figures are empty; everything else as it is."""
+    if isinstance(value, float):
+        return finite(value)
+    return value
 TRACE_LANES = ("round", *PHASES)
 
 
@@ -37,12 +51,16 @@ def _settings_columns(settings: dict) -> list[str]:
     return SETTINGS_COLUMNS + sorted(k for k in settings if k not in SETTINGS_COLUMNS)
 
 
+def token_text(row: dict, text_of: Callable[[int], str]) -> str:
+    return row["text"] if row.get("text") is not None else text_of(row["token_id"])
+
+
 def token_rows(run_id: str, stats: Stats, text_of: Callable[[int], str]) -> list[dict]:
-    settings = dict(stats.settings, prompt_tokens=stats.prompt_len)
     # an endpoint's tokens carry the text the server sent (their ids may not be ours)
     return [
-        dict(row, run_id=run_id, token_text=row["text"] if row.get("text") is not None else text_of(row["token_id"]),
-             **settings) for row in stats.rows()
+        {k: cell(v) for k, v in dict(row, run_id=run_id, token_text=token_text(row, text_of),
+                                     **{**stats.settings, "prompt_tokens": stats.prompt_len}).items()}
+        for row in stats.rows()
     ]
 
 
@@ -57,9 +75,14 @@ def write_tokens_csv(path: str | Path, run_id: str, stats: Stats, text_of: Calla
 
 
 def summary_row(run_id: str, label: str, summary: dict, settings: dict) -> dict:
+    """One run of the history: its summary's figures, then the settings it was asked for (which never overwrite a
+    figure: a setting and a figure of the same name keep the figure)."""
     row = {k: summary.get(k) for k in SUMMARY_COLUMNS}
     row.update(run_id=run_id, label=label)
-    return {**row, **{k: settings.get(k) for k in _settings_columns(settings)}}
+    if settings.get("mode", "plain") != "plain":
+        row.update(dict.fromkeys(PLAIN_ONLY))
+    row.update({k: settings.get(k) for k in _settings_columns(settings) if k not in row})
+    return {k: cell(v) for k, v in row.items()}
 
 
 def write_runs_csv(path: str | Path, rows: list[dict]) -> Path:

@@ -1,35 +1,43 @@
-"""Figure builders: Stats (or compare results) in, a plotly Figure out. Nothing here measures anything."""
+"""Figure builders: Stats in, a plotly Figure out (Compare's are in compare_plots.py, Profile's in
+profile_plots.py). Nothing here measures anything."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import textwrap
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.stats import EMITTED_KINDS, PHASES, Stats, finite, percentile
+from engine.stats import EMITTED_KINDS, PHASES, Stats, percentile
+from ui.explain import drafter_note, schedule_note
 from ui.render import KIND_COLORS
 
 LANE_COLORS = {"draft": "#72b7b2", "target": "#4c78a8", "sample": "#f58518", "host": "#bab0ac"}
 ROLLING_WINDOW = 8
 
 
-def _base(fig: go.Figure, title: str, revision: str, height: int = 320) -> go.Figure:
-    # A constant uirevision keeps the user's zoom and hidden traces while a run streams in.
+def _base(fig: go.Figure, title: str, revision: str, height: int = 320, subtitle: str = "") -> go.Figure:
+    # A constant uirevision keeps the user's zoom and hidden traces while a run streams in. The backgrounds are
+    # transparent so a figure sits on the page's own colour; in dark mode style.py recolours text and grid.
     fig.update_layout(
-        title=dict(text=title, font=dict(size=14)), uirevision=revision, height=height,
-        margin=dict(l=50, r=20, t=60, b=40),
-        legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
-        template="plotly_white",
+        title=dict(text=title, font=dict(size=14), subtitle=dict(text=subtitle, font=dict(size=12))),
+        uirevision=revision, height=height, margin=dict(l=50, r=20, t=70 if subtitle else 60, b=40),
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom", bgcolor="rgba(0,0,0,0)"),
+        template="plotly_white", paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
     )
     return fig
 
 
-def empty_figure(title: str, message: str, revision: str = "empty") -> go.Figure:
+def wrap_lines(text: str, width: int = 100) -> str:
+    """Plotly does not wrap annotation text: break it into <br>-separated lines."""
+    return "<br>".join(textwrap.wrap(text, width)) or text
+
+
+def empty_figure(title: str, message: str, revision: str = "empty", height: int = 240, subtitle: str = "") -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    return _base(fig, title, revision, height=240)
+    return _base(fig, title, revision, height=height, subtitle=subtitle)
 
 
 def itl_figure(stats: Stats) -> go.Figure:
@@ -63,10 +71,10 @@ def itl_figure(stats: Stats) -> go.Figure:
             marker=dict(color=KIND_COLORS[kind], size=5), customdata=[rounds[i] for i in sel],
             hovertemplate="token %{x} · round %{customdata}<br>%{y:.2f} ms<extra>" + kind + "</extra>",
         ))
-    for q, dash, where in ((50, "dot", "bottom left"), (99, "dash", "top right")):  # apart when p50 ~ p99
+    for q, dash in ((50, "dot"), (99, "dash")):  # named in the legend, where no label can sit on the axis
         v = percentile(ys, q)
-        fig.add_hline(y=v, line=dict(dash=dash, color="#555", width=1),
-                      annotation_text=f"p{q} {v:.2f} ms", annotation_position=where)
+        fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[v, v], mode="lines", name=f"p{q} {v:.2f} ms",
+                                 line=dict(dash=dash, color="#777", width=1), hoverinfo="skip"))
     ttft = stats.rounds[0].t_end_ms
     fig.update_xaxes(title_text="token index")
     fig.update_yaxes(title_text="ms per token", rangemode="tozero")
@@ -110,30 +118,19 @@ def rolling_acceptance(stats: Stats, window: int = ROLLING_WINDOW) -> tuple[list
     return xs, ys
 
 
-def drafter_note(stats: Stats) -> str:
-    """What the drafter chose at the start of the run, in a line (the layers a layer-skip drafter skips)."""
-    info = stats.drafter_info
-    if info.get("skipped_layers"):
-        how = "calibrated on the prompt" if info.get("layer_set") == "calibrated" else "given"
-        note = (f"runs {info['draft_layers']} of {info['target_layers']} layers, skips {info['skipped_layers']} "
-                f"({how}")
-        if info.get("calibrated_acceptance") is not None:
-            note += f"; {info['calibrated_acceptance']:.0%} expected acceptance"
-        return note + ")"
-    if info.get("draft_weights"):
-        return f"drafts with {info['draft_layers']} layers in {info['draft_weights']} weights"
-    return ""
-
-
 def acceptance_figure(stats: Stats) -> go.Figure:
     title = "Draft acceptance"
     chosen = stats.chosen_k()
-    if not any(r.n_drafted for r in stats.rounds) and not chosen:
-        return empty_figure(title, "No drafts in this run: pick a speculative mode to see acceptance.", "acc")
+    if not any(r.n_drafted for r in stats.rounds):
+        if not chosen:
+            return empty_figure(title, "No drafts in this run: pick a speculative mode to see acceptance.", "acc")
+        # a speculative run whose schedule never drafted: say so and why, not four empty axes
+        return empty_figure(title, wrap_lines(schedule_note(stats)), "acc", height=240, subtitle=drafter_note(stats))
     fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, subplot_titles=(
         "rounds by accepted drafts", "acceptance by draft position",
-        f"rolling acceptance ({ROLLING_WINDOW} rounds)", "k chosen per round (0: a plain step) and accepted",
+        f"rolling acceptance ({ROLLING_WINDOW} rounds)", "k per round (0: plain step), accepted",
     ))
+    fig.update_annotations(font_size=13)  # subplot titles: two fit side by side on a narrow screen
     k = max([r.n_drafted for r in stats.rounds] + [k for _, k in chosen])
     hist = stats.accepted_histogram()
     counts = list(range(k + 1))
@@ -159,75 +156,4 @@ def acceptance_figure(stats: Stats) -> go.Figure:
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=2, col=1)
     fig.update_yaxes(range=[0, k + 0.5], dtick=1 if k <= 8 else 2, row=2, col=2)
     fig.update_layout(showlegend=False, barmode="overlay")
-    note = drafter_note(stats)
-    return _base(fig, f"{title}<br><sup>{note}</sup>" if note else title, "acc", height=520)
-
-
-@dataclass
-class CompareEntry:
-    """One configuration of a Compare run: its stats, or the reason this machine could not run it."""
-    group: str  # what is being compared, e.g. "CUDA graphs"
-    label: str  # this side of it, e.g. "eager"
-    stats: Stats | None = None
-    reason: str | None = None
-    baseline: bool = False  # the side the other one's speedup is measured against
-
-    @property
-    def tok_s(self) -> float:
-        return self.stats.summary()["decode_tok_s"] if self.stats else float("nan")
-
-    @property
-    def speedup(self) -> float | None:
-        """Over the group's baseline (Stats.baseline_tok_s, which Compare sets); None for the baseline."""
-        return finite(self.stats.summary().get("speedup")) if self.stats else None
-
-    def step_ms(self, q: float) -> float:
-        return percentile([r.total_ms for r in self.stats.rounds[1:]], q) if self.stats else float("nan")
-
-
-def compare_figure(entries: list[CompareEntry]) -> go.Figure:
-    """Grouped bars of tok/s and step ms p50 / p99 with speedups, ITL distributions side by side."""
-    title = "Compare"
-    ran = [e for e in entries if e.stats]
-    skipped = [e for e in entries if not e.stats]
-    notes = "<br>".join(f"not run: {e.group} / {e.label}: {e.reason}" for e in skipped)
-    if not ran:
-        return empty_figure(title, notes or "Press Compare to run the prompt under each configuration.", "cmp")
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(
-        "decode tok/s", "step ms: p50 (blue), p99 (red)", "ITL distribution"))
-    names = [f"{e.group}<br>{e.label}" for e in ran]
-    text = [f"×{e.speedup:.2f}" if e.speedup is not None else "" for e in ran]
-    colors = ["#bab0ac" if e.baseline else "#4c78a8" for e in ran]
-    fig.add_trace(go.Bar(x=names, y=[e.tok_s for e in ran], text=text, textposition="outside",
-                         marker_color=colors, name="tok/s", hovertemplate="%{x}<br>%{y:.1f} tok/s<extra></extra>"),
-                  row=1, col=1)
-    for q, color in ((50, "#4c78a8"), (99, "#e45756")):
-        fig.add_trace(go.Bar(x=names, y=[e.step_ms(q) for e in ran], name=f"step p{q}", marker_color=color,
-                             hovertemplate="%{x}<br>%{y:.2f} ms<extra>p" + str(q) + "</extra>"), row=1, col=2)
-    for e, name in zip(ran, names, strict=True):
-        fig.add_trace(go.Box(y=e.stats.token_latencies_ms(), name=name, boxpoints=False, showlegend=False,
-                             marker_color="#bab0ac" if e.baseline else "#4c78a8"), row=1, col=3)
-    fig.update_layout(barmode="group", bargap=0.25, showlegend=False)
-    fig.update_yaxes(range=[0, 1.2 * max(e.tok_s for e in ran)], row=1, col=1)  # room for the speedup labels
-    fig.update_yaxes(title_text="ms per token", row=1, col=3)
-    if notes:
-        fig.add_annotation(text=notes, showarrow=False, xref="paper", yref="paper", x=0, y=-0.45,
-                           xanchor="left", align="left", font=dict(size=11))
-    fig = _base(fig, title, "cmp", height=420)
-    fig.update_layout(margin=dict(b=40 + 18 * (len(skipped) + 4)))
-    return fig
-
-
-def compare_rows(entries: list[CompareEntry]) -> list[list]:
-    """A table of the same figures for the page and the summary CSV: one row per configuration."""
-    rows = []
-    for e in entries:
-        if e.stats is None:
-            rows.append([e.group, e.label, None, None, None, None, e.reason])
-            continue
-        rows.append([e.group, e.label, round(e.tok_s, 2), round(e.step_ms(50), 3), round(e.step_ms(99), 3),
-                     None if e.speedup is None else round(e.speedup, 3), "baseline" if e.baseline else ""])
-    return rows
-
-
-COMPARE_HEADERS = ["comparison", "configuration", "tok/s", "step p50 ms", "step p99 ms", "speedup", "note"]
+    return _base(fig, title, "acc", height=540, subtitle=drafter_note(stats))

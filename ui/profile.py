@@ -15,13 +15,15 @@ from pathlib import Path
 import gradio as gr
 
 from engine.observe import profile as engine_profile
+from engine.observe.bandwidth import measure_gbs
 from engine.observe.provenance import Telemetry
 from engine import weights
 from engine.weights import FORMATS
 from ui import render
-from ui.callbacks import Session, parse_settings
+from ui.callbacks import Session, parse_settings, refusal
 from ui.profile_plots import profile_figure, profile_rows
-from ui.runtime import Runtime, as_int
+from ui.runtime import PROBE_BYTES, PROBE_REPEATS, Runtime
+from ui.settings import as_int
 from ui.startup import zero_gpu
 
 AGAINST = ("kernels", "CUDA graphs", *(f"weights {f}" for f in FORMATS))  # what the second configuration flips
@@ -113,7 +115,15 @@ def write_trace(path: Path, results: list) -> Path:
     return path
 
 
-def status_line(results: list, seconds: float, telemetry: dict) -> str:
+def same_note(against: str, cfgs: list) -> str:
+    """What the status says when "compare with" changes nothing (it names the current settings)."""
+    if len(cfgs) > 1:
+        return ""
+    return (f"'compare with: {against}' is what the current settings already run, so one configuration was "
+            "profiled; pick another to see two side by side. ")
+
+
+def status_line(results: list, seconds: float, telemetry: dict, note: str = "") -> str:
     parts = []
     for r in results:
         if r.reason is not None:
@@ -123,13 +133,19 @@ def status_line(results: list, seconds: float, telemetry: dict) -> str:
         parts.append(f"{r.config.label}: decode step {s['step_ms']:.1f} ms, op classes add up to "
                      f"{s['rows_vs_step']:.2f}× it, profiler cost {s['profiler_overhead_pct']:+.0f}%")
     flags = "; ".join(telemetry["flags"]) or "no flags"
-    return f"Profiled in {seconds:.1f} s. " + " | ".join(parts) + f". Machine: {flags}."
+    return f"Profiled in {seconds:.1f} s. {note}" + " | ".join(parts) + f". Machine: {flags}."
 
 
 def run_profile(rt: Runtime, session: Session, prompt: str, against: str, steps, *values):
-    """Yields (status html, figure, table, profile CSV, trace JSON): a status while it runs, then all five."""
+    """Yields (status html, figure, table, profile CSV, trace JSON): a status while it runs, then all five. A
+    refused profile says why in its status line, then raises (API clients get the error)."""
     yield (render.message_html(f"Profiling the current settings and {against}."), *(gr.skip(),) * 4)
-    yield profile_outputs(rt, session, prompt, against, steps, *values)
+    try:
+        outputs = profile_outputs(rt, session, prompt, against, steps, *values)
+    except gr.Error as e:
+        yield (render.error_html(e.message), *(gr.skip(),) * 4)
+        raise
+    yield outputs
 
 
 def profile_outputs(rt: Runtime, session: Session, prompt: str, against: str, steps, *values) -> tuple:
@@ -147,13 +163,18 @@ def profile_outputs(rt: Runtime, session: Session, prompt: str, against: str, st
         todo = [c for c in cfgs if not known_reasons(rt, c)]
         with rt.lock, Telemetry(rt.engine.device) as tel:
             engines = {c.weights: rt.engine_for(c.weights) for c in todo}  # a format's first use loads it
+            if rt.probe_bandwidth:  # the ceiling the profile's GB/s are set against, measured now
+                gbs = measure_gbs(rt.engine.device, PROBE_BYTES, PROBE_REPEATS)
+                for eng in engines.values():
+                    eng.bandwidth_gbs = gbs
             results += engine_profile.compare(engines, todo, steps=n, k=s.k, context=ids)
     except ValueError as e:
-        raise gr.Error(str(e), print_exception=False) from None
+        raise refusal(str(e)) from None
     results.sort(key=lambda r: cfgs.index(r.config))
     folder = rt.store.run_dir(session.profile_dir)
     stamp = time.strftime("%H%M%S")
     csv_path = write_csv(folder / f"profile-{stamp}.csv", results)
     trace_path = write_trace(folder / f"profile-trace-{stamp}.json", results)
-    status = render.message_html(status_line(results, time.perf_counter() - t0, tel.summary()))
+    note = same_note(against, cfgs)
+    status = render.message_html(status_line(results, time.perf_counter() - t0, tel.summary(), note))
     return status, profile_figure(results), profile_rows(results), str(csv_path), str(trace_path)

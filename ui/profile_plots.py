@@ -16,10 +16,13 @@ OP_COLORS = {"matmul": "#4c78a8", "attention": "#f58518", "norm": "#54a24b", "ro
 OP_HELP = {"host": "CPU: Python between ops · CUDA: device idle between kernels"}
 PROFILE_HEADERS = ["configuration", "pass", "step ms", "profiled ms", "rows / step", "profiler cost %",
                    "outside kernels %", "GB/s", "% ceiling", "note"]
+# wide enough for each header's longest word ("profiled", "kernels"); the note, a sentence, gets the most room
+PROFILE_COLUMN_WIDTHS = ["150px", "64px", "72px", "92px", "76px", "88px", "92px", "64px", "80px", "400px"]
+CONFIG_COLOR = "#17becf"  # a hue no op class uses; the second configuration is the same hue, hatched
 CAPTIONS = (
     "step → layer → op class: the tallest bars are where the time goes; grey host = time outside ops",
     "Op classes per pass (ms) against the step timed without the profiler (◆): the gap is the profiler's cost",
-    "Achieved GB/s per op class in a decode step against the measured ceiling: far below it means overhead-bound",
+    "GB/s per op class, a bar per configuration, against the ceiling (dashed): far below it = overhead-bound",
 )
 
 
@@ -43,15 +46,28 @@ def _pass(result, kind: str) -> dict | None:
     return next((s for s in result.summary if s["pass"] == kind), None)
 
 
+def stacked(x: list, ys: list[list[float]]) -> list[list[float]]:
+    """The base of each series when they stack in order. The figure's bars are grouped (barmode "group", so the
+    bandwidth subplot can put configurations side by side); the stacked subplots stack by hand: one offsetgroup
+    per subplot, each trace starting where the ones before it end."""
+    bases, run = [], [0.0] * len(x)
+    for y in ys:
+        bases.append(list(run))
+        run = [a + b for a, b in zip(run, y, strict=True)]
+    return bases
+
+
 def layer_bars(fig: go.Figure, result, col: int, legend: bool) -> None:
     """The decode step by layer, stacked by op class: step -> layer -> op class as bars."""
     rows = [r for r in result.rows if r["pass"] == "decode"]
     layers = list(dict.fromkeys(r["layer"] for r in rows))
+    series = {}
     for cls in OP_CLASSES:
         ms = {r["layer"]: r["ms"] for r in rows if r["op_class"] == cls}
-        if not any(ms.values()):
-            continue
-        fig.add_trace(go.Bar(x=layers, y=[ms.get(layer, 0.0) for layer in layers], name=cls, legendgroup=cls,
+        if any(ms.values()):
+            series[cls] = [ms.get(layer, 0.0) for layer in layers]
+    for (cls, ys), base in zip(series.items(), stacked(layers, list(series.values())), strict=True):
+        fig.add_trace(go.Bar(x=layers, y=ys, base=base, offsetgroup=f"layers{col}", name=cls, legendgroup=cls,
                              showlegend=legend, marker_color=OP_COLORS[cls],
                              hovertemplate="layer %{x}<br>" + cls + ": %{y:.3f} ms<extra>" + result.config.label
                              + "</extra>"), row=1, col=col)
@@ -86,16 +102,30 @@ def profile_figure(results: list) -> go.Figure:
             fig.update_xaxes(visible=False, row=1, col=col)
             fig.update_yaxes(visible=False, row=1, col=col)
     names = [f"{r.config.label}<br>{s['pass']}" for r in ran for s in r.summary]
-    for cls in OP_CLASSES:
-        ys = [_by_class(r, s["pass"])[cls] for r in ran for s in r.summary]
-        if any(ys):
-            fig.add_trace(go.Bar(x=names, y=ys, name=cls, marker_color=OP_COLORS[cls], legendgroup=cls,
-                                 showlegend=False, hovertemplate="%{x}<br>" + cls + ": %{y:.2f} ms<extra>"
-                                 + OP_HELP.get(cls, "") + "</extra>"), row=2, col=1)
+    series = {cls: ys for cls in OP_CLASSES
+              if any(ys := [_by_class(r, s["pass"])[cls] for r in ran for s in r.summary])}
+    for (cls, ys), base in zip(series.items(), stacked(names, list(series.values())), strict=True):
+        fig.add_trace(go.Bar(x=names, y=ys, base=base, offsetgroup="passes", name=cls, marker_color=OP_COLORS[cls],
+                             legendgroup=cls, showlegend=False, hovertemplate="%{x}<br>" + cls + ": %{y:.2f} ms<extra>"
+                             + OP_HELP.get(cls, "") + "</extra>"), row=2, col=1)
     fig.add_trace(go.Scatter(x=names, y=[s["step_ms"] for r in ran for s in r.summary], mode="markers",
-                             name="step without profiler", marker=dict(symbol="diamond", size=11, color="#222"),
+                             name="step without profiler",
+                             marker=dict(symbol="diamond", size=11, color="#333", line=dict(color="#fff", width=1.5)),
                              hovertemplate="%{x}<br>%{y:.2f} ms without the profiler<extra></extra>"), row=2, col=1)
-    ceiling, seen = None, set()
+    bandwidth_bars(fig, ran, first)
+    fig.update_layout(barmode="group", bargap=0.3, bargroupgap=0.05)
+    fig.update_xaxes(title_text="configuration and pass", row=2, col=1)
+    fig.update_yaxes(title_text="ms per pass", row=2, col=1)
+    fig.update_xaxes(title_text="op class (decode step)", row=2, col=2)
+    fig = _base(fig, title, "profile", height=900)
+    fig.update_layout(margin=dict(t=110, b=60), legend=dict(y=-0.12, yanchor="top", x=0, xanchor="left"))
+    return fig
+
+
+def bandwidth_bars(fig: go.Figure, ran: list, first) -> None:
+    """GB/s per op class in a decode step, one bar per configuration side by side (labelled with its value), on a
+    linear axis with room above for the ceiling: a dashed line labelled with the bandwidth it stands for."""
+    top, ceiling = 0.0, None
     for r in ran:
         gbs = {}
         for row in r.rows:
@@ -103,25 +133,25 @@ def profile_figure(results: list) -> go.Figure:
                 b, ms = gbs.get(row["op_class"], (0.0, 0.0))
                 gbs[row["op_class"]] = (b + row["bytes"], ms + row["ms"])
         classes = [c for c in OP_CLASSES if c in gbs and gbs[c][1] > 0]
-        seen.update(classes)
-        fig.add_trace(go.Bar(x=classes, y=[gbs[c][0] / gbs[c][1] / 1e6 for c in classes], name=r.config.label,
-                             showlegend=False, marker_color="#4c78a8" if r is first else "#f58518",
-                             hovertemplate="%{x}: %{y:.1f} GB/s<extra>" + r.config.label + "</extra>"), row=2, col=2)
+        ys = [gbs[c][0] / gbs[c][1] / 1e6 for c in classes]
+        top = max([top, *ys])
+        hatch = dict(shape="" if r is first else "/", fgcolor=CONFIG_COLOR, solidity=0.5)
+        fig.add_trace(go.Bar(x=classes, y=ys, name=r.config.label, offsetgroup=r.config.label,
+                             marker=dict(color=CONFIG_COLOR if r is first else "rgba(0,0,0,0)", pattern=hatch,
+                                         line=dict(color=CONFIG_COLOR, width=1)),
+                             text=[_gbs(y) for y in ys], textposition="outside", cliponaxis=False,
+                             hovertemplate="%{x}: %{y:.2f} GB/s<extra>" + r.config.label + "</extra>"), row=2, col=2)
         ceiling = ceiling or finite(_pass(r, "decode")["bandwidth_gbs"])
-    if ceiling:  # a trace, not a shape: shapes on a log axis take log10 positions
-        fig.add_trace(go.Scatter(x=[c for c in OP_CLASSES if c in seen], y=[ceiling] * len(seen), mode="lines+text",
-                                 line=dict(dash="dash", color="#555"), name="bandwidth ceiling",
-                                 text=[f"ceiling {ceiling:.1f} GB/s (measured)"] + [""] * (len(seen) - 1),
-                                 textposition="top right", hovertemplate="ceiling %{y:.1f} GB/s<extra></extra>"),
-                      row=2, col=2)
-    fig.update_layout(barmode="stack", bargap=0.3)
-    fig.update_xaxes(title_text="configuration and pass", row=2, col=1)
-    fig.update_yaxes(title_text="ms per pass", row=2, col=1)
-    fig.update_xaxes(title_text="op class (decode step)", row=2, col=2)
-    fig.update_yaxes(title_text="achieved GB/s (log)", type="log", row=2, col=2)
-    fig = _base(fig, title, "profile", height=900)
-    fig.update_layout(margin=dict(t=110, b=60), legend=dict(y=-0.12, yanchor="top", x=0, xanchor="left"))
-    return fig
+    if ceiling:
+        fig.add_hline(y=ceiling, line=dict(dash="dash", color="#888", width=1.5), row=2, col=2,
+                      annotation=dict(text=f"ceiling {ceiling:.1f} GB/s (measured before this profile)",
+                                      font=dict(size=11)),
+                      annotation_position="top right")
+    fig.update_yaxes(title_text="achieved GB/s", range=[0, 1.25 * max(top, ceiling or 0.0) or 1.0], row=2, col=2)
+
+
+def _gbs(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
 
 
 def _num(x, nd):

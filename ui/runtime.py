@@ -1,101 +1,48 @@
-"""What the app serves: one shared engine (plus draft engines), the settings of a run, and the pump that
-runs the engine on its own thread while the page is fed.
+"""What the app serves: one shared engine (plus draft engines) and the one generator that touches it.
 
 The Runtime is built once in app.py's main() and bound into the callbacks; it never goes into gr.State.
+Everything the engine side measures comes back as plain records (Round, RunFacts): on a ZeroGPU Space
+engine_rounds runs in a forked GPU worker, and nothing but pickled records crosses back.
 """
 from __future__ import annotations
 
-import contextvars
-import queue
+import math
 import shutil
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 
-import torch
-
 from engine.sampling import SamplingParams
-from engine.speculative import K_MAX, check_k
-from engine.stats import Round, Stats
+from engine.speculative import check_k
+from engine.stats import Round, Stats, finite
 from ui.export import ExportStore
+from ui.settings import CALIBRATED, MODES, NGRAM_RANGE, SINKS, WINDOW_RANGE, RunSettings, either
 
-MODES = ("plain", "n-gram", "self-draft", "draft model", "layer-skip")
-K_RANGE = (1, K_MAX)
-NGRAM_RANGE = (1, 8)
 LAYER_SKIP_KEEP = 2
-CALIBRATED = 0  # RunSettings.layers: the layer-skip drafter's layers calibrated on each prompt
-SINKS = 4  # attention sinks kept with a window (StreamingLLM's choice)
-WINDOW_RANGE = (16, 8192)  # RunSettings.window when not 0 (full attention)
+# The read-bandwidth probe around each run: 128 MB is 4x the largest L3 cache a CPU here has, so the reads
+# come from memory, and a probe costs ~0.1 s on a busy 2-core box (the launch probe reads 512 MB).
+PROBE_BYTES = 128 * 2**20
+PROBE_REPEATS = 3
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """One run as the user asked for it; validated before the engine sees it."""
-    mode: str = "plain"
-    k: int = 5  # the most a round drafts; the schedule picks each round's k unless adaptive is off
-    ngram: int = 3
-    layers: int = CALIBRATED  # layer-skip: 0 = calibrated on the prompt, N = the first N layers
-    draft_model: str | None = None
-    cuda_graphs: bool = False
-    fused_kernels: bool = False
-    chat: bool = True
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    max_new_tokens: int = 128
-    adaptive: bool = True
-    weights: str = ""  # the projections' weight format; "" is the one the app launched with
-    window: int = 0  # 0: full attention; W: the last W positions and SINKS sinks (decode and verify)
-    backend: str = "engine"  # "engine" (ours) or "endpoint" (a serving engine's OpenAI-compatible API: ui/endpoint.py)
-    endpoint: str = ""  # its base URL
-    endpoint_model: str = ""  # the served model's name ("": the first it lists)
-    server: str = "auto"  # which server it is, for its own fields (engine.endpoint.servers)
-
-    @property
-    def speculative(self) -> bool:
-        return self.mode != "plain"
-
-    @property
-    def on_endpoint(self) -> bool:
-        return self.backend == "endpoint"
-
-    def as_dict(self, model: str) -> dict:
-        return dict(model=model, **asdict(self))
-
-    def label(self) -> str:
-        if self.on_endpoint:  # the server decides how it decodes
-            return " · ".join(p for p in ("endpoint", self.endpoint, self.endpoint_model) if p)
-        parts = [self.mode_label(), "graph" if self.cuda_graphs else "eager",
-                 "fused" if self.fused_kernels else "torch"]
-        parts += [self.weights] if self.weights else []
-        parts += [f"window {self.window}"] if self.window else []
-        return " · ".join(parts)
-
-    def mode_label(self) -> str:
-        parts = [self.mode]
-        if self.mode == "n-gram":
-            parts.append(f"n={self.ngram}")
-        elif self.mode == "layer-skip":
-            parts.append("calibrated" if self.layers == CALIBRATED else f"first {self.layers} layers")
-        elif self.mode == "draft model":
-            parts.append(str(self.draft_model))
-        if self.speculative:
-            parts.append(f"k≤{self.k}" if self.adaptive else f"k={self.k}")
-        return " ".join(parts)
+class RunFacts:
+    """What the engine side measured besides the rounds, as a plain record: one before the run (the read
+    bandwidth, the bytes a decode step reads, the path that runs) and one after it (the bandwidth again and
+    the run's peak memory). A stopped run has no `after`."""
+    when: str  # "before" | "after"
+    bandwidth_gbs: float = math.nan  # read (CPU) or copy (CUDA) bandwidth measured on the spot
+    peak_memory_mb: float = math.nan
+    weight_bytes: int = 0
+    path: str = ""  # what ran: "eager · torch", "graph · fused", ... (a graph that failed to capture says so)
 
 
-def as_int(name: str, value) -> int:
-    """Sliders and number boxes send floats; an integral float is fine, anything else is named back."""
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} must be a whole number") from None
-    if not f.is_integer():
-        raise ValueError(f"{name}={value!r} must be a whole number")
-    return int(f)
+def ceiling_gbs(facts: list[RunFacts]) -> float:
+    """The bandwidth a run is compared with: the larger of the probes around it (a probe that lost the
+    memory bus to another job reads low; the engine could not have streamed faster than the larger one)."""
+    seen = [f.bandwidth_gbs for f in facts if finite(f.bandwidth_gbs) is not None]
+    return max(seen) if seen else math.nan
 
 
 @dataclass
@@ -120,8 +67,11 @@ class Runtime:
     allow_any_endpoint: bool = False  # a typed URL too (--allow-any-endpoint): off, or the app is a proxy
     endpoint_key: str | None = field(default=None, repr=False)  # the launch's key (--api-key-env), never shown
     endpoint_stall_s: float = 30.0
-    stream_interval_s: float = 1 / 15  # token updates to the page, at most this often
+    stream_interval_s: float = 1 / 15  # the page fetches a streaming run's new spans this often (ui/stream.py)
     plot_interval_s: float = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
+    probe_bandwidth: bool = True  # measure the bandwidth around each run (tests switch it off)
+    special_ids: frozenset = frozenset()  # tokens shown as a marker, not as text (end of turn, bos)
+    streams: dict = field(default_factory=dict)  # token -> RoundPump of a run the page polls (ui/stream.py)
 
     def __post_init__(self):
         self.store = self.store or ExportStore()
@@ -181,10 +131,29 @@ class Runtime:
     def self_draft_format(self) -> str | None:
         return next(iter(self.self_drafts), None)
 
-    def stats(self, rounds: list[Round], prompt_len: int, settings: dict) -> Stats:
-        """The run's Stats; its settings gain what the drafter chose at the start (e.g. the layers it skips)."""
+    def stats(self, rounds: list[Round], prompt_len: int, settings: dict, facts: list[RunFacts] = ()) -> Stats:
+        """The run's Stats from its records alone: its settings gain what the drafter chose at the start (e.g.
+        the layers it skips), the peak memory, weight bytes and bandwidth come from the engine side's RunFacts.
+        Nothing here asks the engine (on ZeroGPU it lives in another process)."""
         info = (rounds[0].draft_info or {}) if rounds else {}
-        return self.engine_for(settings.get("weights", "")).stats(rounds, prompt_len, {**info, **settings})
+        before = next((f for f in facts if f.when == "before"), RunFacts("before"))
+        after = next((f for f in facts if f.when == "after"), RunFacts("after"))
+        return Stats(rounds, prompt_len, {**info, **settings}, peak_memory_mb=after.peak_memory_mb,
+                     weight_bytes=before.weight_bytes, bandwidth_gbs=ceiling_gbs(list(facts)))
+
+    def loaded(self, fmt: str) -> bool:
+        """Whether the target in weight format fmt ("" is the launch format) is loaded (else its first run loads it)."""
+        return (fmt or self.weight_format) in self.engines
+
+    def self_draft_targets(self) -> list[str]:
+        """The formats a self-draft target may run in: those that read more bytes a weight than its drafts, so a
+        draft costs less than a target step."""
+        from engine.weights import BITS
+
+        fmt = self.self_draft_format
+        if fmt is None:
+            return []
+        return [f for f, why in self.formats().items() if why is None and BITS[f] > BITS[fmt]]
 
     def validate(self, s: RunSettings, prompt_ids: list[int]) -> None:
         """Raise ValueError naming the setting to change; the engine re-checks what it owns."""
@@ -203,9 +172,10 @@ class Runtime:
             raise ValueError(f"weights={fmt!r} is not one of {', '.join(formats)}")
         if formats[fmt] is not None:
             raise ValueError(f"weights {fmt} are unavailable here: {formats[fmt]}")
-        if s.mode == "self-draft" and fmt == self.self_draft_format:
-            raise ValueError(f"self-draft drafts with {fmt} weights, and the target already runs {fmt}: pick fp32 "
-                             "or fp16 weights for the target, or another mode")
+        if s.mode == "self-draft" and fmt not in (targets := self.self_draft_targets()):
+            raise ValueError(f"self-draft drafts with {self.self_draft_format} weights, which cost as much as a "
+                             f"{fmt} target step: pick {either(targets) or 'a denser format'} weights for "
+                             "the target, or another mode")
         if s.window and not WINDOW_RANGE[0] <= s.window <= WINDOW_RANGE[1]:
             raise ValueError(f"window={s.window} is out of range; pick 0 (full attention) or "
                              f"{WINDOW_RANGE[0]}..{WINDOW_RANGE[1]} positions")
@@ -223,8 +193,21 @@ class Runtime:
         if s.fused_kernels and self.fused_reason:
             raise ValueError(f"fused kernels are unavailable here ({self.fused_reason}); switch them off")
         SamplingParams(s.temperature, s.top_p, s.top_k, s.seed)  # raises naming the bad setting
+        self.check_room(len(prompt_ids), s.max_new_tokens)
         # a speculative run needs no cache slots beyond plain decoding's (speculative.stream caps k)
         self.engine.check_request(prompt_ids, s.max_new_tokens)
+
+    def check_room(self, n_prompt: int, max_new_tokens: int) -> None:
+        """The prompt and the new tokens fit the cache, or a message naming what to change on the page. (A
+        window does not help: the cache keeps a slot for every position either way.)"""
+        room = self.engine.max_seq_len
+        if n_prompt >= room:
+            raise ValueError(f"the prompt is {n_prompt} tokens and this app's cache holds {room} positions (prompt "
+                             f"and new tokens together): shorten the prompt by at least {n_prompt - room + 1} tokens")
+        if n_prompt + max_new_tokens > room:
+            raise ValueError(f"the prompt ({n_prompt} tokens) + max new tokens ({max_new_tokens}) = "
+                             f"{n_prompt + max_new_tokens} is more than the {room} positions this app's cache holds: "
+                             f"lower max new tokens to {room - n_prompt} or shorten the prompt")
 
 
 def drafter_for(rt: Runtime, s: RunSettings):
@@ -251,11 +234,13 @@ def drafter_for(rt: Runtime, s: RunSettings):
     return cache[key]
 
 
-def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterator[Round]:
-    """The one generator that touches the engine: plain Round records out, nothing of the UI in it.
+def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterator[Round | RunFacts]:
+    """The one generator that touches the engine: plain records out (RunFacts before, the Round events, RunFacts
+    after), nothing of the UI in it.
 
     On a ZeroGPU Space this runs under spaces.GPU in a forked worker: the runtime is bound in before the
-    fork, the settings and ids are pickled over, and the Round records are pickled back."""
+    fork, the settings and ids are pickled over, and the records are pickled back. Every CUDA touch of a run
+    happens here: graph capture, the bandwidth probes, the clocks, the peak memory read."""
     eng = rt.engine_for(s.weights)
     if (eng.model.ops.name == "fused") != s.fused_kernels:
         eng.use_fused(s.fused_kernels)
@@ -263,6 +248,10 @@ def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterato
         eng.use_graphs(s.cuda_graphs)
     if (eng.window or 0) != s.window:
         eng.use_window(s.window or None, SINKS)
+    path = f"{'graph' if eng.graph is not None else 'eager'} · {eng.model.ops.name}"
+    if s.cuda_graphs and eng.graph is None:
+        path += f" (CUDA graphs requested: {eng.graph_status})"
+    yield RunFacts("before", bandwidth_gbs=probe(rt, eng), weight_bytes=eng.weight_bytes, path=path)
     sampling = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed)
     if s.speculative:
         from engine import speculative
@@ -271,67 +260,13 @@ def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterato
                                       adaptive=s.adaptive)
     else:
         yield from eng.stream(prompt_ids, s.max_new_tokens, **sampling)
+    yield RunFacts("after", bandwidth_gbs=probe(rt, eng), peak_memory_mb=eng.clock.peak_memory_mb())
 
 
-_DONE = object()
-IDLE_POLL_S = 0.5  # an idle generator still yields this often, so gradio can close it
+def probe(rt: Runtime, eng) -> float:
+    """The bandwidth now, on the engine's device (NaN where the runtime does not probe)."""
+    if not rt.probe_bandwidth:
+        return math.nan
+    from engine.observe.bandwidth import measure_gbs
 
-
-class RoundPump:
-    """Runs a round generator on its own thread, so the engine never waits while the page is fed.
-
-    The thread holds the runtime's lock for the whole run: one run on the engine at a time, and a
-    stopped run frees the engine after the round in flight."""
-
-    def __init__(self, rt: Runtime, s: RunSettings, prompt_ids: list[int], stop: threading.Event):
-        self.rt, self.s, self.prompt_ids, self.stop = rt, s, prompt_ids, stop
-        self.closed = threading.Event()  # the page's generator went away (closed tab, cancelled event)
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        ctx = contextvars.copy_context()  # spaces.GPU reads the gradio request from context
-        self.thread = threading.Thread(target=ctx.run, args=(self._run,), name="decodescope-run", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        with self.rt.lock, torch.inference_mode():
-            rounds = self.rt.rounds_fn(self.s, self.prompt_ids)
-            try:
-                for rnd in rounds:
-                    self.q.put(rnd)
-                    if self.stop.is_set() or self.closed.is_set():
-                        break
-            except Exception as e:  # handed to the page's generator, which re-raises it there
-                self.q.put(e)
-            finally:
-                rounds.close()
-                self.q.put(_DONE)
-
-    def batches(self, interval_s: float) -> Iterator[list[Round]]:
-        """The rounds that arrived, at most one list per interval (the first round goes out at once).
-
-        An empty list means nothing arrived for a while; errors from the engine are re-raised here."""
-        batch: list[Round] = []
-        last = time.monotonic() - interval_s
-        while True:
-            now = time.monotonic()
-            if batch and now >= last + interval_s:
-                yield batch
-                batch, last = [], now
-                continue
-            try:
-                item = self.q.get(timeout=last + interval_s - now if batch else IDLE_POLL_S)
-            except queue.Empty:
-                if not batch:
-                    yield batch
-                continue
-            if item is _DONE:
-                if batch:
-                    yield batch
-                return
-            if isinstance(item, Exception):
-                raise item
-            batch.append(item)
-
-    def close(self) -> None:
-        """Ask the run to end after its round in flight. No join: this may run on gradio's event loop,
-        and the lock already keeps the next run off the engine until this one has let go."""
-        self.closed.set()
+    return measure_gbs(eng.device, PROBE_BYTES, PROBE_REPEATS)

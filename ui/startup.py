@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ui.runtime import Runtime, engine_rounds
+from ui.settings import RunSettings
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
@@ -35,7 +36,16 @@ KNOWN_MODELS = (
     "microsoft/Phi-3-mini-4k-instruct",
 )
 TINY = "tiny"  # --tiny: random weights, for tests and smoke runs
-ZERO_GPU_DURATION_S = 120
+# What one run asks ZeroGPU for: budgets, not measurements (no GPU run has measured these paths yet). A fresh
+# worker moves the weights onto the GPU, a format's first run loads it and a graph is captured inside the call:
+# ZERO_GPU_BASE_S. Per token: the torch path's Python and dispatch, ~15 ms a step on the 2-core CPU box
+# (README "Measured"), with headroom for a drafter's own steps. Shorter requests wait less in ZeroGPU's queue.
+ZERO_GPU_BASE_S = 30
+ZERO_GPU_TOKEN_S = 0.08
+ZERO_GPU_MAX_S = 120  # what the Space asked of every run before durations followed the request
+ZERO_GPU_KERNELS = ("off on ZeroGPU: the CUDA kernels would JIT-build with nvcc inside a GPU call (a minute of "
+                    "the visitor's quota, and the Space image has no nvcc); the torch ops run, with CUDA graphs")
+ZERO_GPU_GRAPHS = "captured inside each GPU call (a worker keeps its capture while it lives)"
 
 
 def check_allowed(names: list[str], allow_any: bool) -> None:
@@ -59,13 +69,18 @@ def zero_gpu() -> bool:
     return bool(Config.zero_gpu)
 
 
+def zero_gpu_duration(s: RunSettings, prompt_ids: list[int]) -> int:
+    """Seconds of GPU a run asks for, from what it asks (spaces.GPU calls it with the run's arguments)."""
+    return min(ZERO_GPU_MAX_S, round(ZERO_GPU_BASE_S + ZERO_GPU_TOKEN_S * s.max_new_tokens))
+
+
 def on_zero_gpu(fn):
     """fn under spaces.GPU when the `spaces` package reports ZeroGPU; fn itself everywhere else."""
     if not zero_gpu():
         return fn
     import spaces
 
-    return spaces.GPU(duration=ZERO_GPU_DURATION_S)(fn)
+    return spaces.GPU(duration=zero_gpu_duration)(fn)
 
 
 def _tiny_folders(progress) -> tuple[Path, Path, Path]:
@@ -79,14 +94,17 @@ def _tiny_folders(progress) -> tuple[Path, Path, Path]:
 
 
 def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
+    """On ZeroGPU nothing here may touch CUDA (spaces keeps the weights aside until a GPU call): no kernel
+    build, no graph capture; both would happen in the main process, which has no GPU."""
     from engine import Engine, graphs, load_model
 
+    zero = zero_gpu()
     t0 = time.perf_counter()
     model = load_model(None if name == DEFAULT_MODEL else name, device=device, dtype=dtype, weights=weights,
-                       progress=progress)
+                       fused=not zero, progress=progress)
     eng = Engine(model, max_seq_len=max_seq_len)
     progress(f"loaded {name} in {time.perf_counter() - t0:.1f} s ({eng.kernel_status})")
-    if not zero_gpu():
+    if not zero:
         graphs.enable(eng)  # off with the reason on CPU
         progress(f"CUDA graphs: {eng.graph_status}")
     return eng
@@ -113,6 +131,7 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
                   self_draft: str | None = "q4", weights: str | None = None) -> Runtime:
     from engine import Tokenizer
 
+    zero = zero_gpu()
     device = pick_device(device)
     draft_names, temp_dirs, paths = list(drafts), [], {}
     if tiny:
@@ -127,21 +146,25 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
     if self_draft:
         self_drafts[self_draft] = _same_model(eng, dtype, progress, [], self_draft)
     tok = Tokenizer(eng.model.path)
-    if bandwidth:
+    if bandwidth and not zero:  # on ZeroGPU the probes run inside each GPU call (engine_rounds)
         from engine.observe.bandwidth import measure_gbs
 
         eng.bandwidth_gbs = measure_gbs(device)
         progress(f"measured memory bandwidth: {eng.bandwidth_gbs:.1f} GB/s")
-    from engine.observe.profile import warm
+    if not zero:  # Profile is refused on ZeroGPU
+        from engine.observe.profile import warm
 
-    warm()  # the profiler's first session in a process sets up its tracer (~1 s): at launch, not in a Profile
+        warm()  # the profiler's first session in a process sets up its tracer (~1 s): at launch, not in a Profile
     graphs_reason = None if eng.graph is not None else eng.graph_status
-    if zero_gpu():
-        graphs_reason = "off: on ZeroGPU the GPU is attached per call, after launch-time capture"
     fused_reason = None if eng.model.ops.name == "fused" else eng.model.ops.reason
+    if zero:
+        graphs_reason = None if device == "cuda" else graphs_reason
+        fused_reason = ZERO_GPU_KERNELS
     name = EMBEDDED_NAME if model == DEFAULT_MODEL else model
+    special = tok.eos_ids | ({tok.bos_id} if tok.bos_id is not None else set())
     rt = Runtime(eng, tok, name, drafts=draft_engines, self_drafts=self_drafts, fused_reason=fused_reason,
-                 graphs_reason=graphs_reason, temp_dirs=temp_dirs)
+                 graphs_reason=graphs_reason, temp_dirs=temp_dirs, probe_bandwidth=bandwidth,
+                 special_ids=frozenset(special))
     rt.load_format = partial(_same_model, eng, dtype, progress, list(self_drafts.values()))
     rt.rounds_fn = on_zero_gpu(partial(engine_rounds, rt))
     rt.env = environment(rt, device)
@@ -149,9 +172,16 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
 
 
 def environment(rt: Runtime, device: str) -> dict:
+    """The environment card. On ZeroGPU the main process has no GPU to ask: the card says what it is instead."""
     eng, cfg = rt.engine, rt.engine.config
     params = eng.model.n_params
-    gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
+    zero = zero_gpu()
+    if zero:
+        gpu = "ZeroGPU: a GPU slice attached for each run"
+    else:
+        gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
+    bandwidth = (f"{eng.bandwidth_gbs:.1f} GB/s at launch; " if eng.bandwidth_gbs == eng.bandwidth_gbs else "") + \
+        ("measured again around each run" if rt.probe_bandwidth else "not measured around runs")
     return {
         "model": f"{rt.model_name} ({cfg.model_type}, {cfg.n_layers} layers, {cfg.n_heads}/{cfg.n_kv_heads} heads)",
         "parameters": f"{params / 1e6:.1f} M",
@@ -162,13 +192,13 @@ def environment(rt: Runtime, device: str) -> dict:
         "kernels": eng.model.ops.reason if rt.fused_reason is None else f"torch ({rt.fused_reason})",
         "weights": f"{eng.model.weight_format} at launch ({eng.weight_bytes / 1e6:.0f} MB read per step; the LM head "
                    f"in {eng.model.lm_head.weight.fmt}); other formats load on their first run",
-        "CUDA graphs": "available" if rt.graphs_reason is None else rt.graphs_reason,
+        "CUDA graphs": (ZERO_GPU_GRAPHS if zero else "available") if rt.graphs_reason is None else rt.graphs_reason,
         "draft models": ", ".join(rt.drafts) or "none (start with --draft NAME)",
         "self-draft": ", ".join(rt.self_drafts) or "none (start with --self-draft q4)",
         "KV cache": f"{eng.max_seq_len} positions",
-        "memory bandwidth": f"{eng.bandwidth_gbs:.1f} GB/s (measured at launch)",
-        "ZeroGPU": "yes" if zero_gpu() else "no",
-        **machine_state(device),
+        "memory bandwidth": bandwidth,
+        "ZeroGPU": "yes" if zero else "no",
+        **machine_state("cpu" if zero else device),
     }
 
 

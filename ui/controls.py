@@ -1,0 +1,66 @@
+"""The settings panel's own events: which knobs a mode uses, and a self-draft target that costs more than its
+drafts, said before Generate (in the mode picker's info line) rather than refused after it. Plain functions
+of the widget values."""
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.runtime import Runtime
+from ui.settings import either
+
+VISIBLE_FOR = ("k", "ngram", "layers", "draft", "adaptive")  # the outputs of setting_visibility, in order
+
+
+def setting_visibility(mode: str) -> tuple:
+    """Show only the knobs the chosen mode uses: k and the adaptive schedule, n-gram size, layer-skip depth,
+    draft model."""
+    return (gr.update(visible=mode != "plain"), gr.update(visible=mode == "n-gram"),
+            gr.update(visible=mode == "layer-skip"), gr.update(visible=mode == "draft model"),
+            gr.update(visible=mode != "plain"))
+
+
+def self_draft_target(rt: Runtime, weights: str) -> str | None:
+    """The weight format a self-draft run's target should switch to, or None when `weights` already costs more
+    than the drafts (a dense format first: its verify pass costs about a step)."""
+    targets = rt.self_draft_targets()
+    fmt = weights or rt.weight_format
+    if fmt in targets or not targets:
+        return None
+    return next((f for f in ("fp32", "bf16", "fp16") if f in targets), targets[0])
+
+
+def mode_note(rt: Runtime, mode: str, weights: str, switched_from: str | None = None) -> str:
+    """The line under the mode picker: what self-draft drafts for, and any change made to the target for it."""
+    if mode != "self-draft" or rt.self_draft_format is None:
+        return ""
+    fmt, drafts = weights or rt.weight_format, rt.self_draft_format
+    if fmt not in rt.self_draft_targets():
+        return (f"self-draft drafts with the model's own {drafts} weights, which cost as much as a {fmt} target "
+                f"step: pick {either(rt.self_draft_targets()) or 'a denser format'} weights for the target.")
+    note = f"self-draft: {drafts} drafts for the {fmt} target"
+    if switched_from:
+        note += f" (switched from {switched_from}: a draft must read fewer bytes than a target step)"
+    return note + "."
+
+
+def unavailable(rt: Runtime) -> str:
+    """The modes this launch cannot run, each with its reason."""
+    return "; ".join(f"{m}: {why}" for m, why in rt.modes().items() if why)
+
+
+def mode_info(rt: Runtime, note: str) -> dict:
+    """The mode picker's info line: the note on the chosen mode, then what this launch cannot run."""
+    return gr.update(info=" · ".join(t for t in (note, unavailable(rt)) if t) or None)
+
+
+def mode_changed(rt: Runtime, mode: str, weights: str) -> tuple:
+    """(the five knobs' visibility, weights, the mode picker's info): self-draft moves a target in its drafts'
+    format (or a cheaper one) to a dense format, and says so."""
+    switch = self_draft_target(rt, weights) if mode == "self-draft" else None
+    note = mode_note(rt, mode, switch or weights, switched_from=(weights or rt.weight_format) if switch else None)
+    return (*setting_visibility(mode), gr.update(value=switch) if switch else gr.skip(), mode_info(rt, note))
+
+
+def weights_changed(rt: Runtime, mode: str, weights: str) -> dict:
+    """The mode picker's info again when the user picks another format for the target."""
+    return mode_info(rt, mode_note(rt, mode, weights))

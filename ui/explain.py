@@ -1,0 +1,57 @@
+"""The sentences the page says about a run: what the drafter chose, how many rounds drafted and why the others
+were plain steps. Every figure comes from Stats (its summary, its rounds' k and drafts); nothing is measured."""
+from __future__ import annotations
+
+from engine.speculative.schedule import MIN_GAIN
+from engine.stats import Stats, finite
+
+
+def drafter_note(stats: Stats) -> str:
+    """What the drafter chose at the start of the run, in a line (the layers a layer-skip drafter skips)."""
+    info = stats.drafter_info
+    if info.get("skipped_layers"):
+        how = "calibrated on the prompt" if info.get("layer_set") == "calibrated" else "given"
+        note = (f"runs {info['draft_layers']} of {info['target_layers']} layers, skips {info['skipped_layers']} "
+                f"({how}")
+        if info.get("calibrated_acceptance") is not None:
+            note += f"; {info['calibrated_acceptance']:.0%} expected acceptance"
+        return note + ")"
+    if info.get("draft_weights"):
+        return f"drafts with {info['draft_layers']} layers in {info['draft_weights']} weights"
+    return ""
+
+
+def drafting_counts(stats: Stats) -> tuple[int, int]:
+    """(rounds whose drafts the target verified, decode rounds): round 0 is the prefill and drafts nothing."""
+    decode = stats.rounds[1:]
+    return sum(1 for r in decode if r.n_drafted), len(decode)
+
+
+def schedule_note(stats: Stats) -> str:
+    """How many rounds drafted and why the rest were plain steps, for a speculative run ("" for a plain one)."""
+    if stats.settings.get("mode", "plain") == "plain" or len(stats.rounds) < 2:
+        return ""
+    drafted, rounds = drafting_counts(stats)
+    s = stats.summary()
+    head = f"Drafted in {drafted} of {rounds} rounds"
+    if drafted == rounds:
+        return head + "."
+    if not stats.settings.get("adaptive", True):
+        return (f"{head}: with a fixed k a round drafts whenever the drafter has a proposal, so the "
+                f"{rounds - drafted} plain steps are rounds where it had none.")
+    why = (f"{head}; the other {rounds - drafted} were plain steps. The adaptive schedule drafts only where this "
+           f"run's measured acceptance and costs say a draft beats a plain step by {MIN_GAIN - 1:.0%}, probes with "
+           "one draft where it cannot tell, and makes a plain step where the drafter has nothing to propose.")
+    evidence = []
+    if drafted:
+        acc = finite(s.get("acceptance_rate"))
+        if acc is not None:
+            evidence.append(f"{acc:.0%} of the drafts were accepted")
+        overhead = finite(s.get("draft_overhead_pct"))
+        if overhead is not None:
+            evidence.append(f"draft overhead {overhead:.0f}%")
+    info = stats.drafter_info
+    if info.get("calibrated_acceptance") is not None and info.get("draft_layers"):
+        evidence.append(f"the layer-skip calibration expected {info['calibrated_acceptance']:.0%} acceptance from a "
+                        f"draft that runs {info['draft_layers']} of {info['target_layers']} layers")
+    return why + (" Here " + "; ".join(evidence) + "." if evidence else "")

@@ -1,0 +1,90 @@
+"""The page's own JavaScript: the streamed output box (a gr.HTML js_on_load) and the show-rejected toggle.
+
+The output box renders itself. While a run streams, its value is a marker naming the run and the box
+fetches the new spans from the server (ui/stream.py: `poll`, every stream interval), appending each answer
+as it comes; the run's last update carries the whole HTML, of which the box already shows a prefix, so only
+the rest (if any) is appended. A value that is not an extension (an error, a value set from elsewhere)
+replaces the content. gr.HTML's own rendering would parse the whole value into a scratch element on every
+update and walk it against the live one: O(n^2) DOM work over a run, on a CPU the engine shares. Tooltips are
+built on hover from each span's data-t (and data-mark, data-inferred), in the format of render.token_tooltip,
+so a span carries a few numbers instead of a paragraph.
+"""
+
+OUTPUT_TEMPLATE = '<div class="ds-stream"></div>'
+
+OUTPUT_JS = r"""
+const box = element.querySelector('.ds-stream');
+const POLL_MS = __POLL_MS__;
+let shown = '';       // the HTML now in the box
+let live = null;      // {token, offset} of the run the page is fetching spans for (ui/stream.py)
+let queued = false;
+
+function put(html, replace) {
+  const scroller = element.closest('#output-tokens') || element;
+  const atEnd = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 48;
+  if (replace) box.innerHTML = html; else box.insertAdjacentHTML('beforeend', html);
+  shown = replace ? html : shown + html;
+  if (atEnd) scroller.scrollTop = scroller.scrollHeight;  // follow the stream unless the reader scrolled up
+}
+
+function flush() {
+  queued = false;
+  const value = props.value || '';
+  const m = value.match(/^<!--ds-live:([0-9a-f]+)-->$/);
+  if (m) {  // a run started: fetch its spans
+    if (!live || live.token !== m[1]) { live = {token: m[1], offset: 0}; put('', true); poll(live); }
+    return;
+  }
+  live = null;  // the run's last update: the whole HTML, of which the box shows a prefix
+  if (value.length >= shown.length && value.startsWith(shown)) {
+    if (value.length > shown.length) put(value.slice(shown.length), false);
+  } else {
+    put(value, true);
+  }
+}
+
+async function poll(run) {
+  while (live === run) {
+    let got = null;
+    try { got = await server.poll(run.token, run.offset); } catch (e) { got = null; }
+    if (live !== run) return;  // the last update came first: it holds these spans too
+    if (got && got.html) { put(got.html, false); run.offset = got.offset; }
+    if (got && got.done) return;
+    await new Promise(r => setTimeout(r, POLL_MS));
+  }
+}
+
+function schedule() {
+  if (queued) return;
+  queued = true;
+  requestAnimationFrame(flush);
+}
+
+function tooltip(span) {
+  const kind = [...span.classList].find(c => c.startsWith('tok-') && c !== 'tok-special').slice(4);
+  const [id, pos, lat, pTarget, pDraft] = span.dataset.t.split(' ');
+  const shown = span.dataset.inferred ? `${kind} (inferred from the chunk's token count)` : kind;
+  const lines = [`${id !== '-' ? `${shown} · token id ${id}` : shown} · round ${span.dataset.r}`];
+  if (span.dataset.mark) lines[0] += ` · special token ${span.dataset.mark}`;
+  if (pos !== '-') lines.push(`draft position ${pos}`);
+  lines.push(lat !== '-' ? `latency ${lat} ms` : 'not emitted');
+  if (pTarget !== '-') lines.push(`p_target ${pTarget}`);
+  if (pDraft !== '-') lines.push(`p_draft ${pDraft}`);
+  return lines.join('\n');
+}
+
+element.addEventListener('mouseover', (event) => {
+  const span = event.target.closest && event.target.closest('span.tok[data-t]');
+  if (span && !span.title) span.title = tooltip(span);
+});
+watch('value', schedule);
+schedule();
+"""
+
+
+def output_js(poll_s: float) -> str:
+    """OUTPUT_JS with the page's poll interval (Runtime.stream_interval_s)."""
+    return OUTPUT_JS.replace("__POLL_MS__", str(max(16, round(poll_s * 1000))))
+
+
+SHOW_REJECTED_JS = "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"
