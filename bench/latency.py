@@ -9,6 +9,7 @@ CUDA: weight formats x torch/fused x eager/graph at batch 1 and 8, on random wei
 
     python -m bench.latency --device cpu
     python -m bench.latency --device cuda --out bench/results
+    python -m bench.latency --device cuda --shapes tinyllama --formats bf16 --kernels fused --batch 1
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def ours_decode(eng: Engine, prompt, new_tokens, repeats: int = 3) -> dict:
 
 
 ROUNDS = 2  # rounds of ours against llama.cpp per weight format
+KERNELS = {"both": (False, True), "fused": (True,), "torch": (False,)}  # CUDA: which op sets to time
 
 
 def faster(best: dict | None, r: dict) -> dict:
@@ -142,7 +144,7 @@ def cuda_bench(args, save) -> dict:
         cfg = shape_config(shape)
         prompt = prompt_ids(cfg.vocab_size, args.prompt_len)
         for fmt in args.formats:
-            for fused in (False, True):
+            for fused in KERNELS[args.kernels]:
                 model = random_model(cfg, "cuda", torch.bfloat16, weights=fmt, fused=fused)
                 for use_graph in (False, True):
                     for batch in args.batch:
@@ -162,6 +164,7 @@ def cuda_case(model, shape, fmt, use_graph, batch, prompt, args, bw) -> dict:
     steps_per_s_ceiling = bw * 1e9 / model.weight_bytes  # batch rows share one read of the weights
     row = dict(shape=shape, weights=fmt, kernels=model.ops.name, graph=eng.graph is not None, batch=batch,
                ms_per_step=ms, tok_s=batch * 1e3 / ms, step_p99_ms=statistics.quantiles(steps, n=100)[98],
+               weight_gb=model.weight_bytes / 1e9, gb_s=model.weight_bytes / ms / 1e6,
                pct_of_ceiling=100 * (1e3 / ms) / steps_per_s_ceiling,
                capture_ms=eng.graph.capture_ms.get("decode") if eng.graph else None,
                status=f"{eng.kernel_status} | {eng.graph_status}")
@@ -182,8 +185,9 @@ def markdown(result: dict, device: str) -> str:
         cols = ["engine", "weights", "path", "tok_s", "ttft_ms", "ms_per_token", "weight_mb", "gb_s",
                 "bandwidth_gbs", "pct_of_ceiling", "verify6_over_step", "same_tokens_as_fp32"]
     else:
-        head = f"Decode on CUDA; copy bandwidth {result['bandwidth_gbs']:.0f} GB/s measured in the same run.\n\n"
-        cols = ["shape", "weights", "kernels", "graph", "batch", "tok_s", "ms_per_step", "step_p99_ms",
+        head = (f"Decode on CUDA; copy bandwidth {result['bandwidth_gbs']:.0f} GB/s measured in the same run; gb_s: "
+                "weight bytes per step over the step's time.\n\n")
+        cols = ["shape", "weights", "kernels", "graph", "batch", "tok_s", "ms_per_step", "step_p99_ms", "gb_s",
                 "pct_of_ceiling", "verify6_over_step", "capture_ms"]
     return head + markdown_table(result["rows"], cols)
 
@@ -196,6 +200,8 @@ def main(argv=None):
     p.add_argument("--formats", nargs="+", default=None,
                    help="default: fp32 fp16 int8 q4 on CPU, bf16 int8 q4 on CUDA")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="CUDA only")
+    p.add_argument("--kernels", default="both", choices=sorted(KERNELS), help="CUDA only: the fused kernels, the "
+                   "torch twins, or both")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))

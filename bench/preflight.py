@@ -1,6 +1,6 @@
 """What this machine has for the GPU check, before a minute is spent on a build: torch and its CUDA, a
-visible device, nvcc, ninja, pytest and transformers, the arch list, disk. Writes JSON; the last line
-printed says whether the check can go on, and if not, why. No network.
+visible device, nvcc, ninja and pytest, an arch list that covers the device, disk. Writes JSON; the
+last line printed says whether the check can go on, and if not, why. No network.
 
     python -m bench.preflight OUT.json     # exit 0: ready; 1: not, with the reason
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,16 @@ def _version(cmd: list[str]) -> str | None:
     return out.splitlines()[-1] if out else None
 
 
+def covers(archs: list[str], capability: tuple[int, int]) -> bool:
+    """Whether a build for `archs` runs on a device of this compute capability: its own machine code, or PTX of
+    an older arch that the driver compiles for it."""
+    for arch in archs:
+        major, minor = (int(n) for n in arch.removesuffix("+PTX").split("."))
+        if (major, minor) == capability or (arch.endswith("+PTX") and (major, minor) <= capability):
+            return True
+    return False
+
+
 def check() -> tuple[dict, str | None]:
     """(facts, the reason the GPU check cannot run here or None)."""
     from torch.utils import cpp_extension
@@ -38,6 +49,8 @@ def check() -> tuple[dict, str | None]:
                                       "--format=csv,noheader"]),
                  pytest=importlib.util.find_spec("pytest") is not None,
                  transformers=importlib.util.find_spec("transformers") is not None,
+                 arch_list_env=os.environ.get("TORCH_CUDA_ARCH_LIST"),
+                 arch_list_preset=os.environ.get("GPU_CHECK_PRESET_ARCH_LIST"),  # what the machine had set
                  tmp_free_gb=round(shutil.disk_usage(tempfile.gettempdir()).free / 2**30, 1))
     if torch.version.cuda is None:
         return facts, f"torch {torch.__version__} is a CPU build: install a CUDA build of torch"
@@ -50,7 +63,11 @@ def check() -> tuple[dict, str | None]:
         facts["archs"] = ext.arch_list()
     except ext.ArchListError as e:
         return facts, str(e)
-    missing = [name for name in ("nvcc", "ninja", "pytest", "transformers") if not facts[name]]
+    if not covers(facts["archs"], (props.major, props.minor)):
+        return facts, (f"the kernels would build for {';'.join(facts['archs'])}, which cannot run on this "
+                       f"{props.major}.{props.minor} device; set TORCH_CUDA_ARCH_LIST (or GPU_CHECK_ARCH for "
+                       f"scripts/gpu_check.sh) to {props.major}.{props.minor}")
+    missing = [name for name in ("nvcc", "ninja", "pytest") if not facts[name]]
     if missing:
         return facts, f"missing {', '.join(missing)}: the build or the tests cannot run"
     return facts, None

@@ -102,6 +102,7 @@ def main(argv=None):
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
     formats = args.weights or (["fp32", "q4"] if args.device == "cpu" else ["bf16", "q4"])
     notes: list[str] = []
+    results = []
     with Telemetry(args.device) as tel:
         engs = engines(args.device, formats, args.context + args.steps + args.k + 16, notes)
         bw = measure_gbs(args.device)
@@ -109,20 +110,20 @@ def main(argv=None):
             e.bandwidth_gbs = bw
         vocab = next(iter(engs.values())).config.vocab_size if engs else 1
         context = profile.synthetic_context(vocab, args.context)
-        results = profile.compare(engs, configs(args.device, formats), steps=args.steps, k=args.k, context=context)
-    result = dict(model=MODEL, device=args.device, steps=args.steps, k=args.k, context=args.context,
-                  bandwidth_gbs=bw, notes=notes,
-                  configs=[dict(label=r.config.label, fused=r.config.fused, graphs=r.config.graphs,
-                                weights=r.config.weights, reason=r.reason) for r in results],
-                  summary=[s for r in results for s in r.summary], rows=[x for r in results for x in r.rows])
-    result["provenance"] = provenance(args.device, tel)
+        for cfg in configs(args.device, formats):  # saved after each: a run cut short keeps what it profiled
+            results += profile.compare(engs, [cfg], steps=args.steps, k=args.k, context=context)
+            result = dict(model=MODEL, device=args.device, steps=args.steps, k=args.k, context=args.context,
+                          bandwidth_gbs=bw, notes=notes,
+                          configs=[dict(label=r.config.label, fused=r.config.fused, graphs=r.config.graphs,
+                                        weights=r.config.weights, reason=r.reason) for r in results],
+                          summary=[s for r in results for s in r.summary], rows=[x for r in results for x in r.rows])
+            result["provenance"] = provenance(args.device, tel)
+            write_results(args.out, f"profile-{args.device}", result, markdown(result, results))
     if args.trace_dir:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
         for i, r in enumerate(x for x in results if x.trace):
             (Path(args.trace_dir) / f"profile-{args.device}-{i}.json").write_text(json.dumps(r.trace))
-    md = markdown(result, results)
-    write_results(args.out, f"profile-{args.device}", result, md)
-    print(md)
+    print(markdown(result, results))
 
 
 if __name__ == "__main__":

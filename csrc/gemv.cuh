@@ -1,5 +1,6 @@
 // Weight-only int8 (GGUF Q8_0) and q4 (GGUF Q4_1) products for T = 1..16 tokens (a decode step, a verify pass):
 // out [T, out] = x [T, in] @ W^T, W dequantized in registers, fp32 accumulation, one rounding to x's dtype.
+// More rows take the other route (dequantize.cuh, then cuBLAS; the choice is engine/ops/cuda.py's).
 //
 // A decode step is bound by the weight stream, so the canonical block rows are read in place, every weight
 // byte once per call, 16 bytes per lane with ld.global.cs (streamed: it does not evict x or the KV cache from
@@ -13,21 +14,23 @@
 
 #include <cstdint>
 
+#include "blocks.cuh"
 #include "common.cuh"
 #include "launchers.h"
 
 namespace decodescope {
 namespace gemv {
 
-enum class Format { int8, q4 };
+using blocks::Format;
+using blocks::kBlock;
+using blocks::unpack;
 
 constexpr int kThreads = 128;
-constexpr int kBlock = 32;  // inputs per quantization block
 
 template <Format F, int kT>
 struct Shape {
-  static constexpr int kColsPerLane = F == Format::int8 ? 16 : 32;  // one 16-byte load of weights
-  static constexpr int kCols = kT <= 8 ? 512 : 256;                  // x chunk: 2 x kT x kCols fp32 <= 32 KB
+  static constexpr int kColsPerLane = blocks::kPerLoad<F>;  // one 16-byte load of weights
+  static constexpr int kCols = kT <= 8 ? 512 : 256;         // x chunk: 2 x kT x kCols fp32 <= 32 KB
   static constexpr int kLanes = kCols / kColsPerLane;
   static constexpr int kSlots = 32 / kLanes;
   static constexpr int kRows = F == Format::int8 ? 4 : 2;  // int8 holds 16 weights per row, q4 32
@@ -44,32 +47,6 @@ struct Shape {
 // different bank quads.
 __device__ __forceinline__ int swizzle(int c) { return (c & ~31) | ((((c >> 2) & 7) ^ ((c >> 5) & 7)) << 2) | (c & 3); }
 
-// 16 bytes of weights as small integers in fp32, exactly and without I2F (a quarter-rate conversion): a byte u
-// placed under the exponent of 2^23 reads as 2^23 + u, one PRMT (or LOP3) and one FADD. int8: q in [-127, 127]
-// (the sign bit flipped first: u = q + 128). q4: q in [0, 15] in GGUF order, byte j holding element j in its
-// low nibble and element j + 16 in its high one.
-template <Format F>
-__device__ __forceinline__ void unpack(const Vec<uint32_t, 4>& w, float (&q)[F == Format::int8 ? 16 : 32]) {
-  constexpr float k2p23 = 8388608.f;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if constexpr (F == Format::int8) {
-      const uint32_t u = w.v[k] ^ 0x80808080u;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        q[4 * k + b] = __uint_as_float(__byte_perm(u, 0x4b00u, 0x5440u | b)) - (k2p23 + 128.f);
-      }
-    } else {
-      const uint32_t lo = w.v[k] & 0x0f0f0f0fu, hi = (w.v[k] >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        q[4 * k + b] = __uint_as_float(__byte_perm(lo, 0x4b00u, 0x5440u | b)) - k2p23;
-        q[4 * k + b + 16] = __uint_as_float(__byte_perm(hi, 0x4b00u, 0x5440u | b)) - k2p23;
-      }
-    }
-  }
-}
-
 template <typename T, Format F, int kT>
 __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_kernel(const GemvArgs<T> a) {
   using S = Shape<F, kT>;
@@ -79,7 +56,7 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
   __shared__ float xsums[2][kT][S::kChunkBlocks];
 
   const int nb = ceil_div(a.in_features, kBlock), in_pad = nb * kBlock;
-  const int64_t row_bytes = F == Format::int8 ? in_pad : in_pad / 2;
+  const int64_t row_bytes = blocks::row_bytes<F>(in_pad);
   const int lane = threadIdx.x % 32, lx = lane % kLanes;
   const int row0 = blockIdx.x * S::kRowsPerBlock + threadIdx.x / 32 * kSlots * kRows + lane / kLanes;
   const unsigned char* qs = static_cast<const unsigned char*>(a.qs);

@@ -66,7 +66,7 @@ template <typename T>
 cudaError_t plan_decode_attention(int batch, int n_heads, int n_kv_heads, int head_dim, int sm_count,
                                   DecodeAttentionPlan* plan);
 
-// Weight-only GEMV over GGUF blocks of 32 inputs, read in place (gemv.cuh): out = x @ dequantize(W)^T.
+// Weight-only GEMV over GGUF blocks of 32 inputs (blocks.cuh), read in place (gemv.cuh): out = x @ dequantize(W)^T.
 template <typename T>
 struct GemvArgs {
   T* out;          // [tokens, out_features], dense
@@ -82,5 +82,22 @@ template <typename T>
 cudaError_t launch_linear_int8(const GemvArgs<T>& args, cudaStream_t stream);
 template <typename T>
 cudaError_t launch_linear_q4(const GemvArgs<T>& args, cudaStream_t stream);
+
+// The same blocks dequantized into a dense matrix (dequantize.cuh): out = dequantize(W), for the rows a GEMV's
+// token tiles do not take; cuBLAS multiplies it.
+template <typename T>
+struct DequantizeArgs {
+  T* out;           // [out_features, in_features], rows out_stride apart; the last block's padding is not written
+  const void* qs;   // as GemvArgs
+  const __half* d;  // as GemvArgs
+  const __half* m;  // as GemvArgs
+  int out_features, in_features;
+  int64_t out_stride;
+};
+
+template <typename T>
+cudaError_t launch_dequantize_int8(const DequantizeArgs<T>& args, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_dequantize_q4(const DequantizeArgs<T>& args, cudaStream_t stream);
 
 }  // namespace decodescope

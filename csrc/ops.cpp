@@ -1,5 +1,5 @@
-// Torch-facing host code for the norms, rope, silu and the weight-only GEMV: check, pick the stream, dispatch
-// the dtype, call a launcher from launchers.h.
+// Torch-facing host code for the norms, rope, silu, the weight-only GEMV and its dequantize route: check, pick
+// the stream, dispatch the dtype, call a launcher from launchers.h.
 // Compiled by the host compiler; the kernels live in kernels.cu.
 #include "ops.h"
 
@@ -113,28 +113,23 @@ void silu_mul(at::Tensor& out, const at::Tensor& gate_up) {
   });
 }
 
-// --- weight-only GEMV over GGUF blocks (gemv.cuh) ---------------------------------------------------------
+// --- weight-only GEMV over GGUF blocks (gemv.cuh), and the blocks dequantized (dequantize.cuh) ------------
 
 namespace {
 
-// x: [T, in] with T in 1..16; qs: [out, row_bytes] of qs_dtype holding in_pad = row_bytes * per_byte inputs;
-// d (and m): [out, in_pad / 32] fp16; out: [T, out] of x's dtype. Returns the launcher's arguments.
-template <typename T>
-GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
-                      const at::Tensor* m, at::ScalarType qs_dtype, int per_byte) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) <= 16, "x must be [T, in] with T <= 16 tokens, got ", x.sizes());
-  TORCH_CHECK(x.stride(1) == 1, "x's rows must be dense, got strides ", x.strides());
-  check_cuda(qs, "qs", x);
-  check_cuda(out, "out", x);
-  const int64_t t = x.size(0), in = x.size(1), rows = qs.size(0);
-  const int64_t in_pad = (in + 31) / 32 * 32;
+// qs: [out, row_bytes] of qs_dtype holding in_pad = row_bytes * per_byte inputs (in rounded up to whole blocks of
+// 32); d (and m): [out, in_pad / 32] fp16; all on ref's device.
+void check_blocks(const at::Tensor& qs, const at::Tensor& d, const at::Tensor* m, int64_t in, at::ScalarType qs_dtype,
+                  int per_byte, const at::Tensor& ref) {
+  check_cuda(qs, "qs", ref);
+  const int64_t rows = qs.size(0), in_pad = (in + 31) / 32 * 32;
   check_dtype(qs, "qs", qs_dtype);
   TORCH_CHECK(qs.dim() == 2 && qs.size(1) * per_byte == in_pad, "qs must be [out, ", in_pad / per_byte,
               "] for in = ", in, " (", in_pad, " inputs padded to whole blocks of 32), got ", qs.sizes());
   check_dense(qs, "qs");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(qs.data_ptr()) % 16 == 0, "qs must start 16-byte aligned");
   auto check_scales = [&](const at::Tensor& s, const char* name) {
-    check_cuda(s, name, x);
+    check_cuda(s, name, ref);
     check_dtype(s, name, at::kHalf);
     TORCH_CHECK(s.dim() == 2 && s.size(0) == rows && s.size(1) == in_pad / 32, name, " must be [out, in_pad / 32] = [",
                 rows, ", ", in_pad / 32, "], got ", s.sizes());
@@ -142,6 +137,19 @@ GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs
   };
   check_scales(d, "d");
   if (m != nullptr) check_scales(*m, "m");
+}
+
+// x: [T, in] with T in 1..16; the blocks as check_blocks; out: [T, out] of x's dtype. Returns the launcher's
+// arguments.
+template <typename T>
+GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
+                      const at::Tensor* m, at::ScalarType qs_dtype, int per_byte) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) <= 16, "x must be [T, in] with T <= 16 tokens, got ", x.sizes(),
+              " (more rows: dequantize_int8 / dequantize_q4 and a GEMM, as engine/ops/cuda.py routes them)");
+  TORCH_CHECK(x.stride(1) == 1, "x's rows must be dense, got strides ", x.strides());
+  check_cuda(out, "out", x);
+  const int64_t t = x.size(0), in = x.size(1), rows = qs.size(0);
+  check_blocks(qs, d, m, in, qs_dtype, per_byte, x);
   TORCH_CHECK(out.dim() == 2 && out.size(0) == t && out.size(1) == rows, "out must be [T, out] = [", t, ", ", rows,
               "], got ", out.sizes());
   check_dtype(out, "out", x.scalar_type());
@@ -156,6 +164,26 @@ GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs
   a.in_features = checked_int(in, "in");
   a.out_features = checked_int(rows, "out");
   a.x_stride = x.stride(0);
+  return a;
+}
+
+// out: [out, in] dense, float32 / float16 / bfloat16; the blocks as check_blocks for that `in`.
+template <typename T>
+DequantizeArgs<T> dequantize_args(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d, const at::Tensor* m,
+                                  at::ScalarType qs_dtype, int per_byte) {
+  TORCH_CHECK(out.dim() == 2 && out.size(1) > 0, "out must be [out, in] with in > 0, got ", out.sizes());
+  check_blocks(qs, d, m, out.size(1), qs_dtype, per_byte, out);
+  TORCH_CHECK(out.size(0) == qs.size(0), "out must be [out, in] = [", qs.size(0), ", ", out.size(1), "], got ",
+              out.sizes());
+  check_dense(out, "out");
+  DequantizeArgs<T> a{};
+  a.out = ptr<T>(out);
+  a.qs = qs.data_ptr();
+  a.d = ptr<__half>(d);
+  a.m = m == nullptr ? nullptr : ptr<__half>(*m);
+  a.out_features = checked_int(out.size(0), "out");
+  a.in_features = checked_int(out.size(1), "in");
+  a.out_stride = out.stride(0);
   return a;
 }
 
@@ -178,6 +206,28 @@ void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const
   dispatch_float(x.scalar_type(), "x", [&](auto zero) {
     using T = decltype(zero);
     check_launch(launch_linear_q4<T>(gemv_args<T>(out, x, qs, d, &m, at::kByte, 2), stream), "linear_q4");
+  });
+}
+
+void dequantize_int8(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d) {
+  check_cuda(out, "out", out);
+  const c10::cuda::CUDAGuard guard(out.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(out.get_device());
+  dispatch_float(out.scalar_type(), "out", [&](auto zero) {
+    using T = decltype(zero);
+    check_launch(launch_dequantize_int8<T>(dequantize_args<T>(out, qs, d, nullptr, at::kChar, 1), stream),
+                 "dequantize_int8");
+  });
+}
+
+void dequantize_q4(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m) {
+  check_cuda(out, "out", out);
+  const c10::cuda::CUDAGuard guard(out.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(out.get_device());
+  dispatch_float(out.scalar_type(), "out", [&](auto zero) {
+    using T = decltype(zero);
+    check_launch(launch_dequantize_q4<T>(dequantize_args<T>(out, qs, d, &m, at::kByte, 2), stream),
+                 "dequantize_q4");
   });
 }
 

@@ -31,9 +31,14 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 
 // out [T, out_features] = x [T, in] @ W^T for T <= 16, W in GGUF blocks of 32 inputs read in place: int8 (Q8_0)
 // qs int8 [out, in_pad], d fp16 [out, in_pad / 32], w = d * q; q4 (Q4_1) qs uint8 [out, in_pad / 2] (two nibbles
-// a byte, engine/weights.py pack_nibbles), d and m fp16 [out, in_pad / 32], w = d * q + m.
+// a byte, engine/weights/q4_1.py pack_nibbles), d and m fp16 [out, in_pad / 32], w = d * q + m.
 void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);
 void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m);
+
+// out [out_features, in] (dense; float32, float16 or bfloat16) = the same blocks dequantized, bit for bit the twin's
+// weights.dequantize(blocks) cast to out's dtype: for more than 16 rows, which a GEMM then multiplies.
+void dequantize_int8(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d);
+void dequantize_q4(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m);
 
 // (splits, groups, blocks per SM) for q's shape, dtype and device with n_kv_heads cache heads: one full wave.
 std::tuple<int64_t, int64_t, int64_t> decode_attention_plan(const at::Tensor& q, int64_t n_kv_heads);

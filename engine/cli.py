@@ -6,6 +6,7 @@
     decodescope-generate --chat -p "..." --layer-skip             # layers to skip calibrated on the prompt
     decodescope-generate big.gguf --draft small.gguf -p "..."     # GGUF files are converted once, then cached
     decodescope-generate MODEL_DIR --device cuda --graphs -p "..."
+    decodescope-generate --endpoint http://127.0.0.1:8080/v1 --api-key-env MY_KEY -p "..."   # a serving engine
 
 (`python scripts/generate.py ...` runs the same from a source checkout.)
 """
@@ -16,6 +17,7 @@ import sys
 import tempfile
 
 from engine import Engine, Tokenizer, graphs, load_model
+from engine.endpoint import AUTO, SERVER_CHOICES
 from engine.weights import FORMATS, QUANTIZED
 from engine.tiny import write_tiny_model
 
@@ -23,7 +25,8 @@ from engine.tiny import write_tiny_model
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="decodescope-generate", description=__doc__.splitlines()[0].split(": ", 1)[1])
     p.add_argument("model", nargs="?",
-                   help="model folder, hub id or llama GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+                   help="model folder, hub id, GGUF file, or an embedded model: smollm2-135m (the default), "
+                        "gemma3-270m")
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("-n", "--max-new-tokens", type=int, default=64)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -56,6 +59,13 @@ def parse_args(argv=None):
     p.add_argument("--fixed-k", action="store_true",
                    help="draft k tokens every round instead of letting the schedule pick (0..k) per round")
     p.add_argument("--ngram-max", type=int, default=3)
+    ep = p.add_argument_group("endpoint", "profile a serving engine through its OpenAI-compatible API instead")
+    ep.add_argument("--endpoint", metavar="URL", help="the API's base URL, e.g. http://127.0.0.1:8080/v1")
+    ep.add_argument("--api-key-env", metavar="VAR", help="the environment variable that holds the API key")
+    ep.add_argument("--endpoint-model", default="", help="the served model's name (default: the first it lists)")
+    ep.add_argument("--server", choices=SERVER_CHOICES, default=AUTO,
+                    help="which server it is, for its own fields (default: probed)")
+    ep.add_argument("--stall", type=float, default=30.0, help="seconds of silence mid-stream that end a run")
     return p.parse_args(argv)
 
 
@@ -89,18 +99,67 @@ def make_drafter(args, eng):
 def format_summary(s: dict) -> str:
     """The run's stats line (Stats.summary's figures under the names the page uses)."""
     line = (f"{s['tokens']} tokens | TTFT {s['ttft_ms']:.1f} ms | ITL p50 {s['itl_p50_ms']:.1f} ms "
-            f"p99 {s['itl_p99_ms']:.1f} ms | {s['decode_tok_s']:.1f} tok/s | peak {s['peak_memory_mb']:.0f} MB")
-    if s.get("mean_k") == s.get("mean_k"):  # a speculative run
-        acc, mal = s["acceptance_rate"], s["mean_accepted_len"]
+            f"p99 {s['itl_p99_ms']:.1f} ms | {s['decode_tok_s']:.1f} tok/s")
+    if s["peak_memory_mb"] == s["peak_memory_mb"]:  # an endpoint's memory is the server's, not measured here
+        line += f" | peak {s['peak_memory_mb']:.0f} MB"
+    spec_run = s.get("mean_k") == s.get("mean_k")
+    acc, mal, draft = s["acceptance_rate"], s["mean_accepted_len"], s["draft_overhead_pct"]
+    if spec_run or acc == acc:  # our speculative run, or an endpoint whose server drafted
         line += (f"\nacceptance {'- (nothing drafted)' if acc != acc else f'{100 * acc:.1f}%'} | mean accepted "
-                 f"length {'-' if mal != mal else f'{mal:.2f}'} (tokens per verify pass: accepted drafts + 1) | "
-                 f"drafting {s['draft_overhead_pct']:.1f}% of decode time")
+                 f"length {'-' if mal != mal else f'{mal:.2f}'} (tokens per verify pass: accepted drafts + 1)")
+        if draft == draft:  # the drafter's time is ours to measure only where the drafter is ours
+            line += f" | drafting {draft:.1f}% of decode time"
+    if spec_run:
         line += f"\nmean k {s['mean_k']:.2f} | plain steps {s['plain_round_pct']:.0f}% of rounds"
     return line
 
 
+def run_endpoint(args) -> int:
+    """The same stream and stats line, from a serving engine's endpoint; the key only from the environment."""
+    import os
+
+    from engine.endpoint import Endpoint, EndpointError, endpoint_stats, extra_summary, format_extra, stream
+
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            print(f"error: --api-key-env {args.api_key_env}: that variable is not set or empty", file=sys.stderr)
+            return 2
+    try:
+        ep = Endpoint(args.endpoint, model=args.endpoint_model, server=args.server, api_key=key, stall_s=args.stall)
+        tok = Tokenizer(args.model) if args.model else None  # re-tokenizes only where the server gives no count
+        run = stream(ep, args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                     temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, tokenizer=tok)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rounds, failed = [], None
+    try:
+        for rnd in run:
+            rounds.append(rnd)
+            print("".join(t.text or "" for t in rnd.emitted), end="", flush=True)
+    except EndpointError as e:
+        failed = e
+    except KeyboardInterrupt:
+        failed = "stopped"
+    print()
+    settings = dict(mode="endpoint", max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                    top_p=args.top_p, top_k=args.top_k, seed=args.seed, chat=args.chat)
+    stats = endpoint_stats(rounds, run.info, settings)
+    if rounds:
+        print(format_summary(stats.summary()), file=sys.stderr)
+        print(format_extra(extra_summary(stats, run.info)), file=sys.stderr)
+    if failed is not None:
+        print(f"error: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.endpoint:
+        return run_endpoint(args)
     name = write_tiny_model(tempfile.mkdtemp(prefix="decodescope-tiny-")) if args.tiny else args.model
     try:
         model = load_model(name, device=args.device, dtype=args.dtype, weights=args.weights, fused=not args.no_fused,

@@ -31,27 +31,30 @@ class DecodeGraphs:
         self._capture(1)
 
     def _capture(self, T: int) -> None:
-        """Warm up on a side stream (cuBLAS workspaces, allocator pools), then capture the forward of T tokens.
+        """Warm up (cuBLAS handles and workspaces, the kernels' workspaces, allocator pools), then capture the
+        forward of T tokens.
 
-        Warm-up and capture really execute: they write K/V past the live length (cache.scratch), where
-        nothing reads, and the length is restored afterwards."""
+        Warm-up really runs the forward, on a side stream, so it writes K/V: into a scratch cache of T positions
+        (KVCache.scratch), never past this cache's end, which a capture mid-run (a new verify size, a recapture
+        after a toggle) may be right at. The capture runs nothing: it records the forward on this cache, whose
+        replays write the positions the cache's length says, as an eager step would."""
         eng, model = self.eng, self.eng.model
         t0 = time.perf_counter()
         buf = torch.zeros(eng.cache.batch_size, T, dtype=torch.long, device=eng.device)
 
-        def forward():
-            return model(buf, eng.cache, "cached", window=eng.window or 0, sinks=eng.sinks)
+        def forward(cache):
+            return model(buf, cache, "cached", window=eng.window or 0, sinks=eng.sinks)
 
-        with eng.cache.scratch(T):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_ITERS):
-                    forward()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = forward()
+        scratch = eng.cache.scratch(T)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_ITERS):
+                forward(scratch)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = forward(eng.cache)
         torch.cuda.synchronize()
         # held, so nothing the graph reads by address is freed while it exists
         self.pinned = (model.version, model.ops, model.cos, model.sin)

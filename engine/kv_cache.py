@@ -8,8 +8,6 @@ with the device copy, so nothing ever reads the device to learn it.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from engine.config import ModelConfig
@@ -17,6 +15,7 @@ from engine.config import ModelConfig
 
 class KVCache:
     def __init__(self, cfg: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device):
+        self.cfg = cfg
         shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -43,17 +42,14 @@ class KVCache:
         self.seq_lens.fill_(n)
         self.length = n
 
-    @contextmanager
-    def scratch(self, n: int):
-        """n positions past the live length for a forward whose K/V are thrown away (graph warm-up and
-        capture); the length is restored afterwards, so the writes land where nothing is read."""
-        saved, saved_length = self.seq_lens.clone(), self.length
-        self.advance(n)
-        try:
-            yield
-        finally:
-            self.seq_lens.copy_(saved)
-            self.length = saved_length
+    def scratch(self, n: int) -> KVCache:
+        """A cache of its own with this one's shape and n positions, all live: a forward of n tokens on it writes
+        positions 0..n-1 of its own tensors, which nothing reads. Graph warm-up runs the step for real before the
+        capture, and this cache, near max_seq_len, has no n free positions past its length: a write there is out
+        of bounds, which on a GPU is a device-side assert and a dead CUDA context."""
+        cache = KVCache(self.cfg, self.batch_size, n, self.k.dtype, self.k.device)
+        cache.set_length(n)
+        return cache
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
               start: int | None = None) -> None:

@@ -14,6 +14,11 @@ advanced the cache's length by T, see Engine._forward):
            without Python between them, unless `python_blocks` asks for Block.forward itself.
 The residual stream goes through add+rmsnorm, so a block is attn -> (add + norm) -> mlp -> (add + norm)
 and the norm of the next block (or the final norm) is fused into this block's last add.
+
+A family's differences (engine/families/) arrive as ModelConfig fields and become small optional modules: q/k
+norms, norms on the attention and MLP outputs (Gemma), the GeGLU gate, the embedding scale, soft-capping, and
+per layer its own sliding window and rope table (Gemma 3's local layers). A layer's own window applies to the
+prefill as well; the engine's window (StreamingLLM's) to the cached paths of layers that have none.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from torch import nn
 
 from engine import ops as ops_mod
 from engine import weights
-from engine.config import ModelConfig, rope_inv_freq
+from engine.ops import ref
+from engine.config import ModelConfig, Rope
 from engine.kv_cache import KVCache
 
 
@@ -41,8 +47,7 @@ class ForwardContext:
     cache: KVCache
     kv_limit: int  # keys read from the cache: S, or a host-known bound for eager calls
     ops: ops_mod.OpSet
-    cos: torch.Tensor
-    sin: torch.Tensor
+    rope_tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]]  # cos, sin [max_pos, D/2] fp32 per rope
     window: int = 0  # > 0: cached attention reads the first `sinks` keys and the last `window` only
     sinks: int = 0
 
@@ -87,23 +92,45 @@ class Attention(nn.Module):
         # q, k and v in one matmul: one weight read and one kernel launch instead of three
         self.wqkv = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.wo = Linear(cfg.q_size, cfg.hidden_size, bias=False)
-        self.scale = cfg.head_dim ** -0.5
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.scale, self.softcap = cfg.attn_scale, cfg.attn_softcap
+        self.window = cfg.window(layer)  # this layer's own sliding window, 0 for none
+        self.rope = cfg.layer_rope(layer)
 
     def forward(self, x: torch.Tensor, s: ForwardContext) -> torch.Tensor:
         cfg, B, T, D = self.cfg, s.B, s.T, self.cfg.head_dim
-        # views into the one qkv output: rope and attention take a free token stride, so no copies
+        # views into the one qkv output: the norms, rope and attention take a free token stride, so no copies
         q, k, v = self.wqkv(x).view(B, T, -1).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q, k, v = q.unflatten(-1, (cfg.n_heads, D)), k.unflatten(-1, (cfg.n_kv_heads, D)), v.unflatten(-1, (-1, D))
-        s.ops.rope_(q.flatten(0, 1), k.flatten(0, 1), s.cos, s.sin, s.flat_positions)  # [N, H|Hkv, D]
+        if self.q_norm is not None:
+            s.ops.rmsnorm_heads_(q.flatten(0, 1), self.q_norm.weight, self.q_norm.eps)
+            s.ops.rmsnorm_heads_(k.flatten(0, 1), self.k_norm.weight, self.k_norm.eps)
+        cos, sin = s.rope_tables[self.rope]
+        s.ops.rope_(q.flatten(0, 1), k.flatten(0, 1), cos, sin, s.flat_positions)  # [N, H|Hkv, D]
         s.cache.write(self.layer, k, v, s.positions, s.start)
-        if s.mode == "prefill":
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                               scale=self.scale, enable_gqa=cfg.n_rep > 1).transpose(1, 2)
+        # the prompt attends in full unless the layer slides; the engine's window starts with the cached paths
+        window, sinks = (self.window, 0) if self.window or s.mode == "prefill" else (s.window, s.sinks)
+        if self.softcap:  # no kernel caps scores: the twin, over the cache, on every path
+            n = T if s.mode == "prefill" else s.kv_limit
+            kc, vc = s.cache.layer_k[self.layer][:, :, :n], s.cache.layer_v[self.layer][:, :, :n]
+            y = ref.capped_attention(q, kc, vc, s.cache.seq_lens, self.scale, window, sinks, self.softcap)
+        elif s.mode == "prefill":
+            mask = None if not window else causal_window_mask(T, window, x.device)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                                               enable_gqa=cfg.n_rep > 1).transpose(1, 2)
         else:
             kc = s.cache.layer_k[self.layer][:, :, : s.kv_limit]  # [B, Hkv, S', D]
             vc = s.cache.layer_v[self.layer][:, :, : s.kv_limit]
-            y = s.ops.attention(q, kc, vc, s.cache.seq_lens, self.scale, s.window, s.sinks)
+            y = s.ops.attention(q, kc, vc, s.cache.seq_lens, self.scale, window, sinks)
         return self.wo(y.reshape(B * T, cfg.q_size))  # y: [B, T, H, D]
+
+
+def causal_window_mask(T: int, window: int, device) -> torch.Tensor:
+    """[T, T] bool, True where query i attends key j: j <= i and j > i - window (a prefill's sliding layer)."""
+    i, j = torch.arange(T, device=device)[:, None], torch.arange(T, device=device)[None]
+    return (j <= i) & (j > i - window)
 
 
 class MLP(nn.Module):
@@ -111,26 +138,37 @@ class MLP(nn.Module):
         super().__init__()
         self.w_gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # [gate | up]
         self.w_down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.geglu = cfg.activation == "gelu_tanh"  # Gemma's gate; else SwiGLU's silu
 
     def forward(self, x: torch.Tensor, s: ForwardContext) -> torch.Tensor:
-        return self.w_down(s.ops.silu_mul(self.w_gate_up(x)))
+        act = s.ops.gelu_tanh_mul if self.geglu else s.ops.silu_mul
+        return self.w_down(act(self.w_gate_up(x)))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        C, eps = cfg.hidden_size, cfg.rms_eps
+        self.attn_norm = RMSNorm(C, eps)
         self.attn = Attention(cfg, layer)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.post_attn_norm = RMSNorm(C, eps) if cfg.sandwich_norms else None  # on the attention's output
+        self.mlp_norm = RMSNorm(C, eps)
         self.mlp = MLP(cfg)
+        self.post_mlp_norm = RMSNorm(C, eps) if cfg.sandwich_norms else None
 
     def forward(self, x: torch.Tensor, h: torch.Tensor, next_norm: RMSNorm, s: ForwardContext) -> torch.Tensor:
         """x: this block's attn_norm(h), [N, C]; h: the residual stream. Returns next_norm(h) for the block
         after it; add_rmsnorm adds each branch into h IN PLACE, so h leaves as the new residual stream.
         Its native twin, for the CPU kernels' cached forwards: csrc/cpu/ops_blocks.cpp BlockPlan::run."""
         eps = self.attn_norm.eps
-        x = s.ops.add_rmsnorm(self.attn(x, s), h, self.mlp_norm.weight, eps)
-        return s.ops.add_rmsnorm(self.mlp(x, s), h, next_norm.weight, eps)
+        a = self.attn(x, s)
+        if self.post_attn_norm is not None:
+            a = s.ops.rmsnorm(a, self.post_attn_norm.weight, eps, out=a)
+        x = s.ops.add_rmsnorm(a, h, self.mlp_norm.weight, eps)
+        m = self.mlp(x, s)
+        if self.post_mlp_norm is not None:
+            m = s.ops.rmsnorm(m, self.post_mlp_norm.weight, eps, out=m)
+        return s.ops.add_rmsnorm(m, h, next_norm.weight, eps)
 
 
 class Transformer(nn.Module):
@@ -143,7 +181,10 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.ops = ops_mod.torch_ops("not yet placed on a device")
-        self.cos = self.sin = None
+        self.cos = self.sin = None  # the full layers' rope table; every layer's in rope_tables
+        self.rope_tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.load_notes: list[str] = []  # what the loader did that a user should know (a tensor dequantized)
+        self.format: str | None = None  # the format the loader chose (the projections' but those load_notes names)
         self.path = None  # the folder it was loaded from
         self.eos_ids: tuple[int, ...] = cfg.eos_token_ids
         self.version = 0  # bumped whenever something a captured graph reads by address is replaced
@@ -165,8 +206,9 @@ class Transformer(nn.Module):
 
     @property
     def weight_format(self) -> str:
-        """The projections' format (a q4 model keeps its head in int8, see checkpoint.load.head_format)."""
-        return self.layers[0].attn.wqkv.weight.fmt
+        """The projections' format (a q4 model keeps its head in int8, see checkpoint.formats.head_format; a GGUF
+        model may keep some tensors in another: load_notes says which)."""
+        return self.format or self.layers[0].attn.wqkv.weight.fmt
 
     @property
     def weight_bytes(self) -> int:
@@ -190,21 +232,31 @@ class Transformer(nn.Module):
         self.version += 1
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, T] -> [B*T, C] in the activations' dtype."""
+        """tokens [B, T] -> [B*T, C] in the activations' dtype (Gemma scales them, by a factor rounded to that
+        dtype first, as transformers does)."""
         if self.embed is not None:
-            return self.embed(tokens).reshape(tokens.numel(), -1)
-        return weights.rows(self.lm_head.weight, tokens.reshape(-1)).to(self.dtype)
+            h = self.embed(tokens).reshape(tokens.numel(), -1)
+        else:
+            h = weights.rows(self.lm_head.weight, tokens.reshape(-1)).to(self.dtype)
+        scale = self.config.embed_scale
+        return h if scale == 1.0 else h.mul_(torch.tensor(scale, dtype=h.dtype).item())
 
     def ensure_rope(self, n_positions: int) -> None:
         if self.cos is not None and self.cos.shape[0] >= n_positions:
             return
-        inv = rope_inv_freq(self.config).to(self.device)
-        angles = torch.outer(torch.arange(n_positions, device=self.device, dtype=torch.float32), inv)
-        self.cos, self.sin = angles.cos(), angles.sin()  # [max_pos, D/2] fp32
+        cfg, tables = self.config, {}
+        for rope in {cfg.rope, *(cfg.layer_rope(i) for i in range(cfg.n_layers))}:
+            inv = rope.inv_freq(cfg.head_dim, n_positions, cfg.max_position_embeddings).to(self.device)
+            angles = torch.outer(torch.arange(n_positions, device=self.device, dtype=torch.float32), inv)
+            tables[rope] = (angles.cos(), angles.sin())  # [max_pos, D/2] fp32
+        self.rope_tables = tables
+        self.cos, self.sin = tables[cfg.rope]
         self.version += 1
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(x).float()
+        logits = self.lm_head(x).float()
+        cap = self.config.final_softcap
+        return logits if not cap else torch.tanh(logits / cap).mul_(cap)
 
     @contextmanager
     def blocks_in_python(self):
@@ -217,8 +269,10 @@ class Transformer(nn.Module):
 
     def native_blocks(self, s: ForwardContext) -> bool:
         """Whether this forward runs its blocks in one native call (the CPU kernels' ops.blocks): decode
-        steps and verify passes whose positions the host knows, unless python_blocks is set."""
-        return self.ops.blocks is not None and s.mode == "cached" and s.start is not None and not self.python_blocks
+        steps and verify passes whose positions the host knows, unless python_blocks is set or the family's
+        blocks are beyond the native loop (ModelConfig.native_blocks)."""
+        return (self.ops.blocks is not None and self.config.native_blocks and s.mode == "cached"
+                and s.start is not None and not self.python_blocks)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, mode: str, kv_limit: int | None = None,
                 last_only: bool = False, window: int = 0, sinks: int = 0, start: int | None = None) -> torch.Tensor:
@@ -227,8 +281,8 @@ class Transformer(nn.Module):
         position when the host knows it (eager calls: the KV write is then a slice copy, not an index_put)."""
         B, T = tokens.shape
         positions = cache.seq_lens.long().unsqueeze(1) - T + torch.arange(T, device=tokens.device)  # [B, T]
-        s = ForwardContext(mode, B, T, positions, start, cache, kv_limit or cache.max_seq_len, self.ops, self.cos,
-                           self.sin, window, sinks)
+        s = ForwardContext(mode, B, T, positions, start, cache, kv_limit or cache.max_seq_len, self.ops,
+                           self.rope_tables, window, sinks)
         layers = self.layers
         h = self.embed_tokens(tokens)  # residual stream: [N, C]
         x = self.ops.rmsnorm(h, layers[0].attn_norm.weight, self.config.rms_eps)

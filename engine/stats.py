@@ -21,6 +21,8 @@ class Token:
     draft_position: int | None = None  # 0-based position in the round's draft; None for target/bonus
     p_target: float | None = None  # target probability of this token where defined
     p_draft: float | None = None  # drafter probability of this token (1.0 for one-hot drafters)
+    text: str | None = None  # the text a remote server sent for it (engine.endpoint), where ids are not ours
+    inferred: bool = False  # its kind inferred from a chunk's token count, not reported by the server
 
 
 @dataclass

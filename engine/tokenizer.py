@@ -16,8 +16,8 @@ import jinja2.ext
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# End-of-turn tokens of the chat formats we run (ChatML, Llama 3, GPT-2 style), when the vocab has them.
-CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>")
+# End-of-turn tokens of the chat formats we run (ChatML, Llama 3, GPT-2 style, Gemma, Phi-3), when the vocab has them.
+CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
 # the named special tokens transformers hands a chat template as variables
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")  # sentencepiece byte-fallback tokens

@@ -3,7 +3,8 @@
 "cuda" is the built extension (skipped with "needs a CUDA device"); "emulated" is the same kernel source compiled
 by the host compiler against csrc/testing/cuda_on_cpu.h and called through ctypes, so CI without a GPU still
 executes the kernels' indexing, barriers, shuffles, atomics and async-copy pipelines. The CPU backend runs
-every CUDA thread as a coroutine, so its sweeps are smaller.
+every CUDA thread as a coroutine, so its sweeps are smaller. EmulatedModule has the extension's functions with its
+signatures, so engine.ops.cuda_ops builds a model's whole CUDA path over it on a CPU.
 """
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def emulated_library(name: str) -> ctypes.CDLL:
     if shutil.which("c++") is None or cuda_include() is None:
         pytest.skip("the CPU backend needs a C++20 compiler and the CUDA toolkit headers (cuda_fp16.h)")
     lib = Path(tempfile.mkdtemp(prefix="decodescope-emulated-")) / f"{name}.so"
-    cmd = ["c++", "-std=c++20", "-O2", "-shared", "-fPIC", "-DDECODESCOPE_CUDA_ON_CPU", f"-I{cuda_include()}",
-           str(ext.CSRC / "testing" / f"{name}.cpp"), "-o", str(lib)]
+    # -ffp-contract=off: a product and a sum stay two roundings, as __fmul_rn / __fadd_rn are on the GPU
+    cmd = ["c++", "-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-DDECODESCOPE_CUDA_ON_CPU",
+           f"-I{cuda_include()}", str(ext.CSRC / "testing" / f"{name}.cpp"), "-o", str(lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     cdll = ctypes.CDLL(str(lib))
@@ -68,19 +70,86 @@ def ptr(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
-class Emulated:
-    """Calls emu_<name> of a library; a nonzero cudaError_t raises with what the CPU runtime reported."""
+EMULATED_SMS = 8  # with 2 blocks per SM: 16 blocks a wave, e.g. 8 splits for B = 1, Hkv = 2
 
-    def __init__(self, lib: ctypes.CDLL):
-        self.lib = lib
+
+class EmulatedModule:
+    """The extension's functions (csrc/bindings.cpp) with its signatures, backed by csrc/testing/emulated_kernels.cpp
+    and emulated_gemv.cpp; a nonzero cudaError_t raises with what the CPU runtime reported."""
+
+    def __init__(self, sm_count: int = EMULATED_SMS):
+        self.libs = [emulated_library("emulated_kernels"), emulated_library("emulated_gemv")]
+        self.sm_count = sm_count
 
     def set_schedule(self, eager_copies: bool, reverse_threads: bool, reverse_blocks: bool = False) -> None:
-        self.lib.emu_set_schedule(int(eager_copies), int(reverse_threads), int(reverse_blocks))
+        for lib in self.libs:
+            lib.emu_set_schedule(int(eager_copies), int(reverse_threads), int(reverse_blocks))
 
     def _call(self, name: str, *args) -> None:
-        rc = getattr(self.lib, "emu_" + name)(*args)
+        lib = next(lib for lib in self.libs if hasattr(lib, "emu_" + name))
+        rc = getattr(lib, "emu_" + name)(*args)
         if rc != 0:
-            raise RuntimeError(f"{name} failed ({rc}): {self.lib.emu_last_error().decode()}")
+            raise RuntimeError(f"{name} failed ({rc}): {lib.emu_last_error().decode()}")
+
+    # --- csrc/norm.cuh, rope.cuh, activation.cuh, decode_attention.cuh ---
+
+    def rmsnorm(self, out, x, weight, eps):
+        hidden = x.shape[-1]
+        self._call("rmsnorm", CODES[x.dtype], ptr(out), ptr(x), ptr(weight), ctypes.c_int64(x.numel() // hidden),
+                   hidden, ctypes.c_float(eps))
+
+    def add_rmsnorm(self, x, residual, weight, eps):
+        hidden = x.shape[-1]
+        self._call("add_rmsnorm", CODES[x.dtype], ptr(x), ptr(residual), ptr(weight),
+                   ctypes.c_int64(x.numel() // hidden), hidden, ctypes.c_float(eps))
+
+    def rope(self, q, k, cos, sin, positions):
+        self._call("rope", CODES[q.dtype], positions.element_size(), ptr(q), ptr(k), ptr(cos), ptr(sin),
+                   ptr(positions), ctypes.c_int64(q.shape[0]), q.shape[1], k.shape[1], q.shape[2],
+                   ctypes.c_int64(q.stride(0)), ctypes.c_int64(k.stride(0)), ctypes.c_int64(cos.shape[0]))
+
+    def silu_mul(self, out, gate_up):
+        inter = out.shape[-1]
+        self._call("silu_mul", CODES[out.dtype], ptr(out), ptr(gate_up), ctypes.c_int64(out.numel() // inter), inter)
+
+    def decode_attention(self, out, q, k_cache, v_cache, seq_lens, scale, window, sinks, partials, counters):
+        B, H, D = q.shape
+        groups = counters.shape[2] - 1
+        ints = (ctypes.c_int * 9)(B, H, k_cache.shape[1], D, k_cache.shape[2], window, sinks,
+                                  partials.shape[2] - groups, groups)
+        strides = (ctypes.c_int64 * 5)(q.stride(0), q.stride(1), *k_cache.stride()[:3])
+        self._call("decode_attention", CODES[q.dtype], ptr(out), ptr(q), ptr(k_cache), ptr(v_cache), ptr(seq_lens),
+                   ptr(partials), ptr(counters), ints, strides, ctypes.c_float(scale))
+
+    def decode_attention_plan(self, q, n_kv_heads):
+        plan = (ctypes.c_int * 3)()
+        self._call("decode_attention_plan", CODES[q.dtype], q.shape[0], q.shape[1], n_kv_heads, q.shape[2],
+                   self.sm_count, plan)
+        return plan[0], plan[1], plan[2]
+
+    # --- csrc/gemv.cuh and dequantize.cuh ---
+
+    def _linear(self, q4: bool, out, x, qs, d, m):
+        ints = (ctypes.c_int * 3)(x.shape[0], x.shape[1], qs.shape[0])
+        self._call("linear", int(q4), CODES[x.dtype], ptr(out), ptr(x), ptr(qs), ptr(d),
+                   None if m is None else ptr(m), ints, ctypes.c_int64(x.stride(0)))
+
+    def linear_int8(self, out, x, qs, d):
+        self._linear(False, out, x, qs, d, None)
+
+    def linear_q4(self, out, x, qs, d, m):
+        self._linear(True, out, x, qs, d, m)
+
+    def _dequantize(self, q4: bool, out, qs, d, m):
+        ints = (ctypes.c_int * 2)(out.shape[0], out.shape[1])
+        self._call("dequantize", int(q4), CODES[out.dtype], ptr(out), ptr(qs), ptr(d), None if m is None else ptr(m),
+                   ints, ctypes.c_int64(out.stride(0)))
+
+    def dequantize_int8(self, out, qs, d):
+        self._dequantize(False, out, qs, d, None)
+
+    def dequantize_q4(self, out, qs, d, m):
+        self._dequantize(True, out, qs, d, m)
 
 
 class Backend:
@@ -92,12 +161,12 @@ class Backend:
         self.ops = SimpleNamespace(**self.fused.opset())
 
 
-def make_backend(name: str, emulated_module) -> Backend:
-    """The backend a module-scoped `backend` fixture returns; emulated_module() builds the CPU extension."""
+def make_backend(name: str) -> Backend:
+    """The backend a module-scoped `backend` fixture returns."""
     if name == "cuda":
         if not torch.cuda.is_available():
             pytest.skip("needs a CUDA device")
         status = ext.load("cuda")
         assert status.module is not None, f"the extension did not load: {status.reason}"
         return Backend("cuda", "cuda", status.module)
-    return Backend("emulated", "cpu", emulated_module())
+    return Backend("emulated", "cpu", EmulatedModule())

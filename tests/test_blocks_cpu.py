@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from engine import Engine
+from engine import Engine, families
 from engine.ops import ext
 from engine.kv_cache import KVCache
 from engine.checkpoint import random_model
@@ -53,6 +53,26 @@ def test_native_blocks_equal_the_python_loop(fmt, B, T):
         want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
         assert torch.isfinite(want).all()
         assert torch.equal(got, want), (fmt, kw, (got - want).abs().max())
+        assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
+
+
+FAMILIES = [name for name, f in families.FAMILIES.items() if f.native_blocks and name != "llama"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("fmt", ["fp32", "int8"])
+def test_each_familys_blocks_equal_the_python_loop(family, fmt):
+    """The families' additions to the loop (q/k norms, norms after attention and MLP, GeGLU, each layer's own
+    window and rope table) run the same kernels in the same order as Block.forward: bit for bit."""
+    model = random_model(tiny_config(family), weights=fmt, seed=5)
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 37), generator=g)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 3), generator=g)
+    for kw in (dict(), dict(window=16, sinks=2)):
+        got, got_cache = run(model, model.ops, tokens, prompt, **kw)
+        want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
+        assert torch.isfinite(want).all()
+        assert torch.equal(got, want), (family, fmt, kw, (got - want).abs().max())
         assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
 
 
@@ -103,14 +123,17 @@ def test_bad_input_is_named():
     def proj(linear, fmt=None, tensors=None):
         return module.Projection(code[fmt or linear.weight.fmt], list(tensors or linear.weight.tensors))
 
-    def block(qkv=None, v_cache=None):
+    model.ensure_rope(16)
+
+    def block(qkv=None, v_cache=None, q_norm=bias, cos=model.cos):
         return module.BlockWeights(mlp_norm=norm, next_norm=norm, k_cache=cache.layer_k[0],
                                    v_cache=cache.layer_v[0] if v_cache is None else v_cache, qkv_bias=bias,
                                    qkv=qkv or proj(lin.attn.wqkv), o=proj(lin.attn.wo), gate_up=proj(lin.mlp.w_gate_up),
-                                   down=proj(lin.mlp.w_down))
+                                   down=proj(lin.mlp.w_down), q_norm=q_norm, k_norm=q_norm, post_attn_norm=bias,
+                                   post_mlp_norm=bias, cos=cos, sin=model.sin, window=0)
 
     cfg = model.config
-    args = (cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, 1e-5, 0.25)
+    args = (cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, 1e-5, 0.25, "silu")
     with pytest.raises(RuntimeError, match="qkv is q4, whose weights are 3 packed tensor"):
         module.BlockPlan([block(qkv=proj(lin.attn.wqkv, fmt="q4"))], *args)
     with pytest.raises(RuntimeError, match="unknown weight format code 7"):
@@ -119,11 +142,16 @@ def test_bad_input_is_named():
         module.BlockPlan([block(v_cache=cache.layer_v[0][:, :, :8])], *args)
     with pytest.raises(RuntimeError, match="at least one block"):
         module.BlockPlan([], *args)
+    with pytest.raises(RuntimeError, match=r"q_norm must be \[D\] = \[16\] or empty, got \[64\]"):
+        module.BlockPlan([block(q_norm=norm)], *args)
+    with pytest.raises(RuntimeError, match=r"cos and sin must be \[max_pos, D/2\]"):
+        module.BlockPlan([block(cos=model.cos[:, :4])], *args)
+    with pytest.raises(RuntimeError, match="activation must be 'silu' or 'gelu_tanh', got 'relu'"):
+        module.BlockPlan([block()], *args[:-1], "relu")
     plan = module.BlockPlan([block()], *args)
     h = torch.zeros(1, cfg.hidden_size)
-    model.ensure_rope(16)
     with pytest.raises(RuntimeError, match="must lie below kv_limit = 20, at most the cache's 16"):
-        plan.run(h, h, torch.zeros(1, dtype=torch.long), model.cos, model.sin, cache.seq_lens, 3, 20, 0, 0)
+        plan.run(h, h, torch.zeros(1, dtype=torch.long), cache.seq_lens, 3, 20, 0, 0)
 
 
 def test_a_plan_lives_with_its_cache():

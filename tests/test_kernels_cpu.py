@@ -10,8 +10,9 @@ Tolerances, kernel vs twin (both fp32):
       (sqrt(1536) * 6e-8 = 2.3e-6): |out - twin| <= 1e-5 * sum_i |w_i x_i|.
   linear q8: the twin reproduces the integer sums exactly and the same fp32 d * dx products; only the
       sum over blocks differs (the kernel fuses it in FMAs, nb <= 48 terms): <= 4e-6 * sum_b |d dx isum|.
-  rmsnorm, silu_mul, rope: a different summation order, exp from a polynomial (~1 ulp), FMA contraction:
-      rtol 1e-5 (atol 1e-6 near zero). The residual of add_rmsnorm is the same fp32 add: exact.
+  rmsnorm (and per head), silu_mul, gelu_tanh_mul, rope: a different summation order, exp from a polynomial
+      (~1 ulp), FMA contraction: rtol 1e-5 (atol 1e-6 near zero). The residual of add_rmsnorm is the same fp32
+      add: exact.
   attention: online softmax with the polynomial exp and log-sum-exp merges of splits over up to 4097
       keys: rtol 1e-4, atol 1e-5 (as the CUDA kernel's test).
 """
@@ -196,6 +197,37 @@ def test_silu_mul(m, inter):
         torch.testing.assert_close(out, ref.silu_mul(gate_up), **TOL)
 
 
+@pytest.mark.parametrize("inter", [111, 1536, 2048])
+def test_gelu_tanh_mul(m, inter):
+    """Gemma's GeGLU gate: gelu's tanh form, computed as g * sigmoid(2u) with the same exp as silu. The twin (and
+    transformers) compute 0.5 g (1 + tanh(u)), which loses what lies below 1's ulp (6e-8) where tanh saturates
+    (g < -4): there the two differ by up to an ulp of 1 times |gate * up|, the twin's rounding, on top of TOL."""
+    for rows in (1, 4, 100):
+        gate_up = randn(rows, 2 * inter, seed=inter + 7, scale=4)
+        gate_up[0, :5] = torch.tensor([-100.0, 100.0, 0.0, -12.0, 1e-4])  # exp's clamps, tanh's flat ends, ~0
+        out = torch.full((rows, inter), NAN)
+        m.gelu_tanh_mul(out, gate_up)
+        want = ref.gelu_tanh_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        bound = TOL["rtol"] * want.abs() + TOL["atol"] + 1.2e-7 * (gate * up).abs()
+        assert ((out - want).abs() <= bound).all(), (out - want).abs().max()
+
+
+@pytest.mark.parametrize("heads,head_dim", [(4, 256), (9, 64), (3, 6)])
+def test_rmsnorm_heads(m, heads, head_dim):
+    """The q/k norms in place on the q part of a qkv output (dense heads, a token stride past them): the rest of
+    each token's row (here NaN: the k and v parts) is neither read nor written."""
+    for tokens in (1, 3, 200):
+        qkv = torch.full((tokens, 3 * heads * head_dim), NAN)
+        q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+        q.copy_(randn(tokens, heads, head_dim, seed=heads, scale=3))
+        w = randn(head_dim, seed=head_dim)
+        want = ref.rmsnorm(q.reshape(-1, head_dim), w, 1e-6).view_as(q)
+        m.rmsnorm_heads(q, w, 1e-6)
+        torch.testing.assert_close(q, want, **TOL)
+        assert qkv[:, heads * head_dim:].isnan().all()
+
+
 @pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [(9, 3, 64), (32, 8, 128), (4, 2, 6)])
 @pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64])
 def test_rope(m, n_heads, n_kv_heads, head_dim, pos_dtype):
@@ -293,6 +325,12 @@ def test_errors_name_the_values(cpu_module):
         m.linear(out, x, 9, [qs, d])
     with pytest.raises(RuntimeError, match=r"weight must be \[hidden\] = \[8\], got \[9\]"):
         m.rmsnorm(torch.empty(2, 8), torch.randn(2, 8), torch.ones(9), 1e-5)
+    with pytest.raises(RuntimeError, match=r"weight must be \[hidden\] = \[8\], got \[16\]"):
+        m.rmsnorm_heads(torch.randn(2, 4, 8), torch.ones(16), 1e-5)
+    with pytest.raises(RuntimeError, match="x must have dense heads"):
+        m.rmsnorm_heads(torch.randn(2, 8, 4).transpose(1, 2), torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match=r"out must be \[\.\.\., I\] = \[2, 4\], got \[2, 5\]"):
+        m.gelu_tanh_mul(torch.empty(2, 5), torch.randn(2, 8))
     cos = torch.randn(10, 32)
     with pytest.raises(RuntimeError, match=r"positions\[1\] = 10 is outside the table \[0, 10\)"):
         m.rope(torch.randn(2, 3, 64), torch.randn(2, 1, 64), cos, cos, torch.tensor([0, 10]))

@@ -15,7 +15,6 @@ Tolerances, kernel vs twin (both compute in fp32 and round once):
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -24,58 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuda_backends import CODES, DTYPES, NAN, Emulated, emulated_library, make_backend, ptr, randn, tol
+from cuda_backends import DTYPES, NAN, EmulatedModule, make_backend, randn, tol
 from engine.ops import ext
 from engine.ops import cuda, ref
 
-EMULATED_SMS = 8  # with 2 blocks per SM: 16 blocks a wave, e.g. 8 splits for B = 1, Hkv = 2
-
-
-class EmulatedExtension(Emulated):
-    """The extension's functions, backed by csrc/testing/emulated_kernels.cpp."""
-
-    def __init__(self, sm_count: int = EMULATED_SMS):
-        super().__init__(emulated_library("emulated_kernels"))
-        self.sm_count = sm_count
-
-    def rmsnorm(self, out, x, weight, eps):
-        hidden = x.shape[-1]
-        self._call("rmsnorm", CODES[x.dtype], ptr(out), ptr(x), ptr(weight), ctypes.c_int64(x.numel() // hidden),
-                   hidden, ctypes.c_float(eps))
-
-    def add_rmsnorm(self, x, residual, weight, eps):
-        hidden = x.shape[-1]
-        self._call("add_rmsnorm", CODES[x.dtype], ptr(x), ptr(residual), ptr(weight),
-                   ctypes.c_int64(x.numel() // hidden), hidden, ctypes.c_float(eps))
-
-    def rope(self, q, k, cos, sin, positions):
-        self._call("rope", CODES[q.dtype], positions.element_size(), ptr(q), ptr(k), ptr(cos), ptr(sin),
-                   ptr(positions), ctypes.c_int64(q.shape[0]), q.shape[1], k.shape[1], q.shape[2],
-                   ctypes.c_int64(q.stride(0)), ctypes.c_int64(k.stride(0)), ctypes.c_int64(cos.shape[0]))
-
-    def silu_mul(self, out, gate_up):
-        inter = out.shape[-1]
-        self._call("silu_mul", CODES[out.dtype], ptr(out), ptr(gate_up), ctypes.c_int64(out.numel() // inter), inter)
-
-    def decode_attention(self, out, q, k_cache, v_cache, seq_lens, scale, window, sinks, partials, counters):
-        B, H, D = q.shape
-        groups = counters.shape[2] - 1
-        ints = (ctypes.c_int * 9)(B, H, k_cache.shape[1], D, k_cache.shape[2], window, sinks,
-                                  partials.shape[2] - groups, groups)
-        strides = (ctypes.c_int64 * 5)(q.stride(0), q.stride(1), *k_cache.stride()[:3])
-        self._call("decode_attention", CODES[q.dtype], ptr(out), ptr(q), ptr(k_cache), ptr(v_cache), ptr(seq_lens),
-                   ptr(partials), ptr(counters), ints, strides, ctypes.c_float(scale))
-
-    def decode_attention_plan(self, q, n_kv_heads):
-        plan = (ctypes.c_int * 3)()
-        self._call("decode_attention_plan", CODES[q.dtype], q.shape[0], q.shape[1], n_kv_heads, q.shape[2],
-                   self.sm_count, plan)
-        return plan[0], plan[1], plan[2]
-
-
 @pytest.fixture(scope="module", params=["cuda", pytest.param("emulated", marks=pytest.mark.emulation)])
 def backend(request):
-    return make_backend(request.param, EmulatedExtension)
+    return make_backend(request.param)
 
 
 # --- elementwise and norms ----------------------------------------------------------------------------
@@ -255,7 +209,7 @@ def test_splits_follow_the_mirrored_plan(backend, n, window, sinks):
 def test_two_level_merge(backend, lens):
     """More splits than one merge level takes (a big GPU with few kv heads): the last split of each group
     merges the group, and the last group the groups."""
-    wide = EmulatedExtension(sm_count=24 * len(lens))  # 24 splits per (row, kv head), in 5 groups of 5
+    wide = EmulatedModule(sm_count=24 * len(lens))  # 24 splits per (row, kv head), in 5 groups of 5
     f = cuda.CudaOps(wide)
     q, k, v, seq_lens, want = attention_case(backend, torch.float32, 64, 2, lens)
     want = ref.decode_attention(q, k.nan_to_num(0.0), v.nan_to_num(0.0), seq_lens, 0.125)
@@ -319,8 +273,7 @@ def test_errors_name_the_values(backend):
 def test_extension_builds_from_a_clean_cache(backend, tmp_path):
     env = {**os.environ, "DECODESCOPE_EXT_CACHE": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-m", "engine.ops.ext", "build", "--target", "cuda"], capture_output=True,
-                          text=True, env=env,
-                          cwd=Path(ext.__file__).resolve().parent.parent)
+                          text=True, env=env, cwd=Path(ext.__file__).resolve().parents[2])  # the repository
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fused CUDA kernels" in proc.stdout
     assert list(tmp_path.glob("*/decodescope_cuda_*.so"))

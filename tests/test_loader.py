@@ -38,6 +38,20 @@ def test_missing_tokenizer(folder):
         load_model(folder)
 
 
+def test_a_tokenizer_larger_than_the_vocabulary_is_named(folder):
+    """Ids past config.json's vocab_size would index past the embeddings: a tokenizer of another model."""
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 200
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = load_file(folder / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        weights[name] = weights[name][:200].contiguous()
+    save_file(weights, folder / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"tokenizer.json has 259 tokens but config.json's vocab_size is 200.*"
+                                             r"copy the model's own tokenizer.json there"):
+        load_model(folder)
+
+
 def test_missing_tensor_is_named(folder):
     weights = load_file(folder / "model.safetensors")
     del weights["model.layers.1.mlp.up_proj.weight"]
@@ -158,7 +172,8 @@ def test_formats_on_random_weights_stay_near_fp32(folder, fmt, bound):
 def test_a_format_without_a_cpu_kernel_is_named(folder):
     if load_model(folder).ops.name != "fused":
         pytest.skip("the CPU kernels do not run here, so every format runs its twin")
-    with pytest.raises(ModelLoadError, match="weights='bf16' has no CPU kernel; pick one of fp32, fp16, int8, q4"):
+    with pytest.raises(ModelLoadError, match=r"weights='bf16' has no CPU kernel; its torch twin runs it with "
+                                             r"fused=False \(--no-fused\), or pick one of fp32, fp16, int8, q4"):
         load_model(folder, weights="bf16")
 
 

@@ -90,6 +90,5 @@ def test_the_cache_owns_the_length(tmp_path):
         assert eng.length == eng.cache.length == 7 and eng.cache.seq_lens.tolist() == [7]
         eng.rollback(5)
         assert eng.cache.length == 5 and eng.cache.seq_lens.tolist() == [5]
-        with eng.cache.scratch(4):
-            assert eng.cache.length == 9 and eng.cache.seq_lens.tolist() == [9]
+        assert eng.cache.scratch(4).length == 4  # graph warm-up's cache of its own: this one does not move
         assert eng.cache.length == 5 and eng.cache.seq_lens.tolist() == [5]

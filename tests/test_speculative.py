@@ -5,11 +5,12 @@ distribution: tests/test_spec_distribution.py; the schedule on its own: tests/te
 import pytest
 import torch
 
-from engine import Engine, load_model, speculative
+from engine import Engine, load_model, ops, speculative
 from engine.sampling import SamplingParams
 from engine.speculative import loop
 from engine.speculative.drafters import Draft, Drafter
-from engine.tiny import tiny_config, write_tiny_model
+from engine.ops import ext
+from engine.tiny import tiny_config, tiny_cuda_config, write_tiny_model
 from schedules import Modeled, RandomK
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -273,6 +274,16 @@ def test_adaptive_rounds_record_their_k(tiny):
 
 
 # ---- bf16: what "greedy output is unchanged" means there -----------------------------------------------
+# The CUDA case's model: head_dim 64, which the fused decode attention is built for (tiny_config's 16 runs the
+# twins, so the kernels' bf16 rounding would go untested)
+CUDA_CONFIG = tiny_cuda_config()
+
+
+def test_the_cuda_case_runs_a_head_dim_the_kernels_take(monkeypatch):
+    monkeypatch.setattr(ext, "load", lambda target: ext.ExtStatus(None, "not built in this test"))
+    assert ops.select("cuda", head_dim=CUDA_CONFIG.head_dim).reason == "not built in this test"
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_greedy_parts_from_plain_only_at_a_near_tie(tmp_path):
@@ -280,7 +291,8 @@ def test_bf16_greedy_parts_from_plain_only_at_a_near_tie(tmp_path):
     differently, so greedy speculative output is not guaranteed token for token. What holds: it equals plain
     up to the first token where they part, and there the two candidates' logits (prefill path, read in fp32)
     are within bf16's rounding of each other: a near-tie, not a bug."""
-    model = load_model(write_tiny_model(tmp_path / "m", tiny_config(), seed=1), device="cuda", dtype="bfloat16")
+    model = load_model(write_tiny_model(tmp_path / "m", CUDA_CONFIG, seed=1), device="cuda", dtype="bfloat16")
+    assert model.ops.name == "fused", model.ops.reason
     eng = Engine(model, 256)
     want, _ = eng.generate(PROMPT, max_new_tokens=48, stop_ids=[])
     for drafter in (speculative.NgramDrafter(), speculative.ModelDrafter(Engine(model, 256)),

@@ -14,7 +14,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="decodescope",
                                 description="Stream LLM decoding token by token and see where the time goes.")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="model folder, hub id or llama GGUF file (default: the embedded SmolLM2-135M); one of "
+                   help="model folder, hub id, GGUF file or embedded model (default: the embedded SmolLM2-135M; "
+                        "gemma3-270m: the embedded Gemma 3 270M); one of "
                         f"{', '.join(KNOWN_MODELS)} unless --allow-any-model")
     p.add_argument("--draft", action="append", default=[], metavar="PATH_OR_ID",
                    help="a draft model for 'draft model' mode (same vocabulary; folder, hub id or GGUF file); "
@@ -34,7 +35,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--allow-any-model", action="store_true",
                    help="accept any folder or hub id for --model / --draft, not only the launch list")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight models (tests, smoke runs)")
+    p.add_argument("--endpoint", action="append", default=[], metavar="URL",
+                   help="a serving engine's OpenAI-compatible API the page may profile "
+                        "(e.g. http://127.0.0.1:8080/v1); "
+                        "repeat for several")
+    p.add_argument("--allow-any-endpoint", action="store_true",
+                   help="let the page take any endpoint URL a visitor types (off: a public app must not fetch any "
+                        "address it is given)")
+    p.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the endpoints' API key")
+    p.add_argument("--endpoint-stall", type=float, default=30.0, metavar="S",
+                   help="seconds of silence mid-stream that end an endpoint run (its tokens so far kept)")
     return p.parse_args(argv)
+
+
+def endpoint_options(args) -> dict:
+    """The Runtime's endpoint fields, checked at launch: each URL, and the key variable when one is named."""
+    import os
+
+    from engine.endpoint import check_url
+
+    try:
+        urls = list(dict.fromkeys(check_url(u) for u in args.endpoint))
+    except ValueError as e:
+        raise SystemExit(f"--endpoint: {e}") from None
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env) or None
+        if key is None:
+            raise SystemExit(f"--api-key-env {args.api_key_env}: that variable is not set or empty")
+    return dict(endpoints=urls, allow_any_endpoint=args.allow_any_endpoint, endpoint_key=key,
+                endpoint_stall_s=args.endpoint_stall)
 
 
 def main(argv=None) -> None:
@@ -44,8 +74,11 @@ def main(argv=None) -> None:
 
     if not args.tiny:
         check_allowed([args.model, *args.draft], args.allow_any_model)
+    options = endpoint_options(args)
     rt = build_runtime(args.model, args.draft, args.device, args.dtype, args.max_seq_len, tiny=args.tiny,
                        self_draft=None if args.self_draft == "none" else args.self_draft, weights=args.weights)
+    for name, value in options.items():
+        setattr(rt, name, value)
     atexit.register(rt.close)
     demo = layout.build(rt)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **layout.launch_kwargs())

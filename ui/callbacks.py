@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.stats import Round, finite
-from ui import export, plots, render
+from ui import endpoint, export, plots, render
 from ui.runtime import RoundPump, RunSettings, Runtime, as_int
 
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
-                   "temperature", "top_p", "top_k", "seed", "max_new_tokens", "adaptive", "weights", "window")
+                   "temperature", "top_p", "top_k", "seed", "max_new_tokens", "adaptive", "weights", "window",
+                   "backend", "endpoint", "endpoint_model", "server")
 INT_FIELDS = ("k", "ngram", "layers", "top_k", "seed", "max_new_tokens", "window")
 RUN_HEADERS = ["run", "label", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "acceptance",
                "mean accepted", "stopped"]
@@ -83,6 +84,10 @@ def parse_settings(*values) -> RunSettings:
     for name in ("cuda_graphs", "fused_kernels", "chat", "adaptive"):
         d[name] = bool(d[name])
     d["weights"] = str(d["weights"] or "")
+    d["backend"] = "endpoint" if d["backend"] in ("endpoint", endpoint.ENDPOINT) else "engine"
+    for name in ("endpoint", "endpoint_model", "server"):
+        d[name] = str(d[name] or "").strip()
+    d["server"] = d["server"] or "auto"
     return RunSettings(**d)
 
 
@@ -171,6 +176,9 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
     or not, so figures refresh on their own timer (live_figures) and the run's figures, history and files
     follow once it ends (last_run)."""
     s, ids = prepare(rt, prompt, values)
+    if s.on_endpoint:
+        yield from endpoint.generate(rt, session, prompt, s, ids)
+        return
     session.last = None
     if not begin_run(session):
         yield (gr.skip(), gr.skip(), render.message_html("Stopped before it started."))

@@ -14,7 +14,7 @@ from dataclasses import replace
 import gradio as gr
 
 from engine.stats import Round
-from ui import plots, render
+from ui import endpoint, plots, render
 from ui.callbacks import Session, begin_run, prepare, record_run, runs_table, write_history
 from ui.runtime import SINKS, RoundPump, RunSettings, Runtime
 
@@ -24,6 +24,8 @@ COMPARE_WINDOW = 512  # the attention group's window when the run itself attends
 
 def plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None, str | None, bool]]:
     """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared."""
+    if s.on_endpoint:  # this engine against the endpoint, one bar each
+        return endpoint.plan(rt, s)
     s = replace(s, weights=s.weights or rt.weight_format)  # named, so equal runs in two groups run once
     base = replace(s, mode="plain")
     spec = s if s.speculative else replace(s, mode="n-gram")
@@ -52,8 +54,10 @@ def plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None
     return out
 
 
-def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int], status: str):
+def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int], status: str, prompt: str = ""):
     """Generator: runs s, yielding `status` now and then; returns its Stats, or None if it was stopped."""
+    if s.on_endpoint:
+        return (yield from endpoint.run_to_end(rt, session, s, prompt, status))
     rounds: list[Round] = []
     pump = RoundPump(rt, s, ids, session.run_stop)
     try:
@@ -87,7 +91,7 @@ def compare(rt: Runtime, session: Session, prompt: str, *values):
     done = {}
     for i, cfg in enumerate(todo, 1):
         status = render.message_html(f"Compare {i}/{len(todo)}: {cfg.label()}")
-        stats = yield from run_to_end(rt, session, cfg, ids, status)
+        stats = yield from run_to_end(rt, session, cfg, ids, status, prompt)
         if stats is None:
             yield render.message_html(f"Compare stopped during {cfg.label()}.")
             return

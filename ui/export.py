@@ -18,12 +18,12 @@ from engine.stats import PHASES, Stats, finite
 
 TOKEN_COLUMNS = [
     "run_id", "round", "round_k", "token_index", "token_id", "token_text", "kind", "draft_position",
-    "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "target_ms", "sample_ms", "t_end_ms",
+    "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "target_ms", "sample_ms", "t_end_ms", "inferred",
 ]
 # The settings a run was asked for, repeated on every row so a CSV stands alone.
 SETTINGS_COLUMNS = [
     "model", "mode", "k", "adaptive", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
-    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "prompt_tokens",
+    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "prompt_tokens", "backend",
 ]
 SUMMARY_COLUMNS = [
     "run_id", "label", "tokens", "prompt_tokens", "rounds", "ttft_ms", "itl_mean_ms", "itl_p50_ms",
@@ -39,8 +39,10 @@ def _settings_columns(settings: dict) -> list[str]:
 
 def token_rows(run_id: str, stats: Stats, text_of: Callable[[int], str]) -> list[dict]:
     settings = dict(stats.settings, prompt_tokens=stats.prompt_len)
+    # an endpoint's tokens carry the text the server sent (their ids may not be ours)
     return [
-        dict(row, run_id=run_id, token_text=text_of(row["token_id"]), **settings) for row in stats.rows()
+        dict(row, run_id=run_id, token_text=row["text"] if row.get("text") is not None else text_of(row["token_id"]),
+             **settings) for row in stats.rows()
     ]
 
 

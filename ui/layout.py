@@ -5,7 +5,7 @@ from functools import partial
 
 import gradio as gr
 
-from ui import callbacks, compare, plots, profile, render
+from ui import callbacks, compare, endpoint, plots, profile, render
 from ui.profile_plots import PROFILE_HEADERS
 from ui.runtime import CALIBRATED, K_RANGE, NGRAM_RANGE, SINKS, WINDOW_RANGE, Runtime
 from ui.style import page_css
@@ -95,6 +95,7 @@ def build(rt: Runtime) -> gr.Blocks:
             with gr.Column(scale=2):
                 with gr.Accordion("Environment", open=False):
                     gr.HTML(render.env_card(rt.env), elem_id="env")
+                backend, endpoint_box, endpoint_url, endpoint_model, server, api_key = endpoint.widgets(rt)
                 mode = gr.Radio(modes, value="n-gram" if "n-gram" in modes else modes[0], label="Mode",
                                 elem_id="mode", info=unavailable(rt))
                 k = gr.Slider(*K_RANGE, value=5, step=1, label="k (the most drafts per round)", elem_id="k")
@@ -162,7 +163,7 @@ def build(rt: Runtime) -> gr.Blocks:
                 profile_trace = gr.DownloadButton("Profile trace", elem_id="profile-trace", size="sm")
 
         settings = [mode, k, ngram, layers, draft, graphs, fused, chat, temperature, top_p, top_k, seed, max_new,
-                    adaptive, weights, window]
+                    adaptive, weights, window, backend, endpoint_url, endpoint_model, server]
         assert len(settings) == len(callbacks.SETTINGS_FIELDS)
         # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
         # own range check would only say "Value 40 is greater than maximum value 16".
@@ -187,6 +188,8 @@ def build(rt: Runtime) -> gr.Blocks:
                           api_name="profile", **engine_event)
         stop_btn.click(callbacks.stop, [session], None, queue=False, api_name="stop")
         mode.change(setting_visibility, [mode], [k, ngram, layers, draft, adaptive], **quick)
+        backend.change(endpoint.visibility, [backend], [endpoint_box], **quick)
+        api_key.change(endpoint.set_key, [session, api_key], None, **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=(
             "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"))
         demo.load(setting_visibility, [mode], [k, ngram, layers, draft, adaptive], **quick)

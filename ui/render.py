@@ -32,7 +32,9 @@ def _num(x: float | None, fmt: str) -> str | None:
 
 
 def token_tooltip(tok: Token, round_index: int, latency_ms: float | None) -> str:
-    parts = [f"{tok.kind} · token id {tok.token_id} · round {round_index}"]
+    kind = f"{tok.kind} (inferred from the chunk's token count)" if tok.inferred else tok.kind
+    parts = [f"{kind} · token id {tok.token_id} · round {round_index}" if tok.token_id >= 0 else
+             f"{kind} · round {round_index}"]
     if tok.draft_position is not None:
         parts.append(f"draft position {tok.draft_position}")
     lat = _num(latency_ms, ".2f")
@@ -54,7 +56,8 @@ def token_span(tok: Token, text: str, round_index: int, latency_ms: float | None
 def round_spans(rnd: Round, text_of: Callable[[int], str]) -> str:
     """A round's tokens in engine order; an emitted token's latency is its share of the round's time."""
     return "".join(
-        token_span(t, text_of(t.token_id), rnd.index, rnd.token_ms if t.kind in EMITTED_KINDS else None)
+        token_span(t, t.text if t.text is not None else text_of(t.token_id), rnd.index,
+                   rnd.token_ms if t.kind in EMITTED_KINDS else None)
         for t in rnd.tokens
     )
 

@@ -49,15 +49,25 @@ class RunSettings:
     adaptive: bool = True
     weights: str = ""  # the projections' weight format; "" is the one the app launched with
     window: int = 0  # 0: full attention; W: the last W positions and SINKS sinks (decode and verify)
+    backend: str = "engine"  # "engine" (ours) or "endpoint" (a serving engine's OpenAI-compatible API: ui/endpoint.py)
+    endpoint: str = ""  # its base URL
+    endpoint_model: str = ""  # the served model's name ("": the first it lists)
+    server: str = "auto"  # which server it is, for its own fields (engine.endpoint.servers)
 
     @property
     def speculative(self) -> bool:
         return self.mode != "plain"
 
+    @property
+    def on_endpoint(self) -> bool:
+        return self.backend == "endpoint"
+
     def as_dict(self, model: str) -> dict:
         return dict(model=model, **asdict(self))
 
     def label(self) -> str:
+        if self.on_endpoint:  # the server decides how it decodes
+            return " · ".join(p for p in ("endpoint", self.endpoint, self.endpoint_model) if p)
         parts = [self.mode_label(), "graph" if self.cuda_graphs else "eager",
                  "fused" if self.fused_kernels else "torch"]
         parts += [self.weights] if self.weights else []
@@ -106,6 +116,10 @@ class Runtime:
     layer_skip: dict = field(default_factory=dict)  # depth (0: calibrated) -> LayerSkipDrafter, see drafter_for
     model_drafters: dict = field(default_factory=dict)  # (mode, name) -> ModelDrafter: keeps its measured cost
     temp_dirs: list = field(default_factory=list)  # folders this runtime made (--tiny models), removed by close
+    endpoints: list[str] = field(default_factory=list)  # the endpoints a run may use (--endpoint)
+    allow_any_endpoint: bool = False  # a typed URL too (--allow-any-endpoint): off, or the app is a proxy
+    endpoint_key: str | None = field(default=None, repr=False)  # the launch's key (--api-key-env), never shown
+    endpoint_stall_s: float = 30.0
     stream_interval_s: float = 1 / 15  # token updates to the page, at most this often
     plot_interval_s: float = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
 
@@ -174,6 +188,12 @@ class Runtime:
 
     def validate(self, s: RunSettings, prompt_ids: list[int]) -> None:
         """Raise ValueError naming the setting to change; the engine re-checks what it owns."""
+        if s.on_endpoint:
+            from ui import endpoint
+
+            return endpoint.check(self, s)
+        if s.backend != "engine":
+            raise ValueError(f"backend={s.backend!r} is not one of engine, endpoint")
         if s.mode not in MODES:
             raise ValueError(f"mode={s.mode!r} is not one of {', '.join(MODES)}")
         if (why := self.modes()[s.mode]) is not None:

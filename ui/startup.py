@@ -16,9 +16,11 @@ from ui.runtime import Runtime, engine_rounds
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
-# The models a launch may name without --allow-any-model: llama-family, same-vocabulary families for drafts.
+# The models a launch may name without --allow-any-model: the embedded ones (engine/checkpoint/embedded.py: Gemma 3
+# 270M is the second, fetched on first use like the default), then hub ids of the families the engine runs.
 KNOWN_MODELS = (
     DEFAULT_MODEL,
+    "gemma3-270m",
     "HuggingFaceTB/SmolLM2-135M-Instruct",
     "HuggingFaceTB/SmolLM2-360M-Instruct",
     "HuggingFaceTB/SmolLM2-1.7B-Instruct",
@@ -27,6 +29,10 @@ KNOWN_MODELS = (
     "meta-llama/Llama-3.2-3B-Instruct",
     "Qwen/Qwen2.5-0.5B-Instruct",
     "Qwen/Qwen2.5-1.5B-Instruct",
+    "Qwen/Qwen3-0.6B",
+    "google/gemma-3-270m-it",
+    "google/gemma-3-1b-it",
+    "microsoft/Phi-3-mini-4k-instruct",
 )
 TINY = "tiny"  # --tiny: random weights, for tests and smoke runs
 ZERO_GPU_DURATION_S = 120

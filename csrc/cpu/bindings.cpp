@@ -22,6 +22,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("sin"), py::arg("positions"));
   m.def("silu_mul", &c::silu_mul, "out = silu(gate) * up for gate_up = [gate | up]", py::arg("out"),
         py::arg("gate_up"));
+  m.def("gelu_tanh_mul", &c::gelu_tanh_mul, "out = gelu_tanh(gate) * up for gate_up = [gate | up]", py::arg("out"),
+        py::arg("gate_up"));
+  m.def("rmsnorm_heads", &c::rmsnorm_heads, "rmsnorm of each head of x [N, H, D] in place", py::arg("x"),
+        py::arg("weight"), py::arg("eps"));
   m.def("attention", &c::attention, "T new queries per row against a [B, Hkv, S, D] cache, split across threads",
         py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"), py::arg("scale"),
         py::arg("window") = 0, py::arg("sinks") = 0);
@@ -36,15 +40,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<c::BlockWeights>(m, "BlockWeights", "one block's weights and KV cache, as the block loop reads them")
       .def(py::init([](at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor k_cache, at::Tensor v_cache,
                        at::Tensor qkv_bias, c::Projection qkv, c::Projection o, c::Projection gate_up,
-                       c::Projection down) {
-             return c::BlockWeights{mlp_norm, next_norm, k_cache, v_cache, qkv_bias, qkv, o, gate_up, down};
+                       c::Projection down, at::Tensor q_norm, at::Tensor k_norm, at::Tensor post_attn_norm,
+                       at::Tensor post_mlp_norm, at::Tensor cos, at::Tensor sin, int64_t window) {
+             return c::BlockWeights{.mlp_norm = mlp_norm, .next_norm = next_norm, .k_cache = k_cache,
+                                    .v_cache = v_cache, .qkv_bias = qkv_bias, .qkv = qkv, .o = o, .gate_up = gate_up,
+                                    .down = down, .q_norm = q_norm, .k_norm = k_norm,
+                                    .post_attn_norm = post_attn_norm, .post_mlp_norm = post_mlp_norm, .cos = cos,
+                                    .sin = sin, .window = window};
            }),
            py::arg("mlp_norm"), py::arg("next_norm"), py::arg("k_cache"), py::arg("v_cache"), py::arg("qkv_bias"),
-           py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"));
+           py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("q_norm"), py::arg("k_norm"),
+           py::arg("post_attn_norm"), py::arg("post_mlp_norm"), py::arg("cos"), py::arg("sin"), py::arg("window"));
   py::class_<c::BlockPlan>(m, "BlockPlan", "the transformer blocks of a cached forward, planned for one call")
-      .def(py::init<std::vector<c::BlockWeights>, int64_t, int64_t, int64_t, double, double>(), py::arg("layers"),
-           py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("intermediate"), py::arg("eps"), py::arg("scale"))
+      .def(py::init<std::vector<c::BlockWeights>, int64_t, int64_t, int64_t, double, double, const std::string&>(),
+           py::arg("layers"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("intermediate"), py::arg("eps"),
+           py::arg("scale"), py::arg("activation"))
       .def("run", &c::BlockPlan::run, "every block in one call; h updated in place, the final norm returned",
-           py::arg("x"), py::arg("h"), py::arg("positions"), py::arg("cos"), py::arg("sin"), py::arg("seq_lens"),
-           py::arg("start"), py::arg("kv_limit"), py::arg("window"), py::arg("sinks"));
+           py::arg("x"), py::arg("h"), py::arg("positions"), py::arg("seq_lens"), py::arg("start"),
+           py::arg("kv_limit"), py::arg("window"), py::arg("sinks"));
 }

@@ -57,7 +57,7 @@ struct NormArgs {
 };
 using NormFn = void (*)(const NormArgs&, int64_t r0, int64_t r1);
 
-// out[r, :I] = silu(gate_up[r, :I]) * gate_up[r, I:], rows [r0, r1), both dense.
+// out[r, :I] = silu(gate_up[r, :I]) * gate_up[r, I:], rows [r0, r1), both dense (and gelu_tanh the same way).
 using SiluMulFn = void (*)(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1);
 
 // Rotary embedding in place on tokens [t0, t1): q [N, H, D] and k [N, Hkv, D] with dense heads and token
@@ -99,6 +99,7 @@ struct KernelTable {
   QuantizeRowsFn quantize_rows;
   NormFn norm;
   SiluMulFn silu_mul;
+  SiluMulFn gelu_tanh_mul;
   RopeFn rope;
   AttentionFn attention;
   AttentionMergeFn attention_merge;

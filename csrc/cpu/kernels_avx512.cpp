@@ -28,6 +28,7 @@ const KernelTable& avx512_table() {
                                  .quantize_rows = G::quantize_rows,
                                  .norm = R::norm,
                                  .silu_mul = R::silu_mul,
+                                 .gelu_tanh_mul = R::gelu_tanh_mul,
                                  .rope = R::rope,
                                  .attention = A::run,
                                  .attention_merge = A::merge};

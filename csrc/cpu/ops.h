@@ -25,6 +25,10 @@ void rope(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor&
 
 // gate_up: [..., 2I] -> out: [..., I].
 void silu_mul(at::Tensor& out, const at::Tensor& gate_up);
+void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up);  // gelu's tanh form as the gate (Gemma's GeGLU)
+
+// x: [N, H, D] (dense heads, free token stride) -> rmsnorm of each head in place, weight [D] (q/k norms).
+void rmsnorm_heads(at::Tensor& x, const at::Tensor& weight, double eps);
 
 // q: [B, T, H, D] (dense heads, free token and batch strides); k_cache, v_cache: [B, Hkv, S, D] with D
 // dense; seq_lens: [B] int32, the live length with the T new tokens included; out like q. Query t attends
@@ -52,25 +56,32 @@ struct BlockWeights {
   at::Tensor k_cache, v_cache;  // [B, Hkv, S, D], the same shape in every block
   at::Tensor qkv_bias;   // [Q + 2 KV], or an empty tensor
   Projection qkv, o, gate_up, down;
+  // what some families add (engine/families/), each an empty tensor where the family has none
+  at::Tensor q_norm, k_norm;  // [D]: an RMSNorm of each q / k head before rope (Qwen3, Gemma 3)
+  at::Tensor post_attn_norm, post_mlp_norm;  // [C]: on the attention / MLP output before its add (Gemma)
+  at::Tensor cos, sin;  // [max_pos, D/2]: this layer's rope table (Gemma 3's local layers have their own)
+  int64_t window = 0;   // this layer's own sliding window; 0: the run's window and sinks
 };
 
 // The blocks of a cached forward in one call (ops_blocks.cpp), planned once per model and KV cache: the
 // same kernels in the same order as engine/model.py's Block.forward.
 class BlockPlan {
  public:
+  // activation: the MLP's gate, "silu" or "gelu_tanh"
   BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t n_kv_heads, int64_t intermediate, double eps,
-            double scale);
+            double scale, const std::string& activation);
   // x = attn_norm_0(h) [N = B*T, C] in; the last block's output (the final norm of h) out; h, the residual
   // stream, updated in place. The new K/V go to positions start..start+T-1 of every row (positions: [N]);
-  // attention reads keys below kv_limit, windowed as attention() says.
-  at::Tensor run(const at::Tensor& x, at::Tensor& h, const at::Tensor& positions, const at::Tensor& cos,
-                 const at::Tensor& sin, const at::Tensor& seq_lens, int64_t start, int64_t kv_limit, int64_t window,
-                 int64_t sinks) const;
+  // attention reads keys below kv_limit, windowed as attention() says (a layer with its own window: that
+  // window, no sinks).
+  at::Tensor run(const at::Tensor& x, at::Tensor& h, const at::Tensor& positions, const at::Tensor& seq_lens,
+                 int64_t start, int64_t kv_limit, int64_t window, int64_t sinks) const;
 
  private:
   std::vector<BlockWeights> layers_;
   int64_t n_heads_, n_kv_heads_, intermediate_, batch_ = 0, max_len_ = 0, head_dim_ = 0;
   double eps_, scale_;
+  bool geglu_;
 };
 
 std::string isa();          // the kernel table in use, e.g. "avx512 (vnni)"

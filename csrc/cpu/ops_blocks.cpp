@@ -38,9 +38,11 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, con
 }  // namespace
 
 BlockPlan::BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t n_kv_heads, int64_t intermediate,
-                     double eps, double scale)
+                     double eps, double scale, const std::string& activation)
     : layers_(std::move(layers)), n_heads_(n_heads), n_kv_heads_(n_kv_heads), intermediate_(intermediate), eps_(eps),
-      scale_(scale) {
+      scale_(scale), geglu_(activation == "gelu_tanh") {
+  TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "activation must be 'silu' or 'gelu_tanh', got '",
+              activation, "'");
   TORCH_CHECK(!layers_.empty(), "layers must list at least one block");
   TORCH_CHECK(intermediate > 0, "intermediate = ", intermediate, " must be positive");
   TORCH_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_heads = ", n_heads,
@@ -65,11 +67,22 @@ BlockPlan::BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t 
   batch_ = layers_[0].k_cache.size(0);
   max_len_ = layers_[0].k_cache.size(2);
   head_dim_ = layers_[0].k_cache.size(3);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const BlockWeights& L = layers_[i];
+    for (const auto& [name, t] : {std::pair{"q_norm", &L.q_norm}, {"k_norm", &L.k_norm}})
+      TORCH_CHECK(t->numel() == 0 || (t->dim() == 1 && t->size(0) == head_dim_), "layer ", i, ": ", name,
+                  " must be [D] = [", head_dim_, "] or empty, got ", t->sizes());
+    TORCH_CHECK(L.q_norm.numel() == L.k_norm.numel(), "layer ", i, ": q_norm and k_norm come together");
+    TORCH_CHECK(L.cos.dim() == 2 && L.cos.size(1) == head_dim_ / 2 && L.sin.sizes() == L.cos.sizes(), "layer ", i,
+                ": cos and sin must be [max_pos, D/2] = [max_pos, ", head_dim_ / 2, "], got ", L.cos.sizes(), " and ",
+                L.sin.sizes());
+    TORCH_CHECK(L.window >= 0, "layer ", i, ": window = ", L.window, " must be >= 0");
+  }
 }
 
-at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tensor& positions, const at::Tensor& cos,
-                          const at::Tensor& sin, const at::Tensor& seq_lens, int64_t start, int64_t kv_limit,
-                          int64_t window, int64_t sinks) const {
+at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tensor& positions,
+                          const at::Tensor& seq_lens, int64_t start, int64_t kv_limit, int64_t window,
+                          int64_t sinks) const {
   check_cpu(h, "h");
   check_dtype(h, "h", at::kFloat);
   check_dense(h, "h");
@@ -94,7 +107,8 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
       linear(out, in, p.format, p.tensors.data());
     };
 
-    // attention: qkv in one GEMM, rope on the q and k views, K/V into the cache, attention over it
+    // attention: qkv in one GEMM, the q/k head norms and rope on the q and k views, K/V into the cache,
+    // attention over it (this layer's own window, or the run's)
     project(L.qkv, qkv, x, Q + 2 * KV);
     if (bias.numel() > 0) qkv.add_(bias);
     // views made with as_strided: narrow + view each go through the dispatcher, a few percent of a step
@@ -104,7 +118,11 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
     const at::Tensor v = qkv.as_strided({batch, T, n_kv_heads, D}, {T * ld, ld, D, 1}, Q + KV);
     at::Tensor q_flat = qkv.as_strided({N, n_heads, D}, {ld, D, 1}, 0);
     at::Tensor k_flat = qkv.as_strided({N, n_kv_heads, D}, {ld, D, 1}, Q);
-    rope(q_flat, k_flat, cos, sin, positions);
+    if (L.q_norm.numel() > 0) {
+      rmsnorm_heads(q_flat, L.q_norm, eps);
+      rmsnorm_heads(k_flat, L.k_norm, eps);
+    }
+    rope(q_flat, k_flat, L.cos, L.sin, positions);
     write_kv(k_cache, v_cache, k, v, start);
     if (!y.defined()) {
       y = at::empty({batch, T, n_heads, D}, f32);
@@ -116,15 +134,18 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
       kc = k_cache.as_strided(live, k_cache.strides(), k_cache.storage_offset());
       vc = v_cache.as_strided(live, v_cache.strides(), v_cache.storage_offset());
     }
-    attention(y, q, kc, vc, seq_lens, scale, window, sinks);
+    attention(y, q, kc, vc, seq_lens, scale, L.window > 0 ? L.window : window, L.window > 0 ? 0 : sinks);
     project(L.o, o, y_flat, C);
+    if (L.post_attn_norm.numel() > 0) rmsnorm(o, o, L.post_attn_norm, eps);
     add_rmsnorm(o, h, mlp_norm, eps);  // h += o; o = mlp_norm(h)
 
-    // MLP: [gate | up] in one GEMM, silu(gate) * up, down; the next block's norm folded into the add
+    // MLP: [gate | up] in one GEMM, act(gate) * up, down; the next block's norm folded into the add
     project(L.gate_up, gate_up, o, 2 * intermediate);
     if (!act.defined()) act = at::empty({N, intermediate}, f32);
-    silu_mul(act, gate_up);
+    if (geglu_) gelu_tanh_mul(act, gate_up);
+    else silu_mul(act, gate_up);
     project(L.down, next, act, C);
+    if (L.post_mlp_norm.numel() > 0) rmsnorm(next, next, L.post_mlp_norm, eps);
     add_rmsnorm(next, h, next_norm, eps);  // h += down; next = next_norm(h)
     std::swap(x, next);
   }

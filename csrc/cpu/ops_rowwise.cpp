@@ -36,6 +36,23 @@ void run_norm(const NormArgs& a, int64_t rows) {
   parallel_chunks(rows, min_rows(a.hidden), [&](int64_t r0, int64_t r1) { kernels().norm(a, r0, r1); });
 }
 
+void run_gated(at::Tensor& out, const at::Tensor& gate_up, SiluMulFn fn) {
+  check_fp32_rows(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "gate_up must be [..., 2I], got ", gate_up.sizes());
+  auto expected = gate_up.sizes().vec();
+  expected.back() /= 2;
+  check_cpu(out, "out");
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(expected), "out must be [..., I] = ", at::IntArrayRef(expected),
+              ", got ", out.sizes());
+  check_dtype(out, "out", at::kFloat);
+  check_dense(out, "out");
+  const int inter = checked_int(expected.back(), "I");
+  const int64_t rows = gate_up.numel() / (2 * inter);
+  float* y = out.data_ptr<float>();
+  const float* g = gate_up.data_ptr<float>();
+  parallel_chunks(rows, min_rows(3 * inter), [&](int64_t r0, int64_t r1) { fn(y, g, inter, r0, r1); });
+}
+
 }  // namespace
 
 void rmsnorm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -64,20 +81,32 @@ void add_rmsnorm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, 
 
 void silu_mul(at::Tensor& out, const at::Tensor& gate_up) {
   RECORD_FUNCTION("decodescope::silu_mul", std::vector<c10::IValue>({gate_up}));
-  check_fp32_rows(gate_up, "gate_up");
-  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "gate_up must be [..., 2I], got ", gate_up.sizes());
-  auto expected = gate_up.sizes().vec();
-  expected.back() /= 2;
-  check_cpu(out, "out");
-  TORCH_CHECK(out.sizes() == at::IntArrayRef(expected), "out must be [..., I] = ", at::IntArrayRef(expected),
-              ", got ", out.sizes());
-  check_dtype(out, "out", at::kFloat);
-  check_dense(out, "out");
-  const int inter = checked_int(expected.back(), "I");
-  const int64_t rows = gate_up.numel() / (2 * inter);
-  float* y = out.data_ptr<float>();
-  const float* g = gate_up.data_ptr<float>();
-  parallel_chunks(rows, min_rows(3 * inter), [&](int64_t r0, int64_t r1) { kernels().silu_mul(y, g, inter, r0, r1); });
+  run_gated(out, gate_up, kernels().silu_mul);
+}
+
+void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up) {
+  RECORD_FUNCTION("decodescope::gelu_tanh_mul", std::vector<c10::IValue>({gate_up}));
+  run_gated(out, gate_up, kernels().gelu_tanh_mul);
+}
+
+void rmsnorm_heads(at::Tensor& x, const at::Tensor& weight, double eps) {
+  RECORD_FUNCTION("decodescope::rmsnorm_heads", std::vector<c10::IValue>({x}));
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) > 0, "x must be [N, H, D] with D > 0, got ", x.sizes());
+  check_dtype(x, "x", at::kFloat);
+  check_dense_heads(x, "x");
+  check_norm_weight(weight, x);
+  const int64_t n = x.size(0), heads = x.size(1), stride = x.stride(0);
+  const int d = checked_int(x.size(2), "D");
+  float* base = x.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  // each token's heads are `heads` dense rows of D: the norm kernel over them, in place
+  parallel_chunks(n, min_rows(heads * d), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* row = base + t * stride;
+      kernels().norm({row, row, nullptr, w, d, static_cast<float>(eps)}, 0, heads);
+    }
+  });
 }
 
 void rope(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions) {

@@ -1,5 +1,6 @@
-// The row-wise ops over a SIMD vocabulary S: rmsnorm (with the residual add fused in), silu(gate) * up
-// and rotary embedding. Recipes of engine/ops/ref.py in fp32; torch-free.
+// The row-wise ops over a SIMD vocabulary S: rmsnorm (with the residual add fused in), the gated MLP
+// activations silu(gate) * up and gelu_tanh(gate) * up, and rotary embedding. Recipes of engine/ops/ref.py in
+// fp32; torch-free.
 #pragma once
 
 #include <cmath>
@@ -43,18 +44,30 @@ struct Rowwise {
     }
   }
 
-  // silu(g) * u = g / (1 + e^-g) * u.
-  static void silu_mul(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1) {
+  // Both gates are g * sigmoid(z(g)) = g / (1 + e^-z): silu has z = g; gelu's tanh form,
+  // 0.5 g (1 + tanh(u)) with u = sqrt(2/pi) (g + 0.044715 g^3), is the same with z = 2u, which keeps tanh's
+  // cancellation near 0 out of it. `neg_z` gives -z.
+  template <class NegZ>
+  static void gated(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1, NegZ neg_z) {
     const F one = S::set1(1.f);
     for (int64_t r = r0; r < r1; ++r) {
       const float* g = gate_up + r * 2 * inter;
       float* y = out + r * inter;
       for (int i = 0; i < inter; i += 16) {
         const F gv = load(g + i, inter - i), uv = load(g + inter + i, inter - i);
-        const F e = S::exp(S::sub(S::zero(), gv));
+        const F e = S::exp(neg_z(gv));
         store(y + i, S::mul(S::div(gv, S::add(one, e)), uv), inter - i);
       }
     }
+  }
+
+  static void silu_mul(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1) {
+    gated(out, gate_up, inter, r0, r1, [](F g) { return S::sub(S::zero(), g); });
+  }
+
+  static void gelu_tanh_mul(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1) {
+    const F c = S::set1(-2.f * 0.7978845608028654f), c3 = S::set1(0.044715f);  // -2 sqrt(2/pi)
+    gated(out, gate_up, inter, r0, r1, [&](F g) { return S::mul(c, S::fma(S::mul(c3, g), S::mul(g, g), g)); });
   }
 
   // HF half rotation: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) over the two halves of each head.

@@ -287,6 +287,10 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 
+// One rounding each, as on the GPU; the library is built with -ffp-contract=off, so no FMA merges them.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+
 inline float __uint_as_float(unsigned x) {
   float f;
   std::memcpy(&f, &x, sizeof f);

@@ -1,6 +1,7 @@
-// The GEMV launchers of csrc/gemv.cuh built for the CPU runtime in cuda_on_cpu.h, behind a C ABI for ctypes
-// (tests/test_gemv_cuda.py); dtype codes as in emulated_abi.h, m null for int8. Each call returns a cudaError_t;
-// emu_last_error() says what went wrong inside a kernel.
+// The GEMV launchers of csrc/gemv.cuh and the dequantize launchers of csrc/dequantize.cuh built for the CPU runtime
+// in cuda_on_cpu.h, behind a C ABI for ctypes (tests/test_gemv_cuda.py); dtype codes as in emulated_abi.h, m null
+// for int8. Each call returns a cudaError_t; emu_last_error() says what went wrong inside a kernel.
+#include "../dequantize.cuh"
 #include "../gemv.cuh"
 #include "emulated_abi.h"
 
@@ -22,6 +23,23 @@ int emu_linear(int q4, int dtype, void* out, const void* x, const void* qs, cons
     a.out_features = ints[2];
     a.x_stride = x_stride;
     return q4 ? decodescope::launch_linear_q4<T>(a, nullptr) : decodescope::launch_linear_int8<T>(a, nullptr);
+  });
+}
+
+// ints: out_features, in_features
+int emu_dequantize(int q4, int dtype, void* out, const void* qs, const void* d, const void* m, const int* ints,
+                   int64_t out_stride) {
+  return with_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    decodescope::DequantizeArgs<T> a{};
+    a.out = static_cast<T*>(out);
+    a.qs = qs;
+    a.d = static_cast<const __half*>(d);
+    a.m = static_cast<const __half*>(m);
+    a.out_features = ints[0];
+    a.in_features = ints[1];
+    a.out_stride = out_stride;
+    return q4 ? decodescope::launch_dequantize_q4<T>(a, nullptr) : decodescope::launch_dequantize_int8<T>(a, nullptr);
   });
 }
 

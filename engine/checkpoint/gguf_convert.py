@@ -1,15 +1,18 @@
-"""A llama-family GGUF file -> an HF-format folder the loader reads like any other, plus the file's own
-quantized blocks.
+"""A GGUF file -> an HF-format folder the loader reads like any other, plus the file's own quantized blocks.
 
-Every tensor is dequantized to fp32 (model.safetensors), with the q/k row permutation llama.cpp's converter
-applies undone. Tensors stored as Q4_1 or Q8_0 blocks are also kept as they are (blocks.safetensors), so
-load_model(..., weights="q4" / "int8") runs the file's own blocks: lossless, no second rounding.
+The file's general.architecture names its family (engine/families/: llama, qwen2, qwen3, gemma2, gemma3, phi3);
+its metadata becomes that family's config.json, its tensors HF-named fp32 (model.safetensors) with llama.cpp's
+conversions undone: the q/k row permutation of llama-arch files, the +1 baked into Gemma's norms. Tensors in a
+block type we have a record for (engine/weights/: Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) are also kept as
+they are (blocks.safetensors), so a weight format that holds them runs the file's own blocks, and gguf.json
+records every tensor's type, so the loader can say which it had to dequantize. The tokenizer is rebuilt from
+the metadata (gguf_tokenizer.py).
 
     convert(Path("model.gguf"), Path("out/"))
     folder = cached(Path("model.gguf"))   # <cache>/gguf/model-<key>/, converted on the first call only
 
-The tokenizer is rebuilt from the file's vocabulary and merges for the byte-level BPE families whose
-pre-tokenizer is written out here (SmolLM2's); any other fails before a tensor is read, naming it.
+A file we cannot read fails before anything is written: an architecture, a tokenizer or a rope scaling we do
+not run, a truncated or corrupt file, a vocabulary that does not match the embeddings; each names the file.
 """
 from __future__ import annotations
 
@@ -20,53 +23,95 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from safetensors.numpy import save_file
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from engine.checkpoint import store
-from engine.checkpoint.hf import BLOCKS_FILE, LAYER_MODULES, TOP_MODULES
+from engine import families
+from engine import weights as wts
+from engine.checkpoint import gguf_tokenizer, store
+from engine.checkpoint.hf import BLOCKS_FILE, TYPES_FILE
 from engine.checkpoint.store import Progress
+from engine.families import Family
 
-CONTROL = 3  # llama.cpp's token_type for special tokens such as <|im_end|>
 # Bump when the conversion changes: cached folders carry it (their names, or their markers), so a new
 # converter rebuilds them and two versions of decodescope sharing a cache never rebuild each other's.
-CONVERTER_VERSION = 2  # 2: the GGUF blocks are kept (blocks.safetensors)
-Q4_1, Q8_0 = 3, 8  # GGMLQuantizationType values of the block formats we keep
+CONVERTER_VERSION = 3  # 2: the GGUF blocks are kept; 3: every family, K-quant blocks, gguf.json
+MISSING = object()
+
+
+class GGUFError(ValueError):
+    """A GGUF file we cannot convert; the message names the file, the value and what to do."""
+
+
+class Meta:
+    """A GGUF file's metadata by key: meta("tokenizer.ggml.tokens"), meta.hp("block_count") for "<arch>.<key>"."""
+
+    def __init__(self, reader, path: Path):
+        self.reader, self.path = reader, path
+        self.arch = self("general.architecture")
+
+    def __call__(self, key: str, default=MISSING):
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is not MISSING:
+                return default
+            raise GGUFError(f"{self.path} has no GGUF metadata key {key!r}; the file is incomplete or not a model "
+                            "GGUF: download it again, or load the model's HF folder")
+        return field.contents()
+
+    def hp(self, key: str, default=MISSING):
+        return self(f"{self.arch}.{key}", default)
+
+
+def open_gguf(path: Path):
+    """GGUFReader over the file, with every tensor's bytes inside it; a corrupt or truncated file fails here."""
+    from gguf import GGUFReader  # only a conversion needs it
+
+    try:
+        reader = GGUFReader(path)
+        size = path.stat().st_size
+        for t in reader.tensors:
+            if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
+                raise ValueError(f"tensor {t.name!r} ends at byte {t.data_offset + t.n_bytes}, past the end")
+    except (ValueError, IndexError, KeyError, OSError, EOFError) as e:
+        raise GGUFError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it is corrupt or "
+                        "truncated: download it again") from None
+    return reader
+
+
+def family_of(meta: Meta) -> Family:
+    family = families.GGUF_ARCHS.get(meta.arch)
+    if family is None:
+        runs = ", ".join(sorted(families.GGUF_ARCHS))
+        raise GGUFError(f"{meta.path} holds a {meta.arch!r} model; decodescope converts GGUF files of {runs}. "
+                        f"Load its HF folder if its family is one of: {families.supported()}")
+    return family
 
 
 def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
-    """Write an HF-format llama folder (fp32 safetensors, the kept blocks, config, tokenizer) from a GGUF file."""
-    from gguf import GGUFReader  # only the first run needs it
-
+    """Write an HF-format folder (fp32 safetensors, the kept blocks, config, tokenizer) from a GGUF file."""
     start = time.perf_counter()
     progress(f"decodescope: reading {gguf_file}")
-    reader = GGUFReader(gguf_file)
-    check_tokenizer(reader)
-    config = hf_config(reader)
-    tensors, blocks = hf_tensors(reader, config, progress)
+    meta = Meta(open_gguf(gguf_file), gguf_file)
+    family = family_of(meta)
+    try:
+        gguf_tokenizer.kind(meta, meta.arch)
+    except gguf_tokenizer.TokenizerError as e:
+        raise GGUFError(f"{gguf_file} has {e}") from None
+    config = hf_config(meta, family)
+    tensors, blocks, types = hf_tensors(meta, family, config, progress)
     progress(f"decodescope: writing {out / 'model.safetensors'}")
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     if blocks:
         save_file(blocks, str(out / BLOCKS_FILE), metadata={"format": "gguf-blocks"})
+    _write_json(out / TYPES_FILE, {"source": gguf_file.name, "tensors": types})
     progress("decodescope: writing the tokenizer and configs")
-    build_tokenizer(reader).save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", tokenizer_config(reader))
+    gguf_tokenizer.build(meta, meta.arch).save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", tokenizer_config(meta))
     _write_json(out / "config.json", config)
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
-    _write_json(out / "generation_config.json", {key: config[key] for key in ids})
+    _write_json(out / "generation_config.json", {key: config.get(key) for key in ids})
     progress(f"decodescope: converted {len(tensors)} tensors in {time.perf_counter() - start:.1f} s")
-
-
-MISSING = object()
-
-
-def _meta(reader, key: str, default=MISSING):
-    field = reader.fields.get(key)
-    if field is None:
-        if default is not MISSING:
-            return default
-        raise ValueError(f"{reader.data.filename} has no GGUF metadata key {key!r}")
-    return field.contents()
 
 
 def cached(gguf_file: Path, cache_dir: Path | None = None, progress: Progress = print) -> Path:
@@ -90,51 +135,84 @@ def cached(gguf_file: Path, cache_dir: Path | None = None, progress: Progress = 
     return folder
 
 
-def hf_config(reader) -> dict:
-    """config.json for LlamaForCausalLM from the llama.* metadata."""
-    arch = _meta(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{reader.data.filename} holds a {arch!r} model; only 'llama' GGUF files convert")
-
-    def hp(key):
-        return _meta(reader, f"llama.{key}")
-
-    def tok(key):
-        return _meta(reader, f"tokenizer.ggml.{key}")
-
-    hidden, n_heads = hp("embedding_length"), hp("attention.head_count")
-    scaling = _meta(reader, "llama.rope.scaling.type", None)
-    if scaling not in (None, "none", "linear"):
-        raise ValueError(f"{reader.data.filename} uses rope scaling {scaling!r}; only none and 'linear' convert")
-    rope_scaling = ({"rope_type": "linear", "factor": float(hp("rope.scaling.factor"))}
-                    if scaling == "linear" else None)
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": len(tok("tokens")), "hidden_size": hidden,
-        "intermediate_size": hp("feed_forward_length"), "num_hidden_layers": hp("block_count"),
-        "num_attention_heads": n_heads, "num_key_value_heads": hp("attention.head_count_kv"),
-        "head_dim": _meta(reader, "llama.attention.key_length", hidden // n_heads), "hidden_act": "silu",
+def hf_config(meta: Meta, family: Family) -> dict:
+    """config.json for the family from the <arch>.* metadata (llama.cpp's keys, read as transformers' GGUF loader
+    reads them), refusing what would change the math silently."""
+    hidden, n_heads, n_layers = meta.hp("embedding_length"), meta.hp("attention.head_count"), meta.hp("block_count")
+    n_kv = meta.hp("attention.head_count_kv", n_heads)
+    for name, value in (("attention.head_count", n_heads), ("attention.head_count_kv", n_kv)):
+        if not isinstance(value, int):
+            raise GGUFError(f"{meta.path} sets {meta.arch}.{name} per layer ({value}); decodescope runs one count")
+    head_dim = meta.hp("attention.key_length", hidden // n_heads)
+    rot = meta.hp("rope.dimension_count", head_dim)
+    if rot != head_dim:
+        raise GGUFError(f"{meta.path} rotates {rot} of each head's {head_dim} dims ({meta.arch}.rope.dimension_count)"
+                        "; decodescope rotates whole heads only")
+    tok = meta("tokenizer.ggml.tokens")
+    config = {
+        "architectures": [family.architecture], "model_type": family.model_type,
+        "vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": meta.hp("feed_forward_length"),
+        "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
+        "head_dim": head_dim, family.act_key: "silu",
         # GGUF stores eps as float32 (9.99999974e-06); the shortest float32 repr gives back 1e-05.
-        "rms_norm_eps": float(str(np.float32(hp("attention.layer_norm_rms_epsilon")))),
-        "rope_theta": float(_meta(reader, "llama.rope.freq_base", 10000.0)), "rope_scaling": rope_scaling,
-        "max_position_embeddings": hp("context_length"), "attention_bias": False, "mlp_bias": False,
+        "rms_norm_eps": float(str(np.float32(meta.hp("attention.layer_norm_rms_epsilon")))),
+        "rope_theta": float(meta.hp("rope.freq_base", 10000.0)), "rope_scaling": rope_scaling(meta),
+        "max_position_embeddings": meta.hp("context_length"),
         # no output.weight tensor: the lm head reuses the embeddings
-        "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors), "torch_dtype": "float32",
-        "bos_token_id": tok("bos_token_id"), "eos_token_id": tok("eos_token_id"),
-        "pad_token_id": _meta(reader, "tokenizer.ggml.padding_token_id", None),
+        "tie_word_embeddings": all(t.name != "output.weight" for t in meta.reader.tensors), "torch_dtype": "float32",
+        "bos_token_id": meta("tokenizer.ggml.bos_token_id", None), "eos_token_id": meta("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta("tokenizer.ggml.padding_token_id", None),
     }
+    config["attention_bias"] = any(t.name.endswith("attn_q.bias") for t in meta.reader.tensors)
+    window = meta.hp("attention.sliding_window", None)
+    if window:
+        config["sliding_window"] = window
+    return config | family.gguf_extras(meta.hp, config)
 
 
-def hf_name(name: str) -> str:
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight', through hf.py's one table."""
-    top = {g: hf for parts in TOP_MODULES.values() for hf, g in parts}
-    layer = {g: hf for parts in LAYER_MODULES.values() for hf, g in parts}
+def rope_scaling(meta: Meta) -> dict | None:
+    """HF's rope_scaling from <arch>.rope.scaling.* or, for Llama 3.x, from its rope_freqs tensor."""
+    kind = meta.hp("rope.scaling.type", None)
+    freqs = next((t for t in meta.reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        return llama3_scaling(meta, np.asarray(freqs.data, np.float32))
+    if kind in (None, "none"):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(meta.hp("rope.scaling.factor"))}
+    raise GGUFError(f"{meta.path} uses rope scaling {kind!r}; decodescope converts none, 'linear' and Llama 3's")
+
+
+def llama3_scaling(meta: Meta, freqs: np.ndarray) -> dict:
+    """Llama 3.x files store the per-frequency divisors of their rope scaling (rope_freqs); the parameters that
+    give exactly those divisors, from the ones Llama 3.1 / 3.2 ship, or a refusal naming the tensor."""
+    from engine.config import Rope
+
+    head_dim = meta.hp("attention.key_length", meta.hp("embedding_length") // meta.hp("attention.head_count"))
+    theta = float(meta.hp("rope.freq_base", 10000.0))
+    factor = float(freqs.max())
+    for old in (8192, meta.hp("rope.scaling.original_context_length", 8192)):
+        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": int(old)}
+        plain = Rope(theta).inv_freq(head_dim, 0, 0)
+        scaled = Rope(theta, tuple(sorted(scaling.items()))).inv_freq(head_dim, 0, 0)
+        if np.allclose((plain / scaled).numpy(), freqs, rtol=1e-5):
+            return scaling
+    raise GGUFError(f"{meta.path}'s rope_freqs tensor is not Llama 3's rope scaling with factor {factor}; "
+                    "load the model's HF folder instead")
+
+
+def hf_name(name: str, family: Family | None = None) -> str:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight', through the family's tensor table."""
+    family = family or families.FAMILIES["llama"]
+    top = {g: hf for parts in family.top.values() for hf, g, _ in parts}
+    layer = {g: hf for parts in family.layer.values() for hf, g, _ in parts}
     parts = name.split(".")
     if len(parts) == 2 and parts[0] in top:
         return f"{top[parts[0]]}.{parts[1]}"
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer:
         return f"model.layers.{parts[1]}.{layer[parts[2]]}.{parts[3]}"
-    raise ValueError(f"GGUF tensor {name!r} has no llama counterpart in HF naming")
+    raise GGUFError(f"GGUF tensor {name!r} has no {family.model_type} counterpart in HF naming")
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -144,98 +222,70 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def hf_tensors(reader, config: dict, progress: Progress) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Every tensor dequantized to fp32, renamed, in HF [out, in] layout; and the Q4_1 / Q8_0 tensors' own
-    blocks, as engine/weights.py's canonical Blocks hold them (q4: values 0..15 with d and m; int8: q and d):
-    '<hf name>.q4.q' / '.q4.d' / '.q4.m' and '<hf name>.int8.q' / '.int8.d'."""
+SKIPPED = ("rope_freqs.weight",)  # read into the config (rope_scaling), not a weight
+
+
+def hf_tensors(meta: Meta, family: Family, config: dict, progress: Progress):
+    """(every tensor dequantized to fp32, HF-named, [out, in]; the kept blocks as '<hf name>.<format>.<field>' of
+    each format's canonical Blocks; {hf name: [gguf name, GGUF type]})."""
     from gguf.quants import dequantize
 
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    out, blocks, total = {}, {}, len(reader.tensors)
-    for i, t in enumerate(reader.tensors, 1):
-        # GGUF lists dims fastest-first ([in, out]); the numpy data is already row-major [out, in].
-        shape = tuple(reversed(t.shape.tolist()))
+    out, blocks, types = {}, {}, {}
+    tensors = [t for t in meta.reader.tensors if t.name not in SKIPPED]
+    vocab = len(meta("tokenizer.ggml.tokens"))
+    for i, t in enumerate(tensors, 1):
+        name = hf_name(t.name, family)
+        shape = tuple(reversed(t.shape.tolist()))  # GGUF lists dims fastest-first ([in, out])
+        if t.name.startswith("token_embd") and shape[0] != vocab:
+            raise GGUFError(f"{meta.path}: the tokenizer lists {vocab} tokens but token_embd.weight has "
+                            f"{shape[0]} rows; the file is inconsistent: download it again")
         w = np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
+        kept = kept_blocks(t, shape)
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else None
-        kept = block_arrays(t.data, int(t.tensor_type), shape)
-        if kind in heads:  # rows are whole blocks' worth of one output each: permuting rows keeps the blocks
+        if family.gguf_permute_qk and kind in heads:  # whole rows move: the blocks move with them
             w = unpermute(w, heads[kind])
             kept = {k: unpermute(v, heads[kind]) for k, v in kept.items()}
-        out[hf_name(t.name)] = np.ascontiguousarray(w)
-        blocks.update({f"{hf_name(t.name)}.{k}": np.ascontiguousarray(v) for k, v in kept.items()})
-        if i % 32 == 0 or i == total:
-            progress(f"decodescope: dequantized {i}/{total} tensors")
-    return out, blocks
+        if t.name.endswith("norm.weight") and family.norm_offset:
+            w = w - np.float32(family.norm_offset)  # llama.cpp stores Gemma's (1 + w)
+        out[name] = np.ascontiguousarray(w)
+        blocks.update({f"{name}.{k}": np.ascontiguousarray(v) for k, v in kept.items()})
+        types[name] = [t.name, t.tensor_type.name]
+        if i % 32 == 0 or i == len(tensors):
+            progress(f"decodescope: dequantized {i}/{len(tensors)} tensors")
+    return out, blocks, types
 
 
-def block_arrays(data: np.ndarray, qtype: int, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """A Q4_1 or Q8_0 tensor's raw bytes [out, bytes per row] -> its blocks per output row ({} otherwise).
-
-    Q4_1 block (20 bytes): fp16 d, fp16 m, 16 bytes of nibbles (byte j: element j low, element j + 16 high).
-    Q8_0 block (34 bytes): fp16 d, 32 int8."""
-    if qtype not in (Q4_1, Q8_0) or len(shape) != 2:
+def kept_blocks(t, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """A block-type matrix's canonical Blocks (engine/weights/), '<format>.<field>' -> array; {} for others."""
+    fmt = wts.BY_GGUF.get(t.tensor_type.name)
+    if fmt is None or len(shape) != 2:
         return {}
-    rows = np.asarray(data, np.uint8).reshape(shape[0], -1, 20 if qtype == Q4_1 else 34)
-    d = rows[..., 0:2].copy().view(np.float16)[..., 0]
-    if qtype == Q8_0:
-        return {"int8.q": rows[..., 2:].copy().view(np.int8).reshape(shape[0], -1), "int8.d": d}
-    m = rows[..., 2:4].copy().view(np.float16)[..., 0]
-    nib = rows[..., 4:]
-    q = np.concatenate([nib & 0xF, nib >> 4], axis=-1)  # [out, nb, 32]: elements 0..15, then 16..31
-    return {"q4.q": q.reshape(shape[0], -1), "q4.d": d, "q4.m": m}
+    raw = torch.from_numpy(np.array(t.data, np.uint8).reshape(shape[0], -1))  # a copy: the file is mapped read-only
+    b = wts.get(fmt).from_gguf(raw, *shape)
+    fields = {"q": b.q, "d": b.d, "m": b.m, "sc": b.sc, "mn": b.mn}
+    return {f"{fmt}.{k}": v.numpy() for k, v in fields.items() if v is not None}
 
 
-REBUILT_TOKENIZERS = {("gpt2", "smollm"): "SmolLM2's byte-level BPE"}
-
-
-def check_tokenizer(reader) -> None:
-    """Fail before any tensor is read when the file's tokenizer is not one rebuilt here."""
-    model = _meta(reader, "tokenizer.ggml.model", None)
-    pre = _meta(reader, "tokenizer.ggml.pre", None)
-    if (model, pre) not in REBUILT_TOKENIZERS:
-        known = ", ".join(f"{name} (model={m!r}, pre={p!r})" for (m, p), name in REBUILT_TOKENIZERS.items())
-        raise ValueError(f"{reader.data.filename} has tokenizer model={model!r} pre={pre!r}, which decodescope "
-                         f"cannot rebuild from GGUF metadata (it rebuilds {known}); load the model from its "
-                         "HF folder or hub id instead, which ships tokenizer.json")
-
-
-def build_tokenizer(reader) -> Tokenizer:
-    """SmolLM2's byte-level BPE, rebuilt from the vocab and merges in the GGUF metadata."""
-    check_tokenizer(reader)
-    tokens = _meta(reader, "tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ")) for m in _meta(reader, "tokenizer.ggml.merges")]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
-    # SmolLM2's own tokenizer.json: every digit alone, then GPT-2's byte-level split.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)  # adds no bos: add_bos_token is false
-    types = _meta(reader, "tokenizer.ggml.token_type")
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, kind in zip(tokens, types, strict=True) if kind == CONTROL])
-    return tok
-
-
-def tokenizer_config(reader) -> dict:
+def tokenizer_config(meta: Meta) -> dict:
     """tokenizer_config.json: special tokens by name, the bos flag and the chat template from the file."""
-    tokens = _meta(reader, "tokenizer.ggml.tokens")
+    tokens = meta("tokenizer.ggml.tokens")
 
     def name(key):
-        i = _meta(reader, f"tokenizer.ggml.{key}", None)
+        i = meta(f"tokenizer.ggml.{key}", None)
         return None if i is None else tokens[i]
 
+    # a SentencePiece file that does not say adds a bos, as llama.cpp and transformers do
+    bos = meta("tokenizer.ggml.add_bos_token", meta("tokenizer.ggml.model") == "llama")
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(_meta(reader, "tokenizer.ggml.add_bos_token", False)), "add_eos_token": False,
+        "add_bos_token": bool(bos), "add_eos_token": False,
         "bos_token": name("bos_token_id"), "eos_token": name("eos_token_id"),
         "pad_token": name("padding_token_id"), "unk_token": name("unknown_token_id"),
-        "clean_up_tokenization_spaces": False, "model_max_length": _meta(reader, "llama.context_length"),
-        "chat_template": _meta(reader, "tokenizer.chat_template", None),
+        "clean_up_tokenization_spaces": False, "model_max_length": meta.hp("context_length"),
+        "chat_template": meta("tokenizer.chat_template", None),
     }
 
 
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-

@@ -1,11 +1,13 @@
 """An HF-format model folder: config.json + *.safetensors + tokenizer.json, and the tensors a model needs from it.
 
 Every tensor's presence and shape is checked from the safetensors headers before a byte is loaded, so a bad
-folder fails at once with the tensor's name and both shapes. A folder converted from a GGUF file also keeps
-the file's own quantized blocks (BLOCKS_FILE), which the loader uses where a weight format asks for them.
+folder fails at once with the tensor's name and both shapes. The tensors' names come from the family's recipe
+(engine/families/). A folder converted from a GGUF file also keeps the file's own quantized blocks (BLOCKS_FILE)
+and every tensor's GGUF type (TYPES_FILE), which the loader uses where a weight format holds those blocks.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -15,52 +17,36 @@ from engine import weights as wts
 from engine.config import ConfigError, ModelConfig
 
 BLOCKS_FILE = "blocks.safetensors"
+TYPES_FILE = "gguf.json"  # {"source": file name, "tensors": {hf name: [gguf name, GGUF type]}}
 
 
 class ModelLoadError(ValueError):
     """A model folder we cannot load; the message says what is wrong and what to do."""
 
 
-# Every tensor of a llama-family checkpoint, in one table: our module <- the HF modules whose weights are
-# concatenated (dim 0) into it, each with its GGUF name (the default model's converter reads GGUF through it).
-LAYER_MODULES = {
-    "attn_norm": [("input_layernorm", "attn_norm")],
-    "mlp_norm": [("post_attention_layernorm", "ffn_norm")],
-    "attn.wqkv": [("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v")],
-    "attn.wo": [("self_attn.o_proj", "attn_output")],
-    "mlp.w_gate_up": [("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up")],
-    "mlp.w_down": [("mlp.down_proj", "ffn_down")],
-}
-TOP_MODULES = {"embed": [("model.embed_tokens", "token_embd")], "norm": [("model.norm", "output_norm")],
-               "lm_head": [("lm_head", "output")]}
-BIASED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # Qwen2's attention_bias
-
-
-def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF module name (per layer without its model.layers.N. prefix) -> weight shape, [out, in] for matrices."""
+def symbols(cfg: ModelConfig) -> dict[str, int]:
+    """The shape symbols of the families' tensor tables (engine/families/recipe.py) for this config."""
     C, I, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
-    return {"input_layernorm": (C,), "post_attention_layernorm": (C,), "self_attn.q_proj": (q, C),
-            "self_attn.k_proj": (kv, C), "self_attn.v_proj": (kv, C), "self_attn.o_proj": (C, q),
-            "mlp.gate_proj": (I, C), "mlp.up_proj": (I, C), "mlp.down_proj": (C, I),
-            "model.embed_tokens": (cfg.vocab_size, C), "model.norm": (C,), "lm_head": (cfg.vocab_size, C)}
+    return {"C": C, "I": I, "2I": 2 * I, "V": cfg.vocab_size, "D": cfg.head_dim, "q": q, "kv": kv, "qkv": q + 2 * kv}
 
 
 def _tensors(cfg: ModelConfig):
-    """(our parameter, HF tensor, its shape) for every tensor the model needs, in load order."""
-    shapes = hf_shapes(cfg)
-    for ours, parts in TOP_MODULES.items():
+    """(our parameter, HF tensor, its shape) for every tensor the model needs, in load order, from the family's
+    table: our module <- the HF modules whose weights are concatenated (dim 0) into it."""
+    family, size = cfg.family, symbols(cfg)
+    for ours, parts in family.top.items():
         if cfg.tie_word_embeddings and ours == "lm_head":
             continue
         if cfg.tie_word_embeddings and ours == "embed":  # the head holds the tied embedding (Transformer)
             ours = "lm_head"
-        for hf, _ in parts:
-            yield f"{ours}.weight", f"{hf}.weight", shapes[hf]
+        for hf, _, shape in parts:
+            yield f"{ours}.weight", f"{hf}.weight", tuple(size[d] for d in shape)
     for i in range(cfg.n_layers):
-        for ours, parts in LAYER_MODULES.items():
-            for hf, _ in parts:
-                yield f"layers.{i}.{ours}.weight", f"model.layers.{i}.{hf}.weight", shapes[hf]
-            for hf, _ in parts if cfg.attention_bias and parts[0][0] in BIASED else ():
-                yield f"layers.{i}.{ours}.bias", f"model.layers.{i}.{hf}.bias", shapes[hf][:1]
+        for ours, parts in family.layer.items():
+            for hf, _, shape in parts:
+                yield f"layers.{i}.{ours}.weight", f"model.layers.{i}.{hf}.weight", tuple(size[d] for d in shape)
+            for hf, _, shape in parts if cfg.attention_bias and ours == "attn.wqkv" else ():
+                yield f"layers.{i}.{ours}.bias", f"model.layers.{i}.{hf}.bias", (size[shape[0]],)
 
 
 def our_targets(cfg: ModelConfig) -> dict[str, list[str]]:
@@ -108,18 +94,47 @@ def check_folder(folder: Path) -> tuple[ModelConfig, dict]:
     return cfg, found
 
 
-def native_blocks(folder: Path, names: list[str], fmt: str, device) -> wts.Blocks | None:
-    """The HF tensors' own blocks in `fmt`, concatenated like their weights, when the folder kept them
-    (a converted GGUF file: engine/checkpoint/gguf_convert.py); None otherwise."""
-    file = folder / BLOCKS_FILE
-    if fmt not in wts.QUANTIZED or not file.is_file():
-        return None
-    stored = "int8" if fmt == "q8" else fmt  # Q8_0 blocks, whichever way they run
-    with safe_open(file, framework="pt", device=str(device)) as f:
-        keys = set(f.keys())
-        if not all(f"{n}.{stored}.q" in keys for n in names):
+class KeptBlocks:
+    """A converted GGUF folder's own blocks (BLOCKS_FILE: each format's canonical Blocks fields as
+    '<hf name>.<format>.<field>') and every tensor's GGUF type (TYPES_FILE); empty for any other folder."""
+
+    FIELDS = ("q", "d", "m", "sc", "mn")
+
+    def __init__(self, folder: Path, device):
+        types = folder / TYPES_FILE
+        self.types: dict[str, tuple[str, str]] = (
+            {k: tuple(v) for k, v in json.loads(types.read_text())["tensors"].items()} if types.is_file() else {})
+        self.file = folder / BLOCKS_FILE if (folder / BLOCKS_FILE).is_file() else None
+        self.device = device
+
+    def gguf_type(self, name: str) -> str | None:
+        return self.types.get(name, (None, None))[1]
+
+    def gguf_name(self, name: str) -> str:
+        return self.types.get(name, (name,))[0]
+
+    def block_typed(self, name: str) -> bool:
+        """Whether the file stored HF tensor `name` in blocks (any quantized GGUF type, with a record or not)."""
+        return self.gguf_type(name) not in (None, "F32", "F16", "BF16", "F64")
+
+    def stored_format(self, name: str) -> str | None:
+        """The weight format holding the file's blocks of HF tensor `name` as they are (None: not block-typed)."""
+        return wts.BY_GGUF.get(self.gguf_type(name))
+
+    def blocks(self, names: list[str], fmt: str, n_in: int) -> wts.Blocks | None:
+        """The HF tensors' own blocks as Blocks of `fmt` for a weight [out, n_in], concatenated like their weights
+        (dim 0), when every one of them is stored in a format `fmt` holds exactly (engine/weights: reblock);
+        None otherwise."""
+        stored = [self.stored_format(n) for n in names]
+        if self.file is None or fmt not in wts.QUANTIZED or None in stored:
             return None
-        kinds = [k for k in ("q", "d", "m") if f"{names[0]}.{stored}.{k}" in keys]
-        parts = [[f.get_tensor(f"{n}.{stored}.{k}") for n in names] for k in kinds]
-    out, n_in = sum(p.shape[0] for p in parts[0]), parts[0][0].shape[1]
-    return wts.Blocks(fmt, out, n_in, *(torch.cat(p) for p in parts))
+        if any(s != fmt and fmt not in wts.get(s).exact_in for s in stored):
+            return None
+        parts = []
+        with safe_open(self.file, framework="pt", device=str(self.device)) as f:
+            for n, s in zip(names, stored, strict=True):
+                t = {k: f.get_tensor(f"{n}.{s}.{k}") for k in self.FIELDS if f"{n}.{s}.{k}" in f.keys()}
+                b = wts.Blocks(s, t["q"].shape[0], n_in, **t)
+                parts.append(wts.reblock(b, fmt))
+        fields = {k: torch.cat([getattr(p, k) for p in parts]) for k in self.FIELDS if getattr(parts[0], k) is not None}
+        return wts.Blocks(fmt, fields["q"].shape[0], n_in, **fields)

@@ -12,7 +12,8 @@ from safetensors import safe_open
 
 from engine import ops
 from engine import weights as wts
-from engine.checkpoint.hf import BLOCKS_FILE, ModelLoadError, check_folder, native_blocks, our_targets
+from engine.checkpoint.formats import FormatPlan, check_format_name, head_format, pick_format
+from engine.checkpoint.hf import KeptBlocks, ModelLoadError, check_folder, our_targets
 from engine.config import ModelConfig
 from engine.model import Linear, Transformer
 from engine.tokenizer import Tokenizer
@@ -22,12 +23,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.floa
 
 
 def resolve_path(name: str | None, cache_dir: str | Path | None = None, progress=print) -> Path:
-    """A local folder, a llama GGUF file (converted once into the cache), a hub id (downloaded when the hub is
-    reachable), or None for the embedded default."""
-    if name is None:
-        from engine.checkpoint import default_model
+    """A local folder, a GGUF file (converted once into the cache), an embedded model's name (embedded.MODELS:
+    fetched and converted once), a hub id (downloaded when the hub is reachable), or None for the default."""
+    from engine.checkpoint import embedded
 
-        return default_model.ensure(cache_dir, progress=progress)
+    if name is None or name in embedded.MODELS:
+        return embedded.ensure(embedded.MODELS.get(name, embedded.SMOLLM2), cache_dir, progress=progress)
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -42,8 +43,8 @@ def resolve_path(name: str | None, cache_dir: str | Path | None = None, progress
             raise ModelLoadError(f"cannot convert {name}: {e}") from None
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ModelLoadError(f"model folder {name!r} does not exist; pass a folder with config.json, "
-                             "*.safetensors and tokenizer.json, a hub id such as 'org/model', "
-                             "or nothing for the default")
+                             "*.safetensors and tokenizer.json, a GGUF file, a hub id such as 'org/model', one of "
+                             f"{', '.join(embedded.MODELS)}, or nothing for the default")
     try:
         from huggingface_hub import snapshot_download
 
@@ -65,39 +66,13 @@ def pick_dtype(dtype, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def pick_format(weights: str | None, dtype: torch.dtype, opset: ops.OpSet, native: bool) -> str:
-    """The projections' format: as asked, else q4 for a model with native q4 blocks where the q4 kernel runs
-    (lossless there, and the fastest), else the activations' dtype."""
-    dense = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
-    if weights is None:
-        return "q4" if native and opset.name == "fused" else dense
-    fmt = check_format_name(weights)
-    if opset.layout == "cpu" and fmt not in wts.PANEL_FORMATS:
-        cpu = [f for f in wts.PANEL_FORMATS if f in wts.FORMATS]
-        raise ModelLoadError(f"weights={fmt!r} has no CPU kernel; pick one of {', '.join(cpu)}")
-    return fmt
-
-
-def check_format_name(weights: str) -> str:
-    try:
-        return wts.check_format(weights)
-    except ValueError as e:
-        raise ModelLoadError(str(e)) from None
-
-
-def head_format(fmt: str) -> str:
-    """The LM head's format: a q4 model keeps its head in 8-bit blocks, as the GGUF files of small models do
-    (the default model's is Q8_0): the head sees every token's logits, where 4 bits cost the most quality. It
-    runs as q8 (engine/weights/q8_0.py): those blocks with exact activations, so q4 stays lossless there."""
-    return wts.get(fmt).head or fmt
-
-
 def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights: str | None = None,
                fused: bool = True, cache_dir=None, progress=print) -> Transformer:
     """Load a model folder / hub id / the embedded default (None) straight onto `device`.
 
     dtype: the activations' (default fp32 on CPU, bf16 on CUDA). weights: the projections' format, one of
-    engine/weights.py FORMATS (default: q4 where the model ships q4 blocks and its kernel runs, else dtype)."""
+    engine/weights FORMATS (default: a converted GGUF's own blocks where the kernels run them, else dtype: see
+    checkpoint/formats.py). What the loader had to do to a file's blocks is printed and kept in load_notes."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for but torch sees no CUDA device; use device='cpu'")
@@ -105,9 +80,14 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
         check_format_name(weights)  # a typo fails before any download or build
     folder = resolve_path(None if name is None else str(name), cache_dir, progress)
     cfg, found = check_folder(folder)
+    tokenizer = Tokenizer(folder)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelLoadError(f"{folder / 'tokenizer.json'} has {tokenizer.vocab_size} tokens but config.json's "
+                             f"vocab_size is {cfg.vocab_size}: ids past it have no embedding. The tokenizer is not "
+                             "this model's: copy the model's own tokenizer.json there")
     dt = pick_dtype(dtype, device)
     opset = ops.select(device, fused, cfg.head_dim, dt)
-    fmt = pick_format(weights, dt, opset, native=(folder / BLOCKS_FILE).is_file())
+    plan = FormatPlan(weights, dt, opset, KeptBlocks(folder, device))
     with torch.device("meta"):
         model = Transformer(cfg)
     model = model.to_empty(device=device).to(dt)
@@ -118,15 +98,23 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
             owner, kind = ours.rsplit(".", 1)
             module = model.get_submodule(owner)
             if not (isinstance(module, Linear) and kind == "weight"):
-                params[ours].copy_(torch.cat([handles[found[n][0]].get_tensor(n) for n in names]))
+                value = torch.cat([handles[found[n][0]].get_tensor(n) for n in names]).float()
+                # (1 + w) norms: the model runs the weight the formula uses, summed in fp32 as transformers does
+                # (in bf16 it is then rounded once, where transformers keeps the fp32 sum)
+                if ours.endswith("norm.weight"):
+                    value += cfg.norm_offset
+                params[ours].copy_(value)
                 continue
-            f = head_format(fmt) if module is model.lm_head else fmt
-            blocks = native_blocks(folder, names, f, device)
-            if blocks is None:  # HF layout: [out, in]
-                blocks = wts.quantize(torch.cat([handles[found[n][0]].get_tensor(n).to(dt) for n in names]), f)
+            def dense(names=names):  # HF layout: [out, in]
+                return torch.cat([handles[found[n][0]].get_tensor(n).to(dt) for n in names])
+
+            blocks = plan.blocks(names, module.in_features, module is model.lm_head, dense)
             module.weight = wts.pack(blocks, opset.layout)
     model.requires_grad_(False).eval()
-    model.path, model.eos_ids = folder, tuple(sorted(Tokenizer(folder).eos_ids))
+    model.path, model.eos_ids = folder, tuple(sorted(tokenizer.eos_ids))
+    model.format, model.load_notes = plan.fmt, plan.messages()
+    for note in model.load_notes:
+        progress(note)
     model.use_ops(opset)
     return model
 
@@ -138,7 +126,7 @@ def random_model(cfg: ModelConfig, device="cpu", dtype=None, weights: str | None
     device = torch.device(device)
     dt = pick_dtype(dtype, device)
     opset = ops.select(device, fused, cfg.head_dim, dt)
-    fmt = pick_format(weights, dt, opset, native=False)
+    fmt = pick_format(weights, dt, opset)
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):
         model = Transformer(cfg).to(dt)

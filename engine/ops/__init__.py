@@ -28,6 +28,10 @@ class OpSet:
     # every block of a cached forward in one native call, (model, x, h, ForwardContext) -> x; None: the
     # blocks run one by one in Python (engine/model.py)
     blocks: Callable | None = None
+    # the ops only some families run (Gemma's GeGLU, Qwen3's and Gemma 3's q/k norms): the twins unless a
+    # module has the kernel
+    gelu_tanh_mul: Callable = ref.gelu_tanh_mul
+    rmsnorm_heads_: Callable = ref.rmsnorm_heads_
 
 
 # The torch twins' matmul by what a format's CPU kernel does with the activations (WeightFormat.cpu_activations)
@@ -75,14 +79,21 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
     status = ext.load("cuda")
     if status.module is None:
         return torch_ops(status.reason, device)
+    return cuda_ops(status.module, status.reason)
+
+
+def cuda_ops(module, reason: str) -> OpSet:
+    """The fused OpSet over the CUDA module (csrc/bindings.cpp), or over a stand-in with its functions: the tests
+    run a model's CUDA path on the CPU emulation of the kernels this way."""
     from engine.ops import cuda
 
-    kernels = cuda.ops(status.module)
-    gemv = {name: kernels.pop(name) for name in ("linear_int8", "linear_q4")}
-    # dense: cuBLAS through torch; block formats: the format's GEMV (int8 and q8 alike, activations in their dtype)
-    linear = {name: ref.matmul_t if f.cuda_kernel is None else cuda_matmul(gemv[f.cuda_kernel])
+    kernels = cuda.ops(module)
+    products = {name: kernels.pop(name) for name in ("linear_int8", "linear_q4")}
+    # dense: cuBLAS through torch; block formats: the format's kernel (int8 and q8 alike, activations in their
+    # dtype), the GEMV up to 16 rows and the dequantize route beyond (engine/ops/cuda.py)
+    linear = {name: ref.matmul_t if f.cuda_kernel is None else cuda_matmul(products[f.cuda_kernel])
               for name, f in weights.REGISTRY.items() if "cuda" in f.layouts}
-    return OpSet(name="fused", reason=status.reason, attention=cuda_attention(kernels.pop("decode_attention")),
+    return OpSet(name="fused", reason=reason, attention=cuda_attention(kernels.pop("decode_attention")),
                  layout="cuda", linear=linear, **kernels)
 
 

@@ -16,6 +16,7 @@ from engine.ops.rowwise import RowwiseOps
 ATTN_TILE_BYTES = 8192  # K (and V) per pipeline stage
 ATTN_STAGES = 3
 ATTN_MIN_TILES_PER_SPLIT = ATTN_STAGES - 1
+GEMV_MAX_TOKENS = 16  # csrc/gemv.cuh's largest token tile; more rows take the dequantize + GEMM route
 
 
 def attention_tile_keys(head_dim: int, dtype: torch.dtype) -> int:
@@ -75,12 +76,24 @@ class CudaOps(RowwiseOps):
             )
         return self._workspaces[key]
 
-    # --- weight-only GEMV: int8 (GGUF Q8_0) and q4 (GGUF Q4_1) blocks read in place, T = 1..16 tokens ---------
+    # --- weight-only products: int8 (GGUF Q8_0) and q4 (GGUF Q4_1) blocks, any number of rows ------------------
     # Twin: ref.linear(x, weights.dequantize(blocks)). Outside the OpSet: which linear a projection runs follows
-    # its weight format, not the op set.
+    # its weight format, not the op set. Up to GEMV_MAX_TOKENS rows (a decode step, a verify pass) the GEMV reads
+    # the blocks in place; more (a prefill, full-sequence logits, layer-skip calibration, a long verify pass or
+    # catch-up) dequantize the weight once into x's dtype and multiply with cuBLAS. That is how vLLM's AWQ layer
+    # runs large batches (awq_dequantize, then torch.matmul) and what llama.cpp falls back to past its mat-vec
+    # kernel's batch limit (dequantize to fp16, then cuBLAS): one write and one read of the dense weight on top of
+    # the blocks (csrc/dequantize.cuh counts the bytes), in exchange for tensor-core GEMMs at any row count and no
+    # second product kernel to keep exact; a tiled kernel over the blocks (llama.cpp's MMQ) would read less from
+    # 17 to ~100 rows, which bench/gemv.py's 17- and 64-row figures will say is worth writing or not. The route is
+    # fixed by the row count, so a captured graph (one T) holds one of the two.
 
     def linear_int8(self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: torch.Tensor | None = None):
         """x [T, in] @ W^T with W = d * q: qs int8 [out, in_pad], d fp16 [out, in_pad / 32] -> [T, out]."""
+        if x.shape[0] > GEMV_MAX_TOKENS:
+            w = x.new_empty(qs.shape[0], x.shape[1])
+            self.module.dequantize_int8(w, qs, d)
+            return gemm(x, w, out)
         out = x.new_empty(x.shape[0], qs.shape[0]) if out is None else out
         self.module.linear_int8(out, x, qs, d)
         return out
@@ -89,9 +102,18 @@ class CudaOps(RowwiseOps):
                   out: torch.Tensor | None = None):
         """x [T, in] @ W^T with W = d * q + m: qs uint8 [out, in_pad / 2] from weights.pack_nibbles, d and m
         fp16 [out, in_pad / 32] -> [T, out]."""
+        if x.shape[0] > GEMV_MAX_TOKENS:
+            w = x.new_empty(qs.shape[0], x.shape[1])
+            self.module.dequantize_q4(w, qs, d, m)
+            return gemm(x, w, out)
         out = x.new_empty(x.shape[0], qs.shape[0]) if out is None else out
         self.module.linear_q4(out, x, qs, d, m)
         return out
+
+
+def gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """x [T, in] @ w [out, in]^T in x's dtype (cuBLAS on a GPU; fp32 accumulation for bf16 and fp16)."""
+    return torch.mm(x, w.t()) if out is None else torch.mm(x, w.t(), out=out)
 
 
 def ops(module: ModuleType) -> dict:

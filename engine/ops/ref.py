@@ -47,6 +47,22 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
     return out.copy_(y)
 
 
+def gelu_tanh_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gelu_tanh(gate) * up for gate_up = [gate | up]: [N, 2I] -> [N, I] (Gemma's GeGLU; the tanh form of gelu,
+    which is gate * sigmoid(2u), u = sqrt(2/pi) (gate + 0.044715 gate^3): the kernel computes it that way)."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    y = (F.gelu(gate, approximate="tanh") * up).to(gate_up.dtype)
+    if out is None:
+        return y
+    return out.copy_(y)
+
+
+def rmsnorm_heads_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """RMSNorm over each head in place (Qwen3's and Gemma 3's q/k norms): x [N, H, D] with dense heads and a
+    free token stride (a view into the qkv output), weight [D]."""
+    x.copy_(F.rms_norm(x.float(), x.shape[-1:], weight.float(), eps).to(x.dtype))
+
+
 def attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -63,10 +79,20 @@ def attention(
     included) -> [B, T, H, D]. Query t of row b sits at position p = seq_lens[b] - T + t and attends keys
     j <= p; with window > 0 only the first `sinks` keys and the last `window` up to p (j < sinks or
     j > p - window), the StreamingLLM pattern. GQA by a view: no copies of the cache."""
+    return capped_attention(q, k_cache, v_cache, seq_lens, scale, window, sinks, 0.0, out)
+
+
+def capped_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                     scale: float, window: int = 0, sinks: int = 0, softcap: float = 0.0,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """attention() with the scores soft-capped, cap * tanh(scores / cap), before the mask (Gemma 2); softcap 0
+    is attention() itself. No kernel runs it: it is the path of every model that caps."""
     B, T, H, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     qg = q.float().view(B, T, Hkv, H // Hkv, D).permute(0, 2, 3, 1, 4)  # [B, Hkv, n_rep, T, D]
     scores = torch.matmul(qg, k_cache.float().transpose(-1, -2).unsqueeze(2)) * scale  # [B, Hkv, n_rep, T, S]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     pos = (seq_lens.long().view(B, 1) - T + torch.arange(T, device=q.device)).unsqueeze(-1)  # [B, T, 1]
     keys = torch.arange(S, device=q.device)
     live = keys <= pos  # [B, T, S]

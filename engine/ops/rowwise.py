@@ -28,8 +28,11 @@ class RowwiseOps:
         self.module.rope(q, k, cos, sin, positions)
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor | None = None):
+        return self._gated(self.module.silu_mul, gate_up, out)
+
+    def _gated(self, kernel, gate_up: torch.Tensor, out: torch.Tensor | None):
         if out is None:
             assert gate_up.shape[-1] % 2 == 0, gate_up.shape
             out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
-        self.module.silu_mul(out, gate_up)
+        kernel(out, gate_up)
         return out

@@ -45,7 +45,7 @@ def skip_view(model: nn.Module, keep: Sequence[int]) -> nn.Module:
     from engine.model import Transformer
 
     with torch.device("meta"):
-        view = Transformer(dataclasses.replace(model.config, n_layers=len(keep)))
+        view = Transformer(model.config.keep_layers(keep))  # each kept layer keeps its own window and rope
     blocks = []
     for j, i in enumerate(keep):
         block = copy.copy(model.layers[i])
@@ -56,6 +56,7 @@ def skip_view(model: nn.Module, keep: Sequence[int]) -> nn.Module:
     view.layers = nn.ModuleList(blocks)
     view.embed, view.norm, view.lm_head = model.embed, model.norm, model.lm_head
     view.ops, view.cos, view.sin, view.version = model.ops, model.cos, model.sin, model.version
+    view.rope_tables = model.rope_tables
     view.path, view.eos_ids = model.path, model.eos_ids
     assert all(p.device == model.device for p in view.parameters())
     return view

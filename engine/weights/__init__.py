@@ -4,9 +4,12 @@ A format is chosen once at load (`load_model(..., weights="q4")`) and every proj
 packed into it; the embedding and the tied LM head too. One module per family of formats holds its
 quantizer, its dequantize twin, its layouts and its record (WeightFormat):
 
-    dense.py   fp32, fp16, bf16   the weight itself
-    q8_0.py    int8, q8           GGUF Q8_0 blocks (q8: a q4 model's head, activations left exact)
-    q4_1.py    q4                 GGUF Q4_1 blocks: the default model's own, so lossless for it
+    dense.py      fp32, fp16, bf16     the weight itself
+    q8_0.py       int8, q8             GGUF Q8_0 blocks (q8: a q4 model's head, activations left exact)
+    q4_1.py       q4                   GGUF Q4_1 blocks: the default model's own, so lossless for it
+    q4_0.py       q4_0, q5_0           GGUF Q4_0 / Q5_0 blocks (held exactly by int8's: they load as those)
+    k_quants.py   q4_k, q5_k, q6_k     GGUF K-quant super-blocks (the torch twins run them for now)
+    gguf_bytes.py                      what the formats' GGUF byte codecs share
 
 registry.py lists them by name; everything else (the loader, the ops, the app, the benchmarks) reads the
 records through it. A new format: its module (record, quantizer, twin, layouts), one line in registry.py,
@@ -15,9 +18,11 @@ its CPU kernel (csrc/cpu/formats.h + gemm.h) and its tests.
 from engine.weights.format import BLOCK, LAYOUTS, Blocks, Layout, Packed, WeightFormat
 from engine.weights.panels import PANEL
 from engine.weights.q4_1 import pack_nibbles, unpack_nibbles
-from engine.weights.registry import (BITS, DENSE_DTYPES, FORMATS, PANEL_FORMATS, QUANTIZED, REGISTRY, check_format,
-                                     dequantize, from_panels, get, pack, quantize, rows, to_panels, unpack)
+from engine.weights.registry import (BITS, BY_GGUF, DENSE_DTYPES, FORMATS, PANEL_FORMATS, QUANTIZED, REGISTRY,
+                                     check_format, dequantize, from_panels, get, pack, quantize, reblock, rows,
+                                     to_panels, unpack)
 
-__all__ = ["BITS", "BLOCK", "Blocks", "DENSE_DTYPES", "FORMATS", "LAYOUTS", "Layout", "PANEL", "PANEL_FORMATS",
-           "Packed", "QUANTIZED", "REGISTRY", "WeightFormat", "check_format", "dequantize", "from_panels", "get",
-           "pack", "pack_nibbles", "quantize", "rows", "to_panels", "unpack", "unpack_nibbles"]
+__all__ = ["BITS", "BLOCK", "BY_GGUF", "Blocks", "DENSE_DTYPES", "FORMATS", "LAYOUTS", "Layout", "PANEL",
+           "PANEL_FORMATS", "Packed", "QUANTIZED", "REGISTRY", "WeightFormat", "check_format", "dequantize",
+           "from_panels", "get", "pack", "pack_nibbles", "quantize", "reblock", "rows", "to_panels", "unpack",
+           "unpack_nibbles"]

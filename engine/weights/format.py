@@ -30,17 +30,21 @@ class Blocks:
 
     dense formats: q is the weight [out, in] in the format's dtype; d and m are None.
     block formats: q holds one integer per weight [out, in_pad], d (and m) one fp16 per block [out, nb];
-    in_pad is `in` rounded up to a whole block, the padding zeros (contributing nothing)."""
+    in_pad is `in` rounded up to a whole block, the padding zeros (contributing nothing).
+    K-quants (super-blocks of 256): d and m one fp16 per super-block, sc (and mn) one small integer per
+    sub-block [out, n_sub]: the sub-block's scale (and min) in units of d (and m)."""
     fmt: str
     out_features: int
     in_features: int
     q: torch.Tensor
     d: torch.Tensor | None = None
     m: torch.Tensor | None = None
+    sc: torch.Tensor | None = None
+    mn: torch.Tensor | None = None
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return tuple(t for t in (self.q, self.d, self.m) if t is not None)
+        return tuple(t for t in (self.q, self.d, self.m, self.sc, self.mn) if t is not None)
 
 
 @dataclass
@@ -82,6 +86,12 @@ class WeightFormat:
     head: str | None = None  # the format a model in this one keeps its LM head in (None: this one)
     cuda_kernel: str | None = None  # the CUDA module's GEMV for the format (csrc/gemv.cuh); dense runs cuBLAS
     gguf: str | None = None  # llama.cpp's name of the same type (GGMLQuantizationType): its blocks load unchanged
+    # GGUF's bytes of the type <-> Blocks: (uint8 [out, bytes per row], out, in) -> Blocks, and back
+    from_gguf: Callable[[torch.Tensor, int, int], Blocks] | None = None
+    to_gguf: Callable[[Blocks], torch.Tensor] | None = None
+    # formats whose Blocks hold this one's weights exactly, tensor for tensor (Q4_0's and Q5_0's small integers
+    # and one fp16 scale per 32 inputs are Q8_0 blocks): a file's blocks load there without a second rounding
+    exact_in: tuple[str, ...] = ()
     notes: str = ""  # one line for the app's and the README's format tables
     extra: dict = field(default_factory=dict)
 

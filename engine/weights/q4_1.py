@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.weights import panels
+from engine.weights import gguf_bytes, panels
 from engine.weights.format import BLOCK, Blocks, Layout, Packed, WeightFormat
 from engine.weights.panels import PANEL
-
 
 
 def quantize(w: torch.Tensor) -> Blocks:
@@ -92,11 +91,23 @@ def nibble_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
     return dequantize(Blocks(p.fmt, len(ids), p.in_features, unpack_nibbles(q), d, m))
 
 
+def from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
+    """GGUF Q4_1 block (20 bytes): fp16 d, fp16 m, 16 bytes of nibbles (pack_nibbles' order)."""
+    b = gguf_bytes.blocks(raw, out, 20)
+    return Blocks("q4", out, n_in, unpack_nibbles(b[..., 4:].reshape(out, -1)), gguf_bytes.f16(b, 0),
+                  gguf_bytes.f16(b, 2))
+
+
+def to_gguf(b: Blocks) -> torch.Tensor:
+    q = pack_nibbles(b.q).view(b.out_features, -1, BLOCK // 2)
+    return torch.cat((gguf_bytes.f16_bytes(b.d), gguf_bytes.f16_bytes(b.m), q), -1).reshape(b.out_features, -1)
+
+
 FORMATS = (
     WeightFormat(name="q4", bits=5.0, block=BLOCK, quantize=quantize, dequantize=dequantize,
                  layouts={"torch": Layout(canonical, from_canonical, canonical_rows),
                           "cuda": Layout(to_nibble_rows, from_nibble_rows, nibble_rows),
                           "cpu": Layout(to_panels, from_panels, panel_rows)},
-                 head="q8", cuda_kernel="linear_q4", gguf="Q4_1",
+                 head="q8", cuda_kernel="linear_q4", gguf="Q4_1", from_gguf=from_gguf, to_gguf=to_gguf,
                  notes="GGUF Q4_1 blocks: the default model's own, so lossless for it"),
 )

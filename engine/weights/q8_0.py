@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.weights import panels
+from engine.weights import gguf_bytes, panels
 from engine.weights.format import BLOCK, Blocks, Layout, Packed, WeightFormat
 from engine.weights.panels import PANEL
-
 
 
 def quantizer(fmt: str):
@@ -68,14 +67,30 @@ def canonical_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
     return dequantize(Blocks(p.fmt, len(ids), p.in_features, q, d))
 
 
+def decoder(fmt: str):
+    """GGUF Q8_0 block (34 bytes): fp16 d, 32 int8."""
+    def from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
+        b = gguf_bytes.blocks(raw, out, 34)
+        return Blocks(fmt, out, n_in, b[..., 2:].contiguous().view(torch.int8).reshape(out, -1),
+                      gguf_bytes.f16(b, 0))
+    return from_gguf
+
+
+def to_gguf(b: Blocks) -> torch.Tensor:
+    q = b.q.view(torch.uint8).view(b.out_features, -1, BLOCK)
+    return torch.cat((gguf_bytes.f16_bytes(b.d), q), -1).reshape(b.out_features, -1)
+
+
 ROWS = Layout(canonical, from_canonical, canonical_rows)  # the torch twins and the CUDA GEMV read the rows
 LAYOUTS = {"torch": ROWS, "cuda": ROWS, "cpu": Layout(to_panels, from_panels, panel_rows)}
 
 FORMATS = (
     WeightFormat(name="int8", bits=8.5, block=BLOCK, quantize=quantizer("int8"), dequantize=dequantize,
                  layouts=LAYOUTS, cpu_activations="int8", cuda_kernel="linear_int8", gguf="Q8_0",
+                 from_gguf=decoder("int8"), to_gguf=to_gguf, exact_in=("q8",),
                  notes="GGUF Q8_0 blocks; the CPU kernel quantizes the activations too (W8A8)"),
     WeightFormat(name="q8", bits=8.5, block=BLOCK, quantize=quantizer("q8"), dequantize=dequantize,
                  layouts=LAYOUTS, pickable=False, cuda_kernel="linear_int8", gguf="Q8_0",
+                 from_gguf=decoder("q8"), to_gguf=to_gguf, exact_in=("int8",),
                  notes="Q8_0 blocks with exact activations: a q4 model's head"),
 )

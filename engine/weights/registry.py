@@ -1,18 +1,23 @@
 """Every weight format by name, and the operations every format has, dispatched through its record."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from engine.weights import dense, q4_1, q8_0
+from engine.weights import dense, k_quants, q4_0, q4_1, q8_0
 from engine.weights.format import Blocks, Packed, WeightFormat
 
-REGISTRY: dict[str, WeightFormat] = {f.name: f for f in (*dense.FORMATS, *q8_0.FORMATS, *q4_1.FORMATS)}
+REGISTRY: dict[str, WeightFormat] = {f.name: f for f in (*dense.FORMATS, *q8_0.FORMATS, *q4_1.FORMATS, *q4_0.FORMATS,
+                                                         *k_quants.FORMATS)}
 
 FORMATS = tuple(name for name, f in REGISTRY.items() if f.pickable)  # what a user picks
 QUANTIZED = tuple(name for name, f in REGISTRY.items() if f.quantized)
 DENSE_DTYPES = {name: f.dtype for name, f in REGISTRY.items() if f.dtype is not None}
 BITS = {name: f.bits for name, f in REGISTRY.items()}
 PANEL_FORMATS = tuple(name for name, f in REGISTRY.items() if "cpu" in f.layouts)  # the CPU kernels run these
+# GGUF type name -> the format holding its blocks as they are (Q8_0: int8, the one a user picks)
+BY_GGUF = {f.gguf: name for name, f in reversed(REGISTRY.items()) if f.gguf and f.from_gguf}
 
 
 def get(fmt: str) -> WeightFormat:
@@ -36,6 +41,14 @@ def quantize(w: torch.Tensor, fmt: str) -> Blocks:
 def dequantize(b: Blocks) -> torch.Tensor:
     """Blocks -> the fp32 weight [out, in] the format stands for (the twin of every kernel's weight read)."""
     return REGISTRY[b.fmt].dequantize(b)
+
+
+def reblock(b: Blocks, fmt: str) -> Blocks | None:
+    """b's weights as Blocks of `fmt` exactly (the same blocks, or ones that hold them: WeightFormat.exact_in),
+    or None where `fmt` would round them again."""
+    if b.fmt == fmt:
+        return b
+    return dataclasses.replace(b, fmt=fmt) if fmt in get(b.fmt).exact_in else None
 
 
 def layout(fmt: str, name: str):

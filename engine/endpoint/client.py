@@ -1,0 +1,262 @@
+"""The streaming client: one request, its SSE chunks timed as their bytes arrive, Round events out.
+
+A reader thread does the blocking reads and stamps each read with perf_counter (the clock our engine's rounds
+use); the generator assembles rounds from what it hands over. So the time a chunk arrived does not depend on how
+fast the caller consumes rounds, a Stop or a stall is noticed within POLL_S however long the server is silent,
+and closing the connection (a socket shutdown wakes the blocked read) ends the server's work on the request.
+"""
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+
+from engine.endpoint import metrics, servers
+from engine.endpoint.probe import http_client, headers, detect, resolve_model
+from engine.endpoint.chunks import parse
+from engine.endpoint.config import Endpoint, EndpointInfo
+from engine.endpoint.errors import EndpointError, redact
+from engine.endpoint.rounds import TOKENS_FROM, RoundBuilder, apply_per_step
+from engine.endpoint.sse import SSEParser
+from engine.stats import Round
+
+POLL_S = 0.05
+ERROR_BODY_BYTES = 2000
+HINTS = {
+    401: "check the API key (the key field, or the variable --api-key-env names)",
+    403: "the key is not allowed to use this endpoint or model",
+    404: "check the base URL (usually ending in /v1), the model name and the API (chat or completion)",
+    429: "the server is rate limiting or its queue is full; wait and run again",
+}
+def _http_error(status: int, reason: str, content_type: str, body: bytes, key: str | None) -> EndpointError:
+    text = body[:ERROR_BODY_BYTES].decode("utf-8", "replace").strip()
+    if 300 <= status < 400:
+        msg = f"the endpoint redirected ({status}); give the final URL (redirects are not followed)"
+    else:
+        msg = f"the endpoint answered {status} {reason}".rstrip()
+        msg += f": {text[:400]}" if text else " with an empty body"
+        if hint := HINTS.get(status) or ("the server failed; its log says why" if status >= 500 else None):
+            msg += f" ({hint})"
+    return EndpointError(redact(msg, key), status=status)
+
+
+class EndpointStream:
+    """Iterate for the run's Rounds; `info` holds what else the run learned (filled as it goes)."""
+
+    def __init__(self, ep: Endpoint, prompt: str, *, chat: bool = True, max_new_tokens: int = 128,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = 0,
+                 tokenizer=None, cancelled: Callable[[], bool] = lambda: False,
+                 tap: Callable[[float, bytes], None] | None = None, extra: dict | None = None):
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
+        self.ep, self.prompt, self.chat, self.tokenizer, self.cancelled = ep, prompt, chat, tokenizer, cancelled
+        self.tap = tap  # (ms since the request, bytes) of every read: how transcripts are recorded
+        self.extra = dict(extra or {})  # more request fields (a server's own, e.g. llama-server's ignore_eos)
+        self.sampling = dict(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        if top_k:
+            self.sampling["top_k"] = top_k  # not OpenAI's; llama-server, vLLM and SGLang take it
+        self.info = EndpointInfo(endpoint=ep.url, api="chat" if chat else "completion")
+        self.stopped = False  # ended by cancelled(), not by the server
+        self._resp: httpx.Response | None = None
+        self._closing = threading.Event()
+
+    def request_body(self, fields: servers.ServerFields, model: str) -> dict:
+        body = {"model": model, "stream": True, "stream_options": {"include_usage": True}, **self.sampling}
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": self.prompt}]
+        else:
+            body["prompt"] = self.prompt
+        for k, v in {**fields.request, **self.extra}.items():
+            body[k] = {**body[k], **v} if isinstance(v, dict) and isinstance(body.get(k), dict) else v
+        return body
+
+    def __iter__(self) -> Iterator[Round]:
+        ep, info = self.ep, self.info
+        with http_client(ep) as client:
+            try:
+                info.server, info.server_version = detect(ep, client)
+                info.endpoint_model = resolve_model(ep, client)
+            except httpx.HTTPError as e:  # resolve_model's GET failed outright
+                raise EndpointError(redact(f"cannot reach {ep.url}: {e}", ep.api_key)) from None
+            fields = servers.server(info.server)
+            prom_before = self._prometheus(client, fields)
+            url = ep.url + ("/chat/completions" if self.chat else "/completions")
+            yield from self._stream(client, url, self.request_body(fields, info.endpoint_model), fields)
+            if prom_before is not None and not self.stopped:
+                self._prometheus_delta(client, fields, prom_before)
+
+    def _prometheus(self, client, fields) -> dict | None:
+        if not fields.prometheus:
+            return None
+        try:
+            r = client.get(self.ep.root + "/metrics", headers=headers(self.ep))
+        except httpx.HTTPError:
+            return None
+        return metrics.parse(r.text, fields.prometheus) if r.status_code == 200 else None
+
+    def _prometheus_delta(self, client, fields, before: dict) -> None:
+        after = self._prometheus(client, fields)
+        if after is None:
+            return
+        d = metrics.delta(before, after)
+        info = self.info
+        info.server_drafted = info.server_drafted if info.server_drafted is not None else d.get("drafted")
+        info.server_accepted = info.server_accepted if info.server_accepted is not None else d.get("accepted")
+        info.server_spec_steps = info.server_spec_steps if info.server_spec_steps is not None else d.get("drafts")
+        info.server_accepted_per_pos = d.get("accepted_per_pos")
+
+    def _read(self, client: httpx.Client, url: str, body: dict, q: queue.SimpleQueue) -> None:
+        """The reader thread: ('head', status, reason, content type) or ('body', bytes) for an error reply, then
+        ('data', t, bytes) per read; ('error', exception) if it failed; always ('end',) last."""
+        try:
+            with client.stream("POST", url, json=body, headers=headers(self.ep)) as resp:
+                self._resp = resp
+                ctype = resp.headers.get("content-type", "")
+                q.put(("head", resp.status_code, resp.reason_phrase, ctype))
+                if resp.status_code != 200 or "text/event-stream" not in ctype:
+                    got = b""
+                    for data in resp.iter_raw():
+                        got += data
+                        if len(got) >= ERROR_BODY_BYTES or self._closing.is_set():
+                            break
+                    q.put(("body", got))
+                    return
+                for data in resp.iter_raw():
+                    q.put(("data", time.perf_counter(), data))
+                    if self._closing.is_set():
+                        break
+        except Exception as e:  # noqa: BLE001  (handed to the generator, which names it)
+            if not self._closing.is_set():
+                q.put(("error", e))
+        finally:
+            q.put(("end",))
+
+    def _abort(self) -> None:
+        """Close the connection now, from this thread: shutdown wakes the reader's blocked read."""
+        self._closing.set()
+        resp = self._resp
+        stream = resp.extensions.get("network_stream") if resp is not None else None
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _stream(self, client, url: str, body: dict, fields) -> Iterator[Round]:
+        ep, info = self.ep, self.info
+        builder, sse = RoundBuilder(self.tokenizer), SSEParser()
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        t0 = time.perf_counter()
+        reader = threading.Thread(target=self._read, args=(client, url, body, q), name="endpoint-read", daemon=True)
+        reader.start()
+        last_byte, head = time.perf_counter(), None
+        try:
+            while True:
+                if self.cancelled():
+                    self.stopped = True
+                    yield from builder.close()
+                    return
+                try:
+                    item = q.get(timeout=POLL_S)
+                except queue.Empty:
+                    if time.perf_counter() - last_byte > ep.stall_s:
+                        yield from builder.close()
+                        raise self._fail(builder, f"the server sent nothing for {ep.stall_s:g} s"
+                                         + (" before answering" if head is None else "")) from None
+                    continue
+                kind = item[0]
+                if kind == "head":
+                    head, last_byte = item, time.perf_counter()
+                elif kind == "body":
+                    status, reason, ctype = head[1:]
+                    if status == 200:
+                        text = item[1][:200].decode("utf-8", "replace")
+                        raise EndpointError(redact(f"the endpoint answered with {ctype or 'no content type'}, not an "
+                                                   f"event stream (is it an OpenAI-compatible API?): {text!r}",
+                                                   ep.api_key))
+                    raise _http_error(status, reason, ctype, item[1], ep.api_key)
+                elif kind == "data":
+                    last_byte = item[1]
+                    if self.tap is not None:
+                        self.tap((item[1] - t0) * 1e3, item[2])
+                    a, done, bad = time.perf_counter(), [], None
+                    try:
+                        for event in sse.feed(item[2], item[1]):
+                            done += builder.add(parse(event, t0, fields))
+                            info.chunks += 1
+                    except EndpointError as e:  # the rounds its read completed before the bad chunk still count
+                        bad = e
+                    info.client_ms += (time.perf_counter() - a) * 1e3
+                    yield from done
+                    if bad is not None:
+                        raise bad
+                elif kind == "error":
+                    yield from builder.close()
+                    raise self._fail(builder, self._describe(item[1]))
+                else:  # end of the byte stream
+                    for event in sse.close(time.perf_counter()):
+                        yield from builder.add(parse(event, t0, fields))
+                        info.chunks += 1
+                    yield from builder.close()
+                    if builder.finish_reason is None and not sse.done:
+                        raise self._fail(builder, "the server closed the stream before the run finished")
+                    self._finish(builder, fields)
+                    return
+        except EndpointError as e:
+            if not e.partial:
+                e.partial = bool(builder.rounds)
+            info.failed = str(e)
+            yield from builder.close()
+            raise
+        finally:
+            self._abort()
+
+    def _describe(self, e: Exception) -> str:
+        if isinstance(e, httpx.ConnectError):
+            return redact(f"cannot connect to {self.ep.url} ({e}); is the server running there?", self.ep.api_key)
+        if isinstance(e, httpx.TimeoutException):
+            return f"the server sent nothing for {self.ep.stall_s:g} s ({type(e).__name__})"
+        return redact(f"the connection failed: {type(e).__name__}: {e}", self.ep.api_key)
+
+    def _fail(self, builder: RoundBuilder, msg: str) -> EndpointError:
+        n = sum(len(r.emitted) for r in builder.rounds)
+        if n:
+            msg += f"; the {n} tokens that arrived are kept, the run is marked failed"
+        return EndpointError(msg, partial=bool(n))
+
+    def _finish(self, builder: RoundBuilder, fields) -> None:
+        info, last = self.info, builder.last
+        if builder.rounds:
+            builder.rounds[-1].finished = True
+        info.stop_reason = builder.finish_reason
+        usage = builder.usage or {}
+        info.prompt_tokens = usage.get("prompt_tokens")
+        info.completion_tokens = usage.get("completion_tokens")
+        if builder.sources:
+            info.tokens_from = TOKENS_FROM[builder.sources.most_common(1)[0][0]]
+        body = last.body if last is not None else None
+        per_step = servers.lookup(body, fields.per_step_accepted), servers.lookup(body, fields.per_step_drafted)
+        if any(r.n_drafted for r in builder.rounds):
+            info.kinds_from = "the server, per step"
+        elif all(isinstance(x, list) for x in per_step) and apply_per_step(builder.rounds, *per_step):
+            info.kinds_from = "the server's per-step arrays"
+        elif any(t.inferred for r in builder.rounds for t in r.tokens):
+            info.kinds_from = "inferred from tokens per chunk"
+        for name in ("ms_per_token", "prompt_ms"):
+            v = servers.lookup(body, getattr(fields, name))
+            setattr(info, f"server_{name}", float(v) if isinstance(v, (int, float)) else None)
+        for name, path in (("drafted", fields.drafted_total), ("accepted", fields.accepted_total),
+                           ("spec_steps", fields.spec_steps)):
+            v = servers.lookup(body, path)
+            setattr(info, f"server_{name}", int(v) if isinstance(v, (int, float)) else None)
+
+
+def stream(ep: Endpoint, prompt: str, **kw) -> EndpointStream:
+    return EndpointStream(ep, prompt, **kw)

@@ -1,0 +1,201 @@
+"""q4_k, q5_k, q6_k: GGUF's K-quant blocks, the formats most GGUF files ship (Q4_K_M mixes Q4_K and Q6_K).
+
+A super-block covers 256 inputs with one fp16 scale d, split into sub-blocks with small integer scales of their
+own, so a weight costs 4.5 / 5.5 / 6.5625 bits:
+    q4_k, q5_k  8 sub-blocks of 32: 6-bit sc and mn, fp16 d and dmin (Blocks.m); w = d*sc * q - dmin*mn,
+                q in 0..15 (0..31)
+    q6_k        16 sub-blocks of 16: int8 sc; w = d*sc * q, q in -32..31
+The dequantize twins follow ggml's order of operations (d*sc first: exact in fp32), so they give gguf's own
+dequantization bit for bit. The quantizers are plain min/max ones (not llama.cpp's search): they make valid
+blocks for tests and for weights="q4_k", not llama.cpp's exact choices.
+
+Layouts: the torch twins read canonical Blocks. The CPU kernels' panels are for later: a file's K-quant tensors
+load dequantized where no kernel runs them (engine/checkpoint/formats.py says which, by name).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.weights import gguf_bytes
+from engine.weights.format import Blocks, Layout, Packed, WeightFormat
+
+QK = 256  # inputs per super-block
+
+
+def _pad(w: torch.Tensor, sub: int) -> torch.Tensor:
+    """[out, in] -> fp32 [out, n_super, subs per super-block, sub], zero-padded to whole super-blocks."""
+    x = F.pad(w.float(), (0, -w.shape[1] % QK))
+    return x.view(w.shape[0], -1, QK // sub, sub)
+
+
+def _ratio(x: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """x / unit, 0 where unit is 0."""
+    return torch.where(unit == 0, 0.0, x / torch.where(unit == 0, 1.0, unit))
+
+
+def quantizer_qk(fmt: str, bits: int):
+    """Q4_K / Q5_K: per sub-block of 32, the range min(x, 0)..max(x) on 2^bits - 1 steps; the sub-blocks'
+    steps and mins as 6-bit multiples of the super-block's d and dmin."""
+    top = (1 << bits) - 1
+
+    def quantize(w: torch.Tensor) -> Blocks:
+        x = _pad(w, 32)  # [out, ns, 8, 32]
+        lo, hi = x.amin(-1).clamp(max=0), x.amax(-1)
+        step, mins = (hi - lo) / top, -lo
+        d, dmin = (step.amax(-1) / 63).half(), (mins.amax(-1) / 63).half()
+        sc = torch.round(_ratio(step, d.float()[..., None])).clamp(0, 63)
+        mn = torch.round(_ratio(mins, dmin.float()[..., None])).clamp(0, 63)
+        scale, offset = d.float()[..., None] * sc, dmin.float()[..., None] * mn
+        q = torch.round(_ratio(x + offset[..., None], scale[..., None])).clamp(0, top)
+        out = w.shape[0]
+        return Blocks(fmt, out, w.shape[1], q.to(torch.uint8).view(out, -1), d, dmin,
+                      sc.to(torch.uint8).view(out, -1), mn.to(torch.uint8).view(out, -1))
+    return quantize
+
+
+def quantize_q6_k(w: torch.Tensor) -> Blocks:
+    """Q6_K: per sub-block of 16, a signed step with the largest magnitude on -32; the steps as int8 multiples of
+    the super-block's d."""
+    x = _pad(w, 16)  # [out, ns, 16, 16]
+    far = x.gather(-1, x.abs().argmax(-1, keepdim=True))[..., 0]
+    step = far / -32
+    d = (step.abs().amax(-1) / 127).half()
+    sc = torch.round(_ratio(step, d.float()[..., None])).clamp(-127, 127)
+    scale = d.float()[..., None] * sc
+    q = torch.round(_ratio(x, scale[..., None])).clamp(-32, 31)
+    out = w.shape[0]
+    return Blocks("q6_k", out, w.shape[1], q.to(torch.int8).view(out, -1), d, None, sc.to(torch.int8).view(out, -1))
+
+
+def dequantize(b: Blocks) -> torch.Tensor:
+    out = b.out_features
+    sub = b.q.shape[1] // b.sc.shape[1]
+    q = b.q.float().view(out, b.d.shape[1], -1, sub)  # [out, ns, n_sub, sub]
+    scale = b.d.float()[..., None] * b.sc.float().view(out, b.d.shape[1], -1)  # d*sc: exact in fp32, as ggml's
+    w = scale[..., None] * q
+    if b.m is not None:
+        w = w - (b.m.float()[..., None] * b.mn.float().view(out, b.d.shape[1], -1))[..., None]
+    return w.reshape(out, -1)[:, : b.in_features]
+
+
+# ---- GGUF bytes (ggml-common.h block_q4_K, block_q5_K, block_q6_K) ----------------------------------------
+
+
+def unpack_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 12 bytes of 6-bit scales and mins of Q4_K / Q5_K -> sc, mn [..., 8] (ggml's get_scale_min_k4):
+    sub-blocks 0..3 in the low 6 bits of bytes 0..3 (scales) and 4..7 (mins); 4..7 split, low 4 bits in bytes
+    8..11 (scale low nibble, min high nibble), high 2 bits in the top bits of bytes 0..3 and 4..7."""
+    s = s.to(torch.int32)
+    sc = torch.cat((s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)), -1)
+    mn = torch.cat((s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)), -1)
+    return sc.to(torch.uint8), mn.to(torch.uint8)
+
+
+def pack_scales(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    sc, mn = sc.to(torch.int32), mn.to(torch.int32)
+    first = sc[..., 0:4] | ((sc[..., 4:8] >> 4) << 6)
+    second = mn[..., 0:4] | ((mn[..., 4:8] >> 4) << 6)
+    third = (sc[..., 4:8] & 0xF) | ((mn[..., 4:8] & 0xF) << 4)
+    return torch.cat((first, second, third), -1).to(torch.uint8)
+
+
+def _low_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """Q4_K / Q5_K's 128 bytes -> 256 values: bytes 32i..32i+31 hold inputs 64i + l (low) and 64i + 32 + l (high)."""
+    qs = qs.reshape(*qs.shape[:-1], 4, 32)
+    return torch.stack((qs & 0xF, qs >> 4), -2).reshape(*qs.shape[:-2], QK)
+
+
+def _pack_low_nibbles(q: torch.Tensor) -> torch.Tensor:
+    q = q.reshape(*q.shape[:-1], 4, 2, 32)
+    return gguf_bytes.nibbles(q[..., 0, :] & 0xF, q[..., 1, :] & 0xF).reshape(*q.shape[:-3], 128)
+
+
+def decoder_qk(fmt: str, bits: int):
+    """Q4_K (144 bytes): fp16 d, fp16 dmin, 12 bytes of scales, 128 of nibbles. Q5_K (176 bytes): the same with
+    32 bytes of high bits (qh) before the nibbles; input 64i + l takes bit 2i of qh[l], 64i + 32 + l bit 2i + 1."""
+    size = 144 if bits == 4 else 176
+
+    def from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
+        b = gguf_bytes.blocks(raw, out, size)
+        sc, mn = unpack_scales(b[..., 4:16])
+        q = _low_nibbles(b[..., size - 128:])
+        if bits == 5:
+            high = gguf_bytes.unbits(b[..., 16:48].reshape(out, -1, 32, 1)).reshape(out, -1, 32, 8)
+            q = q | (high.transpose(-1, -2).reshape(out, -1, QK) << 4)
+        return Blocks(fmt, out, n_in, q.reshape(out, -1), gguf_bytes.f16(b, 0), gguf_bytes.f16(b, 2),
+                      sc.reshape(out, -1), mn.reshape(out, -1))
+    return from_gguf
+
+
+def encoder_qk(bits: int):
+    def to_gguf(b: Blocks) -> torch.Tensor:
+        out = b.out_features
+        q = b.q.view(out, -1, QK)
+        parts = [gguf_bytes.f16_bytes(b.d), gguf_bytes.f16_bytes(b.m),
+                 pack_scales(b.sc.view(out, -1, 8), b.mn.view(out, -1, 8))]
+        if bits == 5:
+            high = (q >> 4).view(out, -1, 8, 32).transpose(-1, -2)  # [out, ns, l, bit]
+            parts.append(gguf_bytes.bits_of(high.reshape(out, -1, 256), 32))
+        parts.append(_pack_low_nibbles(q))
+        return torch.cat(parts, -1).reshape(out, -1)
+    return to_gguf
+
+
+def q6_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
+    """Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d last. In each
+    half of 128 inputs (ql 64 bytes A|B, qh 32 bytes): inputs l, 32 + l, 64 + l, 96 + l take A's low, B's low,
+    A's high, B's high nibble of byte l and bits 0-1, 2-3, 4-5, 6-7 of qh[l]."""
+    b = gguf_bytes.blocks(raw, out, 210)
+    ql = b[..., :128].reshape(out, -1, 2, 2, 32)  # [out, ns, half, A|B, l]
+    qh = b[..., 128:192].reshape(out, -1, 2, 1, 32)
+    low = torch.stack((ql & 0xF, ql >> 4), 3)  # [out, ns, half, low|high nibble, A|B, l]
+    shifts = torch.tensor([[0, 2], [4, 6]], dtype=torch.uint8).view(2, 2, 1)
+    high = (qh[..., None, :, :] >> shifts) & 3
+    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(out, -1)
+    sc = b[..., 192:208].contiguous().view(torch.int8).reshape(out, -1)
+    return Blocks("q6_k", out, n_in, q, gguf_bytes.f16(b, 208), None, sc)
+
+
+def q6_k_to_gguf(b: Blocks) -> torch.Tensor:
+    out = b.out_features
+    u = (b.q.to(torch.int16) + 32).to(torch.uint8).view(out, -1, 2, 2, 2, 32)  # [.., half, nibble, A|B, l]
+    ql = gguf_bytes.nibbles(u[..., 0, :, :] & 0xF, u[..., 1, :, :] & 0xF).reshape(out, -1, 128)
+    hi = (u >> 4).reshape(out, -1, 2, 4, 32)  # the four quarters of a half: shifts 0, 2, 4, 6
+    qh = (hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)).reshape(out, -1, 64)
+    sc = b.sc.view(torch.uint8).view(out, -1, 16)
+    return torch.cat((ql, qh, sc, gguf_bytes.f16_bytes(b.d)), -1).reshape(out, -1)
+
+
+# ---- the torch twins' layout: canonical Blocks ------------------------------------------------------------
+
+
+def canonical(b: Blocks) -> tuple[torch.Tensor, ...]:
+    return b.tensors
+
+
+def from_canonical(fmt: str, out: int, n_in: int, tensors) -> Blocks:
+    if fmt == "q6_k":
+        q, d, sc = tensors
+        return Blocks(fmt, out, n_in, q, d, None, sc)
+    return Blocks(fmt, out, n_in, *tensors)
+
+
+def canonical_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
+    return dequantize(from_canonical(p.fmt, len(ids), p.in_features, tuple(t[ids] for t in p.tensors)))
+
+
+ROWS = Layout(canonical, from_canonical, canonical_rows)
+NOTE = "no CPU kernel yet: its torch twin runs it (fused=False); a file's blocks load dequantized where kernels run"
+
+FORMATS = (
+    WeightFormat(name="q4_k", bits=4.5, block=QK, quantize=quantizer_qk("q4_k", 4), dequantize=dequantize,
+                 layouts={"torch": ROWS}, gguf="Q4_K", from_gguf=decoder_qk("q4_k", 4), to_gguf=encoder_qk(4),
+                 notes=f"GGUF Q4_K super-blocks; {NOTE}"),
+    WeightFormat(name="q5_k", bits=5.5, block=QK, quantize=quantizer_qk("q5_k", 5), dequantize=dequantize,
+                 layouts={"torch": ROWS}, gguf="Q5_K", from_gguf=decoder_qk("q5_k", 5), to_gguf=encoder_qk(5),
+                 notes=f"GGUF Q5_K super-blocks; {NOTE}"),
+    WeightFormat(name="q6_k", bits=6.5625, block=QK, quantize=quantize_q6_k, dequantize=dequantize,
+                 layouts={"torch": ROWS}, gguf="Q6_K", from_gguf=q6_k_from_gguf, to_gguf=q6_k_to_gguf,
+                 notes=f"GGUF Q6_K super-blocks; {NOTE}"),
+)

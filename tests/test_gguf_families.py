@@ -1,0 +1,98 @@
+"""GGUF files of every family we convert (written by tests/gguf_files.py as llama.cpp writes them, with a
+Q4_K_M-like mix of block types), converted and loaded against transformers on the values the file stands for;
+the file's own blocks kept where a format holds them exactly, and a note naming every tensor they are not.
+
+Tolerances: the fp32 load and the reference compute the same fp32 graph on the same values (the twins give
+gguf's own dequantization bit for bit, tests/test_gguf_weights.py): 1e-4 as tests/family_checks.py. The
+native load runs int8 blocks against 8-bit activations (W8A8), ~1/254 of each block's largest activation:
+within 0.25 of the logits' spread here, a bound that only catches a broken path (the blocks' exactness is
+checked directly).
+"""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine import Engine, load_model, weights
+from engine.checkpoint import gguf_convert
+from family_checks import ref_logits, reference
+from gguf_files import CONFIGS, family_files
+
+FAMILIES = list(CONFIGS)
+# transformers' own GGUF loader reads these files as llama.cpp does (it ignores Llama 3's rope_freqs, and its Phi-3
+# config keeps a pad id outside a small vocabulary): an independent second reference
+TRANSFORMERS_READS = ("qwen2", "qwen3", "gemma3_text", "gemma2")
+IDS = list(range(3, 43))
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def files(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    gguf_file, values = family_files(request.param, root)
+    return request.param, gguf_file, values, root / "cache"
+
+
+def test_fp32_matches_transformers_on_the_files_values(files):
+    family, gguf_file, values, cache = files
+    want = ref_logits(reference(values), IDS)
+    eng = Engine(load_model(gguf_file, weights="fp32", cache_dir=cache, progress=lambda s: None), 128)
+    torch.testing.assert_close(eng.logits(IDS), want, atol=1e-4, rtol=1e-4)
+    with torch.inference_mode():  # the cached path (the native block loop where the family runs it)
+        eng.prefill(IDS[:10])
+        steps = torch.stack([eng.decode(torch.tensor([t]))[0] for t in IDS[10:]])
+    torch.testing.assert_close(steps[:-1], want[10:-1], atol=1e-4, rtol=1e-4)
+    if family in TRANSFORMERS_READS:
+        import transformers
+
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name,
+                                                                    dtype=torch.float32).eval()
+        torch.testing.assert_close(eng.logits(IDS), ref_logits(theirs, IDS), atol=1e-4, rtol=1e-4)
+
+
+def test_native_load_keeps_the_files_blocks_and_names_the_rest(files):
+    family, gguf_file, values, cache = files
+    said = []
+    model = load_model(gguf_file, cache_dir=cache, progress=said.append)
+    if model.ops.name != "fused":
+        pytest.skip("the CPU kernels do not run here: a native load is dense")
+    assert model.weight_format == "int8"  # Q5_0, Q4_0 and Q8_0 blocks are int8 blocks, exactly
+    ref = load_file(values / "model.safetensors")
+    attn = model.layers[0].attn
+    if family != "phi3":  # q, k (Q5_0) and v (Q8_0) as the file's blocks: their values, bit for bit
+        assert attn.wqkv.weight.fmt == "int8"
+        parts = [ref[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
+        assert torch.equal(weights.dequantize(weights.unpack(attn.wqkv.weight)), torch.cat(parts))
+    assert attn.wo.weight.fmt == "fp32" and model.layers[0].mlp.w_down.weight.fmt == "fp32"
+    notes = " ".join(model.load_notes)
+    assert model.load_notes and all(n in said for n in model.load_notes)
+    assert "blk.{0-1}.attn_output.weight (Q4_K)" in notes or "attn_output.weight (Q4_K)" in notes
+    assert "ffn_down.weight (Q6_K)" in notes and "no kernel for their blocks yet" in notes
+    if family != "phi3":  # gate (Q4_1) and up (Q4_0) share one matrix that no one format holds exactly
+        assert "ffn_gate.weight (Q4_1)" in notes and "different block types (Q4_0, Q4_1)" in notes
+    want = Engine(load_model(gguf_file, weights="fp32", cache_dir=cache, progress=lambda s: None), 128).logits(IDS)
+    got = Engine(model, 128).logits(IDS)
+    assert (got - want).abs().max().item() <= 0.25 * want.std().item()
+
+
+def test_an_asked_format_says_what_it_rounds_again(files):
+    family, gguf_file, values, cache = files
+    model = load_model(gguf_file, weights="q4", cache_dir=cache, progress=lambda s: None)
+    notes = " ".join(model.load_notes)
+    assert "re-quantized to q4 from their dequantized values (weights='q4')" in notes
+    assert "attn_output.weight (Q4_K)" in notes and "(Q4_1)" not in notes.split("re-quantized")[0]
+
+
+def test_the_converted_folder_keeps_every_block_type(files):
+    family, gguf_file, values, cache = files
+    folder = gguf_convert.cached(gguf_file, cache, progress=lambda s: None)
+    types = json.loads((folder / "gguf.json").read_text())["tensors"]
+    assert types["model.layers.1.self_attn.o_proj.weight"] == ["blk.1.attn_output.weight", "Q4_K"]
+    blocks, dense = load_file(folder / "blocks.safetensors"), load_file(folder / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    fields = {k: blocks[f"{name}.q6_k.{k}"] for k in ("q", "d", "sc")}
+    b = weights.Blocks("q6_k", *dense[name].shape, **fields)
+    assert torch.equal(weights.dequantize(b), dense[name])  # the blocks are the file's values exactly
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == family and config["architectures"] == [load_model(
+        folder, weights="fp32").config.family.architecture]
