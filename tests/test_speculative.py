@@ -200,8 +200,11 @@ def test_a_draft_that_is_always_rejected(tiny, monkeypatch):
     got, stats = speculative.generate(eng, Never(never), PROMPT, k=3, max_new_tokens=40, stop_ids=[])
     assert got == want
     ks = [k for _, k in stats.chosen_k()]
-    # probes of one draft: with nothing ever accepted a longer draft never pays
-    assert set(ks) <= {0, 1} and sum(ks) <= 8, ks
+    # probes of one draft (with nothing ever accepted a longer draft never pays) while the optimistic bound on a
+    # draft's acceptance clears the bar a probe must: a one-draft round at the modeled 1.07 steps beating a plain
+    # step by MIN_GAIN needs a >= 1.05 * 1.07 - 1 = 0.12, and Beta(1, 1 + n)'s mean + sd falls under that at
+    # n = 14 rejections (decay adds a round or two). Then a probe only when decay has worn the counts down.
+    assert set(ks) <= {0, 1} and sum(ks[:20]) <= 16 and sum(ks[20:]) <= 3, ks
 
 
 def test_bad_k_and_drafter_sharing_the_target_engine(tiny):

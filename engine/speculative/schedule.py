@@ -20,8 +20,10 @@ the commit of the previous round, which are o). Before a size is seen, V(T) = V(
 Whatever the verify pass costs on this machine and weight format, the schedule drafts as far as that pays.
 
 Decided with the posterior means, a round drafts only where drafting is expected to beat a plain step. Where the
-means say "plain" but an optimistic bound (mean + one standard deviation) says drafting could win against a
-measured plain step, the round probes with one draft: the cheapest round that measures position 0's acceptance
+means say "plain" but an optimistic bound (mean + one standard deviation) says drafting could clear the same bar
+against a measured plain step, the round probes with one draft (a probe held to a lower bar goes on probing a
+drafter that is never right wherever a verify pass costs little more than a step: ~25 probes before the bound
+drops under a 7% cost, ~14 under MIN_GAIN's bar): the cheapest round that measures position 0's acceptance
 and the costs (a model drafter's first drafting round is such a probe: its draft cost is unknown until then).
 Counts decay every round, so a context that turned bad is probed again after a while and one that turned good
 is trusted less as it ages. A drafter whose drafts cost too much to pay is probed again once its cost is stale
@@ -44,7 +46,8 @@ MIN_GAIN = 1.05  # k > 0 must beat a plain step's expected tok/s by 5%: estimate
 PRIOR_WEIGHT = 2.0  # a context's prior counts as two rounds of evidence
 POOL = 0.5  # at positions past the first, another context's round counts half as much as the context's own
 DECAY = 0.99  # per round: about the last 100 rounds carry the estimates; a ruled-out context is probed again
-# every ~50 rounds, about 1% of a run at a probe costing half a step
+# once decay has worn its counts under the bar, about 1% of a run's time whatever a probe costs (every ~50 rounds
+# at a probe costing half a step, every ~7 at 7% of one)
 WINDOW = 8  # rounds a cost estimate keeps
 PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until a verify pass is measured
 REPROBE = 32  # rounds without a draft before a drafter too costly to pay is measured again (then 64, 128, ...)
@@ -227,7 +230,7 @@ class Schedule:
             return best
         if 1 not in self.costs.verify:
             return 0  # a probe is judged against a measured plain step
-        if self.best(self.acceptance.estimates(ctx, k_max, z=1.0), k_max, 1.0, optimistic=True):
+        if self.best(self.acceptance.estimates(ctx, k_max, z=1.0), k_max, MIN_GAIN, optimistic=True):
             return 1
         if self.drafter.draft_cost != 0.0 and self.idle >= self.reprobe:  # a model's cost measurement is stale
             self.reprobe *= 2
