@@ -46,7 +46,8 @@ def client_run(srv: LlamaServer, prompt: str, n: int, chat: bool, tap=None) -> d
                 server_ms_per_token=info.server_ms_per_token,
                 server_tok_s=1e3 / info.server_ms_per_token if info.server_ms_per_token else None,
                 itl_over_server=summ["itl_mean_ms"] / info.server_ms_per_token if info.server_ms_per_token else None,
-                client_ms_per_chunk=info.client_ms_per_chunk, chunks=info.chunks,
+                client_ms_per_chunk=info.client_ms_per_chunk, client_cpu_ms_per_chunk=info.client_cpu_ms_per_chunk,
+                chunks=info.chunks,
                 tokens_per_chunk=x["tokens_per_chunk"], acceptance=summ["acceptance_rate"],
                 server_acceptance=info.server_acceptance, server_drafted=info.server_drafted,
                 server_accepted=info.server_accepted, prompt_tokens=info.prompt_tokens, version=info.server_version)
@@ -92,6 +93,8 @@ def bench(args) -> dict:
     goals = dict(
         client_itl_within_5pct=abs(plain["itl_over_server"] - 1) <= 0.05,
         client_overhead_under_0_2ms=max(plain["client_ms_per_chunk"], ngram["client_ms_per_chunk"]) < 0.2,
+        # the same work in the thread's CPU time: on a loaded machine the wall clock also counts preemption
+        client_cpu_under_0_2ms=max(plain["client_cpu_ms_per_chunk"], ngram["client_cpu_ms_per_chunk"]) < 0.2,
         acceptance_equals_server=ngram["acceptance"] == ngram["server_acceptance"],
         ours_tok_s_at_least_server=rows["ours"]["server_tok_s"] >= plain["server_tok_s"],
     )
@@ -137,8 +140,8 @@ def main(argv=None) -> int:
         return 0
     result = bench(args)
     cols = ["engine", "path", "weights", "tokens", "prompt_tokens", "ttft_ms", "client_tok_s", "server_tok_s",
-            "client_itl_ms", "server_ms_per_token", "itl_over_server", "client_ms_per_chunk", "tokens_per_chunk",
-            "acceptance", "server_acceptance"]
+            "client_itl_ms", "server_ms_per_token", "itl_over_server", "client_ms_per_chunk", "client_cpu_ms_per_chunk",
+            "tokens_per_chunk", "acceptance", "server_acceptance"]
     goals = "\n".join(f"- {k}: {'met' if v else 'NOT met'}" for k, v in result["goals"].items())
     head = (f"Our engine against llama-server on the same GGUF (the embedded SmolLM2-135M, Q4_1) and a "
             f"{result['prompt_words']}-word prompt, {result['new_tokens']} greedy tokens, {result['threads']} threads, "

@@ -1,11 +1,12 @@
 """The CPU kernels alone: one decode step's GEMMs per weight format, and attention over the cache.
 
-    python -m bench.kernels [--out bench/results] [--threads 2] [--repeats 7]
+    python -m bench.kernels [--out bench/results] [--threads 2] [--repeats 7] [--paths avx2 avx512 amx]
 
 GEMMs: the default model's shapes (30 layers of qkv 576->960, o 576->576, gate_up 576->3072, down
 1536->576, then the tied head 576->49152), random weights already in the kernels' panel layout, every
-layer its own tensors so a step streams all of them from DRAM as a real one does. Timed at T = 1 (decode),
-6 (a verify pass), 16 and 128 (prefill) rows; ms is the minimum over repeats of a whole step, GB/s the
+layer its own tensors so a step streams all of them from DRAM as a real one does. Timed on every kernel path
+the CPU runs (avx2, avx512, amx), the paths interleaved, at T = 1 (decode), 6 (a verify pass), 16 and 128
+(prefill) rows; ms is the minimum over repeats of a whole step, GB/s the
 weight bytes over that time, % of the read bandwidth measured in this run (engine/observe/bandwidth.py).
 Attention: 9 query / 3 kv heads of dim 64 over 30 layers' caches at a few contexts, full and with a
 window of 512 + 4 sinks. The machine's load average is recorded before and after: timings from a busy
@@ -30,7 +31,7 @@ from engine.ops import ref
 
 HIDDEN, INTER, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 576, 1536, 30, 49152, 9, 3, 64
 LAYER_SHAPES = [(3 * 320, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in)
-FORMATS = W.PANEL_FORMATS  # every format with a CPU kernel; q8 = Q8_0 with exact activations, int8 = W8A8
+FORMATS = W.PANEL_FORMATS  # every format with a CPU kernel; q8 = Q8_0 as a q4 model's head (16-bit activations)
 
 
 def random_panels(fmt: str, out: int, n_in: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -96,27 +97,51 @@ def best_of_each(fns: dict, repeats: int, setup=None) -> dict:
     return best
 
 
-def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
+# name -> (set_isa's argument, the AMX crossover in rows: None keeps the module's)
+PATHS = {"avx2": ("avx2", None), "avx512": ("avx512", None), "amx": ("amx", None), "amx tiles": ("amx", 1)}
+
+
+def available_paths(m, names: list[str]) -> list[str]:
+    best, ok = m.isa().split()[0], []
+    for name in names:
+        try:
+            m.set_isa(PATHS[name][0])
+            ok.append(name)
+        except RuntimeError as e:
+            print(f"skipping {name}: {e}", flush=True)
+    m.set_isa(best)
+    return ok
+
+
+def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, probe: ReadProbe, paths: list[str]) -> list[dict]:
+    """One decode step's GEMMs at each row count on each path, the paths interleaved round by round."""
     g = torch.Generator().manual_seed(0)
     weights = step_weights(fmt, g)
     nbytes = sum(t.numel() * t.element_size() for _, _, ts in weights for t in ts)
     code = m.formats().index(fmt)
+    best_isa, crossover = m.isa().split()[0], m.amx_rows()
 
-    def step_for(T: int):
+    def step_for(T: int, path: str):
         xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (HIDDEN, INTER)}
         outs = [torch.empty(T, out) for out, _, _ in weights]
+        isa, rows = PATHS[path]
 
         def step():
+            m.set_isa(isa)
+            m.set_amx_rows(rows or crossover)
             for (_, n_in, ts), y in zip(weights, outs, strict=True):
                 m.linear(y, xs[n_in], code, list(ts))
         return step
 
-    best = best_of_each({"read": probe, **{T: step_for(T) for T in rows_list}}, repeats)
+    try:
+        best = best_of_each({"read": probe, **{(p, T): step_for(T, p) for p in paths for T in rows_list}}, repeats)
+    finally:
+        m.set_isa(best_isa)
+        m.set_amx_rows(crossover)
     bw, others = probe.nbytes / best["read"] / 1e9, others_pct()
-    rows = [dict(op="gemm step", format=fmt, T=T, ms=best[T] * 1e3, gb_s=nbytes / best[T] / 1e9,
-                 pct_of_read_bw=100 * nbytes / best[T] / 1e9 / bw, ratio_vs_T1=best[T] / best[rows_list[0]],
-                 weight_mb=nbytes / 1e6, read_gb_s=bw, others_pct=others) for T in rows_list]
-    return rows
+    return [dict(op="gemm step", format=fmt, path=p, T=T, ms=best[p, T] * 1e3, gb_s=nbytes / best[p, T] / 1e9,
+                 pct_of_read_bw=100 * nbytes / best[p, T] / 1e9 / bw, ratio_vs_T1=best[p, T] / best[p, rows_list[0]],
+                 weight_mb=nbytes / 1e6, read_gb_s=bw, others_pct=others) for p in paths for T in rows_list]
 
 
 def bench_torch_f32(rows_list: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
@@ -179,38 +204,39 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 6, 16, 128])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--contexts", type=int, nargs="*", default=[256, 1024, 4096, 8192])
-    p.add_argument("--isa", choices=["avx2", "avx512"], help="force an instruction set (default: the best)")
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS),
+                   help="the paths to time the GEMMs on (attention runs on the best); 'amx tiles': AMX at every T")
     args = p.parse_args(argv)
     status = ext.load("cpu")
     if status.module is None:
         sys.exit(f"the CPU kernels are not available, nothing to time: {status.reason}")
     m = status.module
-    if args.isa:
-        m.set_isa(args.isa)
+    paths = available_paths(m, args.paths)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     bw = measure_gbs("cpu")
     probe = ReadProbe()
     rows = []
+    cols = ["format", "path", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1", "read_gb_s", "others_pct"]
     for fmt in args.formats:
-        rows += bench_gemm(m, fmt, args.rows, args.repeats, probe)
-        print(markdown_table(rows[-len(args.rows):], ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1",
-                                                      "read_gb_s", "others_pct"]))
+        rows += bench_gemm(m, fmt, args.rows, args.repeats, probe, paths)
+        print(markdown_table(rows[-len(args.rows) * len(paths):], cols))
     rows += bench_torch_f32([1, 6], args.repeats, probe)
     attn = bench_attention(m, args.contexts, args.repeats, probe) if args.contexts else []
     others = 100 * max(OTHERS) if OTHERS else None
-    result = dict(isa=m.isa(), threads=args.threads, read_bandwidth_gb_s=bw, load_before=load_before,
+    result = dict(isa=m.isa(), paths=paths, threads=args.threads, read_bandwidth_gb_s=bw, load_before=load_before,
                   load_after=os.getloadavg(), other_processes_max_cpu_pct=others, rows=rows + attn,
                   provenance=provenance("cpu"))
     quiet = "" if others is None else (f" Other processes took up to {others:.0f}% of the CPUs while a group was "
                                        "timed (others_pct).")
-    head = (f"CPU kernels ({m.isa()}), {args.threads} threads, minimum over {args.repeats} repeats. Read bandwidth "
+    head = (f"CPU kernels, GEMMs on each path ({', '.join(paths)}; 'amx' runs its tiles from T >= {m.amx_rows()}, "
+            f"'amx tiles' at every T), attention on {m.isa()}; {args.threads} threads, minimum over {args.repeats} "
+            "repeats. Read bandwidth "
             f"at the start of the run (engine/observe/bandwidth.py): {bw:.1f} GB/s; read_gb_s is the same measure "
             "interleaved with each group's timings, which pct_of_read_bw divides by. Load average before "
             f"{load_before[0]:.2f}, after {result['load_after'][0]:.2f}.{quiet}\n\nOne decode step's GEMMs "
             "(30 layers + head), random weights:\n\n")
-    md = head + markdown_table(rows, ["format", "T", "ms", "gb_s", "pct_of_read_bw", "ratio_vs_T1", "weight_mb",
-                                      "read_gb_s", "others_pct"])
+    md = head + markdown_table(rows, cols[:6] + ["weight_mb"] + cols[6:])
     if attn:
         md += ("\nAttention, 9/3 heads of dim 64, 30 layers (ms per step, caches flushed before each step as the "
                "weights flush them in a real one; gb_s counts the live K/V bytes):\n\n") + markdown_table(

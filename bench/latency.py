@@ -22,7 +22,7 @@ from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import Telemetry, markdown_table, provenance, write_results
-from bench.steps import prompt_ids, shape_config, step_ms, verify_costs
+from bench.steps import cpu_path, prompt_ids, shape_config, step_ms, verify_costs
 from engine import Engine, load_model
 from engine.observe.bandwidth import measure_gbs
 from engine.checkpoint import random_model
@@ -85,8 +85,9 @@ def cpu_bench(args, save) -> dict:
     tok = Tokenizer(load_model(None, weights="fp32", progress=lambda msg: None).path)
     prompt = tok.encode(TEXT.read_text())[: args.prompt_len]
     out = dict(model="SmolLM2-135M-Instruct (embedded default)", batch=1, prompt_tokens=len(prompt),
-               new_tokens=args.new_tokens, threads=torch.get_num_threads(), bandwidth_gbs=bw, rows=[],
-               llamacpp=llamacpp.unavailable() or "llama-cpp-python " + __import__("llama_cpp").__version__)
+               new_tokens=args.new_tokens, threads=torch.get_num_threads(), bandwidth_gbs=bw, isa=cpu_path(), rows=[],
+               llamacpp=llamacpp.unavailable() or "llama-cpp-python " + __import__("llama_cpp").__version__,
+               llamacpp_info=llamacpp.describe(), llamacpp_f32_mismatch=None)
 
     ceiling = [bw]  # the read bandwidth around each row: this shared machine's moves between runs
 
@@ -119,17 +120,27 @@ def cpu_bench(args, save) -> dict:
             path = llamacpp.model_file(default_model.gguf_path(progress=lambda msg: None), fmt)
         # ours and llama.cpp alternate, each keeping its better round: this shared machine's bandwidth moves
         # within minutes, and a pair timed once each can land in different regimes
-        ours = theirs = None
+        ours = theirs = bench = None
         for _ in range(ROUNDS):
             ours = faster(ours, ours_decode(eng, prompt, args.new_tokens))
             if path is not None:
                 theirs = faster(theirs, llamacpp.time_decode(path, prompt, args.new_tokens, torch.get_num_threads()))
-        ids = add("decodescope", fmt, model.ops.name, model.weight_bytes, ours)
-        out["rows"][-1]["same_tokens_as_fp32"] = ids == ref_ids
-        del model, eng
+            if path is not None and llamacpp.bench_binary() is not None:  # llama.cpp's own C++ timing
+                b = llamacpp.llama_bench(path, torch.get_num_threads(), args.new_tokens, len(prompt), len(prompt))
+                bench = b if bench is None or b["tg_tok_s"] > bench["tg_tok_s"] else bench
+        our_ids = add("decodescope", fmt, model.ops.name, model.weight_bytes, ours)
+        out["rows"][-1]["same_tokens_as_fp32"] = our_ids == ref_ids
         if theirs is not None:
-            ids = add("llama.cpp", llamacpp.FORMATS[fmt], "ggml", path.stat().st_size, theirs)
-            out["rows"][-1]["same_tokens_as_fp32"] = ids == ref_ids
+            kind = llamacpp.formats()[fmt]
+            cmp = llamacpp.compare_ids(eng, prompt, our_ids, theirs)
+            theirs.pop("margins")
+            ids = add("llama.cpp", kind, "ggml", path.stat().st_size, dict(theirs, **(bench or {})))
+            out["rows"][-1].update(same_tokens_as_fp32=ids == ref_ids, ids_vs_ours=llamacpp.ids_cell(cmp), **cmp)
+            try:
+                llamacpp.check_same_f32(kind, "the default model", cmp)
+            except AssertionError as e:  # saved with the results, raised by main() after them
+                out["llamacpp_f32_mismatch"] = str(e)
+        del model, eng
     return out
 
 
@@ -179,11 +190,16 @@ def markdown(result: dict, device: str) -> str:
                 f"{result['prompt_tokens']}-token prompt (bench/data/prose.txt), {result['new_tokens']} greedy tokens, "
                 "all in one run. The read bandwidth is measured before and after every row (this shared machine's "
                 "moved within %.0f-%.0f GB/s during the run); a row's ceiling is the larger of its two, and "
-                "%% of ceiling = weight bytes per step / step time over it. llama.cpp: " % tuple(
+                "%% of ceiling = weight bytes per step / step time over it. Fused kernels: " % tuple(
                     result.get("bandwidth_range_gbs", [result["bandwidth_gbs"]] * 2)) +
-                f"{result['llamacpp']}.\n\n")
+                f"{result.get('isa', 'path not recorded')}. llama.cpp: {result['llamacpp']}.\n\n")
+        head += ("llama.cpp rows: its Python loop's figures (f32 KV cache and no flash attention, as ours), "
+                 "llama-bench's tg/pp tok/s beside them (C++, as llama.cpp ships it: f16 KV cache, flash attention "
+                 "auto), and its greedy ids against ours in the same format "
+                 "(ids_vs_ours: where they part, with both top-1 margins there).\n\n")
         cols = ["engine", "weights", "path", "tok_s", "ttft_ms", "ms_per_token", "weight_mb", "gb_s",
-                "bandwidth_gbs", "pct_of_ceiling", "verify6_over_step", "same_tokens_as_fp32"]
+                "bandwidth_gbs", "pct_of_ceiling", "verify6_over_step", "same_tokens_as_fp32", "bench_tg_tok_s",
+                "bench_pp_tok_s", "ids_vs_ours"]
     else:
         head = (f"Decode on CUDA; copy bandwidth {result['bandwidth_gbs']:.0f} GB/s measured in the same run; gb_s: "
                 "weight bytes per step over the step's time.\n\n")
@@ -217,6 +233,8 @@ def main(argv=None):
         result = cpu_bench(args, save) if args.device == "cpu" else cuda_bench(args, save)
     save(result)
     print(markdown(result, args.device))
+    if result.get("llamacpp_f32_mismatch"):
+        sys.exit(result["llamacpp_f32_mismatch"])
 
 
 if __name__ == "__main__":

@@ -34,6 +34,22 @@ def conditions_lines(prov: dict) -> list[str]:
     return [head + "Conditions: " + "; ".join(f"{k}: {v}" for k, v in d.items()) + "."]
 
 
+def llamacpp_lines(data: dict) -> list[str]:
+    """The anchor's own provenance, where a result timed llama.cpp (bench/llamacpp.py describe()): the binding's
+    version and system_info, llama-bench's version and build flags, and the settings both ran with."""
+    info = data.get("llamacpp_info") or (data["llamacpp"] if isinstance(data.get("llamacpp"), dict) else None)
+    if not info:
+        return []
+    settings = ", ".join(f"{k}={v}" for k, v in info.get("settings", {}).items())
+    parts = [f"binding: {info.get('python')}"]
+    if info.get("system_info"):
+        parts.append(f"system_info: `{info['system_info']}`")
+    parts.append(f"llama-bench: {info.get('llama_bench_version', info.get('llama_bench'))}".replace("\n", "; "))
+    if info.get("llama_bench_build"):
+        parts.append(f"built as `{info['llama_bench_build']}`")
+    return ["llama.cpp: " + "; ".join(parts) + (f"; settings: {settings}." if settings else "."), ""]
+
+
 def render(results: Path) -> str:
     out = ["# decodescope benchmark results", "",
            f"Rendered by `python -m bench.render_results` from the files in `{results.name}/`; each table is",
@@ -42,6 +58,7 @@ def render(results: Path) -> str:
     for md in sorted(results.glob("*.md")):
         data = json.loads(md.with_suffix(".json").read_text()) if md.with_suffix(".json").exists() else {}
         out += [f"## {md.stem}", "", md.read_text().rstrip(), ""]
+        out += llamacpp_lines(data)
         if "provenance" in data:
             out += [provenance_line(data["provenance"]), "", *conditions_lines(data["provenance"]), ""]
     return "\n".join(out)

@@ -1,16 +1,25 @@
 """What the latency, speculative and profile benchmarks share: the model shapes they time on random weights,
-and the timing of one decode step and of one verify pass of T tokens on an engine.
+and the timing of one decode step and of one verify pass of T tokens on an engine. Run as a script: the verify
+cost table of the CPU kernels, a verify pass of T = 2..17 over the decode step per weight format and kernel path,
+on the default model (main() below).
 
 Each timed call ends with the read-back a real decode loop needs anyway (to sample, stream or stop), so a
 step's time is what a user waits for, device work included.
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 import torch
 
+from bench.common import markdown_table
 from engine import Engine
 from engine.config import ModelConfig
 
@@ -69,6 +78,14 @@ def verify_ms(eng: Engine, prompt: list[int], T: int, repeats: int = 12) -> floa
     return statistics.median(times)
 
 
+def cpu_path() -> str:
+    """The CPU kernels' instruction-set path in use (the module's isa()), or why none runs."""
+    from engine.ops import ext
+
+    status = ext.load("cpu")
+    return status.module.isa() if status.module is not None else status.reason
+
+
 def verify_costs(eng: Engine, prompt: list[int], ts=(1, 2, 4, 6, 9), steps: int = 32, rounds: int = 3) -> dict:
     """A decode step's median ms, and each verify pass's ms over it (T = 1 is the step through chunk()).
 
@@ -83,7 +100,164 @@ def verify_costs(eng: Engine, prompt: list[int], ts=(1, 2, 4, 6, 9), steps: int 
             ms = verify_ms(eng, prompt, T)
             ms_all[T].append(ms)
             ratios[T].append(ms / step)
-    out = dict(step_ms=statistics.median(step_all))
+    out = dict(step_ms=statistics.median(step_all), isa=cpu_path() if eng.device.type == "cpu" else None)
     for T in ts:
         out[f"verify{T}_ms"], out[f"verify{T}_over_step"] = statistics.median(ms_all[T]), statistics.median(ratios[T])
     return out
+
+
+# ---- the verify cost table: python -m bench.steps [--baseline DIR] ------------------------------------------
+
+TEXT = Path(__file__).parent / "data" / "prose.txt"
+RESEARCH = Path(__file__).parent / "data" / "verify_research.md"
+GOALS = {6: 1.3, 16: 2.0}  # verify(T) <= this many decode steps
+
+# One measurement, run in this process for the tree's own kernels and, as a script, in another source tree's
+# (--baseline: the kernels before a change); it uses only what both trees have.
+MEASURE = """
+import json, sys
+import engine  # noqa: F401  (sets OpenMP's wait policy before torch loads)
+import torch
+from engine import Engine, Tokenizer, load_model
+from engine.observe.bandwidth import measure_gbs
+from bench.steps import verify_costs
+fmt, ts, prompt_len, threads = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(threads)
+model = load_model(None, weights=fmt, progress=lambda msg: None)
+prompt = Tokenizer(model.path).encode(open(sys.argv[5]).read())[:prompt_len]
+eng = Engine(model, max_seq_len=prompt_len + 64)
+before = measure_gbs("cpu")
+row = verify_costs(eng, prompt, ts, steps=24, rounds=1)
+row.update(read_gb_s=max(before, measure_gbs("cpu")), weight_bytes=model.weight_bytes)
+print("RESULT " + json.dumps(row))
+"""
+
+
+def measure_here(eng: Engine, prompt: list[int], ts: list[int]) -> dict:
+    from engine.observe.bandwidth import measure_gbs
+
+    before = measure_gbs("cpu")
+    row = verify_costs(eng, prompt, ts, steps=24, rounds=1)
+    row.update(read_gb_s=max(before, measure_gbs("cpu")), weight_bytes=eng.model.weight_bytes)
+    return row
+
+
+def measure_baseline(tree: Path, fmt: str, ts: list[int], prompt_len: int) -> dict:
+    """MEASURE in another source tree, its kernels built into a cache of its own (tree/.ext-cache)."""
+    env = dict(os.environ, PYTHONPATH=str(tree), DECODESCOPE_EXT_CACHE=str(tree / ".ext-cache"))
+    proc = subprocess.run([sys.executable, "-c", MEASURE, fmt, ",".join(map(str, ts)), str(prompt_len),
+                           str(torch.get_num_threads()), str(TEXT)], cwd=tree, env=env, capture_output=True,
+                          text=True, check=False)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"the baseline run in {tree} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+# name -> (set_isa's argument, the AMX crossover in rows: None keeps the module's)
+PATHS = {"avx2": ("avx2", None), "avx512": ("avx512", None), "amx": ("amx", None), "amx tiles at every T": ("amx", 1)}
+
+
+def bench(args) -> dict:
+    from engine import Tokenizer, load_model
+    from engine.ops import ext
+
+    module = ext.load("cpu").module
+    if module is None:
+        sys.exit(f"the CPU kernels are not available, nothing to compare: {ext.load('cpu').reason}")
+    best, crossover = module.isa().split()[0], module.amx_rows()
+    paths = {}
+    for name in args.paths:
+        try:
+            module.set_isa(PATHS[name][0])
+            paths[name] = PATHS[name]
+        except RuntimeError as e:
+            print(f"skipping {name}: {e}", flush=True)
+    module.set_isa(best)
+    ts = list(range(1, args.max_t + 1))
+    models = {fmt: load_model(None, weights=fmt, progress=lambda msg: None) for fmt in args.formats}
+    tok = Tokenizer(models[args.formats[0]].path)
+    prompt = tok.encode(TEXT.read_text())[: args.prompt_len]
+    samples: dict[tuple, list[dict]] = {}
+    for r in range(args.rounds):  # approaches alternate within a round: this box's bandwidth moves within minutes
+        for fmt in args.formats:
+            eng = Engine(models[fmt], max_seq_len=args.prompt_len + 64)
+            for name, (isa, rows) in paths.items():
+                if rows is not None and fmt != "q4":  # the tiles' crossover moves q4 (and its q8 head) only
+                    continue
+                module.set_isa(isa)
+                module.set_amx_rows(rows or crossover)
+                samples.setdefault((fmt, name), []).append(measure_here(eng, prompt, ts))
+                print(r, fmt, name, round(samples[fmt, name][-1]["step_ms"], 2), flush=True)
+            module.set_isa(best)
+            module.set_amx_rows(crossover)
+            if args.baseline:
+                name = f"baseline ({args.baseline_label})"
+                samples.setdefault((fmt, name), []).append(measure_baseline(Path(args.baseline), fmt, ts,
+                                                                            args.prompt_len))
+                print(r, fmt, name, round(samples[fmt, name][-1]["step_ms"], 2), flush=True)
+    rows = [summarize(fmt, name, runs, ts) for (fmt, name), runs in samples.items()]
+    return dict(model="SmolLM2-135M-Instruct (embedded default)", prompt_tokens=len(prompt), rounds=args.rounds,
+                threads=torch.get_num_threads(), amx_crossover_rows=crossover, goals=GOALS, rows=rows)
+
+
+def summarize(fmt: str, name: str, runs: list[dict], ts: list[int]) -> dict:
+    """Per approach: the median over rounds of the step, of each verify(T) / step ratio (each round's own), and
+    of the step's share of the read bandwidth measured before and after it."""
+    def med(key):
+        return statistics.median(r[key] for r in runs)
+
+    pct = statistics.median(100 * r["weight_bytes"] / (r["step_ms"] * 1e6) / r["read_gb_s"] for r in runs)
+    row = dict(weights=fmt, approach=name, isa=runs[-1].get("isa") or "previous kernels", step_ms=med("step_ms"),
+               weight_mb=runs[-1]["weight_bytes"] / 1e6, read_gb_s=med("read_gb_s"), pct_of_read_bw=pct)
+    row.update({f"v{T}": med(f"verify{T}_over_step") for T in ts if T > 1})
+    row.update({f"verify{T}_ms": med(f"verify{T}_ms") for T in ts})
+    return row
+
+
+def markdown(result: dict) -> str:
+    ts = sorted(int(k[1:]) for k in result["rows"][0] if k.startswith("v") and k[1:].isdigit())
+    met = [f"{r['weights']} {r['approach']}" for r in result["rows"]
+           if all(r.get(f"v{T}", float("inf")) <= g for T, g in result["goals"].items())]
+    head = (f"Verify pass of T tokens over one decode step (vT = verify(T) / step), whole engine steps of "
+            f"{result['model']} after a {result['prompt_tokens']}-token prompt, {result['threads']} threads, the "
+            f"approaches alternating over {result['rounds']} rounds (medians of each round's own ratio). "
+            f"pct_of_read_bw: the step's weight bytes over its time, against the read bandwidth measured before "
+            f"and after it (the larger). The amx path runs its tiles from T >= {result['amx_crossover_rows']} rows "
+            f"(VNNI below); 'amx tiles at every T' shows where they win. Goals: "
+            + ", ".join(f"v{T} <= {g}" for T, g in result["goals"].items())
+            + f"; met by: {', '.join(met) or 'none'}.\n\n")
+    cols = ["weights", "approach", "step_ms", "read_gb_s", "pct_of_read_bw"] + [f"v{T}" for T in ts if T > 1]
+    md = head + markdown_table(result["rows"], cols)
+    if RESEARCH.exists():
+        md += "\n" + RESEARCH.read_text()
+    return md
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    from bench.common import Telemetry, provenance, write_results
+
+    p = argparse.ArgumentParser(description="the verify cost table of the CPU kernels")
+    p.add_argument("--formats", nargs="+", default=["fp32", "fp16", "int8", "q4"])
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    p.add_argument("--baseline", help="a source tree whose kernels to time alongside (the commit before a change)")
+    p.add_argument("--baseline-label", default="previous kernels")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-t", type=int, default=17)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with Telemetry("cpu") as tel:
+        result = bench(args)
+    result["provenance"] = provenance("cpu", tel)
+    md = markdown(result)
+    write_results(args.out, "verify-cpu", result, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -132,15 +132,17 @@ def test_chat_template_matches_transformers(default_model_dir, reference_tokeniz
 
 @pytest.mark.slow
 def test_q4_runs_the_files_own_blocks_losslessly(default_model_dir):
-    """weights="q4" loads the GGUF's Q4_1 blocks (and its Q8_0 head) unchanged: the same model as fp32, up to
-    the order of fp32 accumulation (logits up to ~25: 5e-4 is 2e-5 of them), and the same greedy tokens."""
+    """weights="q4" loads the GGUF's Q4_1 blocks (and its Q8_0 head) unchanged: the same weights as fp32, and the
+    same greedy tokens. With the CPU kernels the activations meet those blocks at 16 bits per block of 32 (each
+    input within 2^-16 of its block's largest value), which moves logits up to ~25 by at most ~0.01 through 30
+    layers (bench/results/quality-cpu.md measures the largest difference over 1000 tokens): atol 0.03."""
     from engine import Engine, load_model
 
     fp32 = Engine(load_model(default_model_dir, weights="fp32"), 256)
     q4 = Engine(load_model(default_model_dir, weights="q4"), 256)
     assert q4.model.weight_format == "q4" and q4.model.weight_bytes < 0.3 * fp32.model.weight_bytes
     ids = Tokenizer(default_model_dir).encode_chat("Name three rivers in Europe.")
-    torch.testing.assert_close(q4.logits(ids), fp32.logits(ids), rtol=0, atol=5e-4)
+    torch.testing.assert_close(q4.logits(ids), fp32.logits(ids), rtol=0, atol=3e-2)
     assert q4.generate(ids, 48)[0] == fp32.generate(ids, 48)[0]
 
 

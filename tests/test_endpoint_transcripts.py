@@ -75,3 +75,6 @@ def test_recorded_llama_server_runs(name):
         assert {t.kind for r in rounds for t in r.tokens} == {"target"} and len(rounds) == want["tokens"]
     text = "".join(t.text for r in rounds for t in r.tokens)
     assert text.strip() and all(r.total_ms >= 0 for r in rounds)
+    # the client's own cost per chunk, in wall time and in the consuming thread's CPU time (never more than wall)
+    assert info.chunks >= len(rounds) and 0 < info.client_cpu_ms <= info.client_ms + 0.05
+    assert info.client_cpu_ms_per_chunk == info.client_cpu_ms / info.chunks

@@ -206,3 +206,56 @@ def test_a_window_wider_than_the_context_is_full_attention():
     seq_lens = torch.tensor([20], dtype=torch.int32)
     full = ref.attention(q, k, v, seq_lens, 0.3)
     torch.testing.assert_close(ref.attention(q, k, v, seq_lens, 0.3, window=16, sinks=4), full, rtol=0, atol=0)
+
+
+# --- the quantized formats' activations and matmuls ---------------------------------------------------------
+
+
+def test_quantize_blocks_defines_every_input():
+    """Per block of 32: q = round_half_even(x * qmax / amax) with dx = amax / qmax (q * dx within dx / 2 of x);
+    inf or NaN anywhere in a block gives q = 0 and dx = NaN; a block too small to scale (zeros, denormals, amax
+    below qmax / FLT_MAX) gives q = 0 and dx = 0; the padding past `in` counts as zeros."""
+    for qmax in (127, 32767):
+        x = torch.randn(2, 200, generator=torch.Generator().manual_seed(qmax)) * 3
+        x[1, 33] = float("inf")
+        x[1, 70] = float("nan")
+        x[1, 96:128] = 1e-40
+        x[1, 128:160] = 1e-38 if qmax == 127 else 1e-35  # normal, but qmax / amax overflows fp32
+        x[1, 160:162] = 1e-41  # denormals beside normal values
+        q, dx = ref.quantize_blocks(x, 224, qmax)
+        assert q.shape == (2, 7, 32) and dx.shape == (2, 7)
+        assert q.abs().max() <= qmax and torch.equal(q, q.round())
+        assert dx[1, 1].isnan() and dx[1, 2].isnan() and not q[1, 1:3].any()
+        assert dx[1, 3] == 0 and dx[1, 4] == 0 and not q[1, 3:5].any()
+        assert q[1, 5, :2].eq(0).all()
+        xb = torch.nn.functional.pad(x, (0, 24)).view(2, 7, 32)
+        ok = torch.ones(2, 7, dtype=torch.bool)
+        ok[1, 1:5] = False
+        amax = xb.abs().amax(-1)
+        torch.testing.assert_close(dx[ok], (amax / qmax)[ok], rtol=0, atol=0)
+        err = (q * dx[..., None] - xb)[ok]
+        assert (err.abs() <= (dx[..., None] / 2 * (1 + 1e-6)).expand_as(q)[ok]).all()
+        assert not q[:, 6, 8:].any()  # the padding
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_linear_a16_is_the_dot_product_with_the_dequantized_activations(fmt):
+    """linear_a16 against fp64 written out: y = sum_b d dx S + m xs with S the exact integer sums of q and x16 and
+    xs = dx sum x16 (every product and sum in fp64, fp32 only where the recipe rounds: d * dx and xs). The twin
+    sums the blocks in fp64 and rounds once: rtol 1e-6."""
+    from engine import weights as W
+
+    g = torch.Generator().manual_seed(5)
+    b = W.quantize(torch.randn(24, 100, generator=g), fmt)
+    x = torch.randn(3, 100, generator=g) * 4
+    x16, dx = ref.quantize_blocks(x, 128, 32767)
+    q = b.q.double().view(24, 4, 32)
+    want = torch.zeros(3, 24, dtype=torch.float64)
+    for n in range(3):
+        for o in range(24):
+            for blk in range(4):
+                S = sum(int(q[o, blk, i]) * int(x16[n, blk, i]) for i in range(32))
+                want[n, o] += float(b.d[o, blk].float() * dx[n, blk]) * S  # the fp32 product, as the recipe
+                if b.m is not None:
+                    want[n, o] += float(b.m[o, blk]) * float(dx[n, blk] * x16[n, blk].sum())
+    torch.testing.assert_close(ref.linear_a16(x, *b.tensors).double(), want, rtol=1e-6, atol=1e-6)

@@ -1,7 +1,7 @@
 """engine/weights.py: the canonical blocks and the CPU panel layout packed from them.
 
 The panel packers are pure reshapes, so a round trip must be exact, and the layout is checked element by
-element against its definition (the one csrc/cpu/gemm.h reads)."""
+element against its definition (the one csrc/cpu/gemm.h reads; q4's in csrc/cpu/kernels.h)."""
 from __future__ import annotations
 
 import pytest
@@ -51,12 +51,14 @@ def test_panel_layout_matches_its_definition(out, n_in):
         assert d[o // 16, i // 32, o % 16] == q8.d[o, i // 32]
 
     q4 = blocks("q4", out, n_in)
-    qs, d, m = W.to_panels(q4)
-    assert qs.shape == (P, nb, 16, 16) and d.shape == m.shape == (P, nb, 16)
-    for o, i in [(0, 0), (16, 37), (out - 1, n_in - 1)]:
-        byte = int(qs[o // 16, i // 32, i % 32 // 2, o % 16])
-        assert (byte >> 4 * (i % 2)) & 0xF == int(q4.q[o, i])
-        assert m[o // 16, i // 32, o % 16] == q4.m[o, i // 32]
+    (w4,) = W.to_panels(q4)
+    assert w4.shape == (P, nb, 320) and w4.dtype == torch.uint8
+    for o, i in [(0, 0), (16, 37), (5, 44), (out - 1, n_in - 1)]:
+        block = w4[o // 16, i // 32]  # chunk c = (i % 32) // 8 of [16 outputs][4 bytes]; inputs 4..7 high nibbles
+        byte = int(block[(i % 32) // 8 * 64 + (o % 16) * 4 + i % 4])
+        assert (byte >> 4 * (i % 8 // 4)) & 0xF == int(q4.q[o, i])
+        scales = block[256:].view(torch.float16)  # d[16] then m[16]
+        assert scales[o % 16] == q4.d[o, i // 32] and scales[16 + o % 16] == q4.m[o, i // 32]
 
 
 @pytest.mark.parametrize("fmt", W.PANEL_FORMATS)
@@ -65,7 +67,10 @@ def test_padded_outputs_are_zero(fmt):
     last = [t[-1] for t in panels]  # the panel holding output 16 and 15 padded ones
     if fmt in ("fp32", "fp16"):
         assert not last[0][:, 1:].any()
-    else:  # zero scales (and mins): whatever the codes, the padded weights are 0
+    elif fmt == "q4":  # zero scales and mins: whatever the codes, the padded weights are 0
+        scales = last[0][:, 256:].view(torch.float16)
+        assert not scales[:, 1:16].any() and not scales[:, 17:].any()
+    else:  # zero scales: whatever the codes, the padded weights are 0
         assert all(not t[:, 1:].any() for t in last[1:])
 
 
@@ -88,3 +93,14 @@ def test_quantize_then_dequantize_is_close(fmt):
     b = W.quantize(w, fmt)
     step = (w.abs().max() / 127) if fmt == "int8" else ((w.max() - w.min()) / 15)
     assert (W.dequantize(b) - w).abs().max() <= step  # half a step of rounding plus fp16 scale rounding
+
+
+@pytest.mark.parametrize("fmt", W.PANEL_FORMATS)
+def test_rows_of_every_layout_dequantize_the_blocks(fmt):
+    """A tied embedding's lookup (weights.rows): output rows of a packed weight, dequantized without unpacking the
+    rest, in every layout the format has: the dequantize twin's rows exactly."""
+    b = blocks(fmt, 40, 100)
+    ids = torch.tensor([0, 39, 17, 17, 16])
+    want = W.dequantize(b)[ids]
+    for layout in W.REGISTRY[fmt].layouts:
+        assert torch.equal(W.rows(W.pack(b, layout), ids), want), layout

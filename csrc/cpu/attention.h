@@ -2,12 +2,19 @@
 // vocabulary S, torch-free. The recipe of engine/ops/ref.py attention: query t of row b sits at position
 // p = seq_lens[b] - T + t and attends keys j <= p, with a window only j < sinks or j > p - window.
 //
-// At batch 1 there are only Hkv (3 for the default model) (row, kv head) pairs, too few to keep two
-// cores busy, and a long cache takes one core's bandwidth for the whole step. So each row's live keys are
-// cut into `splits` contiguous shares; a work item (b, kv head, split) runs the kv head's whole GQA group
-// (n_rep heads x T queries) over its share, so each K/V row is read from memory once for all of them,
-// and leaves unnormalised partials (running max m, sum of exp l, acc = sum p v). The merge folds the
+// At batch 1 there are only Hkv (3 for the default model) (row, kv head) pairs, too few to keep two cores
+// busy, and a long cache takes one core's bandwidth for the whole step. So each row's keys are cut into splits
+// at fixed positions (kernels.h split_start); a work item (b, kv head, split) runs the kv head's whole GQA group
+// (n_rep heads x T queries) over the split's live keys, so each K/V row is read from memory once for all of
+// them, and leaves unnormalised partials (running max m, sum of exp l, acc = sum p v). The merge folds the
 // splits with log-sum-exp. Only live keys are read: [0, len), or with a window the sinks and the window.
+//
+// Batch invariance: splits start at fixed positions and the blocks inside them (one online-softmax rescale
+// each) at multiples of kKeys, lane k of a block holding key j0 + k, so a query meets the same keys
+// in the same blocks, lanes and splits whether it is a decode step's only query or one of a verify pass's T:
+// the extra keys a longer pass reads are masked for it (weight exactly 0, and a masked block is skipped),
+// and its output comes out the same bits. Tying the splits to the thread count or the row's length, as an
+// even share per thread would, gave each T its own sum order.
 #pragma once
 
 #include <cmath>
@@ -21,6 +28,7 @@ template <class S>
 struct Attention {
   using F = typename S::F;
   static constexpr int kKeys = 32;      // keys per block (two groups of 16): one online-softmax rescale per block
+  static_assert(split_start(1) % kKeys == 0, "splits must start at block boundaries");
   static constexpr int kQueries = 16;   // queries per tile; the tile's state lives on the stack
   static constexpr int kMaxDim = 256;   // head_dim limit of the stack buffers (the host checks)
   static constexpr float kNegInf = -INFINITY;
@@ -28,8 +36,10 @@ struct Attention {
   // The live keys of row b as at most two ranges: [0, a_end) then [b_start, b_end).
   struct Live {
     int a_end, b_start, b_end;
-    int count() const { return a_end + (b_end - b_start); }
-    int position(int f) const { return f < a_end ? f : b_start + (f - a_end); }
+    bool contains(int j) const { return j < a_end || (j >= b_start && j < b_end); }
+    bool any(int j0, int j1) const { return j0 < j1 && (j0 < a_end || (j1 > b_start && j0 < b_end)); }
+    bool all(int j0, int j1) const { return j1 <= a_end || (j0 >= b_start && j1 <= b_end); }
+    int first(int j) const { return j < a_end || j >= b_start ? j : b_start; }  // the first live key from j on
   };
 
   static Live live_keys(const AttentionArgs& a, int len) {
@@ -66,13 +76,15 @@ struct Attention {
     else store_d(p + 16 * c, v, D - 16 * c);
   }
 
-  // Lane k = q . key k for the n <= 16 keys at kp, kp + ld, ...; lanes past n repeat the last key.
+  // Lane k = q . key j0 + k for the n <= 16 keys from j0 on, at least one of them live; lanes whose key is not
+  // live (or past n) read a live one instead, and the caller masks them.
   template <int ND>
-  static F dot16(const float* q, const float* kp, int64_t stride, int n, int D) {
+  static F dot16(const float* q, const Live& live, const float* kbase, int64_t stride, int j0, int n, int D) {
+    const int stand_in = live.first(j0);  // the caller saw a live key among the n
     const float* row[16];
     F part[16];
     for (int k = 0; k < 16; ++k) {
-      row[k] = kp + (k < n ? k : n - 1) * stride;
+      row[k] = kbase + (k < n && live.contains(j0 + k) ? j0 + k : stand_in) * stride;
       part[k] = S::zero();
     }
     for (int c = 0; c < chunks<ND>(D); ++c) {
@@ -99,12 +111,17 @@ struct Attention {
       const int b = static_cast<int>(item / a.splits / a.n_kv_heads);
       const int len = a.seq_lens[b];
       const Live live = live_keys(a, len);
-      const int64_t n_live = live.count();
-      const int f0 = static_cast<int>(n_live * split / a.splits);
-      const int f1 = static_cast<int>(n_live * (split + 1) / a.splits);
+      const int j_lo = split_start(split), j_end = split_start(split + 1), j_hi = len < j_end ? len : j_end;
+      const int64_t part = (static_cast<int64_t>(b) * a.n_kv_heads + kvh) * a.splits + split;
+      if (!live.any(j_lo, j_hi)) {  // past the row, or between the sinks and the window: an empty partial
+        for (int qi = 0; qi < Q; ++qi) {
+          a.part_ml[(part * Q + qi) * 2] = kNegInf;
+          a.part_ml[(part * Q + qi) * 2 + 1] = 0.f;
+        }
+        continue;
+      }
       const float* kbase = a.k + b * a.kv_b + kvh * a.kv_h;
       const float* vbase = a.v + b * a.kv_b + kvh * a.kv_h;
-      const int64_t part = (static_cast<int64_t>(b) * a.n_kv_heads + kvh) * a.splits + split;
       for (int q0 = 0; q0 < Q; q0 += kQueries) {
         const int nq = Q - q0 < kQueries ? Q - q0 : kQueries;
         alignas(64) float qs[kQueries][kMaxDim], acc[kQueries][kMaxDim];
@@ -121,15 +138,11 @@ struct Attention {
           l[i] = 0.f;
           pos[i] = len - T + t;
         }
-        // Walk [f0, f1) of the live keys in blocks that do not cross from the sinks into the window.
-        for (int f = f0; f < f1;) {
-          const int j0 = live.position(f);
-          int n = f1 - f < kKeys ? f1 - f : kKeys;
-          if (f < live.a_end && f + n > live.a_end) n = live.a_end - f;
-          f += n;
-          const int jn = f < f1 ? live.position(f) : -1;
-          block<ND>(a, kbase + j0 * a.kv_s, vbase + j0 * a.kv_s, j0, n, nq, qs, acc, m, l, pos,
-                    jn >= 0 ? kbase + jn * a.kv_s : nullptr, jn >= 0 ? vbase + jn * a.kv_s : nullptr);
+        for (int j0 = j_lo; j0 < j_hi; j0 += kKeys) {
+          const int n = j_hi - j0 < kKeys ? j_hi - j0 : kKeys;
+          if (!live.any(j0, j0 + n)) continue;
+          const bool next = j0 + kKeys < j_hi && live.any(j0 + kKeys, j0 + 2 * kKeys);
+          block<ND>(a, live, kbase, vbase, j0, n, nq, qs, acc, m, l, pos, next);
         }
         for (int i = 0; i < nq; ++i) {
           float* pa = a.part_acc + (part * Q + q0 + i) * D;
@@ -141,34 +154,41 @@ struct Attention {
     }
   }
 
-  // Keys j0 .. j0+n-1 (n <= kKeys) against the tile's queries; online softmax per query. The first query
-  // also prefetches the next block's rows (kn, vn; null for the last block) into L2, K a group of 16 rows
-  // before each score group and V a row per key, spread through the work rather than in one burst that
-  // would fill the miss queue and stall: the scores read K across 16 rows at once, a pattern the hardware
-  // prefetcher follows poorly. Spread like this beat prefetching all the rows at the block's start, which in
-  // turn beat no prefetch (bench/kernels.py times the attention op).
+  // Keys j0 .. j0+n-1 (n <= kKeys, j0 a multiple of kKeys) against the tile's queries; online softmax per
+  // query. Lanes whose key is not live are neither read nor counted (weight 0). With `next`, the first query
+  // also prefetches the next block's rows into L2, K a group of 16 rows before each score group and V a row
+  // per key, spread through the work rather than in one burst that would fill the miss queue and stall: the
+  // scores read K across 16 rows at once, a pattern the hardware prefetcher follows poorly. Spread like this
+  // beat prefetching all the rows at the block's start, which in turn beat no prefetch (bench/kernels.py).
   template <int ND>
-  static void block(const AttentionArgs& a, const float* kp, const float* vp, int j0, int n, int nq,
-                    const float (*qs)[kMaxDim], float (*acc)[kMaxDim], float* m, float* l, const int* pos,
-                    const float* kn, const float* vn) {
+  static void block(const AttentionArgs& a, const Live& live, const float* kbase, const float* vbase, int j0, int n,
+                    int nq, const float (*qs)[kMaxDim], float (*acc)[kMaxDim], float* m, float* l, const int* pos,
+                    bool next) {
     const int D = a.head_dim, groups = (n + 15) / 16;
+    const bool all_live = live.all(j0, j0 + n);
+    const float* kn = next ? kbase + (j0 + kKeys) * a.kv_s : nullptr;
+    const float* vn = next ? vbase + (j0 + kKeys) * a.kv_s : nullptr;
     alignas(64) float p[kKeys];
     for (int i = 0; i < nq; ++i) {
       const int last = pos[i];  // the query's position: keys j <= last
       const bool none = j0 > last || (a.window > 0 && j0 >= a.sinks && j0 + n - 1 <= last - a.window);
       if (none) continue;
-      const bool all = j0 + n - 1 <= last && (a.window <= 0 || j0 + n - 1 < a.sinks || j0 > last - a.window);
+      const bool all = all_live && j0 + n - 1 <= last &&
+                       (a.window <= 0 || j0 + n - 1 < a.sinks || j0 > last - a.window);
       for (int g = 0; g < groups; ++g) {
         const int cnt = n - 16 * g < 16 ? n - 16 * g : 16;
         if (kn)
           for (int k = 16 * g; k < 16 * g + 16; ++k)
             for (int d = 0; d < D; d += 16) __builtin_prefetch(kn + k * a.kv_s + d, 0, 2);
-        S::store(p + 16 * g, dot16<ND>(qs[i], kp + 16 * g * a.kv_s, a.kv_s, cnt, D));
+        if (live.any(j0 + 16 * g, j0 + 16 * g + cnt))
+          S::store(p + 16 * g, dot16<ND>(qs[i], live, kbase, a.kv_s, j0 + 16 * g, cnt, D));
+        else
+          S::store(p + 16 * g, S::set1(kNegInf));
       }
       for (int k = n; k < 16 * groups; ++k) p[k] = kNegInf;  // past the block: weight 0
       if (!all)
         for (int k = 0; k < n; ++k)
-          if (!valid(a, j0 + k, last)) p[k] = kNegInf;
+          if (!live.contains(j0 + k) || !valid(a, j0 + k, last)) p[k] = kNegInf;
       F mx = S::load(p);
       if (groups == 2) mx = S::max(mx, S::load(p + 16));
       const float bmax = S::reduce_max(mx);
@@ -183,23 +203,25 @@ struct Attention {
         lsum = S::add(lsum, e);
       }
       l[i] = l[i] * rescale + S::reduce_add(lsum);
-      accumulate<ND>(acc[i], vp, a.kv_s, p, n, rescale, D, vn);
+      accumulate<ND>(acc[i], live, vbase, a.kv_s, j0, p, n, all_live, rescale, D, vn);
       kn = vn = nullptr;  // the first query to get here prefetched the next block
     }
   }
 
-  // acc = acc * rescale + sum_k p[k] v[k]. Keys outer, chunks inner: the chunks are independent FMA
-  // chains, so a long block is not bound by one accumulator's latency.
+  // acc = acc * rescale + sum_k p[k] v[k] over the block's live keys. Keys outer, chunks inner: the chunks are
+  // independent FMA chains, so a long block is not bound by one accumulator's latency.
   template <int ND>
-  static void accumulate(float* acc, const float* vp, int64_t stride, const float* p, int n, float rescale, int D,
-                         const float* vn) {
+  static void accumulate(float* acc, const Live& live, const float* vbase, int64_t stride, int j0, const float* p,
+                         int n, bool all_live, float rescale, int D, const float* vn) {
     const F r = S::set1(rescale);
+    const float* vp = vbase + j0 * stride;
     if constexpr (ND > 0) {
       F o[ND];
       for (int c = 0; c < ND; ++c) o[c] = S::mul(S::load(acc + 16 * c), r);
       for (int k = 0; k < n; ++k) {
         if (vn)
           for (int d = 0; d < D; d += 16) __builtin_prefetch(vn + k * stride + d, 0, 2);
+        if (!all_live && !live.contains(j0 + k)) continue;
         const F pk = S::set1(p[k]);
 #pragma GCC unroll 8
         for (int c = 0; c < ND; ++c) o[c] = S::fma(pk, S::load(vp + k * stride + 16 * c), o[c]);
@@ -208,7 +230,8 @@ struct Attention {
     } else {
       for (int c = 0; c < chunks<ND>(D); ++c) {
         F o = S::mul(ld<ND>(acc, c, D), r);
-        for (int k = 0; k < n; ++k) o = S::fma(S::set1(p[k]), ld<ND>(vp + k * stride, c, D), o);
+        for (int k = 0; k < n; ++k)
+          if (all_live || live.contains(j0 + k)) o = S::fma(S::set1(p[k]), ld<ND>(vp + k * stride, c, D), o);
         st<ND>(acc, c, D, o);
       }
     }

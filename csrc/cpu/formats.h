@@ -15,10 +15,9 @@ namespace decodescope::cpu {
 
 // What a format's kernel reads instead of x itself (LinearArgs says where each goes).
 enum class Activations {
-  kAsIs,        // x [T, in] as given
-  kPadded,      // x zero-padded to whole blocks [T, nb * 32]
-  kPaddedSums,  // padded, plus each block's sum of x (xsum [T, nb]: q4's min term)
-  kInt8,        // quantized per block of 32 (qx, dx, qoff: quantize_rows)
+  kAsIs,   // x [T, in] as given
+  kInt8,   // quantized to int8 per block of 32 (qx, dx, qoff: quantize_rows)
+  kInt16,  // quantized to 16 bits per block of 32 (Act16: quantize_rows16)
 };
 
 // A packed tensor's expected shape, symbolic in P (panels of 16 outputs), nb (blocks of 32 inputs) and in:
@@ -36,8 +35,8 @@ struct FormatRecord {
   Format format;
   const char* name;  // engine/weights' record name
   Activations activations;
-  int n_tensors;  // packed tensors after x: the weight values, then scales (and mins)
-  std::array<TensorSpec, 3> tensors;
+  int n_tensors;  // packed tensors after x: the weight values (q4: with its scales and mins), then scales
+  std::array<TensorSpec, 2> tensors;
   double bytes_per_input;  // weight bytes one panel streams per input (scales included): the thread split's cost
 };
 
@@ -53,15 +52,14 @@ inline constexpr std::array<FormatRecord, kNumFormats> kFormats{{
                    .dims = {kP, kNb, 8, 16, 4}},
                   {.name = "d", .dtype = at::kHalf, .letters = "[P, nb, 16]", .rank = 3, .dims = {kP, kNb, 16}}}},
      .bytes_per_input = 16 * (1 + 2.0 / kBlock)},
-    {.format = kQ8, .name = "q8", .activations = Activations::kPadded, .n_tensors = 2,
+    {.format = kQ8, .name = "q8", .activations = Activations::kInt16, .n_tensors = 2,
      .tensors = {{{.name = "qs", .dtype = at::kByte, .letters = "[P, nb, 8, 16, 4]", .rank = 5,
                    .dims = {kP, kNb, 8, 16, 4}},
                   {.name = "d", .dtype = at::kHalf, .letters = "[P, nb, 16]", .rank = 3, .dims = {kP, kNb, 16}}}},
      .bytes_per_input = 16 * (1 + 2.0 / kBlock)},
-    {.format = kQ4, .name = "q4", .activations = Activations::kPaddedSums, .n_tensors = 3,
-     .tensors = {{{.name = "qs", .dtype = at::kByte, .letters = "[P, nb, 16, 16]", .rank = 4, .dims = {kP, kNb, 16, 16}},
-                  {.name = "d", .dtype = at::kHalf, .letters = "[P, nb, 16]", .rank = 3, .dims = {kP, kNb, 16}},
-                  {.name = "m", .dtype = at::kHalf, .letters = "[P, nb, 16]", .rank = 3, .dims = {kP, kNb, 16}}}},
+    {.format = kQ4, .name = "q4", .activations = Activations::kInt16, .n_tensors = 1,
+     .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 320]", .rank = 3,
+                   .dims = {kP, kNb, kQ4BlockBytes}}}},
      .bytes_per_input = 16 * (0.5 + 4.0 / kBlock)},
 }};
 

@@ -18,32 +18,59 @@ constexpr int kBlock = 32;  // inputs per quantization block (GGUF Q8_0 / Q4_1)
 // carry the names engine/weights' records have (engine/ops/cpu.py maps names to these codes at load).
 enum Format : int { kFp32, kFp16, kInt8, kQ8, kQ4, kNumFormats };
 
+// 16-bit activations, what the q4 and q8 kernels read instead of x (q16.h): per row and block of 32,
+// x16 = round_half_even(x * (32767 / amax)) in [-32767, 32767], dx = amax / 32767, split into int8 halves
+// x16 = 256 * hi + lo (hi = x16 >> 8 signed, lo = x16 & 255 unsigned: exact for every x16, no clamp). Each ISA's
+// prep writes the planes its kernels read: hi and lo (every path), xp (AVX2's q8); rows past T may be read by an
+// AMX tile (never stored), so the host allocates kAct16PadRows more. Per [T, nb]: dx; xs = dx * sum(x16),
+// the quantized block sum q4's min term multiplies; sum16 = sum(x16) and shi = sum(hi), exact.
+constexpr int kAct16PadRows = 15;
+struct Act16 {
+  int64_t ld;      // elements per row of a plane: nb * 32
+  int8_t* hi;      // [T + pad, ld]
+  uint8_t* lo;     // [T + pad, ld]
+  int16_t* xp;     // [T, ld]: x16 with each group of 4 in kPairOrder (AVX2's int16 pairs)
+  float* dx;       // [T, nb]
+  float* xs;       // [T, nb]
+  int32_t* sum16;  // [T, nb]
+  int32_t* shi;    // [T, nb]
+};
+// The inputs of a group of 4 in the order AVX2's q8 kernel reads them: its weight pairs (0, 2) and (1, 3).
+constexpr int kPairOrder[4] = {0, 2, 1, 3};
+
+// q4 panels: one stream [P, nb, kQ4BlockBytes], each block of 16 outputs x 32 inputs as 4 chunks c of
+// [16 outputs j][4 bytes r], byte = q[j, 8c+r] | q[j, 8c+4+r] << 4, then d[16] and m[16] fp16 (gemm.h q4_tile).
+constexpr int kQ4Chunk = 64;
+constexpr int kQ4Nibbles = 4 * kQ4Chunk;
+constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a weight, as GGUF's Q4_1
+
 // y[T, n_out] = x[T, in] @ W^T over panels [p0, p1). Rows `ldx` / `ldy` floats apart.
 // f32: w [P, in, 16] fp32.  f16: w [P, in, 16] fp16 bits.
-// q4: qs [P, nb, 16, 16] bytes (low nibble input 2i, high nibble 2i+1), d, m [P, nb, 16] fp16;
-//     x is [T, nb*32] zero-padded and xsum [T, nb] holds each block's sum of x (the min's term).
+// q4: w the stream above; x is unused: act holds the 16-bit activations.
 // int8: qs [P, nb, 8, 16, 4] bytes q+128, d [P, nb, 16] fp16; x is unused: qx [T, nb*32] int8,
 //     dx [T, nb] and qoff [T, nb] = -128 * sum(qx of the block) come from quantize_rows.
-// q8: the same weights against x itself, [T, nb*32] zero-padded (fp32 activations, exact products).
+// q8: the same weights as int8 against the 16-bit activations (act): a q4 model's LM head.
 struct LinearArgs {
   float* y;
   int64_t ldy;
   const float* x;
   int64_t ldx;
   int rows, in, n_out, nb;
-  const void* w;        // f32 / f16 weights, or the q4 nibbles / int8 and q8 bytes
-  const uint16_t* d;    // fp16 block scales (q4, int8, q8)
-  const uint16_t* m;    // fp16 block mins (q4)
-  const float* xsum;    // [T, nb] (q4)
+  const void* w;        // f32 / f16 weights, the q4 stream, or the int8 and q8 bytes
+  const uint16_t* d;    // fp16 block scales (int8, q8)
   const int8_t* qx;     // [T, nb*32] (int8)
   const float* dx;      // [T, nb] (int8)
   const int32_t* qoff;  // [T, nb] (int8)
+  const Act16* act;     // (q4, q8)
 };
 using LinearFn = void (*)(const LinearArgs&, int64_t p0, int64_t p1);
 
 // int8 activations, rows [r0, r1): qx, dx and qoff as LinearArgs describes; x [T, in], rows ldx apart.
 using QuantizeRowsFn = void (*)(const float* x, int64_t ldx, int in, int nb, int8_t* qx, float* dx,
                                 int32_t* qoff, int64_t r0, int64_t r1);
+// 16-bit activations, rows [r0, r1), into the planes of Act16 this ISA's kernels read.
+using QuantizeRows16Fn = void (*)(const float* x, int64_t ldx, int in, int nb, const Act16& a, int64_t r0,
+                                  int64_t r1);
 
 // residual (may be null) += x; then out = x-or-residual * rsqrt(mean(sq) + eps) * w, rows [r0, r1) of
 // [rows, hidden] dense. out may alias x.
@@ -74,9 +101,23 @@ struct RopeArgs {
 using RopeFn = void (*)(const RopeArgs&, int64_t t0, int64_t t1);
 
 // Attention of T new queries per row over the live keys of a [B, Hkv, S, D] cache, flash-decoding style:
-// work item (b, kv head, split) covers split's share of the row's live keys for the kv head's whole GQA
-// group (n_rep heads x T queries), so each K/V row is read once for all of them. It writes unnormalised
-// partials (m, l, acc) into the workspace; merge folds the splits of each (b, t, h) into out.
+// work item (b, kv head, split) covers the row's live keys at positions [split_start(split), split_start(split +
+// 1)) for the kv head's whole GQA group (n_rep heads x T queries), so each K/V row is read once for all of them.
+// It writes unnormalised partials (m, l, acc) into the workspace; merge folds the splits of each (b, t, h) into
+// out. The splits sit at fixed positions, whatever T, the row's length or the thread count, so a query's sums
+// run in the same order in a decode step and in every verify pass (attention.h). They double in size every
+// four: 64 keys up to position 256, then 128, 256, ...: a short context still gives the threads several items
+// each, and a long one no more than ~4 log2(length / 256) partials for the merge.
+constexpr int split_start(int split) {
+  const int group = split / 4;
+  return 256 * ((1 << group) - 1) + 64 * (split % 4) * (1 << group);
+}
+// The splits covering positions [0, len).
+constexpr int splits_for(int len) {
+  int s = 0;
+  while (split_start(s) < len) ++s;
+  return s;
+}
 struct AttentionArgs {
   float* out;             // [B, T, H, D]: strides out_b, out_t; heads dense
   const float* q;         // [B, T, H, D]: strides q_b, q_t; heads dense
@@ -85,6 +126,7 @@ struct AttentionArgs {
   const int32_t* seq_lens;  // [B] live length, the T new tokens included
   float* part_acc;        // [B, Hkv, splits, n_rep * T, D]
   float* part_ml;         // [B, Hkv, splits, n_rep * T, 2]: max and sum of exp, -inf / 0 when empty
+  // splits: splits_for(the longest row)
   int batch, tokens, n_heads, n_kv_heads, head_dim, max_len, splits, window, sinks;
   int64_t q_b, q_t, out_b, out_t, kv_b, kv_h, kv_s;
   float scale;
@@ -97,6 +139,7 @@ struct KernelTable {
   const char* name;  // what isa() reports
   std::array<LinearFn, kNumFormats> linear;  // by Format
   QuantizeRowsFn quantize_rows;
+  QuantizeRows16Fn quantize_rows16;
   NormFn norm;
   SiluMulFn silu_mul;
   SiluMulFn gelu_tanh_mul;
@@ -107,5 +150,6 @@ struct KernelTable {
 
 const KernelTable& avx2_table();    // kernels_avx2.cpp: AVX2 + FMA + F16C
 const KernelTable& avx512_table();  // kernels_avx512.cpp: AVX-512 F/BW/VL/DQ + VNNI
+const KernelTable& amx_table();     // kernels_amx.cpp: the avx512 table, q4 and q8 on AMX-INT8 tiles from T rows up
 
 }  // namespace decodescope::cpu

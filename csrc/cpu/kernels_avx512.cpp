@@ -26,6 +26,7 @@ const KernelTable& avx512_table() {
   static const KernelTable table{.name = Avx512::kName,
                                  .linear = G::linears(),
                                  .quantize_rows = G::quantize_rows,
+                                 .quantize_rows16 = quantize_rows16<Avx512>,
                                  .norm = R::norm,
                                  .silu_mul = R::silu_mul,
                                  .gelu_tanh_mul = R::gelu_tanh_mul,

@@ -38,7 +38,8 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
 
 // out[T, n_out] = x[T, in] @ W^T for W in weight format `format` (kernels.h Format; names in format_names()),
 // packed in panels of 16 outputs by engine/weights: w holds the format's packed tensors (formats.h says which,
-// and checks them). x stays fp32; what each format's kernel does with it is its record's `activations`.
+// and checks them). x stays fp32; what each format's kernel does with it is its record's `activations`
+// (int8 or 16-bit integers per block of 32 for the quantized formats).
 void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tensor* w);
 void linear_packed(at::Tensor& out, const at::Tensor& x, int64_t format, const std::vector<at::Tensor>& w);
 std::vector<std::string> format_names();  // the formats' names in code order
@@ -86,6 +87,8 @@ class BlockPlan {
 
 std::string isa();          // the kernel table in use, e.g. "avx512 (vnni)"
 std::string unsupported();  // "" when this CPU can run the kernels, else what it lacks
-void set_isa(const std::string& name);  // "avx2" | "avx512"; raises if this CPU lacks it
+void set_isa(const std::string& name);  // "avx2" | "avx512" | "amx"; raises if this CPU lacks it
+int64_t amx_rows();                     // the amx table's q4 / q8 passes run on tiles from this many rows up
+void set_amx_rows(int64_t rows);
 
 }  // namespace decodescope::cpu

@@ -1,5 +1,5 @@
-// Torch-facing host code for attention over the static cache (kernels in attention.h): check, size the
-// key splits, run the splits across threads, merge.
+// Torch-facing host code for attention over the static cache (kernels in attention.h): check, count the
+// key splits, run them across threads, merge.
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -14,18 +14,6 @@ namespace decodescope::cpu {
 namespace {
 
 constexpr int kMaxHeadDim = 256;    // attention.h's stack buffers
-constexpr int64_t kMinSplitKeys = 64;  // fewer keys per split and the merge costs more than the split saves
-
-constexpr int kItemsPerThread = 2;
-
-// Splits per (row, kv head): enough items for kItemsPerThread per thread, their count a multiple of the
-// threads so that equal splits make equal shares, and each split at least kMinSplitKeys keys.
-int plan_splits(int64_t rows_x_heads, int64_t max_live, int threads) {
-  int64_t splits = (threads * kItemsPerThread + rows_x_heads - 1) / rows_x_heads;
-  while (rows_x_heads * splits % threads != 0) ++splits;
-  const int64_t most = max_live / kMinSplitKeys > 1 ? max_live / kMinSplitKeys : 1;
-  return static_cast<int>(splits < most ? splits : most);
-}
 
 struct Workspace {
   std::vector<float> acc, ml;
@@ -64,15 +52,13 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   TORCH_CHECK(window >= 0 && sinks >= 0, "window and sinks must be >= 0, got window = ", window, ", sinks = ", sinks);
   if (B == 0 || T == 0 || H == 0) return;
 
-  // seq_lens is host memory here: check it, and find the longest live key range for the split plan.
+  // seq_lens is host memory here: check it, and find the longest row for the split plan.
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  int64_t max_live = 0;
+  int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(lens[b] >= T && lens[b] <= S, "seq_lens[", b, "] = ", lens[b], " must be in [T, S] = [", T, ", ",
                 S, "]: it counts the T new tokens, whose keys are already in the cache");
-    int64_t live = lens[b];
-    if (window > 0) live = std::min<int64_t>(sinks, lens[b]) + std::min<int64_t>(lens[b], window + T - 1);
-    max_live = std::max(max_live, std::min<int64_t>(live, lens[b]));
+    longest = std::max<int64_t>(longest, lens[b]);
   }
 
   AttentionArgs a{};
@@ -97,7 +83,9 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.kv_h = k_cache.stride(1);
   a.kv_s = k_cache.stride(2);
   a.scale = static_cast<float>(scale);
-  a.splits = plan_splits(B * Hkv, max_live, at::get_num_threads());  // each item its own task below
+  // Splits at fixed positions (kernels.h split_start), not an even share per thread: the same sum order for a
+  // query whatever the pass. Each item is its own task below, so the threads still share them out.
+  a.splits = splits_for(static_cast<int>(longest));
   const int64_t items = B * Hkv * a.splits, queries = (H / Hkv) * T;
   workspace.acc.resize(items * queries * D);
   workspace.ml.resize(items * queries * 2);

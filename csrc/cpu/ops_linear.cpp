@@ -53,35 +53,14 @@ constexpr int64_t kMinChunkBytes = 32 << 10;
 
 // Activations prepared per call, reused across calls of the calling thread.
 struct Scratch {
-  std::vector<float> x, xsum, dx;
-  std::vector<int8_t> qx;
-  std::vector<int32_t> qoff;
+  std::vector<float> dx, xs;
+  std::vector<int8_t> qx, hi;
+  std::vector<uint8_t> lo;
+  std::vector<int16_t> xp;
+  std::vector<int32_t> qoff, sum16, shi;
+  Act16 act;
 };
 thread_local Scratch scratch;
-
-// The block formats' kernels read whole blocks of x, so a ragged `in` is zero-padded here.
-void pad_blocks(LinearArgs& a, const Shape& s) {
-  const int64_t width = s.nb * kBlock;
-  if (width == s.in) return;
-  scratch.x.assign(s.rows * width, 0.f);
-  for (int64_t r = 0; r < s.rows; ++r)
-    for (int64_t i = 0; i < s.in; ++i) scratch.x[r * width + i] = a.x[r * s.in + i];
-  a.x = scratch.x.data();
-  a.ldx = width;
-}
-
-// Each block's sum of x: carries q4's min term (m * sum x) out of the inner loop.
-void block_sums(LinearArgs& a, const Shape& s) {
-  scratch.xsum.resize(s.rows * s.nb);
-  for (int64_t r = 0; r < s.rows; ++r) {
-    for (int64_t b = 0; b < s.nb; ++b) {
-      float sum = 0.f;
-      for (int i = 0; i < kBlock; ++i) sum += a.x[r * a.ldx + b * kBlock + i];
-      scratch.xsum[r * s.nb + b] = sum;
-    }
-  }
-  a.xsum = scratch.xsum.data();
-}
 
 // The activations quantized once here, not per thread: T * in values against out * in weights.
 void quantize_int8(LinearArgs& a, const Shape& s) {
@@ -93,6 +72,22 @@ void quantize_int8(LinearArgs& a, const Shape& s) {
   a.qx = scratch.qx.data();
   a.dx = scratch.dx.data();
   a.qoff = scratch.qoff.data();
+}
+
+// The 16-bit activations (kernels.h Act16), every plane and kAct16PadRows rows past T allocated: the ISA's prep
+// writes the ones its kernels read, and an AMX tile may read (never fold) the padding rows.
+void quantize_int16(LinearArgs& a, const Shape& s) {
+  const int64_t rows = s.rows + kAct16PadRows, ld = s.nb * kBlock;
+  scratch.hi.resize(rows * ld);
+  scratch.lo.resize(rows * ld);
+  scratch.xp.resize(rows * ld);
+  for (auto* v : {&scratch.dx, &scratch.xs}) v->resize(rows * s.nb);
+  for (auto* v : {&scratch.sum16, &scratch.shi}) v->resize(rows * s.nb);
+  Act16& act = scratch.act;
+  act = {.ld = ld, .hi = scratch.hi.data(), .lo = scratch.lo.data(), .xp = scratch.xp.data(),
+         .dx = scratch.dx.data(), .xs = scratch.xs.data(), .sum16 = scratch.sum16.data(), .shi = scratch.shi.data()};
+  kernels().quantize_rows16(a.x, a.ldx, a.in, a.nb, act, 0, s.rows);
+  a.act = &act;
 }
 
 // "decodescope::linear_<format>": what torch.profiler shows (engine/observe/breakdown.py classes it as matmul).
@@ -140,13 +135,11 @@ void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tens
   a.nb = static_cast<int>(s.nb);
   switch (f.activations) {
     case Activations::kAsIs: break;
-    case Activations::kPadded: pad_blocks(a, s); break;
-    case Activations::kPaddedSums: pad_blocks(a, s); block_sums(a, s); break;
     case Activations::kInt8: quantize_int8(a, s); break;
+    case Activations::kInt16: quantize_int16(a, s); break;
   }
   a.w = w[0].data_ptr();
   if (f.n_tensors > 1) a.d = reinterpret_cast<const uint16_t*>(w[1].data_ptr());
-  if (f.n_tensors > 2) a.m = reinterpret_cast<const uint16_t*>(w[2].data_ptr());
   const double in_streamed = f.activations == Activations::kAsIs ? s.in : s.nb * kBlock;
   const int64_t panel_bytes = static_cast<int64_t>(in_streamed * f.bytes_per_input) + 1;
   const int64_t min_chunk = (kMinChunkBytes + panel_bytes - 1) / panel_bytes;

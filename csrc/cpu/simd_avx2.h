@@ -4,7 +4,11 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+
+#include "kernels.h"
 
 namespace decodescope::cpu {
 namespace {  // internal linkage: each ISA's translation unit keeps its own copies
@@ -68,28 +72,7 @@ struct Avx2 {
     return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
   }
 
-  // 16 bytes -> low and high nibbles as floats 0..15 (vpermps reads the low 3 bits only here, so mask).
-  static void load_nibbles(const uint8_t* p, F& lo, F& hi) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    const __m128i l = _mm_and_si128(bytes, nib), h = _mm_and_si128(_mm_srli_epi16(bytes, 4), nib);
-    lo = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(l, 8)))};
-    hi = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h, 8)))};
-  }
-
-  // load_q8_inputs as in simd_avx512.h, on the two 32-byte halves (outputs 0-7, 8-15).
-  static void load_q8_inputs(const uint8_t* p, F w[4]) {
-    const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x80808080u));
-    const __m256i lo = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip);
-    const __m256i hi = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), flip);
-    w[0] = {to_f(_mm256_srai_epi32(_mm256_slli_epi32(lo, 24), 24)), to_f(_mm256_srai_epi32(_mm256_slli_epi32(hi, 24), 24))};
-    w[1] = {to_f(_mm256_srai_epi32(_mm256_slli_epi32(lo, 16), 24)), to_f(_mm256_srai_epi32(_mm256_slli_epi32(hi, 16), 24))};
-    w[2] = {to_f(_mm256_srai_epi32(_mm256_slli_epi32(lo, 8), 24)), to_f(_mm256_srai_epi32(_mm256_slli_epi32(hi, 8), 24))};
-    w[3] = {to_f(_mm256_srai_epi32(lo, 24)), to_f(_mm256_srai_epi32(hi, 24))};
-  }
-  static __m256 to_f(__m256i v) { return _mm256_cvtepi32_ps(v); }
-
-  // q8 without VNNI: maddubs multiplies unsigned by signed bytes into saturating int16 pairs, and 2 * 255 *
+  // int8 (W8A8) without VNNI: maddubs multiplies unsigned by signed bytes into saturating int16 pairs, and 2 * 255 *
   // 127 would saturate. So the weights go back to signed q (xor 0x80) and the sign moves to the activation:
   // |q| * (qx * sign(q)) <= 2 * 127 * 127 per pair, no saturation, and no offset to take out.
   static constexpr bool kQ8Offset = false;
@@ -111,8 +94,103 @@ struct Avx2 {
   }
   static F to_float(I v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
 
-  // e^x as in simd_avx512.h.
+  // e^x as in simd_avx512.h, NaN and inf included.
   static F exp(F x) { return {exp8(x.lo), exp8(x.hi)}; }
+
+  // 0 when every lane of a and b is finite, NaN when one holds inf or NaN.
+  static float nonfinite(F a, F b) {
+    const __m256 z = _mm256_setzero_ps();
+    return hsum8(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(a.lo, z), _mm256_mul_ps(a.hi, z)),
+                               _mm256_add_ps(_mm256_mul_ps(b.lo, z), _mm256_mul_ps(b.hi, z))));
+  }
+
+  // ---- 16-bit activations (gemm.h, q16.h) without VNNI ---------------------------------------------------
+  // The plane writer: hi and lo as AVX-512's (q4: VPMADDUBSW), and x16 itself with each group of 4 in kPairOrder
+  // (q8: VPMADDWD against the sign-extended weight pairs of q8_group).
+  static void store_x16(F q0, F q1, const Act16& a, int64_t o, int32_t& sum, int32_t& shi) {
+    const __m256i i[4] = {_mm256_cvtps_epi32(q0.lo), _mm256_cvtps_epi32(q0.hi), _mm256_cvtps_epi32(q1.lo),
+                          _mm256_cvtps_epi32(q1.hi)};
+    __m256i h[4], l[4];
+    for (int k = 0; k < 4; ++k) {
+      h[k] = _mm256_srai_epi32(i[k], 8);
+      l[k] = _mm256_and_si256(i[k], _mm256_set1_epi32(255));
+    }
+    sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    shi = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(h[0], h[1]), _mm256_add_epi32(h[2], h[3])));
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6,
+                                           7, 8, 9, 12, 13, 10, 11, 14, 15);
+    for (int k = 0; k < 2; ++k) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.hi + o + 16 * k), bytes16(h[2 * k], h[2 * k + 1], false));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.lo + o + 16 * k), bytes16(l[2 * k], l[2 * k + 1], true));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.xp + o + 16 * k),
+                          _mm256_shuffle_epi8(int16s(i[2 * k], i[2 * k + 1]), order));
+    }
+  }
+
+  // A row's sums over one block, outputs 0-7 and 8-15 in each pair: sum q * hi in int16 lanes (two a output),
+  // sum q * lo (q4) or sum q * x16 (q8) in int32. S = 256 hi + lo.
+  struct Q16Acc {
+    __m256i hi[2], lo[2];
+  };
+  static Q16Acc q16_init(int32_t) {
+    const __m256i z = _mm256_setzero_si256();
+    return {{z, z}, {z, z}};
+  }
+  static I q16_sum(const Q16Acc& acc) {
+    const __m256i k256 = _mm256_set1_epi16(256);
+    return {_mm256_add_epi32(_mm256_madd_epi16(acc.hi[0], k256), acc.lo[0]),
+            _mm256_add_epi32(_mm256_madd_epi16(acc.hi[1], k256), acc.lo[1])};
+  }
+
+  // q4: VPMADDUBSW, AVX-512's VPDPBUSD in 16-bit lanes with saturation: hi (signed) against the nibbles as
+  // unsigned, a pair at most 2 * 15 * 128 = 3840, so a block's 8 pairs a lane stay below 2^15 in int16; lo
+  // (unsigned) against the nibbles as signed, a pair at most 2 * 255 * 15 = 7650, widened each chunk (VPMADDWD
+  // by ones). A chunk: inputs 8c..8c+3 (low nibbles) and 8c+4..8c+7 (high), outputs 0-7 and 8-15.
+  struct Q4Chunk {
+    __m256i w0[2], w1[2];
+  };
+  static Q4Chunk q4_chunk(const uint8_t* p) {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    Q4Chunk w;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h));
+      w.w0[h] = _mm256_and_si256(v, nib);
+      w.w1[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    }
+    return w;
+  }
+  static void q4_dot16(Q16Acc& acc, const Q4Chunk& w, const Act16& x, int64_t o) {
+    const __m256i ha = _mm256_set1_epi32(load4(x.hi + o)), hb = _mm256_set1_epi32(load4(x.hi + o + 4));
+    const __m256i la = _mm256_set1_epi32(load4(x.lo + o)), lb = _mm256_set1_epi32(load4(x.lo + o + 4));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(w.w0[h], ha), _mm256_maddubs_epi16(w.w1[h], hb));
+      const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(la, w.w0[h]), _mm256_maddubs_epi16(lb, w.w1[h]));
+      acc.hi[h] = _mm256_add_epi16(acc.hi[h], hi);
+      acc.lo[h] = _mm256_add_epi32(acc.lo[h], _mm256_madd_epi16(lo, _mm256_set1_epi16(1)));
+    }
+  }
+
+  // q8: a group (16 outputs x 4 inputs, q + 128) as int16 pairs of q, inputs (0, 2) and (1, 3), against x16 in
+  // the same pairs (kPairOrder); products <= 127 * 32767, pair sums < 2^23, exact in int32.
+  struct Q8Group {
+    __m256i a[2], b[2];
+  };
+  static Q8Group q8_group(const uint8_t* p) {
+    Q8Group w;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)),
+                                         _mm256_set1_epi8(static_cast<char>(0x80)));
+      w.a[h] = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+      w.b[h] = _mm256_srai_epi16(v, 8);
+    }
+    return w;
+  }
+  static void q8_dot16(Q16Acc& acc, const Q8Group& w, const Act16& x, int64_t o) {
+    const __m256i xa = _mm256_set1_epi32(load4(x.xp + o)), xb = _mm256_set1_epi32(load4(x.xp + o + 2));
+    for (int h = 0; h < 2; ++h)
+      acc.lo[h] = _mm256_add_epi32(acc.lo[h], _mm256_add_epi32(_mm256_madd_epi16(w.a[h], xa),
+                                                               _mm256_madd_epi16(w.b[h], xb)));
+  }
 
   // v[0..15] -> lane i = sum of v[i]'s lanes.
   static F hsum16(const F* v) {
@@ -125,6 +203,24 @@ struct Avx2 {
   static __m256i mask(int n) {  // lanes < n set; n may be < 0 or > 8
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
+  static int32_t load4(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  // 16 int32 (a: lanes 0-7, b: 8-15) -> 16 int16 in order: packs works per 128-bit lane, the permute restores it.
+  static __m256i int16s(__m256i a, __m256i b) { return _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8); }
+  // ... -> 16 bytes in order, values in [-128, 127] (or [0, 255] when unsigned)
+  static __m128i bytes16(__m256i a, __m256i b, bool unsigned_bytes) {
+    const __m256i w = int16s(a, b);
+    const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
+    return unsigned_bytes ? _mm_packus_epi16(lo, hi) : _mm_packs_epi16(lo, hi);
+  }
+  static int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+  }
   static float hsum8(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -136,13 +232,18 @@ struct Avx2 {
     const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);  // [0 1 2 3 | 0 1 2 3] halves, [4..7]
     return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
   }
+  static __m256 pow2(__m256i k) {  // 2^k for k in [-126, 127], from its exponent bits
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+  }
   static __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.72283f);
     const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));  // e^88 < FLT_MAX
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    const __m256 overflow = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);  // NaN lanes become lo here, restored below
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
     __m256 p = _mm256_set1_ps(1.9875691500e-4f);
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
@@ -151,10 +252,13 @@ struct Avx2 {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    // 2^n from its exponent bits: the clamp keeps n in [-126, 127].
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(underflow, y);
+    // p * 2^n as p * 2^n1 * 2^n2 with n1 + n2 = n: the clamp keeps n in [-126, 128], and 2^128 has no exponent
+    // bits, its halves do (one rounding, as AVX-512's scalef: the first product is exact)
+    const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1);
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, pow2(n1)), pow2(_mm256_sub_epi32(ni, n1)));
+    y = _mm256_andnot_ps(underflow, y);
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), overflow);
+    return _mm256_blendv_ps(y, x, nan);
   }
 };
 

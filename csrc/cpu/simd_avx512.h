@@ -5,6 +5,9 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
+
+#include "kernels.h"
 
 namespace decodescope::cpu {
 namespace {  // internal linkage: each ISA's translation unit keeps its own copies
@@ -43,27 +46,7 @@ struct Avx512 {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
 
-  // 16 bytes -> the low nibbles and the high nibbles as floats 0..15. vpermps reads only the low 4 bits
-  // of each index, so a table lookup does the mask and the conversion in one instruction.
-  static void load_nibbles(const uint8_t* p, F& lo, F& hi) {
-    const F table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const I bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    lo = _mm512_permutexvar_ps(bytes, table);
-    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-  }
-
-  // 64 bytes of an int8 panel group (16 outputs x 4 inputs, offset binary q + 128) -> each input's 16 weights
-  // as floats q, exactly: xor 0x80 makes each byte q as a signed byte, and a left shift then an arithmetic
-  // right shift sign-extends the byte of input r out of its output's 32-bit lane.
-  static void load_q8_inputs(const uint8_t* p, F w[4]) {
-    const I q = _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0x80808080u)));
-    w[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 24), 24));
-    w[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 16), 24));
-    w[2] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 8), 24));
-    w[3] = _mm512_cvtepi32_ps(_mm512_srai_epi32(q, 24));
-  }
-
-  // q8 dot products: 16 outputs x 4 inputs of offset-binary weights (q + 128) against 4 int8 activations
+  // int8 (W8A8) dot products: 16 outputs x 4 inputs of offset-binary weights (q + 128) against 4 int8 activations
   // broadcast to every output. VNNI's vpdpbusd multiplies unsigned by signed bytes and adds the four
   // products into int32 without saturation; the +128 offset is taken out by starting each block's
   // accumulator at -128 * sum(qx) (kQ8Offset).
@@ -74,16 +57,18 @@ struct Avx512 {
   static Q8W q8_load(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
   static I q8_init(int32_t offset) { return _mm512_set1_epi32(offset); }
   static I q8_dot(I acc, const Q8W& w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w.w, _mm512_set1_epi32(x4)); }
-  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
 
-  // e^x, lanes below -87.3 give 0 (so exp(-inf) = 0). Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2,
-  // then a degree-6 polynomial: about 1 ulp, well inside the ops' 1e-5 tolerance.
+  // e^x as torch computes it at the edges: NaN stays NaN, +inf and lanes above ln(FLT_MAX) give +inf, lanes
+  // below -87.3 give 0 (so exp(-inf) = 0; torch's denormal results there are below the ops' tolerance).
+  // Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, then a degree-6 polynomial: about 1 ulp.
   static F exp(F x) {
-    const F lo = set1(-87.33654f);
+    const F lo = set1(-87.33654f), hi = set1(88.72283f);
     const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), set1(88.0f));  // e^88 < FLT_MAX
-    const F n = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-    F r = fnma(n, set1(0.693359375f), x);
+    const __mmask16 overflow = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const F xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);  // NaN lanes become lo here, restored below
+    const F n = _mm512_roundscale_ps(_mm512_mul_ps(xc, set1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    F r = fnma(n, set1(0.693359375f), xc);
     r = fnma(n, set1(-2.12194440e-4f), r);
     F p = set1(1.9875691500e-4f);
     p = fma(p, r, set1(1.3981999507e-3f));
@@ -92,8 +77,71 @@ struct Avx512 {
     p = fma(p, r, set1(1.6666665459e-1f));
     p = fma(p, r, set1(5.0000001201e-1f));
     p = fma(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, set1(1.0f)));
-    const F y = _mm512_scalef_ps(p, n);  // p * 2^n without building the exponent bits by hand
-    return _mm512_mask_blend_ps(underflow, y, zero());
+    F y = _mm512_scalef_ps(p, n);  // p * 2^n without building the exponent bits by hand
+    y = _mm512_mask_blend_ps(underflow, y, zero());
+    y = _mm512_mask_blend_ps(overflow, y, set1(INFINITY));
+    return _mm512_mask_blend_ps(nan, y, x);
+  }
+
+  // 0 when every lane of a and b is finite, NaN when one holds inf or NaN (0 * inf = NaN; the sum of zeros is 0).
+  static float nonfinite(F a, F b) {
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_mul_ps(a, zero()), _mm512_mul_ps(b, zero())));
+  }
+
+  // ---- 16-bit activations (gemm.h, q16.h): exact integer sums over the int8 halves hi, lo of x16 --------
+  // The prep's plane writer: a block's 32 rounded values (exact integers in floats) -> the hi and lo planes at
+  // offset o; the block's sum of x16 and of hi.
+  static void store_x16(F q0, F q1, const Act16& a, int64_t o, int32_t& sum, int32_t& shi) {
+    const I i0 = _mm512_cvtps_epi32(q0), i1 = _mm512_cvtps_epi32(q1);
+    const I h0 = _mm512_srai_epi32(i0, 8), h1 = _mm512_srai_epi32(i1, 8);
+    const I l0 = _mm512_and_si512(i0, _mm512_set1_epi32(255)), l1 = _mm512_and_si512(i1, _mm512_set1_epi32(255));
+    sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    shi = _mm512_reduce_add_epi32(_mm512_add_epi32(h0, h1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.hi + o), _mm512_cvtepi32_epi8(h0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.hi + o + 16), _mm512_cvtepi32_epi8(h1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.lo + o), _mm512_cvtepi32_epi8(l0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.lo + o + 16), _mm512_cvtepi32_epi8(l1));
+  }
+
+  // A row's sums over one block, 16 outputs: sum q * hi and sum q * lo, so S = 256 hi + lo (q16_sum). VPDPBUSD
+  // multiplies unsigned by signed bytes: hi (signed) goes against the weights as unsigned, lo (unsigned) against
+  // them as signed; both are legal because q4's nibbles are 0..15, and for q8 the offset-binary bytes q + 128 are
+  // the unsigned form, q itself (xor 0x80) the signed one, the offset taken out by starting hi at -128 * sum(hi).
+  struct Q16Acc {
+    I hi, lo;
+  };
+  static Q16Acc q16_init(int32_t q8_shi) { return {_mm512_set1_epi32(-128 * q8_shi), _mm512_setzero_si512()}; }
+  static I q16_sum(const Q16Acc& acc) { return _mm512_add_epi32(_mm512_slli_epi32(acc.hi, 8), acc.lo); }
+  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
+
+  // A 64-byte chunk of a q4 block: inputs 8c..8c+3 (low nibbles) and 8c+4..8c+7 (high), 16 outputs x 4 bytes each.
+  struct Q4Chunk {
+    I w0, w1;
+  };
+  static Q4Chunk q4_chunk(const uint8_t* p) {
+    const I v = _mm512_loadu_si512(p), nib = _mm512_set1_epi8(0x0F);
+    return {_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)};
+  }
+  // acc += the chunk's 8 inputs of one row, starting at plane offset o.
+  static void q4_dot16(Q16Acc& acc, const Q4Chunk& w, const Act16& x, int64_t o) {
+    acc.hi = _mm512_dpbusd_epi32(acc.hi, w.w0, _mm512_set1_epi32(load4(x.hi + o)));
+    acc.lo = _mm512_dpbusd_epi32(acc.lo, _mm512_set1_epi32(load4(x.lo + o)), w.w0);
+    acc.hi = _mm512_dpbusd_epi32(acc.hi, w.w1, _mm512_set1_epi32(load4(x.hi + o + 4)));
+    acc.lo = _mm512_dpbusd_epi32(acc.lo, _mm512_set1_epi32(load4(x.lo + o + 4)), w.w1);
+  }
+
+  // 64 bytes of a q8 block: 16 outputs x 4 inputs, q + 128 and q.
+  struct Q8Group {
+    I u, s;
+  };
+  static Q8Group q8_group(const uint8_t* p) {
+    const I v = _mm512_loadu_si512(p);
+    return {v, _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)))};
+  }
+  // acc += the group's 4 inputs of one row, starting at plane offset o.
+  static void q8_dot16(Q16Acc& acc, const Q8Group& w, const Act16& x, int64_t o) {
+    acc.hi = _mm512_dpbusd_epi32(acc.hi, w.u, _mm512_set1_epi32(load4(x.hi + o)));
+    acc.lo = _mm512_dpbusd_epi32(acc.lo, _mm512_set1_epi32(load4(x.lo + o)), w.s);
   }
 
   // v[0..15] -> one vector whose lane i is the sum of v[i]'s lanes: a transpose-and-add tree, 15 adds.
@@ -116,6 +164,11 @@ struct Avx512 {
 
  private:
   static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static int32_t load4(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
 };
 
 }  // namespace

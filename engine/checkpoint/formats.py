@@ -29,7 +29,7 @@ def check_format_name(weights: str) -> str:
 def head_format(fmt: str) -> str:
     """The LM head's format: a q4 model keeps its head in 8-bit blocks, as the GGUF files of small models do
     (the default model's is Q8_0): the head sees every token's logits, where 4 bits cost the most quality. It
-    runs as q8 (engine/weights/q8_0.py): those blocks with exact activations, so q4 stays lossless there."""
+    runs as q8 (engine/weights/q8_0.py): those blocks against 16-bit activations on a CPU, as q4's own."""
     return wts.get(fmt).head or fmt
 
 

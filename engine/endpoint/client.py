@@ -186,7 +186,7 @@ class EndpointStream:
                     last_byte = item[1]
                     if self.tap is not None:
                         self.tap((item[1] - t0) * 1e3, item[2])
-                    a, done, bad = time.perf_counter(), [], None
+                    a, a_cpu, done, bad = time.perf_counter(), time.thread_time(), [], None
                     try:
                         for event in sse.feed(item[2], item[1]):
                             done += builder.add(parse(event, t0, fields))
@@ -194,6 +194,7 @@ class EndpointStream:
                     except EndpointError as e:  # the rounds its read completed before the bad chunk still count
                         bad = e
                     info.client_ms += (time.perf_counter() - a) * 1e3
+                    info.client_cpu_ms += (time.thread_time() - a_cpu) * 1e3
                     yield from done
                     if bad is not None:
                         raise bad

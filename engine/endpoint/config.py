@@ -78,7 +78,8 @@ class EndpointInfo:
     server_accepted_per_pos: list[int] | None = None  # Prometheus deltas around the run (vLLM)
     kinds_from: str = "tokens only"  # "the server, per step" | "the server's per-step arrays" | "inferred"
     chunks: int = 0
-    client_ms: float = 0.0  # this process's time parsing and assembling the stream
+    client_ms: float = 0.0  # this process's time parsing and assembling the stream (wall clock)
+    client_cpu_ms: float = 0.0  # the same span in the consuming thread's CPU time: what preemption does not inflate
     failed: str | None = None  # why the run ended early (its rounds so far are kept)
 
     @property
@@ -90,6 +91,10 @@ class EndpointInfo:
     @property
     def client_ms_per_chunk(self) -> float | None:
         return self.client_ms / self.chunks if self.chunks else None
+
+    @property
+    def client_cpu_ms_per_chunk(self) -> float | None:
+        return self.client_cpu_ms / self.chunks if self.chunks else None
 
     def as_settings(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if v is not None and not isinstance(v, list)}

@@ -35,13 +35,13 @@ class OpSet:
 
 
 # The torch twins' matmul by what a format's CPU kernel does with the activations (WeightFormat.cpu_activations)
-TWIN_MATMULS = {"exact": ref.matmul_dequantized, "int8": ref.matmul_int8_a8}
+TWIN_MATMULS = {"exact": ref.matmul_dequantized, "int8": ref.matmul_int8_a8, "int16": ref.matmul_int16_a16}
 
 
 def twin_matmul(fmt: weights.WeightFormat, device: torch.device) -> Callable:
     """The torch twin of a format's matmul: dense weights as stored, block formats dequantized; on a CPU the
-    activations as the SIMD kernel treats them (int8: quantized per block, llama.cpp's Q8_0 recipe), on a GPU
-    left as they are (the CUDA GEMV's recipe)."""
+    activations as the SIMD kernel treats them (int8: quantized per block, llama.cpp's Q8_0 recipe; int16: 16
+    bits per block, the q4 and q8 kernels'), on a GPU left as they are (the CUDA GEMV's recipe)."""
     if not fmt.quantized:
         return ref.matmul_t
     return TWIN_MATMULS[fmt.cpu_activations if device.type == "cpu" else "exact"]

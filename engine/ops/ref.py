@@ -149,14 +149,35 @@ def matmul_int8_a8(x: torch.Tensor, w) -> torch.Tensor:
     return linear_a8(x, q, d).to(x.dtype)
 
 
-def quantize_activations(x: torch.Tensor, in_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CPU int8 kernels' activation recipe: x [N, in] fp32, zero-padded to in_pad, per block of 32:
-    amax = max|x|, q = round_half_even(x * (127 / amax)) in [-127, 127], dx = amax / 127 (q = 0, dx = 0 for
-    an all-zero block). Returns q as float [N, nb, 32] (exact small integers) and dx [N, nb] fp32."""
+def matmul_int16_a16(x: torch.Tensor, w) -> torch.Tensor:
+    """q4 and q8 on a CPU: the blocks against 16-bit activations, the SIMD kernels' recipe (linear_a16)."""
+    return linear_a16(x, *w.tensors).to(x.dtype)
+
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def quantize_blocks(x: torch.Tensor, in_pad: int, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU kernels' activation recipe (csrc/cpu/q16.h block_scale): x [N, in] fp32, zero-padded to in_pad,
+    per block of 32: amax = max|x|, inv = qmax / amax, q = round_half_even(x * inv) in [-qmax, qmax],
+    dx = amax / qmax, all in fp32. Defined for every input, as the kernels on every ISA: a block holding inf or
+    NaN gives q = 0 and dx = NaN (its row's outputs are NaN, where a float matmul's would be inf or NaN); a
+    block whose qmax / amax overflows (zeros, denormals, amax below qmax / FLT_MAX) gives q = 0 and dx = 0.
+    Returns q as float [N, nb, 32] (exact integers) and dx [N, nb] fp32."""
     xb = F.pad(x.float(), (0, in_pad - x.shape[-1])).view(x.shape[0], -1, 32)
+    finite = torch.isfinite(xb).all(-1)
+    xb = torch.where(finite[..., None], xb, 0.0)
     amax = xb.abs().amax(-1)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    return torch.round(xb * inv[..., None]), amax / 127
+    inv = torch.full_like(amax, qmax) / amax  # inf where amax is 0; `qmax / amax` would multiply by 1 / amax
+    tiny = ~(inv <= FLT_MAX)
+    inv = torch.where(tiny, 0.0, inv)
+    dx = torch.where(finite, torch.where(tiny, 0.0, amax / qmax), float("nan"))
+    return torch.round(xb * inv[..., None]), dx
+
+
+def quantize_activations(x: torch.Tensor, in_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 kernel's activations: quantize_blocks to [-127, 127]."""
+    return quantize_blocks(x, in_pad, 127)
 
 
 def linear_a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -167,3 +188,22 @@ def linear_a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor
     qx, dx = quantize_activations(x, q.shape[1])
     sums = torch.einsum("nbi,obi->nob", qx, q.float().view(q.shape[0], -1, 32))  # [N, out, nb]
     return ((d.float()[None] * dx[:, None]) * sums).sum(-1)
+
+
+def linear_a16(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
+    """q4 (q uint8 0..15, d and m fp16 [out, nb]) or q8 (q int8, d) weights [out, in_pad] against 16-bit
+    activations, the CPU kernels' recipe (csrc/cpu/q16.h): x16, dx = quantize_blocks(x, 32767) per row and
+    block, the exact integer sums S = sum_i q_i x16_i, and
+        y[n, o] = sum_b fl(d[o, b] * dx[n, b]) * S[n, o, b] + m[o, b] * xs[n, b],   xs = fl(dx * sum_i x16_i).
+    S is summed as the kernels do, over the halves x16 = 256 hi + lo (each half's sum is exact in fp32, below
+    2^24). The kernels fold the blocks in fp32 FMAs in order; here the sum over blocks runs in float64 and is
+    rounded once, so the two differ by the kernels' fp32 rounding alone."""
+    x16, dx = quantize_blocks(x, q.shape[1], 32767)
+    hi = torch.floor(x16 / 256)
+    w = q.float().view(q.shape[0], -1, 32)
+    sums = 256 * torch.einsum("nbi,obi->nob", hi, w).double() + torch.einsum("nbi,obi->nob", x16 - 256 * hi, w)
+    y = ((d.float()[None] * dx[:, None]).double() * sums).sum(-1)  # [N, out]
+    if m is not None:
+        xs = dx * x16.sum(-1)  # |sum| <= 32 * 32767 < 2^24: exact before the product
+        y += (m.float()[None].double() * xs[:, None].double()).sum(-1)
+    return y.float()

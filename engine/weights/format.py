@@ -81,7 +81,9 @@ class WeightFormat:
     pickable: bool = True  # False: used inside a model only (q8, the head of a q4 model)
     dtype: torch.dtype | None = None  # a dense format's storage dtype
     # What the CPU kernel does with the activations (its torch twin does the same: engine/ops/ref.py):
-    # "exact" keeps them fp32; "int8" quantizes them per block of 32 (W8A8, llama.cpp's Q8_0 recipe)
+    # "exact" keeps them fp32; "int8" quantizes them per block of 32 (W8A8, llama.cpp's Q8_0 recipe); "int16"
+    # quantizes them per block of 32 to 16 bits (csrc/cpu/q16.h: exact integer sums, error ~2^-16 of a block's
+    # largest value)
     cpu_activations: str = "exact"
     head: str | None = None  # the format a model in this one keeps its LM head in (None: this one)
     cuda_kernel: str | None = None  # the CUDA module's GEMV for the format (csrc/gemv.cuh); dense runs cuBLAS

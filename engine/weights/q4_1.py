@@ -2,8 +2,10 @@
 Quantized with d = (max - min) / 15, m = min, q = round((w - m) / d); the fp16-rounded d and m are used.
 
 CUDA rows: q nibble-packed [out, in_pad / 2] in GGUF's order (pack_nibbles), d and m [out, nb].
-CPU panels: qs uint8 [P, nb, 16, 16] with qs[p, b, i, j] = q[16p + j, 32b + 2i] | q[16p + j, 32b + 2i + 1] << 4;
-d, m fp16 [P, nb, 16].
+CPU panels: one stream w uint8 [P, nb, 320] (csrc/cpu/kernels.h), each block of 16 outputs x 32 inputs as 4
+chunks c of [16 outputs j][4 bytes r] with byte = q[16p + j, 32b + 8c + r] | q[16p + j, 32b + 8c + 4 + r] << 4
+(256 bytes), then the block's d[16] and m[16] fp16 (64 bytes): 5 bits a weight, one forward stream a panel,
+and a chunk's nibbles masked or shifted are VNNI and AMX operands as they stand.
 """
 from __future__ import annotations
 
@@ -41,28 +43,41 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((x & 0xF, x >> 4), dim=2).view(packed.shape[0], -1)
 
 
+CHUNKS, CHUNK_INPUTS = 4, 8  # a block's 32 inputs as 4 chunks of 8: 4 in the low nibbles, 4 in the high
+NIBBLE_BYTES = BLOCK // 2 * PANEL  # 256
+
+
 def to_panels(b: Blocks) -> tuple[torch.Tensor, ...]:
     q = panels.pad_outputs(b.q)
-    pairs = q.view(q.shape[0] // PANEL, PANEL, q.shape[1] // BLOCK, BLOCK // 2, 2)
-    qs = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 3, 1).contiguous()
-    return qs, panels.scales(b.d), panels.scales(b.m)
+    P, nb = q.shape[0] // PANEL, q.shape[1] // BLOCK
+    x = q.view(P, PANEL, nb, CHUNKS, 2, 4)  # [P, j, b, c, low/high, r]: input 8c + 4 * high + r
+    nibbles = (x[:, :, :, :, 0] | (x[:, :, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(P, nb, NIBBLE_BYTES)
+    scales = torch.cat((panels.scales(b.d), panels.scales(b.m)), -1).view(torch.uint8)  # [P, nb, 64]
+    return (torch.cat((nibbles, scales), -1).contiguous(),)
+
+
+def split_stream(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A panel stream [..., nb, 320] -> q [..., nb, 16 (j), 32 (input)] (0..15), d and m [..., nb, 16]."""
+    nib = w[..., :NIBBLE_BYTES].unflatten(-1, (CHUNKS, PANEL, 4))  # [..., c, j, r]
+    q = torch.stack((nib & 0xF, nib >> 4), dim=-2)  # [..., c, j, low/high, r]
+    q = q.movedim(-4, -3).flatten(-3)  # [..., j, c * 8 + 4 * high + r]
+    dm = w[..., NIBBLE_BYTES:].contiguous().view(torch.float16)  # [..., 32]
+    return q, dm[..., :PANEL], dm[..., PANEL:]
 
 
 def from_panels(fmt: str, out: int, n_in: int, tensors) -> Blocks:
     P, nb = -(-out // PANEL), -(-n_in // BLOCK)
-    panels.check(fmt, out, n_in, tensors, (P, nb, BLOCK // 2, PANEL), 2)
-    qs, d, m = tensors
-    pairs = torch.stack((qs & 0xF, qs >> 4), dim=-1)  # [P, nb, 16 (i), 16 (j), 2]
-    q = pairs.permute(0, 3, 1, 2, 4).reshape(-1, nb * BLOCK)[:out].contiguous()
+    panels.check(fmt, out, n_in, tensors, (P, nb, NIBBLE_BYTES + 4 * PANEL), 0)
+    q, d, m = split_stream(tensors[0])  # q: [P, nb, 16, 32]
+    q = q.permute(0, 2, 1, 3).reshape(-1, nb * BLOCK)[:out].contiguous()
     return Blocks(fmt, out, n_in, q, panels.unscales(d, out), panels.unscales(m, out))
 
 
 def panel_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
-    qs, d, m = p.tensors
-    q = qs[ids // PANEL, :, :, ids % PANEL]  # [n, nb, 16]
-    q = torch.stack((q & 0xF, q >> 4), dim=-1).reshape(len(ids), -1)
-    return dequantize(Blocks(p.fmt, len(ids), p.in_features, q, panels.lane_scales(d, ids),
-                             panels.lane_scales(m, ids)))
+    q, d, m = split_stream(p.tensors[0][ids // PANEL])  # [n, nb, 16, 32], [n, nb, 16]
+    lane = torch.arange(len(ids)), ids % PANEL
+    return dequantize(Blocks(p.fmt, len(ids), p.in_features, q[lane[0], :, lane[1]].reshape(len(ids), -1),
+                             d[lane[0], :, lane[1]], m[lane[0], :, lane[1]]))
 
 
 def canonical(b: Blocks) -> tuple[torch.Tensor, ...]:
@@ -108,6 +123,7 @@ FORMATS = (
                  layouts={"torch": Layout(canonical, from_canonical, canonical_rows),
                           "cuda": Layout(to_nibble_rows, from_nibble_rows, nibble_rows),
                           "cpu": Layout(to_panels, from_panels, panel_rows)},
-                 head="q8", cuda_kernel="linear_q4", gguf="Q4_1", from_gguf=from_gguf, to_gguf=to_gguf,
+                 cpu_activations="int16", head="q8", cuda_kernel="linear_q4", gguf="Q4_1", from_gguf=from_gguf,
+                 to_gguf=to_gguf,
                  notes="GGUF Q4_1 blocks: the default model's own, so lossless for it"),
 )

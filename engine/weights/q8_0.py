@@ -2,8 +2,9 @@
 w = d * q. Quantized with d = max|w| / 127, q = round(w / d).
 
 int8 is the format a user picks; its CPU kernel quantizes the activations too (W8A8, as llama.cpp runs Q8_0).
-q8 is the same blocks run with the activations left exact: the LM head of a q4 model (GGUF Q4 files keep
-it in Q8_0), so q4 stays lossless there; not a format to pick (it would be a slower int8).
+q8 is the same blocks for the LM head of a q4 model (GGUF Q4 files keep it in Q8_0): its CPU kernel takes the
+activations at 16 bits per block, as the q4 kernel does (csrc/cpu/q16.h), near exact where int8's 8 bits
+cost top-1 agreement; not a format to pick.
 
 CPU panels: qs uint8 [P, nb, 8, 16, 4] with qs[p, b, g, j, r] = q[16p + j, 32b + 4g + r] + 128, so VNNI's
 unsigned-by-signed dot product takes 4 inputs of 16 outputs at once; d fp16 [P, nb, 16].
@@ -90,7 +91,7 @@ FORMATS = (
                  from_gguf=decoder("int8"), to_gguf=to_gguf, exact_in=("q8",),
                  notes="GGUF Q8_0 blocks; the CPU kernel quantizes the activations too (W8A8)"),
     WeightFormat(name="q8", bits=8.5, block=BLOCK, quantize=quantizer("q8"), dequantize=dequantize,
-                 layouts=LAYOUTS, pickable=False, cuda_kernel="linear_int8", gguf="Q8_0",
+                 layouts=LAYOUTS, pickable=False, cpu_activations="int16", cuda_kernel="linear_int8", gguf="Q8_0",
                  from_gguf=decoder("q8"), to_gguf=to_gguf, exact_in=("int8",),
-                 notes="Q8_0 blocks with exact activations: a q4 model's head"),
+                 notes="Q8_0 blocks, activations at 16 bits on a CPU: a q4 model's head"),
 )
