@@ -97,14 +97,19 @@ def make_drafter(args, eng):
 
 
 def format_summary(s: dict) -> str:
+    """The run's stats line (Stats.summary's figures under the names the page uses)."""
     line = (f"{s['tokens']} tokens | TTFT {s['ttft_ms']:.1f} ms | ITL p50 {s['itl_p50_ms']:.1f} ms "
             f"p99 {s['itl_p99_ms']:.1f} ms | {s['decode_tok_s']:.1f} tok/s")
     if s["peak_memory_mb"] == s["peak_memory_mb"]:  # an endpoint's memory is the server's, not measured here
         line += f" | peak {s['peak_memory_mb']:.0f} MB"
-    if s["acceptance_rate"] == s["acceptance_rate"]:
-        line += (f"\nacceptance {100 * s['acceptance_rate']:.1f}% | mean accepted length "
-                 f"{s['mean_accepted_len']:.2f} tokens/round | drafting {s['draft_overhead_pct']:.1f}% of round time")
-    if s.get("mean_k") == s.get("mean_k"):
+    spec_run = s.get("mean_k") == s.get("mean_k")
+    acc, mal, draft = s["acceptance_rate"], s["mean_accepted_len"], s["draft_overhead_pct"]
+    if spec_run or acc == acc:  # our speculative run, or an endpoint whose server drafted
+        line += (f"\nacceptance {'- (nothing drafted)' if acc != acc else f'{100 * acc:.1f}%'} | mean accepted "
+                 f"length {'-' if mal != mal else f'{mal:.2f}'} (tokens per verify pass: accepted drafts + 1)")
+        if draft == draft:  # the drafter's time is ours to measure only where the drafter is ours
+            line += f" | drafting {draft:.1f}% of decode time"
+    if spec_run:
         line += f"\nmean k {s['mean_k']:.2f} | plain steps {s['plain_round_pct']:.0f}% of rounds"
     return line
 

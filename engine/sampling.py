@@ -1,14 +1,20 @@
-"""Sampling: temperature, top-k, top-p and a seeded generator; greedy (argmax) at temperature 0.
+"""Sampling: temperature, top-k, top-p and seeded draws keyed by output position; greedy (argmax) at temperature 0.
 
-`probs()` is the one place logits become a sampling distribution, so plain decoding and speculative
-acceptance shape p_target and p_draft identically (the condition for speculative sampling to be exact).
-`draw()` is the one way a token is drawn from a distribution, in plain and speculative decoding alike.
+`probs()` is the one place logits become a sampling distribution, so plain decoding, the drafters and the verify
+pass shape their distributions identically. `draw()` is the one way a token is drawn from a distribution, in
+plain and speculative decoding alike, and its randomness is `Noise`: the draw for output position i uses a row
+of noise that is a function of (seed, i) alone, never of how many draws came before. A speculative run that
+verifies a position computes there the very sample plain decoding would have drawn, so the same seed gives the
+same text whatever draft lengths the schedule picked (engine/speculative/loop.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+MASK64 = (1 << 64) - 1
+ROWS_KEPT = 20  # noise rows a run keeps: a speculative round uses at most K_MAX + 1 = 17 positions ahead
 
 
 @dataclass(frozen=True)
@@ -30,13 +36,58 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self, device) -> torch.Generator:
-        g = torch.Generator(device=device)
-        if self.seed is None:
-            g.seed()
-        else:
-            g.manual_seed(self.seed)
-        return g
+    def generator(self, device) -> Noise:
+        """The run's noise: from the seed, or from a fresh random seed where seed is None."""
+        return Noise(torch.seed() if self.seed is None else self.seed, device)
+
+
+def position_key(seed: int, position: int) -> int:
+    """A 63-bit generator seed for (seed, position): splitmix64's finalizer, so nearby pairs give unrelated
+    streams (seed s at position i + 1 and seed s + 1 at position i never share one)."""
+    x = (seed * 0x9E3779B97F4A7C15 + position) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
+class Noise:
+    """The random draws of one run, keyed by output position.
+
+    Row i is V independent Exp(1) values (-log U, U uniform in [0, 1)) from a generator seeded with
+    position_key(seed, i): the noise output token i is drawn with, whichever loop draws it and whenever. A
+    cursor (`position`) says which row the next draw takes; a draw of R rows takes R positions and moves it on.
+    Plain decoding never moves it otherwise, so its i-th draw is position i; the speculative loop sets it with
+    at() before each draw. Rows drawn ahead (a drafter's, a verify pass's past a rejection) are kept until the
+    cursor passes them (at most ROWS_KEPT), so a position's row is made once."""
+
+    def __init__(self, seed: int, device):
+        self.seed, self.device = int(seed), torch.device(device)
+        self.gen = torch.Generator(device=self.device)
+        self.position = 0
+        self.rows: dict[int, torch.Tensor] = {}  # position -> [V] float32, for positions >= self.position
+
+    def at(self, position: int) -> Noise:
+        """Point the cursor at `position`; rows before it are dropped (no draw goes back)."""
+        self.position = position
+        self.rows = {i: r for i, r in self.rows.items() if i >= position}
+        return self
+
+    def row(self, position: int, V: int) -> torch.Tensor:
+        r = self.rows.get(position)
+        if r is None or r.shape[0] != V:
+            self.gen.manual_seed(position_key(self.seed, position))
+            # U = 0 gives E = inf: that token loses this draw, never a NaN (w / inf = 0, also for w = 0)
+            r = torch.rand(V, generator=self.gen, device=self.device).log_().neg_()
+            self.rows[position] = r
+            while len(self.rows) > ROWS_KEPT:
+                del self.rows[min(self.rows)]
+        return r
+
+    def take(self, n: int, V: int) -> torch.Tensor:
+        """Rows [n, V] for the n positions from the cursor on; the cursor moves past them."""
+        rows = torch.stack([self.row(self.position + i, V) for i in range(n)])
+        self.position += n
+        return rows
 
 
 def mask_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -67,22 +118,28 @@ def shown_probs(logits: torch.Tensor, dist: torch.Tensor | None, params: Samplin
     return logits.float().softmax(-1) if params.greedy else dist
 
 
-def draw(weights: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
-    """Sample from unnormalized weights [R, V] -> [R] long, without a host sync.
+def draw(weights: torch.Tensor, noise: Noise | None) -> torch.Tensor:
+    """Sample from unnormalized weights [R, V] -> [R] long, row r with the noise of position cursor + r, without
+    a host sync.
 
-    argmax(w / E) with E ~ Exp(1) picks index i with probability w_i / sum(w) (the exponential race), so
-    the row never needs normalizing, and unlike torch.multinomial it never synchronizes on CUDA (gpt-fast
-    samples this way for the same reason). E is clamped away from 0, where a zero weight would give
-    0/0 = NaN and win the argmax."""
-    e = torch.empty_like(weights, dtype=torch.float32).exponential_(generator=gen)
-    return (weights / e.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(-1)
+    argmax(w / E) with E ~ Exp(1) picks index i with probability w_i / sum(w) (the exponential race, the
+    Gumbel-max trick with G = -log E), so the row never needs normalizing, and unlike torch.multinomial it
+    never synchronizes on CUDA (gpt-fast samples this way for the same reason). noise=None draws fresh,
+    unkeyed noise (a caller that needs no reproducibility)."""
+    R, V = weights.shape
+    if noise is None:
+        e = torch.rand(R, V, device=weights.device).log_().neg_()
+    else:
+        e = noise.take(R, V)
+    return (weights / e).argmax(-1)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None,
+def sample(logits: torch.Tensor, params: SamplingParams, noise: Noise | None,
            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits [R, V] -> (token ids [R] long, the distribution [R, V] they were drawn from), on the device.
-    Greedy takes the argmax and leaves the one-hot distribution unbuilt (None)."""
+    """logits [R, V] -> (token ids [R] long, the distribution [R, V] they were drawn from), on the device; row r
+    is output position noise.position + r. Greedy takes the argmax, draws no noise and leaves the one-hot
+    distribution unbuilt (None)."""
     if params.greedy:
         return logits.argmax(-1), None
     dist = probs(logits, params)
-    return draw(dist, gen), dist
+    return draw(dist, noise), dist

@@ -31,7 +31,7 @@ class Round:
     tokens: list[Token]
     t_start_ms: float  # since the run started (prompt handed to the engine)
     t_end_ms: float
-    draft_ms: float = 0.0  # drafter's time (speculative rounds)
+    draft_ms: float = 0.0  # the drafter's time in the round: commit, lookup, catch-up and proposal (plain rounds too)
     target_ms: float = 0.0  # the target's forward: prefill, decode step, or the k+1 verify chunk
     sample_ms: float = 0.0  # sampling / acceptance on the logits
     n_drafted: int = 0  # draft tokens the target verified this round
@@ -39,6 +39,7 @@ class Round:
     k: int | None = None  # the draft length chosen for this round (0: a plain step); None outside speculation
     verified: int | None = None  # drafts the verify pass accepted, where EOS or the budget cut the tokens short
     draft_info: dict | None = None  # round 0 of a speculative run: the drafter as begin() left it (Drafter.describe)
+    propose_ms: float = 0.0  # the proposal alone, within draft_ms: what a draft token's measured cost is made of
 
     @property
     def total_ms(self) -> float:
@@ -81,6 +82,14 @@ class Round:
         if self.verified is not None:
             return self.verified
         return sum(t.kind == "accepted" for t in self.tokens)
+
+    @property
+    def accepted_len(self) -> int | None:
+        """The round's accepted length: the tokens its verify pass settled, the drafts it accepted plus the one
+        it added (resampled or bonus), as the verify pass decided even where EOS or the budget cut the round's
+        tokens short; None for a round that verified no drafts. The one definition behind "mean accepted
+        length" in Stats.summary, the CLI and the CSV rows."""
+        return self.n_accepted + 1 if self.n_drafted else None
 
 
 def finite(x) -> float | None:
@@ -129,6 +138,8 @@ class Stats:
         spec = [r for r in rs if r.n_drafted]
         drafted = sum(r.n_drafted for r in spec)
         accepted = sum(r.n_accepted for r in spec)
+        decode_rounds = [r for r in rs[1:] if r.k is not None]  # the decode rounds of a speculative run
+        round_ms = sum(r.total_ms for r in decode_rounds)
         decode_tok_s = (n_tokens - 1) / decode_ms * 1e3 if n_tokens > 1 and decode_ms > 0 else float("nan")
         s = dict(
             tokens=n_tokens,
@@ -141,12 +152,13 @@ class Stats:
             decode_tok_s=decode_tok_s,
             total_ms=total,
             peak_memory_mb=self.peak_memory_mb,
+            # drafts accepted over drafts verified: 0 where every draft was rejected, NaN where none was made
             acceptance_rate=accepted / drafted if drafted else float("nan"),
-            # tokens emitted per target forward in speculative rounds, the bonus included
-            mean_accepted_len=sum(len(r.emitted) for r in spec) / len(spec) if spec else float("nan"),
-            draft_overhead_pct=(
-                100 * sum(r.draft_ms for r in spec) / sum(r.total_ms for r in spec) if spec else float("nan")
-            ),
+            # Round.accepted_len averaged over the rounds that verified drafts
+            mean_accepted_len=sum(r.accepted_len for r in spec) / len(spec) if spec else float("nan"),
+            # the drafter's share of the decode rounds' time, plain rounds included (a lookup that found nothing
+            # to propose still cost its lookup); NaN for plain decoding, which has no drafter
+            draft_overhead_pct=100 * sum(r.draft_ms for r in decode_rounds) / round_ms if round_ms else float("nan"),
         )
         ks = [k for _, k in self.chosen_k()]
         s["mean_k"] = sum(ks) / len(ks) if ks else float("nan")  # the schedule's mean draft length (0 = plain)
@@ -185,13 +197,15 @@ class Stats:
         return dict(sorted(hist.items()))
 
     def rows(self) -> list[dict]:
-        """One dict per token a round touched (rejected drafts included), in order, for CSV."""
+        """One dict per token a round touched (rejected drafts included), in order, for CSV. round_accepted_len is
+        the round's Round.accepted_len: its mean over the rounds that have one is summary()'s mean_accepted_len."""
         rows, index = [], 0
         for r in self.rounds:
             for t in r.tokens:
                 emitted = t.kind in EMITTED_KINDS
                 rows.append(dict(
-                    round=r.index, round_k=r.k, token_index=index if emitted else None, **asdict(t),
+                    round=r.index, round_k=r.k, round_accepted_len=r.accepted_len,
+                    token_index=index if emitted else None, **asdict(t),
                     latency_ms=r.token_ms if emitted else None, round_ms=r.total_ms,
                     draft_ms=r.draft_ms, target_ms=r.target_ms, sample_ms=r.sample_ms,
                     t_end_ms=r.t_end_ms,

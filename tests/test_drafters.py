@@ -1,6 +1,7 @@
-"""The drafters on their own: the n-gram index against a brute-force scan, the draft model's cache
-after rollbacks and catch-ups, the layer-skip view against a truncated checkpoint, the checks that
-refuse a mismatched draft model; and greedy speculative output on the default model."""
+"""The drafters on their own: the lookup's index against a brute-force scan and its choice after an edit, the
+draft model's cache after rollbacks and catch-ups and its remembered cost, the layer-skip view against a
+truncated checkpoint, the checks that refuse a mismatched draft model; and greedy speculative output on the
+default model."""
 import json
 import random
 import shutil
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from engine import Engine, load_model, ops, speculative
-from engine.speculative.drafters import NgramDrafter
+from engine.speculative import drafters
 from engine.speculative.layerskip import truncated
+from engine.speculative.lookup import MATCH_CAP, MAX_CANDIDATES, NgramDrafter
 from engine.sampling import SamplingParams
 from engine.ops import ext
 from engine.tiny import tiny_config, tiny_cuda_config, write_tiny_model
@@ -19,17 +21,31 @@ from engine.tiny import tiny_config, tiny_cuda_config, write_tiny_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def brute_force(tokens, k, max_n, min_n):
-    """The latest earlier occurrence of the longest suffix that has a follower; the copy continues from
-    its own output once it reaches the end."""
+def brute_force(tokens, k, max_n, min_n, anchor):
+    """Every earlier occurrence of the longest suffix (max_n down to min_n) that has a follower, its match
+    followed back up to MATCH_CAP tokens; the copy from the longest match, then one at or after the anchor,
+    nearest first, then the latest, continuing from its own output once it reaches the end."""
     for n in range(min(max_n, len(tokens)), min_n - 1, -1):
         suffix = tokens[len(tokens) - n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start:start + n] == suffix:
-                seq = list(tokens)
-                for j in range(k):
-                    seq.append(seq[start + n + j])
-                return seq[len(tokens):]
+        starts = [s for s in range(len(tokens) - n) if tokens[s:s + n] == suffix][-MAX_CANDIDATES:]
+        if not starts:
+            continue
+
+        def match(s, n=n):
+            length = n
+            while length < MATCH_CAP and s - (length - n) > 0 and tokens[s - (length - n) - 1] == tokens[-length - 1]:
+                length += 1
+            return length
+
+        def rank(s, n=n):
+            near = (s + n >= anchor, -abs(s + n - anchor)) if anchor is not None else (False, 0)
+            return match(s), *near, s
+
+        src = max(starts, key=rank) + n
+        seq = list(tokens)
+        for j in range(k):
+            seq.append(seq[src + j])
+        return seq[len(tokens):]
     return []
 
 
@@ -39,13 +55,14 @@ def test_ngram_index_matches_brute_force(max_n, min_n):
     checked = 0
     for _ in range(60):
         vocab = rng.choice([2, 4, 12])
-        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
         d = NgramDrafter(max_n, min_n)
         pos = min(5, len(tokens))
         d.begin(None, tokens[:pos])
         while True:  # tokens arrive in commits of uneven sizes
+            d.context()
             for k in (1, 3, 8):
-                assert d.lookup(k) == brute_force(tokens[:pos], k, max_n, min_n), (tokens[:pos], k)
+                assert d.lookup(k) == brute_force(tokens[:pos], k, max_n, min_n, d.anchor), (tokens[:pos], k)
                 checked += 1
             if pos == len(tokens):
                 break
@@ -62,9 +79,32 @@ def test_ngram_proposals():
     d.begin(None, [5, 6, 5, 6])
     assert d.lookup(5) == [5, 6, 5, 6, 5]  # a loop continues periodically
     d.begin(None, [7])
-    assert d.lookup(3) == [] and d.propose(3).ids.shape == (0,)  # nothing seen: a plain step
+    assert d.lookup(3) == [] and d.propose(3).ids.shape == (0,) and d.context() is None  # nothing seen: plain
+    d = NgramDrafter(max_n=2)
+    d.begin(None, [4, 1, 2, 3, 8, 0, 2, 3, 9, 5, 1, 2, 3])
+    assert d.lookup(1) == [8]  # "2 3" occurs twice: "1 2 3" runs back further than the latest, "0 2 3"
+    assert d.context() == (3, True)  # a 3-token match, the only one that long
+    d.begin(None, [1, 2, 8, 1, 2, 9, 1, 2])
+    assert d.lookup(1) == [9] and d.context() == (2, False)  # equally long matches that disagree: the latest
     with pytest.raises(ValueError, match="min_n=3, max_n=2"):
         NgramDrafter(max_n=2, min_n=3)
+
+
+def test_ngram_resumes_the_copy_where_the_edit_left_it():
+    """An answer copying a passage edits one token (40 for 5), then goes on with the passage. Its last token, 5,
+    occurs three times before; the one in the passage, where the copy broke, is not the latest: the drafter
+    proposes the passage's continuation, a latest-match lookup would propose 31."""
+    prompt = [1, 5, 9, 20, 21, 22, 23, 5, 24, 25, 26, 30, 5, 31]
+    d = NgramDrafter(max_n=3)
+    d.begin(None, prompt)
+    d.commit(0, [20])
+    for tok in (21, 22, 23, 40, 5):  # the answer: 20 21 22 23 copied, 40 in place of the passage's 5, then 5
+        d.context()
+        d.commit(0, [tok])
+    assert d.anchor == 7 and d.since == 2  # the copy broke at the passage's 5 (position 7), two tokens ago
+    d.context()
+    assert d.lookup(3) == [24, 25, 26]
+    assert brute_force(d.tokens, 3, 3, 1, None) == [31, 20, 21]  # the latest occurrence
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +126,8 @@ def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
     for k in (1, 4, 4, 2, 3, 3, 1):
         d.commit(n, emitted)
         seq += emitted
-        draft = d.propose(k, sp, torch.Generator().manual_seed(k))
+        d.prepare()
+        draft = d.propose(k, sp, sp.generator("cpu").at(len(seq)))
         want = torch.softmax(Engine(model, 128).logits(seq)[-1], -1)
         torch.testing.assert_close(draft.probs[0], want, atol=1e-5, rtol=1e-4)
         n = rng.randint(0, k)  # accept n drafts, then one token of the target's
@@ -96,9 +137,26 @@ def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
     for _ in range(11):  # plain rounds the schedule chose: the drafter is not asked, its pending tokens pile up
         d.commit(0, [t := rng.randrange(model.config.vocab_size)])
         seq.append(t)
-    draft = d.propose(2, sp, torch.Generator().manual_seed(0))
+    d.prepare()
+    assert len(d.pending) == 2  # the catch-up fed all but the last two, which the proposal feeds as one chunk
+    draft = d.propose(2, sp, sp.generator("cpu"))
     want = torch.softmax(Engine(model, 128).logits(seq)[-1], -1)
     torch.testing.assert_close(draft.probs[0], want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_measured_draft_cost_is_remembered_for_a_while(tiny, monkeypatch):
+    """The schedule's measured ratio serves the next runs against the same target, until it is COST_TTL_S old:
+    then it is unknown again and the next run measures it (the machine's load may have moved)."""
+    model, _ = tiny
+    d = speculative.ModelDrafter(Engine(model, 64))
+    clock = [1000.0]
+    monkeypatch.setattr(drafters.time, "monotonic", lambda: clock[0])
+    assert d.draft_cost is None
+    d.remember_cost(0.3)
+    clock[0] += drafters.COST_TTL_S - 1
+    assert d.draft_cost == 0.3
+    clock[0] += 2
+    assert d.draft_cost is None
 
 
 def test_layer_skip_shares_weights_and_matches_a_truncated_checkpoint(tiny):

@@ -1,7 +1,10 @@
+"""Sampling: the masks, the shaping, and the draws: seeded, keyed by output position, distributed as asked."""
+import math
+
 import pytest
 import torch
 
-from engine.sampling import SamplingParams, mask_logits, probs, sample
+from engine.sampling import ROWS_KEPT, Noise, SamplingParams, mask_logits, position_key, probs, sample
 
 
 def test_greedy_is_argmax_and_one_hot():
@@ -61,3 +64,48 @@ def test_sampling_reproducible_per_seed_and_matches_distribution():
 def test_bad_sampling_settings_name_the_value(kw, word):
     with pytest.raises(ValueError, match=word):
         SamplingParams(**kw)
+
+
+# ---- draws keyed by output position ---------------------------------------------------------------------
+def test_noise_rows_depend_on_seed_and_position_only():
+    """Row i is the same whether it is drawn first or after others, alone or in a batch, ahead of the cursor or
+    again after at(); another seed or another position gives another row."""
+    V = 97
+    a = Noise(5, "cpu")
+    rows = a.take(4, V)  # positions 0..3 in one batch
+    b = Noise(5, "cpu")
+    b.at(2)
+    torch.testing.assert_close(b.take(1, V)[0], rows[2], rtol=0, atol=0)
+    torch.testing.assert_close(b.at(0).take(2, V), rows[:2], rtol=0, atol=0)
+    assert not torch.equal(Noise(6, "cpu").take(1, V)[0], rows[0])
+    assert not torch.equal(rows[0], rows[1])
+    assert len({position_key(s, i) for s in range(50) for i in range(50)}) == 2500
+    assert (rows > 0).all()
+
+
+def test_noise_rows_are_exponential():
+    """E = -log U with U uniform: mean 1, and P(E > 1) = 1/e. 200k values: both within 4 standard errors."""
+    e = Noise(0, "cpu").take(8, 25_000).flatten()
+    assert abs(e.mean().item() - 1) < 4 * 1 / len(e) ** 0.5
+    p = (e > 1).float().mean().item()
+    assert abs(p - math.exp(-1)) < 4 * (p * (1 - p) / len(e)) ** 0.5
+
+
+def test_noise_keeps_only_the_rows_ahead():
+    """Plain decoding never moves the cursor back: the rows it keeps stay bounded whatever the run's length."""
+    n = Noise(1, "cpu")
+    for _ in range(3 * ROWS_KEPT):
+        n.take(1, 11)
+    assert len(n.rows) <= ROWS_KEPT
+    n.at(5 * ROWS_KEPT)
+    assert not n.rows
+
+
+def test_a_draw_is_the_same_in_a_batch_or_alone():
+    """sample() over R rows from position p draws each row as a one-row sample at its own position would: what
+    makes a verify pass's samples plain decoding's."""
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(2))
+    params = SamplingParams(temperature=0.9, top_p=0.9, seed=3)
+    batch, _ = sample(logits, params, params.generator("cpu").at(7))
+    alone = [sample(logits[i:i + 1], params, params.generator("cpu").at(7 + i))[0].item() for i in range(5)]
+    assert batch.tolist() == alone

@@ -1,9 +1,18 @@
 """Speculative sampling is exact: the tokens come out distributed as plain sampling from the target, for every
-drafter, at temperature 1 with top-p and at temperature 0.7 with top-k and top-p, whatever k the schedule picks.
+drafter, at temperature 1 with top-p, at 0.7 with top-k and top-p and at 2 with both, with the real Schedule
+choosing each round's k (up to 4) from the acceptance it sees, over 8 tokens: the first four against their exact
+joint, the last four against the target's distribution given each run's own prefix.
+
+The acceptance step keeps a draft where it equals the target's own sample drawn with the position's keyed noise
+(engine/speculative/loop.py), so the checks on hand-built distributions also measure what that costs: one-hot
+drafts are kept with probability p_t(x), as under the rejection rule, and coupled drafts at least as often as
+the Gumbel coupling bound (1 - TV) / (1 + TV) promises.
 
 Each check has a broken twin that must fail the same test, so the test is shown able to catch the bug it is
-about: a residual that ignores p_draft, a verify pass that ignores the temperature or top-k, a drafter that
-reports its unprocessed softmax as q, and a bonus token drawn from the wrong row."""
+about: a verify pass that ignores the temperature or top-k, a bonus token drawn from the wrong row, noise keyed
+by the round instead of the output position, and drafts kept past the first that differs. A drafter's own
+distribution never enters the acceptance, so a drafter that samples from a wrong one costs acceptance, never
+exactness: that is checked too, the other way round (it must pass)."""
 from dataclasses import replace
 
 import pytest
@@ -11,9 +20,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, load_model, speculative
+from engine.sampling import Noise, SamplingParams, draw, probs, sample
 from engine.speculative import drafters, loop
-from engine.sampling import SamplingParams, draw, probs, sample
 from engine.tiny import tiny_config, write_tiny_model
+from schedules import Modeled
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.distribution]
 
@@ -36,43 +46,59 @@ def chi2_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
 
 
 # ---- broken twins --------------------------------------------------------------------------------------
-def residual_ignores_the_draft(draft, p_target, p_draft=None, gen=None):
-    """Resamples from p_target instead of the residual at a rejection: biased toward the draft."""
-    k = draft.shape[0]
-    pt = p_target[torch.arange(k), draft].double()
-    pd = torch.ones_like(pt) if p_draft is None else p_draft[torch.arange(k), draft].double()
-    n = (torch.rand(k, dtype=torch.float64, generator=gen) * pd < pt).long().cumprod(0).sum()
-    return n, draw(p_target[n][None], gen)[0]
-
-
-def bonus_from_the_last_draft_row(draft, p_target, p_draft=None, gen=None, accept=speculative.accept):
-    """Every draft judged right, but the bonus drawn from the last draft position's row instead of the row
-    after it."""
-    return accept(draft, torch.cat([p_target[:-1], p_target[-2:-1]]), p_draft, gen)
-
-
 def verify_ignores(**wrong):
     """The verify pass shaping p_target with some sampling setting dropped (temperature=1.0 or top_k=0)."""
-    return lambda logits, sampling: probs(logits, replace(sampling, **wrong))
+    return lambda logits, sampling, noise: sample(logits, replace(sampling, **wrong), noise)
 
 
-def raw_q(logits, sampling, gen):
-    """A drafter that samples its draft correctly but reports its unprocessed softmax as q."""
-    tok, dist = sample(logits, sampling, gen)
-    return tok, logits.float().softmax(-1)
+def bonus_from_the_last_draft_row(logits, sampling, noise):
+    """Every draft judged right, but the token after them drawn from the last draft position's distribution
+    instead of the row after it."""
+    if sampling.greedy or logits.shape[0] < 2:
+        return sample(logits, sampling, noise)
+    p = probs(logits, sampling)
+    return draw(torch.cat([p[:-1], p[-2:-1]]), noise), p
+
+
+def noise_keyed_by_round(logits, sampling, noise):
+    """Every position of a verify pass drawn with the noise of the round's first position."""
+    if sampling.greedy:
+        return sample(logits, sampling, noise)
+    p = probs(logits, sampling)
+    e = noise.take(1, p.shape[-1]).expand_as(p)
+    return (p / e).argmax(-1), p
+
+
+def keeps_drafts_past_a_mismatch(draft, target):
+    """Counts every draft that equals the target's sample, not only the run before the first that differs."""
+    n = (draft == target[:-1]).long().sum()
+    return n, target[n]
+
+
+def raw_q(logits, sampling, noise):
+    """A drafter that draws from its unprocessed softmax (no temperature, top-k or top-p) and reports it."""
+    dist = logits.float().softmax(-1)
+    return draw(dist, noise), dist
 
 
 # ---- the acceptance step on hand-built distributions ---------------------------------------------------
-def run_accept(accept_fn, trials=6000):
-    """Many rounds on fixed hand-built distributions (V=10, k=2): counts of the first emitted token, of
-    the second given the first draft kept, and of the bonus."""
+def run_accept(accept_fn=speculative.accept, one_hot=False, shared=True, trials=6000):
+    """Many rounds on fixed hand-built distributions (V=10, k=2), drafts drawn from p_d with the positions'
+    keyed noise (shared=True, as the drafters do) or with other noise, or fixed one-hot drafts: counts of the
+    first emitted token, of the second given the first draft kept, and of the bonus; the rate the first draft
+    is kept."""
     g = torch.Generator().manual_seed(0)
     p_t = (2 * torch.randn(3, 10, generator=g)).softmax(-1)
     p_d = (2 * torch.randn(2, 10, generator=g)).softmax(-1)
     first, second, bonus, kept0 = torch.zeros(10), torch.zeros(10), torch.zeros(10), 0
-    for _ in range(trials):
-        draft = torch.multinomial(p_d, 1, generator=g)[:, 0]
-        n, nxt = (int(x) for x in accept_fn(draft, p_t, p_d, g))
+    for seed in range(trials):
+        noise = Noise(seed, "cpu")
+        if one_hot:
+            draft = torch.tensor([3, 1])
+        else:
+            draft = draw(p_d, noise if shared else Noise(seed + trials, "cpu"))
+        target = draw(p_t, noise.at(0))
+        n, nxt = (int(x) for x in accept_fn(draft, target))
         out = draft[:n].tolist() + [nxt]
         first[out[0]] += 1
         if n >= 1:
@@ -84,40 +110,47 @@ def run_accept(accept_fn, trials=6000):
 
 
 def test_accept_output_has_the_target_distribution():
-    p_t, p_d, first, second, bonus, kept0 = run_accept(speculative.accept)
+    """Coupled drafts: the output is the target's, and the first draft is kept at least as often as the
+    Gumbel coupling bound says, at most as often as the rejection rule's 1 - TV (6000 trials: 3 standard errors
+    are about 0.015)."""
+    p_t, p_d, first, second, bonus, kept0 = run_accept()
     assert chi2_pvalue(first, p_t[0]) > 1e-3
     assert chi2_pvalue(second, p_t[1]) > 1e-3
     assert chi2_pvalue(bonus, p_t[2]) > 1e-3
-    assert abs(kept0 - torch.minimum(p_t[0], p_d[0]).sum().item()) < 0.03  # P(keep) = sum min(p_t, p_d)
+    overlap = torch.minimum(p_t[0], p_d[0]).sum().item()  # 1 - TV
+    tv = 1 - overlap
+    assert (1 - tv) / (1 + tv) - 0.015 < kept0 < overlap + 0.015, (kept0, overlap)
+    *_, uncoupled = run_accept(shared=False)  # independent draws are kept as often as sum p_t p_d
+    assert abs(uncoupled - (p_t[0] * p_d[0]).sum().item()) < 0.015 and uncoupled < kept0 / 2
 
 
-def test_a_broken_residual_fails_the_same_check():
-    p_t, _, first, second, _, _ = run_accept(residual_ignores_the_draft)
-    assert chi2_pvalue(first, p_t[0]) < 1e-6 and chi2_pvalue(second, p_t[1]) < 1e-6
+def test_one_hot_drafts_are_kept_with_the_target_probability():
+    """A fixed draft x is kept with probability p_t(x), and the token emitted at its rejection is never x: the
+    rejection rule for a one-hot draft."""
+    p_t, _, first, second, _, kept0 = run_accept(one_hot=True)
+    assert abs(kept0 - p_t[0, 3].item()) < 0.015
+    assert chi2_pvalue(first, p_t[0]) > 1e-3 and chi2_pvalue(second, p_t[1]) > 1e-3
 
 
-def test_a_bonus_from_the_wrong_row_fails_the_same_check():
-    p_t, _, _, _, bonus, _ = run_accept(bonus_from_the_last_draft_row)
-    assert chi2_pvalue(bonus, p_t[2]) < 1e-6
+def test_keeping_drafts_past_a_mismatch_fails_the_same_check():
+    p_t, _, first, second, _, _ = run_accept(keeps_drafts_past_a_mismatch, one_hot=True)
+    assert min(chi2_pvalue(first, p_t[0]), chi2_pvalue(second, p_t[1])) < 1e-6
 
 
-# ---- end to end: engine, drafter, verify pass, schedule ------------------------------------------------
+# ---- end to end: engine, drafter, verify pass, the real schedule ---------------------------------------
 V = 8  # small enough that the exact joint of the first tokens is 8**4 cells and a few hundred forwards
-# chosen so that n-gram drafts are often all accepted (round 1 ends in a bonus in ~45% of runs at temperature
-# 0.7): the one-hot bonus path then carries enough samples for its broken twin to fail
-PROMPT = [0, 2, 5, 5, 6, 2, 6, 5, 5, 6, 6, 4, 0, 3, 0, 2]
-# top-k 3 binds where the nucleus alone would keep more; at temperature 2 a drafter's unprocessed softmax is
-# sharper than its q, so a near-perfect drafter that reports it is rejected where it should not be (below 1 it
-# is flatter, the acceptance ratio saturates at 1 and the bug barely moves the output)
+PROMPT = [0, 2, 5, 5, 6, 2, 6, 5, 5, 6, 6, 4, 0, 3, 0, 2]  # repeats, so that n-gram drafts are often kept
+# top-k 3 binds where the nucleus alone would keep more; at temperature 2 the distributions are flat, so a draft
+# is often rejected and the resampled token carries much of the output
 SAMPLINGS = {"t1-topp": SamplingParams(1.0, 0.8), "t07-topk-topp": SamplingParams(0.7, 0.95, 3),
              "t2-topk-topp": SamplingParams(2.0, 0.98, 6)}
-N_RUNS = 1000
+N_RUNS, N_TOKENS, K = 1000, 8, 4
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    """A target over V tokens, and a draft model that is the target with a sharper head: its p_d piles
-    onto the target's likely tokens, so a residual that ignores p_d would be biased toward them."""
+    """A target over V tokens, and a draft model that is the target with a sharper head: its draws pile onto
+    the target's likely tokens, so a verify pass that let them through unjudged would be biased toward them."""
     root = tmp_path_factory.mktemp("dist")
     cfg = tiny_config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, bos_token_id=0, eos_token_id=V - 1)
@@ -142,99 +175,100 @@ def exact_joint(eng, prompt, sampling, depth):
 
 
 def make_drafter(name, eng, draft_model):
-    if name == "ngram":  # one-hot drafts: p_draft is None, the bonus comes from the one-hot path
+    if name == "ngram":  # one-hot drafts
         return speculative.NgramDrafter()
     if name == "model":
         return speculative.ModelDrafter(Engine(draft_model, 32))
+    if name == "itself":  # the target drafting for itself: every draft kept, so every round ends in a bonus
+        return speculative.ModelDrafter(Engine(eng.model, 32))
     if name == "layer_skip":
         return speculative.LayerSkipDrafter(eng, n_layers=1)
     return speculative.self_drafter(eng, "int8")
 
 
-class RandomK(speculative.Schedule):
-    """A schedule whose k is drawn from its own generator before each round, 0 (a plain step) included."""
-
-    def __init__(self, k_max, drafter, adaptive=True):
-        super().__init__(k_max, drafter, adaptive)
-        self.rng = torch.Generator().manual_seed(7)
-
-    def choose(self, ctx, tokens_left):
-        hi = min(self.k_max, tokens_left - 1)
-        return 0 if ctx is None or hi < 1 else int(torch.randint(0, hi + 1, (1,), generator=self.rng))
-
-    def observe(self, rnd):
-        pass
-
-
-def sampled_pvalues(small, monkeypatch, drafter, sampling_name, broken, schedule="fixed", runs=N_RUNS):
-    """Chi-square p-values of the joints of consecutive pairs of the first 4 tokens against the exact joint
-    (k=2: round 1 emits tokens 2-4, accepted, resampled or bonus), and of the bonus: among runs whose token 4
-    was a bonus, token 4 against p(token 4 | tokens 1-3)."""
+def sampled_pvalues(small, monkeypatch, drafter, sampling_name, broken=None, runs=N_RUNS):
+    """Chi-square p-values of the sampled runs (the real Schedule, k up to K, N_TOKENS tokens): the joints of
+    consecutive pairs of the first 4 tokens against the exact joint; of the bonus (runs whose token 4 was a
+    bonus: token 4 against p(token 4 | tokens 1-3)); and of each of tokens 5..8 against the target's
+    distribution given the run's own prefix (expected counts summed over the runs). Also what the runs covered:
+    rounds of k >= 3, bonus tokens, drafting rounds right after a fully accepted one (a model drafter's catch-up
+    of the last draft and the bonus)."""
     target, draft_model, joints = small
     sampling = SAMPLINGS[sampling_name]
-    patches = {"residual": (loop, "accept", residual_ignores_the_draft),
-               "bonus_row": (loop, "accept", bonus_from_the_last_draft_row),
-               "verify_temperature": (loop, "probs", verify_ignores(temperature=1.0)),
-               "verify_top_k": (loop, "probs", verify_ignores(top_k=0)),
+    patches = {"verify_temperature": (loop, "sample", verify_ignores(temperature=1.0)),
+               "verify_top_k": (loop, "sample", verify_ignores(top_k=0)),
+               "bonus_row": (loop, "sample", bonus_from_the_last_draft_row),
+               "round_keyed": (loop, "sample", noise_keyed_by_round),
+               "past_mismatch": (loop, "accept", keeps_drafts_past_a_mismatch),
                "raw_q": (drafters, "sample", raw_q)}
+    monkeypatch.setattr(loop, "Schedule", Modeled)
     if broken:
         monkeypatch.setattr(*patches[broken])
-    if schedule == "random":
-        monkeypatch.setattr(loop, "Schedule", RandomK)
     eng = Engine(target, max_seq_len=32)
     d = make_drafter(drafter, eng, draft_model)
     if sampling_name not in joints:
         joints[sampling_name] = exact_joint(eng, PROMPT, sampling, 4)
     joint = joints[sampling_name]
     counts, bonus = torch.zeros([V] * 4), torch.zeros([V] * 4)
+    later_obs, later_exp = torch.zeros(N_TOKENS - 4, V), torch.zeros(N_TOKENS - 4, V)
+    covered = dict(k3=0, bonus=0, catch_up=0)
     for seed in range(runs):
-        rounds = list(speculative.stream(eng, d, PROMPT, k=2, max_new_tokens=4, temperature=sampling.temperature,
-                                         top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop_ids=[],
-                                         adaptive=False))
+        rounds = list(speculative.stream(eng, d, PROMPT, k=K, max_new_tokens=N_TOKENS,
+                                         temperature=sampling.temperature, top_p=sampling.top_p,
+                                         top_k=sampling.top_k, seed=seed, stop_ids=[]))
         emitted = [t for r in rounds for t in r.emitted]
-        ids = tuple(t.token_id for t in emitted)
-        counts[ids] += 1
+        ids = [t.token_id for t in emitted]
+        counts[tuple(ids[:4])] += 1
         if emitted[3].kind == "bonus":
-            bonus[ids] += 1
+            bonus[tuple(ids[:4])] += 1
+        rows = probs(eng.logits(PROMPT + ids[:-1])[len(PROMPT) + 3:], sampling)  # tokens 5..8 given their prefix
+        later_exp += rows
+        later_obs[torch.arange(N_TOKENS - 4), torch.tensor(ids[4:])] += 1
+        covered["k3"] += sum(r.n_drafted >= 3 for r in rounds)
+        covered["bonus"] += sum(t.kind == "bonus" for t in emitted)
+        covered["catch_up"] += sum(a.n_drafted and a.n_accepted == a.n_drafted and b.n_drafted > 0
+                                   for a, b in zip(rounds[1:-1], rounds[2:], strict=True))
     summed_out = [(2, 3), (0, 3), (0, 1)]  # leaves the pairs (token 1, 2), (2, 3), (3, 4)
     pvalues = [chi2_pvalue(counts.sum(dims), joint.sum(dims)) for dims in summed_out]
     prefix = bonus.sum(-1, keepdim=True)  # runs per (t1, t2, t3) whose t4 was a bonus
     conditional = joint / joint.sum(-1, keepdim=True).clamp_min(1e-30)
     if prefix.sum() > 0:
         pvalues.append(chi2_pvalue(bonus, prefix * conditional / prefix.sum()))
-    return pvalues
+    # tokens 5..8: each run's own conditional; Pearson's statistic on expected counts summed over runs whose
+    # prefixes differ is conservative (a cell's variance is at most its expected count)
+    pvalues += [chi2_pvalue(later_obs[j], later_exp[j] / runs) for j in range(N_TOKENS - 4)]
+    return pvalues, covered
 
 
 @pytest.mark.parametrize("drafter,sampling", [
-    *[(d, s) for d in ("ngram", "model", "layer_skip", "self_draft") for s in ("t07-topk-topp", "t2-topk-topp")],
+    *[(d, s) for d in ("ngram", "model", "itself", "layer_skip", "self_draft") for s in ("t07-topk-topp",
+                                                                                          "t2-topk-topp")],
     ("model", "t1-topp")])
 def test_sampled_tokens_follow_the_target_distribution(small, monkeypatch, drafter, sampling):
-    pvalues = sampled_pvalues(small, monkeypatch, drafter, sampling, None)
+    pvalues, covered = sampled_pvalues(small, monkeypatch, drafter, sampling)
     assert min(pvalues) > 1e-3, pvalues
+    assert covered["k3"] > 0 and covered["bonus"] > 0, covered  # the schedule drafted long, some runs kept all
+    if drafter == "itself":
+        assert covered["catch_up"] > N_RUNS, covered
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "model"])
-def test_any_k_sequence_keeps_the_distribution(small, monkeypatch, drafter):
-    """k chosen before each round from anything but that round's draws (here a generator of its own, plain
-    steps included) leaves the output distribution alone: the adaptive schedule's freedom."""
-    pvalues = sampled_pvalues(small, monkeypatch, drafter, "t07-topk-topp", None, schedule="random")
+def test_a_drafter_sampling_the_wrong_distribution_costs_acceptance_not_exactness(small, monkeypatch):
+    pvalues, _ = sampled_pvalues(small, monkeypatch, "model", "t2-topk-topp", "raw_q")
     assert min(pvalues) > 1e-3, pvalues
 
 
 @pytest.mark.parametrize("drafter,sampling,broken", [
-    ("model", "t1-topp", "residual"),
     ("ngram", "t07-topk-topp", "verify_temperature"),
     ("model", "t07-topk-topp", "verify_temperature"),
     ("ngram", "t07-topk-topp", "verify_top_k"),
     ("model", "t07-topk-topp", "verify_top_k"),
-    ("model", "t2-topk-topp", "raw_q"),
-    ("layer_skip", "t2-topk-topp", "raw_q"),
-    ("self_draft", "t2-topk-topp", "raw_q"),
     ("ngram", "t07-topk-topp", "bonus_row"),
-    ("model", "t07-topk-topp", "bonus_row"),
+    ("itself", "t07-topk-topp", "bonus_row"),
+    ("itself", "t2-topk-topp", "round_keyed"),
+    ("model", "t2-topk-topp", "round_keyed"),
+    ("ngram", "t2-topk-topp", "past_mismatch"),
+    ("layer_skip", "t2-topk-topp", "past_mismatch"),
 ])
 def test_each_broken_twin_fails_the_same_check(small, monkeypatch, drafter, sampling, broken):
-    # q's error is second order where the drafter is close to the target: more runs to see it
-    runs = 3 * N_RUNS if broken == "raw_q" else N_RUNS
-    pvalues = sampled_pvalues(small, monkeypatch, drafter, sampling, broken, runs=runs)
+    pvalues, _ = sampled_pvalues(small, monkeypatch, drafter, sampling, broken)
     assert min(pvalues) < 1e-6, pvalues

@@ -1,13 +1,15 @@
-"""Speculative decoding: a drafter proposes, the target verifies in one pass, rejection sampling keeps the
-output distributed exactly as plain decoding's.
+"""Speculative decoding: a drafter proposes, the target verifies in one pass, and the output is the text plain
+decoding gives with the same seed (draws keyed by output position; loop.py proves it).
 
     loop.py        the draft -> verify -> accept loop (stream, generate) and the acceptance step
     schedule.py    the adaptive draft length: each round's k from the run's measured costs and acceptance
-    drafters.py    prompt lookup (n-gram) and a second model (a smaller one, or the target in a cheaper format)
+    lookup.py      prompt lookup (n-gram): copies from the prompt and the output, for answers that quote their input
+    drafters.py    the drafter protocol, and a second model (a smaller one, or the target in a cheaper format)
     layerskip.py   self-speculation: the target with some of its layers left out
 """
-from engine.speculative.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, self_drafter
+from engine.speculative.drafters import Draft, Drafter, ModelDrafter, self_drafter
 from engine.speculative.layerskip import LayerSkipDrafter
+from engine.speculative.lookup import NgramDrafter
 from engine.speculative.loop import K_MAX, accept, check_k, generate, stream
 from engine.speculative.schedule import Schedule
 

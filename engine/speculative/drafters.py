@@ -1,20 +1,27 @@
-"""The drafters behind speculative decoding: prompt lookup (n-gram) and a second model (a smaller one, or the
-target itself in a cheaper weight format). Layer skipping lives in engine/speculative/layerskip.py.
+"""The drafters behind speculative decoding: a second model (a smaller one, or the target itself in a cheaper
+weight format) here; prompt lookup in engine/speculative/lookup.py, layer skipping in layerskip.py.
 
 Protocol (speculative.stream drives it; a test can implement it too):
   begin(target, prompt_ids, sampling, extra)  once per run, before the target's prefill; validates against
                                               the target; extra = cache slots the run may use past the prompt
   commit(n_accepted, emitted)                 after every round (round 0 included): `emitted` are the new
                                               tokens of the sequence, the first n_accepted of them this
-                                              drafter's own drafts; the drafter rolls back or catches up
+                                              drafter's own drafts; the drafter rolls back or notes them
   context() -> key | None                     before a round: what the next proposal rests on (None: nothing
                                               to propose, the round is a plain step); the schedule keeps
                                               acceptance statistics per key (engine/speculative/schedule.py)
-  propose(k, sampling, gen) -> Draft          up to k tokens following the sequence committed so far
+  prepare()                                   before a proposal: catch up with the tokens the drafter has not
+                                              seen (a model feeds what plain rounds emitted); timed apart, as
+                                              the round's overhead, so a draft token's measured cost is the
+                                              drafting alone
+  propose(k, sampling, noise) -> Draft        up to k tokens following the sequence committed so far; a drafter
+                                              that samples draws draft i with noise.take (the loop has set
+                                              the cursor to the first draft's output position), so its draws
+                                              share the target's keyed noise (loop.py says why)
   prior(key) -> float                         the acceptance expected for a key before any evidence
   draft_cost                                  a draft token's cost over a plain step's where known without
-                                              measuring (0 for a lookup), else None
-  remember_cost(ratio)                        the ratio the schedule measured, for the drafter's next run
+                                              measuring (0 for a lookup, a recent measurement), else None
+  remember_cost(ratio)                        the ratio the schedule measured, for the drafter's next runs
 
 Drafts live on the device and proposing reads nothing back from it, so a round's one device-to-host read
 is the outcome of the acceptance step.
@@ -22,6 +29,7 @@ is the outcome of the acceptance step.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Hashable
 from pathlib import Path
 from typing import NamedTuple
@@ -32,11 +40,12 @@ from engine.sampling import SamplingParams, sample, shown_probs
 
 
 GRAPHED_CATCH_UP = 8
+COST_TTL_S = 120.0  # a measured draft cost is trusted this long by later runs; the machine's load moves it
 
 
 class Draft(NamedTuple):
     ids: torch.Tensor  # [k] long, on the target's device; k may be 0
-    probs: torch.Tensor | None  # [k, V] the distributions the ids were drawn from; None: one-hot on the ids
+    probs: torch.Tensor | None  # [k, V] the distributions the ids were drawn from (shown as p_draft); None: one-hot
     p: torch.Tensor | None  # [k] the drafter's probability of each id, for display (softmax when greedy)
 
 
@@ -53,7 +62,10 @@ class Drafter:
     def prior(self, key: Hashable) -> float:
         return 0.5
 
-    def propose(self, k: int, sampling: SamplingParams, gen) -> Draft:
+    def prepare(self) -> None:
+        pass
+
+    def propose(self, k: int, sampling: SamplingParams, noise) -> Draft:
         raise NotImplementedError
 
     def commit(self, n_accepted: int, emitted: list[int]) -> None:
@@ -66,96 +78,19 @@ class Drafter:
         return {"drafter": self.name}
 
 
-class NgramDrafter(Drafter):
-    """Prompt lookup: the longest suffix (max_n down to min_n tokens) seen before proposes what followed it.
-
-    `index` maps each n-gram that already has a follower to its latest start, updated as tokens arrive, so
-    a lookup costs max_n dict probes at any length. The copy may run past the end of the sequence; it then
-    continues from its own proposal, which extends a repeating pattern (a loop, a list) periodically.
-    The context is the match's length, followed back past max_n up to MATCH_CAP tokens and bucketed (1, 2-3,
-    4+): a one-token match in prose is a guess, a long match inside a quoted passage is a copy, and the
-    schedule learns each bucket's acceptance separately, so only matches long enough to pay for a verify
-    pass draft. With
-    no match the round is a plain decode step. A one-hot proposal keeps speculative sampling exact
-    (acceptance probability p_target(x))."""
-
-    name = "ngram"
-    draft_cost = 0.0  # dict probes: nothing next to a forward pass
-    MATCH_CAP = 4
-    BUCKETS = {1: 1, 2: 2, 3: 2, 4: 4}  # match length (capped) -> context
-    PRIORS = {1: 0.15, 2: 0.35, 4: 0.6}  # by context, before any evidence
-
-    def __init__(self, max_n: int = 3, min_n: int = 1):
-        if not (isinstance(min_n, int) and isinstance(max_n, int) and 1 <= min_n <= max_n):
-            raise ValueError(f"n-gram sizes must satisfy 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        self.max_n, self.min_n = max_n, min_n
-        self.tokens: list[int] = []
-        self.index: dict[tuple[int, ...], int] = {}
-        self.device = torch.device("cpu")
-        self.match: tuple[int, int] | None = None  # (where the copy starts, match length) of the last lookup
-
-    def begin(self, target, prompt_ids, sampling=None, extra=0) -> None:
-        self.device = target.device if target is not None else torch.device("cpu")
-        self.tokens, self.index, self.match = [], {}, None
-        self.extend(prompt_ids)
-
-    def extend(self, ids) -> None:
-        for tok in ids:
-            p = len(self.tokens)  # position of tok: every n-gram ending at p-1 now has a follower
-            for n in range(self.min_n, min(self.max_n, p) + 1):
-                self.index[tuple(self.tokens[p - n:p])] = p - n
-            self.tokens.append(int(tok))
-        self.match = None
-
-    def find(self) -> tuple[int, int] | None:
-        """(position the copy starts at, match length) of the longest suffix seen before, or None."""
-        toks = self.tokens
-        for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
-            start = self.index.get(tuple(toks[-n:]))
-            if start is not None:
-                length = n
-                while (length < self.MATCH_CAP and start - (length - n) > 0
-                       and toks[start - (length - n) - 1] == toks[len(toks) - length - 1]):
-                    length += 1
-                return start + n, length
-        return None
-
-    def context(self) -> int | None:
-        self.match = self.find()
-        return None if self.match is None else self.BUCKETS[min(self.match[1], self.MATCH_CAP)]
-
-    def prior(self, key) -> float:
-        return self.PRIORS[key]
-
-    def lookup(self, k: int) -> list[int]:
-        match = self.match or self.find()
-        if match is None:
-            return []
-        toks, src, out = self.tokens, match[0], []
-        for j in range(k):
-            out.append(toks[src + j] if src + j < len(toks) else out[src + j - len(toks)])
-        return out
-
-    def propose(self, k, sampling=None, gen=None) -> Draft:
-        return Draft(torch.tensor(self.lookup(k), dtype=torch.long, device=self.device), None, None)
-
-    def commit(self, n_accepted, emitted) -> None:
-        self.extend(emitted)
-
-    def describe(self) -> dict:
-        return {"drafter": self.name, "max_n": self.max_n, "min_n": self.min_n}
-
-
 class ModelDrafter(Drafter):
     """A second model with the same vocabulary, on its own Engine and KV cache: a smaller model, or the target
     itself in a cheaper weight format (quantized self-drafting, see self_drafter).
 
-    Its cache holds the committed sequence except `pending` (normally just the last emitted token). A
-    proposal feeds pending (one decode step, or a chunk after a round that accepted every draft, or after
-    plain rounds the schedule chose: those tokens were never fed) and then k-1 more decode steps, graph
-    replays when the draft engine has graphs. commit() keeps the accepted drafts' entries by rolling back
-    to the end of them. The cost of a draft over a target step, once measured, is kept for the next run
-    against the same target and kernels, so a drafter found too slow is not probed again."""
+    Its cache holds the committed sequence except `pending` (normally just the last emitted token; after a round
+    that accepted every draft, that draft and the bonus; after plain rounds the schedule chose, what they
+    emitted). prepare() feeds all of pending but the last two tokens (the catch-up), and a proposal of k tokens
+    is k forwards: the rest of pending (one token, or a chunk of two costing about a step), then k-1 decode
+    steps, graph replays when the draft engine has graphs.
+    commit() keeps the accepted drafts' entries by rolling back to the end of them. The cost of a draft over a
+    target step, once measured, is kept for later runs against the same target and kernels for COST_TTL_S
+    seconds: a drafter found too slow skips the probe for a while, and is measured again once the machine's
+    load may have changed."""
 
     name = "draft_model"
 
@@ -165,15 +100,16 @@ class ModelDrafter(Drafter):
         self.cached = 0  # sequence tokens whose K/V is in the draft cache
         self.written = 0  # drafts written into the cache by the last proposal
         self.checked = None  # the target engine the tokenizers were compared against
-        self.costs: dict[tuple, float] = {}  # cost_key -> measured draft-token ms over a plain step's
+        self.costs: dict[tuple, tuple[float, float]] = {}  # cost_key -> (draft ms over a plain step's, when)
         self.cost_key: tuple = ()
 
     @property
     def draft_cost(self) -> float | None:
-        return self.costs.get(self.cost_key)
+        ratio, when = self.costs.get(self.cost_key, (None, 0.0))
+        return ratio if time.monotonic() - when < COST_TTL_S else None
 
     def remember_cost(self, ratio: float) -> None:
-        self.costs[self.cost_key] = ratio
+        self.costs[self.cost_key] = (ratio, time.monotonic())
 
     def begin(self, target, prompt_ids, sampling, extra) -> None:
         e = self.engine
@@ -194,21 +130,28 @@ class ModelDrafter(Drafter):
         e.prefill(list(prompt_ids))
         self.cached, self.pending, self.written = len(prompt_ids), [], 0
 
-    def propose(self, k, sampling, gen) -> Draft:
+    def prepare(self) -> None:
         e = self.engine
-        feed = torch.tensor(self.pending, dtype=torch.long, device=e.device)
+        feed = torch.tensor(self.pending[:-2], dtype=torch.long, device=e.device)
         # graphs are captured per token count: catch up in blocks of at most GRAPHED_CATCH_UP so the plain rounds
         # before a proposal (any number of them) never capture a graph per count
-        step = GRAPHED_CATCH_UP if e.graph is not None else len(feed)
+        step = GRAPHED_CATCH_UP if e.graph is not None else max(1, len(feed))
         for i in range(0, len(feed), step):
             part = feed[i:i + step]
-            logits = e.decode(part) if len(part) == 1 else e.chunk(part[None])[:, -1]  # [1, V]
+            e.decode(part) if len(part) == 1 else e.chunk(part[None])
+        self.cached, self.pending = self.cached + len(feed), self.pending[-2:]
+
+    def propose(self, k, sampling, noise) -> Draft:
+        e = self.engine
+        assert 1 <= len(self.pending) <= 2, "prepare() leaves the last one or two pending tokens"
+        feed = torch.tensor(self.pending, dtype=torch.long, device=e.device)
+        logits = e.decode(feed) if len(feed) == 1 else e.chunk(feed[None])[:, -1]  # [1, V]
         self.cached, self.pending = self.cached + len(feed), []
         ids, rows, ps = [], [], []
         for i in range(k):
             if i:
                 logits = e.decode(ids[-1])
-            tok, row = sample(logits, sampling, gen)  # [1], [1, V] (None when greedy)
+            tok, row = sample(logits, sampling, noise)  # [1], [1, V] (None when greedy)
             if row is not None:
                 rows.append(row)  # kept: a graph's logits buffer is overwritten by the next step
             ps.append(shown_probs(logits, row, sampling).gather(1, tok[:, None])[:, 0])

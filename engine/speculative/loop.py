@@ -1,25 +1,43 @@
-"""Speculative decoding: a drafter proposes k tokens, the target verifies k+1 positions in one chunk pass,
-and rejection sampling keeps the output distributed exactly as plain sampling from the target.
+"""Speculative decoding: a drafter proposes k tokens, the target verifies k+1 positions in one chunk pass, and
+the text that comes out is the text plain decoding would have produced with the same seed.
 
-Acceptance follows Leviathan et al. (2023) / Chen et al. (2023), the same step gpt-fast, HF assisted
-generation and vLLM's rejection sampler implement: keep draft x with probability min(1, p_t(x) / p_d(x))
-up to the first rejection, then draw from normalize(max(p_t - p_d, 0)); if all k are kept, draw a bonus
-token from the target's last row. p_t and p_d are both shaped by sampling.probs (temperature, top-k,
-top-p), the one shaping plain decoding uses; at temperature 0 both are one-hot, so a draft is kept while
-it equals the target's argmax and the token after the run is that argmax. Greedy output is therefore the
-plain greedy output wherever the verify pass's logits rank tokens as a decode step's do: token for token in
-fp32 (the tests' setting); in bf16 or fp16 a chunk pass and a decode step round differently, so a near-tie
-between the top two tokens can break the other way and the texts part there (the bf16 test in
-tests/test_speculative.py checks that a parting is such a near-tie).
+Every random draw is keyed by output position (sampling.Noise): the token at output position i is
+y_i = argmax p_i / E_i, with p_i the target's sampling distribution there (sampling.probs: temperature, top-k,
+top-p) and E_i a row of Exp(1) noise that depends on (seed, i) alone. Plain decoding draws exactly that. A
+verify pass computes p_i for the k+1 positions after the committed sequence, with the drafts in place of the
+tokens before each, and the acceptance step (accept) keeps the drafts while each equals the target's own y_i
+there, then emits the target's y at the first draft that differs (`resampled`) or after the last (`bonus`).
+
+Why the output is exactly the target's, and the same whatever k the schedule picks. By induction over
+positions: if the committed tokens are plain decoding's, the verify row at position i conditions on them and on
+drafts x_<i that were all kept, so equal to y_<i: it is plain decoding's p_i, and y_i is plain decoding's token.
+A kept draft is y_i itself and the emitted token after the run is y_i; either way position i holds plain
+decoding's token. The drafts only decide how many positions one pass settles, never which tokens, so any k,
+fixed, adaptive or random, gives the same text, and the text is distributed as plain sampling from the target
+because it is plain sampling from the target. Greedy decoding is the case E = 1 (the argmax).
+
+What the drafter's draws are. A one-hot drafter (n-gram) proposes x with nothing random in it: x is kept with
+probability P(y_i = x) = p_i(x), and a rejected position emits y_i, distributed as p_i conditioned on != x:
+Leviathan et al.'s (2023) rejection rule for a one-hot draft, drawn with the position's own noise. A drafter
+with a distribution q_i (a model, layer-skip) draws x_i = argmax q_i / E_i with the same keyed noise E_i as the
+target's y_i. That choice is free (the output is y whatever x is) and it is what makes drafting pay: the two
+exponential races share their noise, so x_i = y_i whenever q_i is close to p_i; the probability is at least
+(1 - TV) / (1 + TV) for TV the total variation between q_i and p_i (the Gumbel coupling bound), against 1 - TV for
+the rejection rule with fresh draws, the price of output that does not depend on k. A draft model that samples
+from a broken q loses acceptance, never exactness.
+
+The equality with plain decoding is token for token where a position's logits are the same in a verify pass and
+a decode step (the kernels' batch invariance); elsewhere a sample changes only where two candidates' p / E are
+within the logits' rounding of each other, as a greedy argmax does at a near-tie.
 
 k is the most a round drafts. The schedule (engine/speculative/schedule.py) picks each round's k from the run's
-measured costs and acceptance, 0 being a plain decode step, and never more than the tokens left less one
-(the token after the drafts comes free). The target's cache therefore never holds more than plain decoding's
+measured costs and acceptance, 0 being a plain decode step, and never more than the tokens left less one (the
+token after the drafts comes free). The target's cache therefore never holds more than plain decoding's
 prompt + max_new_tokens - 1 positions, and a speculative run needs no slots beyond a plain one's.
 
 A round costs one host sync: the accepted count, the emitted ids and their probabilities come back in one
-read. The target cache then rolls back to the accepted prefix (a fill of seq_lens) and the drafter
-rolls back or catches up in commit().
+read. The target cache then rolls back to the accepted prefix (a fill of seq_lens) and the drafter rolls back
+or notes the tokens in commit().
 """
 from __future__ import annotations
 
@@ -29,7 +47,7 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.sampling import SamplingParams, draw, probs, shown_probs
+from engine.sampling import Noise, SamplingParams, sample, shown_probs
 from engine.speculative.drafters import Draft, Drafter
 from engine.speculative.schedule import Schedule
 from engine.stats import EMITTED_KINDS, Round, Stats, Token
@@ -43,39 +61,26 @@ def check_k(k) -> None:
         raise ValueError(f"k={k} must be an integer in 1..{K_MAX} (draft tokens per round)")
 
 
-def accept(draft: torch.Tensor, p_target: torch.Tensor, p_draft: torch.Tensor | None = None,
-           gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def accept(draft: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The acceptance step, on the device, no host sync.
 
-    draft: [k] long; p_target: [k+1, V] target distributions at the k draft positions and after the last;
-    p_draft: [k, V] the distributions the drafts were drawn from, or None for a one-hot drafter.
-    Returns (n_accepted, next_token), both 0-d long: the token after the accepted run is the resampled one
-    (n < k) or the bonus (n == k)."""
-    k, V = draft.shape[0], p_target.shape[-1]
-    assert p_target.shape[0] == k + 1 and (p_draft is None or p_draft.shape == (k, V))
-    rows = torch.arange(k, device=draft.device)
-    pt = p_target[rows, draft].double()
-    pd = torch.ones_like(pt) if p_draft is None else p_draft[rows, draft].double()
-    # u < p_t / p_d without dividing (p_d of a drawn draft is > 0); strict, so p_t = 0 is never kept
-    u = torch.rand(k, dtype=torch.float64, device=draft.device, generator=gen)
-    n = (u * pd < pt).long().cumprod(0).sum()
-    # the residual's row n; padding with a zero draft row makes row k the plain target row: the bonus
-    if p_draft is None:
-        drafted = torch.cat([draft, draft.new_full((1,), -1)])[n]
-        residual = p_target[n] * (torch.arange(V, device=draft.device) != drafted)
-    else:
-        residual = (p_target[n] - torch.cat([p_draft, p_draft.new_zeros(1, V)])[n]).clamp_min(0)
-    # an all-zero residual needs p_t == p_d, where a rejection has probability 0; rounding can still get here
-    residual = torch.where(residual.sum() > 0, residual, p_target[n])
-    return n, draw(residual[None], gen)[0]
+    draft: [k] long; target: [k+1] long, the target's own sample at the k draft positions and after the last
+    (each drawn with its position's keyed noise). Returns (n_accepted, next_token), both 0-d long: the drafts
+    are kept up to the first that differs from the target's sample, and the next token is the target's sample
+    there (resampled) or after the last draft (bonus)."""
+    k = draft.shape[0]
+    assert target.shape == (k + 1,)
+    n = (draft == target[:k]).long().cumprod(0).sum()
+    return n, target[n]
 
 
-def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[list[Token], int]:
-    """Verify logits [k+1, V] against a draft -> the round's tokens (accepted, rejected, resampled | bonus)
-    and the accepted count, read back in one host sync."""
+def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: Noise,
+          position: int) -> tuple[list[Token], int]:
+    """Verify logits [k+1, V] against a draft whose first token is output position `position` -> the round's
+    tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync."""
     k = draft.ids.shape[0]
-    p_t = probs(logits, sampling)
-    n, nxt = accept(draft.ids, p_t, draft.probs, gen)
+    target, p_t = sample(logits, sampling, noise.at(position))  # row r: plain decoding's draw at `position` + r
+    n, nxt = accept(draft.ids, target)
     shown = shown_probs(logits, p_t, sampling)
     rows = torch.arange(k, device=logits.device)
     pd = torch.ones(k, device=logits.device) if draft.p is None else draft.p
@@ -114,7 +119,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
     nothing to propose. adaptive=False drafts k tokens whenever the drafter can (the budget permitting)."""
     check_k(k)
     sampling = SamplingParams(temperature, top_p, top_k, seed)
-    gen = eng.begin(prompt_ids, max_new_tokens, sampling)
+    noise = eng.begin(prompt_ids, max_new_tokens, sampling)
     stop = set(eng.model.eos_ids if stop_ids is None else stop_ids)
     clock, t0 = eng.clock, time.perf_counter()
     schedule = Schedule(k, drafter, adaptive)
@@ -125,7 +130,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
     b = clock.mark()
     logits = eng.prefill(list(prompt_ids))
     c = clock.mark()
-    tok, p = eng.pick(logits, sampling, gen)
+    tok, p = eng.pick(logits, sampling, noise.at(0))
     d = clock.mark()
     done = tok in stop or max_new_tokens == 1
     yield Round(0, [Token(tok, "target", p_target=p)], start, now_ms(t0), draft_ms=clock.ms(a, b),
@@ -135,24 +140,29 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
     for index in count(1):
         if done:
             return
+        # draft_ms covers the drafter's whole share of the round: the commit of the last round's outcome (here
+        # rather than at that round's end: its device work then completes before this round's sync, so every
+        # CUDA event read below has finished), the lookup, the catch-up and the proposal; propose_ms is the
+        # proposal alone, what the schedule's cost per draft token measures
         start, a = now_ms(t0), clock.mark()
-        # commit here rather than at the end of the last round: its device work is then timed as drafting
-        # and completes before this round's sync, so every CUDA event read below has finished
         drafter.commit(n_acc, emitted)
         k_round = schedule.choose(drafter.context(), max_new_tokens - n_out)
-        draft = drafter.propose(k_round, sampling, gen) if k_round else None
+        if k_round:
+            drafter.prepare()
+        a2 = clock.mark()
+        draft = drafter.propose(k_round, sampling, noise.at(n_out)) if k_round else None
         b = clock.mark()
         last = torch.tensor(emitted[-1:], dtype=torch.long, device=eng.device)
         if draft is None or draft.ids.shape[0] == 0:
             logits = eng.decode(last)[0]
             c = clock.mark()
-            tok, p = eng.pick(logits, sampling, gen)
+            tok, p = eng.pick(logits, sampling, noise.at(n_out))
             tokens, n_acc, n_drafted = [Token(tok, "target", p_target=p)], 0, 0
         else:
             base = eng.length
             logits = eng.chunk(torch.cat([last, draft.ids])[None])[0]  # [k'+1, V]
             c = clock.mark()
-            tokens, n_acc = judge(draft, logits, sampling, gen)
+            tokens, n_acc = judge(draft, logits, sampling, noise, n_out)
             eng.rollback(base + 1 + n_acc)
             n_drafted = draft.ids.shape[0]
         d = clock.mark()
@@ -163,7 +173,8 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
         emitted = [t.token_id for t in tokens if t.kind in EMITTED_KINDS]
         n_out += len(emitted)
         rnd = Round(index, tokens, start, now_ms(t0), draft_ms=clock.ms(a, b), target_ms=clock.ms(b, c),
-                    sample_ms=clock.ms(c, d), n_drafted=n_drafted, finished=done, k=k_round, verified=verified)
+                    sample_ms=clock.ms(c, d), n_drafted=n_drafted, finished=done, k=k_round, verified=verified,
+                    propose_ms=clock.ms(a2, b) if draft is not None else 0.0)
         schedule.observe(rnd)
         yield rnd
 

@@ -4,27 +4,36 @@ expected tokens per second, judged from what the run has measured so far.
 The model is Leviathan et al.'s (2023, section 3.4) with measured costs in place of a fixed cost ratio:
 
   a_i    acceptance of the draft at position i given that the drafts before it were accepted; a Beta posterior
-         over decayed counts, per drafter context (an n-gram match's length: a long match is better evidence)
+         over decayed counts, per drafter context (for a lookup, the kind of match: a long match is better
+         evidence than a short one)
   E(k)   = sum_{j=0..k} prod_{i<j} a_i   tokens a round of k drafts emits (the last one resampled or a bonus)
-  C(k)   = k * d + V(k + 1)   its wall time: k draft steps of d ms, then a verify pass over k + 1 positions
-                              (sampling and host time included); C(0) = V(1) is a plain step
+  C(k)   = o + k * d + V(k + 1)   its wall time: the drafter's fixed share o (catch-up, lookup), k draft tokens
+                                  of d ms, then a verify pass over k + 1 positions (sampling and host time
+                                  included); C(0) = V(1) is a plain step, its lookup included
   k      = argmax E(k) / C(k) over 0..min(k_max, tokens left - 1), where k > 0 must beat a plain step by MIN_GAIN
 
 Every figure comes from this run's rounds: V(T) is the median of the rounds that verified T positions (plain
-rounds for T = 1), interpolated between the sizes seen and extrapolated past them; d is the draft time per
-drafted token. Before a size is seen, V(T) = V(1) (1 + PRIOR_VERIFY_SLOPE (T - 1)): the first rounds decide on
-priors in units of a step, so a lookup in a copy task drafts from round 1. Decided with the posterior means, a
-round drafts only where drafting is expected to beat a plain step. Where the means say "plain" but an
-optimistic bound (mean + one standard deviation) says drafting could win against a measured plain step, the
-round probes with one draft: the cheapest round that measures position 0's acceptance and the costs (a model
-drafter's first drafting round is such a probe: its draft cost is unknown until then). Counts decay every
-round, so a context that turned bad is probed again after a while and one that turned good is trusted less
-as it ages. The choice depends only on earlier rounds, never on the round's own draws, so speculative
-sampling stays exact whatever k is picked.
+rounds for T = 1), interpolated between the sizes seen and extrapolated past them; d is the proposal's time per
+drafted token, the drafting alone (Round.propose_ms: not the catch-up of tokens the drafter had not seen, nor
+the commit of the previous round, which are o). Before a size is seen, V(T) = V(1) (1 + PRIOR_VERIFY_SLOPE
+(T - 1)): the first rounds decide on priors in units of a step, so a lookup in a copy task drafts from round 1.
+Whatever the verify pass costs on this machine and weight format, the schedule drafts as far as that pays.
+
+Decided with the posterior means, a round drafts only where drafting is expected to beat a plain step. Where the
+means say "plain" but an optimistic bound (mean + one standard deviation) says drafting could clear the same bar
+against a measured plain step, the round probes with one draft (a probe held to a lower bar goes on probing a
+drafter that is never right wherever a verify pass costs little more than a step: ~25 probes before the bound
+drops under a 7% cost, ~14 under MIN_GAIN's bar): the cheapest round that measures position 0's acceptance
+and the costs (a model drafter's first drafting round is such a probe: its draft cost is unknown until then).
+Counts decay every round, so a context that turned bad is probed again after a while and one that turned good
+is trusted less as it ages. A drafter whose drafts cost too much to pay is probed again once its cost is stale
+(REPROBE rounds without a draft, then twice as many, and so on), because the machine's load moves a draft's
+cost against a step's; its stale measurements are dropped for the probe's. The choice depends only on earlier
+rounds, never on the round's own draws, and the output does not depend on k at all (loop.py).
 
 A drafter tells the schedule three things (drafters.py): context() before each round (None: nothing to
 propose), prior(context) (the acceptance it expects before any evidence) and draft_cost (ms a draft costs
-relative to a plain step where known in advance: 0 for a lookup; None until measured, for a model).
+relative to a plain step where known in advance: 0 for a lookup; a recent measurement, or None, for a model).
 """
 from __future__ import annotations
 
@@ -35,11 +44,13 @@ from dataclasses import dataclass, field
 MIN_GAIN = 1.05  # k > 0 must beat a plain step's expected tok/s by 5%: estimates are noisy and the best-looking
 # k is biased upward by being picked, so a break-even draft would lose more often than it wins
 PRIOR_WEIGHT = 2.0  # a context's prior counts as two rounds of evidence
-POOL = 0.5  # another context's round counts half as much as the context's own
+POOL = 0.5  # at positions past the first, another context's round counts half as much as the context's own
 DECAY = 0.99  # per round: about the last 100 rounds carry the estimates; a ruled-out context is probed again
-# every ~50 rounds, about 1% of a run at a probe costing half a step
+# once decay has worn its counts under the bar, about 1% of a run's time whatever a probe costs (every ~50 rounds
+# at a probe costing half a step, every ~7 at 7% of one)
 WINDOW = 8  # rounds a cost estimate keeps
 PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until a verify pass is measured
+REPROBE = 32  # rounds without a draft before a drafter too costly to pay is measured again (then 64, 128, ...)
 
 
 def median(xs: list[float]) -> float:
@@ -53,10 +64,11 @@ class Costs:
     """Measured round times, ms: the median of the last WINDOW rounds of each kind (a shared CPU's round times
     jump with other jobs' load; a median shrugs off the outliers an average would carry for rounds).
 
-    verify[T]: rounds that verified T positions, their time less drafting (T = 1: plain steps);
-    draft: draft time per drafted token."""
+    verify[T]: rounds that verified T positions, their time less the drafter's (T = 1: plain steps, whole);
+    draft: proposal time per drafted token; overhead: the rest of a drafting round's drafter time."""
     verify: dict[int, list[float]] = field(default_factory=dict)
     draft: list[float] = field(default_factory=list)
+    overhead: list[float] = field(default_factory=list)
 
     @property
     def step(self) -> float:
@@ -72,6 +84,12 @@ class Costs:
 
     def add_draft(self, ms: float) -> None:
         self.draft = (self.draft + [ms])[-WINDOW:]
+
+    def add_overhead(self, ms: float) -> None:
+        self.overhead = (self.overhead + [ms])[-WINDOW:]
+
+    def overhead_ms(self) -> float:
+        return median(self.overhead) if self.overhead else 0.0
 
     def draft_ms(self) -> float | None:
         return median(self.draft) if self.draft else None
@@ -108,9 +126,10 @@ class Costs:
 class Acceptance:
     """Decayed accept / reject counts per (context, draft position), read as Beta posteriors shrunk toward a
     hierarchy of means:
-      position 0     the drafter's prior for the context, updated by the other contexts' position-0 counts at
-                     POOL weight: the contexts of one run share its nature (in a copy task even a one-token
-                     match is usually right; in free prose even a long one often is not);
+      position 0     the drafter's prior for the context, its odds scaled by how the run's other contexts did
+                     against their own priors: the contexts of one run share its nature (in a copy task even a
+                     one-token match is usually right; in free prose even a long one often is not), while a
+                     context's prior keeps what sets it apart (a long match is better evidence than a short one);
       continuation   positions 1.. pooled (this context's at full weight, the others' at POOL), shrunk toward
                      position 0's mean: once a draft is accepted the next one tends to be too, and a round that
                      accepts three drafts teaches three continuations, not one position each;
@@ -134,15 +153,27 @@ class Acceptance:
                 row[0] *= DECAY
                 row[1] *= DECAY
 
-    def _pooled(self, ctx: Hashable, first: bool) -> tuple[float, float]:
-        """(accepted, rejected) at position 0 (first) or at positions 1.. of ctx, plus the other contexts' at
-        POOL weight."""
+    def _pooled(self, ctx: Hashable) -> tuple[float, float]:
+        """(accepted, rejected) at positions 1.. of ctx, plus the other contexts' at POOL weight."""
         acc = rej = 0.0
         for c, rows in self.counts.items():
             w = 1.0 if c == ctx else POOL
-            for row in rows[:1] if first else rows[1:]:
+            for row in rows[1:]:
                 acc, rej = acc + w * row[0], rej + w * row[1]
         return acc, rej
+
+    def first_prior(self, ctx: Hashable) -> float:
+        """ctx's prior at position 0 with its odds scaled by the run: the other contexts' accepted (and rejected)
+        first drafts over what their priors expected, each ratio smoothed by PRIOR_WEIGHT expected rounds."""
+        accepted = judged = expected = 0.0
+        for c, rows in self.counts.items():
+            if c != ctx and rows:
+                accepted, judged = accepted + rows[0][0], judged + rows[0][0] + rows[0][1]
+                expected += (rows[0][0] + rows[0][1]) * self.prior(c)
+        up = (accepted + PRIOR_WEIGHT) / (expected + PRIOR_WEIGHT)
+        down = (judged - accepted + PRIOR_WEIGHT) / (judged - expected + PRIOR_WEIGHT)
+        m = self.prior(ctx)
+        return m * up / (m * up + (1 - m) * down)
 
     def estimates(self, ctx: Hashable, k: int, z: float = 0.0) -> list[float]:
         """Posterior mean (+ z standard deviations, capped at 1) at positions 0..k-1."""
@@ -152,11 +183,8 @@ class Acceptance:
             acc, rej = rows[p] if p < len(rows) else (0.0, 0.0)
             return PRIOR_WEIGHT * prior + acc, PRIOR_WEIGHT * (1 - prior) + rej
 
-        own0 = rows[0] if rows else (0.0, 0.0)
-        acc, rej = self._pooled(ctx, first=True)
-        acc, rej = acc - own0[0], rej - own0[1]  # the other contexts' position 0
-        a0, b0 = posterior((PRIOR_WEIGHT * self.prior(ctx) + acc) / (PRIOR_WEIGHT + acc + rej), 0)
-        acc, rej = self._pooled(ctx, first=False)
+        a0, b0 = posterior(self.first_prior(ctx), 0)
+        acc, rej = self._pooled(ctx)
         continuation = (PRIOR_WEIGHT * a0 / (a0 + b0) + acc) / (PRIOR_WEIGHT + acc + rej)
         out = []
         for p in range(k):
@@ -184,6 +212,8 @@ class Schedule:
         self.costs = Costs()
         self.acceptance = Acceptance(drafter.prior)
         self.last: tuple[Hashable, int] | None = None
+        self.idle = 0  # rounds since the last one that drafted
+        self.reprobe = REPROBE  # idle rounds before a drafter too costly to pay is measured again
 
     def choose(self, ctx: Hashable | None, tokens_left: int) -> int:
         k_max = min(self.k_max, tokens_left - 1)  # the token after the drafts comes free: drafting more is waste
@@ -195,12 +225,21 @@ class Schedule:
 
     def _adaptive(self, ctx: Hashable, k_max: int) -> int:
         best = self.best(self.acceptance.estimates(ctx, k_max), k_max, MIN_GAIN)
-        if best or 1 not in self.costs.verify:
-            return best  # a probe is judged against a measured plain step
-        return 1 if self.best(self.acceptance.estimates(ctx, 1, z=1.0), 1, 1.0, optimistic=True) else 0
+        if best:
+            self.reprobe = REPROBE
+            return best
+        if 1 not in self.costs.verify:
+            return 0  # a probe is judged against a measured plain step
+        if self.best(self.acceptance.estimates(ctx, k_max, z=1.0), k_max, MIN_GAIN, optimistic=True):
+            return 1
+        if self.drafter.draft_cost != 0.0 and self.idle >= self.reprobe:  # a model's cost measurement is stale
+            self.reprobe *= 2
+            self.costs.draft = []
+            return 1
+        return 0
 
     def draft_ms(self, optimistic: bool = False) -> float:
-        ratio = self.drafter.draft_cost  # a draft's ms over a plain step's, known in advance or from an earlier run
+        ratio = self.drafter.draft_cost  # a draft's ms over a plain step's: a lookup's 0, or a recent measurement
         if self.costs.draft and ratio != 0.0:
             return self.costs.draft_ms()
         if ratio is not None:
@@ -209,10 +248,10 @@ class Schedule:
 
     def rates(self, a: list[float], optimistic: bool = False) -> list[float]:
         """Expected tokens per ms for k = 0..len(a)."""
-        d = self.draft_ms(optimistic)
+        d, o = self.draft_ms(optimistic), self.costs.overhead_ms()
         e = expected_tokens(a)
-        return [e[k] / (k * d + self.costs.verify_ms(k + 1)) if k == 0 or d < math.inf else 0.0
-                for k in range(len(a) + 1)]
+        return [e[0] / self.costs.verify_ms(1)] + [
+            e[k] / (o + k * d + self.costs.verify_ms(k + 1)) if d < math.inf else 0.0 for k in range(1, len(a) + 1)]
 
     def best(self, a: list[float], k_max: int, gain: float, optimistic: bool = False) -> int:
         rates = self.rates(a[:k_max], optimistic)
@@ -225,10 +264,13 @@ class Schedule:
         self.acceptance.age()
         if rnd.n_drafted == 0:
             self.costs.add_verify(1, rnd.total_ms)
+            self.idle += 1
         else:
             self.costs.add_verify(rnd.n_drafted + 1, rnd.total_ms - rnd.draft_ms)
+            self.costs.add_overhead(rnd.draft_ms - rnd.propose_ms)
             self.acceptance.observe(ctx, rnd.n_drafted, rnd.n_accepted)
             if self.drafter.draft_cost != 0.0:  # a lookup's drafting is free; a model's is measured
-                self.costs.add_draft(rnd.draft_ms / rnd.n_drafted)
+                self.costs.add_draft(rnd.propose_ms / rnd.n_drafted)
+            self.idle = 0
         if self.costs.draft:
             self.drafter.remember_cost(self.costs.draft_ms() / self.costs.step)
