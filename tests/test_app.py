@@ -9,6 +9,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
+from ui.models import Runtimes
 from ui import app
 from ui import layout
 from ui.startup import build_runtime
@@ -23,7 +24,7 @@ def values(**overrides):
 
 
 def serve(rt):
-    demo = layout.build(rt)
+    demo = layout.build(Runtimes(rt))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     return demo
 
@@ -209,7 +210,7 @@ def test_page_config_carries_no_runtime():
         elif not isinstance(o, (str, int, float, bool, type(None))) and not callable(o) or hasattr(o, "args"):
             found.append((path, type(o)))
 
-    walk(layout.build(rt).get_config_file(), [])
+    walk(layout.build(Runtimes(rt)).get_config_file(), [])
     assert not found
     rt.close()
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from ui.models import Runtimes
 from ui import layout
 from ui.startup import build_runtime
 
@@ -40,7 +41,7 @@ class HostileTokenizer:
 def served():
     rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
     rt.tokenizer = HostileTokenizer(rt.tokenizer)
-    demo = layout.build(rt)
+    demo = layout.build(Runtimes(rt))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     yield rt, demo.local_url
     demo.close()
@@ -326,7 +327,7 @@ def test_an_endpoint_run_streams_its_text_into_the_page(browser):
     rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
     with FakeServer(sse(events, gap_s=0.05)) as fake:
         rt.endpoints = [fake.url]
-        demo = layout.build(rt)
+        demo = layout.build(Runtimes(rt))
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         try:

@@ -20,7 +20,8 @@ from engine.observe.provenance import Telemetry
 from engine import weights
 from engine.weights import FORMATS
 from ui import render
-from ui.callbacks import Session, parse_settings, refusal
+from ui.callbacks import Session, parse_settings, refusal, runtime_for
+from ui.models import Runtimes
 from ui.profile_plots import profile_figure, profile_rows
 from ui.runtime import PROBE_BYTES, PROBE_REPEATS, Runtime
 from ui.settings import as_int
@@ -136,11 +137,12 @@ def status_line(results: list, seconds: float, telemetry: dict, note: str = "") 
     return f"Profiled in {seconds:.1f} s. {note}" + " | ".join(parts) + f". Machine: {flags}."
 
 
-def run_profile(rt: Runtime, session: Session, prompt: str, against: str, steps, *values):
+def run_profile(models: Runtimes, session: Session, prompt: str, against: str, steps, *values):
     """Yields (status html, figure, table, profile CSV, trace JSON): a status while it runs, then all five. A
     refused profile says why in its status line, then raises (API clients get the error)."""
-    yield (render.message_html(f"Profiling the current settings and {against}."), *(gr.skip(),) * 4)
     try:
+        rt = yield from runtime_for(models, values, lambda status: (status, *(gr.skip(),) * 4))
+        yield (render.message_html(f"Profiling the current settings and {against}."), *(gr.skip(),) * 4)
         outputs = profile_outputs(rt, session, prompt, against, steps, *values)
     except gr.Error as e:
         yield (render.error_html(e.message), *(gr.skip(),) * 4)
