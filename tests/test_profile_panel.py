@@ -206,3 +206,15 @@ def test_default_comparison_is_one_the_page_can_afford():
     assert profile.default_against(runtime("cpu", "q4", fused_reason="no compiler")) == "kernels"
     assert profile.default_against(runtime("cuda", "q4", graphs_reason=None)) == "kernels"
     assert profile.default_against(runtime("cuda", "bf16", fused_reason="no nvcc", graphs_reason=None)) == "CUDA graphs"
+
+
+def test_the_lm_head_is_named_with_its_share_of_the_pass():
+    """The head is one more matmul in the op-class bars; the status and the table say what it takes (on Gemma 3
+    270M, with its 262k-token vocabulary, most of a step)."""
+    from ui.profile import status_line
+    from ui.profile_plots import head_share
+
+    r = fake_result("eager · fused · q4", 1.0)  # the head's rows: 1.0 + 0.2 + 0.05 ms of a 4 ms profiled pass
+    assert head_share(r) == pytest.approx((1.25, 31.25))
+    assert "(the LM head 1.2 ms, 31% of it profiled)" in status_line([r], 1.0, {"flags": []})
+    assert [row[-1].endswith("LM head 1.25 ms (31% of the pass)") for row in profile_rows([r])] == [True, True]

@@ -22,7 +22,7 @@ from engine.weights import FORMATS
 from ui import render
 from ui.callbacks import Session, parse_settings, refusal, runtime_for
 from ui.models import Runtimes
-from ui.profile_plots import profile_figure, profile_rows
+from ui.profile_plots import head_share, profile_figure, profile_rows
 from ui.runtime import PROBE_BYTES, PROBE_REPEATS, Runtime
 from ui.settings import as_int
 from ui.startup import zero_gpu
@@ -131,8 +131,10 @@ def status_line(results: list, seconds: float, telemetry: dict, note: str = "") 
             parts.append(f"{r.config.label}: not run ({r.reason})")
             continue
         s = next(x for x in r.summary if x["pass"] == "decode")
-        parts.append(f"{r.config.label}: decode step {s['step_ms']:.1f} ms, op classes add up to "
-                     f"{s['rows_vs_step']:.2f}× it, profiler cost {s['profiler_overhead_pct']:+.0f}%")
+        head_ms, head_pct = head_share(r)
+        parts.append(f"{r.config.label}: decode step {s['step_ms']:.1f} ms (the LM head {head_ms:.1f} ms, "
+                     f"{head_pct:.0f}% of it profiled), op classes add up to {s['rows_vs_step']:.2f}× it, "
+                     f"profiler cost {s['profiler_overhead_pct']:+.0f}%")
     flags = "; ".join(telemetry["flags"]) or "no flags"
     return f"Profiled in {seconds:.1f} s. {note}" + " | ".join(parts) + f". Machine: {flags}."
 
