@@ -71,7 +71,7 @@ def test_the_first_pick_loads_the_model_then_its_runs_name_it(models, first):
     table = callbacks.runs_table(session)
     model_col = callbacks.RUN_HEADERS.index("model")
     assert [row[model_col] for row in table] == [first.model_name, GEMMA]  # newest first
-    _, tokens_csv, _, _, runs_csv = callbacks.last_run(first, session)[3:]
+    _, tokens_csv, _, runs_csv = callbacks.last_run(first, session)[3:]
     assert {r["model"] for r in read_csv(tokens_csv)} == {first.model_name}
     assert [r["model"] for r in read_csv(runs_csv)] == [GEMMA, first.model_name]
     # a second pick of a loaded model says nothing of loading, and builds nothing
@@ -88,6 +88,7 @@ def test_the_knobs_follow_the_pick(models, first):
     assert "draft model: no draft model" in k["mode"]["info"]
     assert k["layers"]["maximum"] == GEMMA_LAYERS - 1 and k["weights"]["value"] == "fp16"
     assert k["draft"]["choices"] == [] and k["draft"]["interactive"] is False
+    assert k["chat"]["value"] is True  # the tiny gemma has the tiny models' template
     assert "gemma3_text" in env
     # and back: the first model's draft model is offered again
     status, pick, *knobs, env = list(controls.model_picked(models, first.model_name, "draft model", ""))[-1]

@@ -75,6 +75,7 @@ def model_knobs(rt: Runtime, mode: str = FIRST_MODE, weights: str = "") -> dict[
     modes = [m for m, why in rt.modes().items() if why is None]
     formats = [f for f, why in rt.formats().items() if why is None]
     drafts = list(rt.drafts)
+    chat = rt.tokenizer.chat_template is not None
     return dict(
         mode=dict(choices=modes, value=mode if mode in modes else FIRST_MODE if FIRST_MODE in modes else modes[0],
                   info=unavailable(rt) or None),
@@ -85,10 +86,13 @@ def model_knobs(rt: Runtime, mode: str = FIRST_MODE, weights: str = "") -> dict[
                     info=rt.graphs_reason or "replay the captured decode step"),
         fused=dict(value=rt.fused_reason is None, interactive=rt.fused_reason is None,
                    info=rt.fused_reason or f"our {rt.engine.device.type.upper()} kernels instead of torch ops"),
+        chat=dict(value=chat, interactive=chat, info=CHAT_INFO if chat else NO_CHAT),
     )
 
 
-MODEL_KNOBS = ("mode", "weights", "layers", "draft", "graphs", "fused")  # model_picked's knob outputs, in order
+CHAT_INFO = "wrap the prompt as a user turn of the model's chat template"
+NO_CHAT = "this model has no chat template: the prompt goes as it is"
+MODEL_KNOBS = ("mode", "weights", "layers", "draft", "graphs", "fused", "chat")  # model_picked's knob outputs, in order
 
 
 def model_picked(models: Runtimes, title: str, mode: str, weights: str):

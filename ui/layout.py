@@ -60,8 +60,7 @@ class Knobs:
         self.seed = gr.Number(0, precision=0, label="seed", elem_id="seed", **hidden)
         self.max_new = gr.Slider(1, max_tokens, value=min(128, max_tokens), step=1, label="max new tokens",
                                  elem_id="max-new-tokens", **hidden)
-        self.chat = gr.Checkbox(True, label="Chat template", elem_id="chat",
-                                info="wrap the prompt as a user turn of the model's chat template", **hidden)
+        self.chat = gr.Checkbox(**knobs["chat"], label="Chat template", elem_id="chat", **hidden)
 
     def settings(self) -> list:
         """In callbacks.SETTINGS_FIELDS order: what every engine event takes after the prompt."""
@@ -188,7 +187,7 @@ def build(models: Runtimes) -> gr.Blocks:
                             preprocess=False, **quick)
         # input, not change: a failed load puts the picker back, which is no new pick. Queued with the runs: a
         # first pick loads a model, which would share the cores with a run being measured.
-        picked = [knobs.mode, knobs.weights, knobs.layers, knobs.draft, knobs.graphs, knobs.fused]
+        picked = [knobs.mode, knobs.weights, knobs.layers, knobs.draft, knobs.graphs, knobs.fused, knobs.chat]
         assert len(picked) == len(controls.MODEL_KNOBS)
         picker.input(partial(controls.model_picked, models), [picker, knobs.mode, knobs.weights],
                      [status, picker, *picked, env], api_visibility="private", **engine_event)
