@@ -117,7 +117,7 @@ def test_a_model_that_fails_to_load_is_named_and_the_first_keeps_serving(first, 
 def test_an_unknown_model_is_refused_naming_the_choices(models):
     gen = callbacks.generate(models, Session(), PROMPT, *settings_values(model="gpt-9"))
     html, _, _ = next(gen)
-    assert "'gpt-9' is not one this app offers" in html and GEMMA in html
+    assert "gpt-9&#x27; is not one this app offers" in html and GEMMA in html
 
 
 def test_two_users_picking_at_once_load_the_model_once(first):

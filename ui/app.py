@@ -104,5 +104,6 @@ def build_models(args):
                                   for n in names[1:]}
     return Runtimes(first, later)
 
+
 if __name__ == "__main__":
     main()

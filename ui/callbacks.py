@@ -165,8 +165,7 @@ def runs_table(session: Session) -> list[list]:
         acc = finite(s.get("acceptance_rate"))
         rows.append([
             i, r.label, r.settings.get("model"), s["tokens"], num(s["ttft_ms"], 1), num(s["itl_p50_ms"], 2),
-            num(s["itl_p99_ms"], 2),
-            num(s["decode_tok_s"], 1), None if acc is None else f"{acc:.0%}",
+            num(s["itl_p99_ms"], 2), num(s["decode_tok_s"], 1), None if acc is None else f"{acc:.0%}",
             num(s["mean_accepted_len"], 2), "yes" if r.stopped else "",
         ])
     return rows
