@@ -210,7 +210,7 @@ def test_default_comparison_is_one_the_page_can_afford():
 
 def test_the_lm_head_is_named_with_its_share_of_the_pass():
     """The head is one more matmul in the op-class bars; the status and the table say what it takes (on Gemma 3
-    270M, with its 262k-token vocabulary, most of a step)."""
+    270M, with its 262k-token vocabulary, more than any block)."""
     from ui.profile import status_line
     from ui.profile_plots import head_share
 
