@@ -27,6 +27,7 @@ from engine.stats import percentile
 from engine.stats import Round
 from ui import layout
 from ui.pump import RoundPump
+from ui.models import Runtimes
 from ui.startup import build_runtime
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -114,7 +115,7 @@ def bench(args) -> dict:
     rt.stream_interval_s = args.stream_interval or rt.stream_interval_s
     rec = Recorder(rt.rounds_fn)
     rt.rounds_fn = rec
-    demo = layout.build(rt)
+    demo = layout.build(Runtimes(rt))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     rows = []
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from ui import layout
+from ui.models import Runtimes
 from ui.startup import build_runtime
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -26,7 +27,7 @@ def main(argv=None) -> None:
     from playwright.sync_api import sync_playwright
 
     rt = build_runtime(device="cpu")
-    demo = layout.build(rt)
+    demo = layout.build(Runtimes(rt))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     try:
         with sync_playwright() as pw:

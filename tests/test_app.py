@@ -9,6 +9,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
+from ui.models import Runtimes
 from ui import app
 from ui import layout
 from ui.startup import build_runtime
@@ -23,7 +24,7 @@ def values(**overrides):
 
 
 def serve(rt):
-    demo = layout.build(rt)
+    demo = layout.build(Runtimes(rt))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     return demo
 
@@ -53,9 +54,38 @@ def generate(c, prompt=PROMPT, **overrides):
 
 def test_parse_args_defaults_and_flags():
     a = app.parse_args([])
-    assert (a.model, a.device, a.max_seq_len, a.tiny, a.allow_any_model) == ("default", "auto", 2048, False, False)
+    assert (a.model, a.device, a.max_seq_len, a.tiny, a.allow_any_model) == (None, "auto", 2048, False, False)
     a = app.parse_args(["--tiny", "--draft", "x", "--draft", "y", "--port", "9000"])
     assert a.draft == ["x", "y"] and a.port == 9000 and a.tiny
+    assert app.parse_args(["--model", "gemma3-270m", "--model", "default"]).model == ["gemma3-270m", "default"]
+
+
+def test_the_default_launch_builds_smollm2_and_offers_gemma_on_first_pick(monkeypatch):
+    """Only the first model loads at start (the Space starts as fast as with one); the picker offers both."""
+    from ui import startup
+
+    built = []
+
+    def fake_build(name, drafts=(), **kw):
+        built.append((name, list(drafts), kw.get("shared")))
+        rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+        rt.model_name = startup.title(name)
+        return rt
+
+    monkeypatch.setattr(startup, "build_runtime", fake_build)
+    models = app.build_models(app.parse_args(["--draft", "d", "--allow-any-model"]))
+    try:
+        assert built == [("default", ["d"], None)]
+        assert models.titles == ["SmolLM2-135M-Instruct (embedded)", "Gemma 3 270M (embedded)"]
+        assert not models.is_built("Gemma 3 270M (embedded)")
+        models.get("Gemma 3 270M (embedded)")
+        name, drafts, shared = built[1]
+        assert (name, drafts) == ("gemma3-270m", []) and shared["store"] is models.first.store
+        tiny = app.build_models(app.parse_args(["--tiny"]))
+        assert len(tiny.titles) == 1  # --tiny: one model, no picker
+        tiny.close()
+    finally:
+        models.close()
 
 
 def test_models_outside_the_launch_list_need_the_flag():
@@ -209,7 +239,7 @@ def test_page_config_carries_no_runtime():
         elif not isinstance(o, (str, int, float, bool, type(None))) and not callable(o) or hasattr(o, "args"):
             found.append((path, type(o)))
 
-    walk(layout.build(rt).get_config_file(), [])
+    walk(layout.build(Runtimes(rt)).get_config_file(), [])
     assert not found
     rt.close()
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from ui.models import Runtimes
 from ui import layout
 from ui.startup import build_runtime
 
@@ -40,7 +41,7 @@ class HostileTokenizer:
 def served():
     rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
     rt.tokenizer = HostileTokenizer(rt.tokenizer)
-    demo = layout.build(rt)
+    demo = layout.build(Runtimes(rt))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     yield rt, demo.local_url
     demo.close()
@@ -326,7 +327,7 @@ def test_an_endpoint_run_streams_its_text_into_the_page(browser):
     rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
     with FakeServer(sse(events, gap_s=0.05)) as fake:
         rt.endpoints = [fake.url]
-        demo = layout.build(rt)
+        demo = layout.build(Runtimes(rt))
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         try:
@@ -346,3 +347,46 @@ def test_an_endpoint_run_streams_its_text_into_the_page(browser):
             context.close()
             demo.close()
             rt.close()
+
+
+def test_the_model_picker_loads_the_second_model_and_its_runs_name_it(browser, page, tmp_path):
+    """Two tiny models (a llama, then a gemma3_text of 3 layers built on its first pick): the picker says it loads,
+    the layer-skip slider follows the pick, and the run's row in the table names the model. A launch of one model
+    shows no picker."""
+    from engine.tiny import tiny_config, write_tiny_model
+
+    assert not page.locator("#model").is_visible()
+    folder = write_tiny_model(tmp_path / "gemma", tiny_config("gemma3_text", num_hidden_layers=3))
+    quiet = dict(device="cpu", bandwidth=False, progress=lambda *a: None)
+
+    def build(shared):
+        rt = build_runtime(str(folder), **quiet, shared=shared)
+        rt.model_name = "tiny-gemma"
+        return rt
+
+    first = build_runtime(tiny=True, **quiet)
+    models = Runtimes(first, {"tiny-gemma": ("reading its weights", build)})
+    demo = layout.build(models)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto(demo.local_url)
+        page.locator("#model input").click()
+        page.get_by_role("option", name="tiny-gemma", exact=True).click()
+        page.wait_for_function("document.querySelector('#status')?.innerText.includes('tiny-gemma: ready')",
+                               timeout=30_000)
+        page.locator("#mode").get_by_label("layer-skip", exact=True).check()
+        assert page.get_attribute("#layers input[type=range]", "max") == "2"
+        page.locator("#mode").get_by_label("plain", exact=True).check()
+        page.fill("#prompt textarea", PROMPT)
+        set_number(page, "max-new-tokens", 8)
+        page.click("#generate-btn")
+        page.wait_for_function("document.querySelector('#status')?.innerText.includes('Run 1 done')",
+                               timeout=30_000)
+        wait_for_runs(page, 1)
+        assert "tiny-gemma" in page.inner_text("#runs")
+    finally:
+        context.close()
+        demo.close()
+        models.close()

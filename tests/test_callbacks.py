@@ -8,6 +8,7 @@ import gradio as gr
 import pytest
 
 from engine.stats import KINDS
+from ui.models import Runtimes
 from ui import callbacks, compare
 from ui.callbacks import Session
 from ui.startup import build_runtime
@@ -30,7 +31,7 @@ def rt():
 
 def run(rt, session, prompt=PROMPT, **overrides):
     """The page's chain: the streamed run, then last_run's figures, table and files, as one final tuple."""
-    outs = list(callbacks.generate(rt, session, prompt, *values(**overrides)))
+    outs = list(callbacks.generate(Runtimes(rt), session, prompt, *values(**overrides)))
     return outs, (*outs[-1], *callbacks.last_run(rt, session))
 
 
@@ -73,7 +74,7 @@ def test_the_stream_goes_by_its_side_channel_and_ends_with_the_whole_html(rt):
     from ui import stream
 
     session = Session()
-    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=200))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=200))
     marker = next(gen)[0]
     token = marker.removeprefix("<!--ds-live:").removesuffix("-->")
     assert marker == stream.MARKER.format(token) and rt.streams[token] is not None
@@ -128,7 +129,7 @@ def test_bad_setting_is_a_gr_error_naming_it(rt, overrides, needle):
 def test_a_refused_run_says_why_where_the_output_goes_and_clears_the_last_runs_status(rt):
     session = Session()
     run(rt, session)
-    gen = callbacks.generate(rt, session, PROMPT, *values(mode="n-gram", k=40))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(mode="n-gram", k=40))
     html, stats_html, status = next(gen)
     assert "k=40" in html and "ds-error" in html  # in the output box, not a fading toast
     assert stats_html == "" and status == ""  # nothing of "Run 1 done" is left to read as this run's result
@@ -150,11 +151,11 @@ def test_prompt_longer_than_the_cache_names_what_to_change_on_the_page(rt):
 
 def test_a_formats_first_run_says_it_loads_the_weights(rt):
     rt.engines.pop("fp16", None)
-    gen = callbacks.generate(rt, Session(), PROMPT, *values(weights="fp16", max_new_tokens=4))
+    gen = callbacks.generate(Runtimes(rt), Session(), PROMPT, *values(weights="fp16", max_new_tokens=4))
     assert "Loading the fp16 weights" in next(gen)[2]
     *_, final = gen
     assert "done" in final[2] and rt.loaded("fp16")
-    assert "Loading" not in next(callbacks.generate(rt, Session(), PROMPT, *values(weights="fp16")))[2]
+    assert "Loading" not in next(callbacks.generate(Runtimes(rt), Session(), PROMPT, *values(weights="fp16")))[2]
 
 
 def test_runs_table_lists_the_newest_first(rt):
@@ -172,7 +173,7 @@ def test_empty_prompt(rt):
 
 def test_stop_ends_the_run_within_a_round_and_keeps_it(rt):
     session = Session()
-    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=2000 - 40))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=2000 - 40))
     next(gen)
     first = next(gen)  # some tokens are out
     assert first[0]
@@ -192,7 +193,7 @@ def test_stop_ends_the_run_within_a_round_and_keeps_it(rt):
 def test_closing_the_generator_frees_the_engine(rt):
     """What gradio does when the tab closes or the run is cancelled: close the generator at a yield."""
     session = Session()
-    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=1900))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=1900))
     next(gen), next(gen)
     gen.close()
     assert rt.lock.acquire(timeout=2)
@@ -206,7 +207,7 @@ def test_stop_while_queued_drops_the_run(rt):
     session = Session()
     callbacks.submit(session)
     callbacks.stop(session)
-    outs = list(callbacks.generate(rt, session, PROMPT, *values()))
+    outs = list(callbacks.generate(Runtimes(rt), session, PROMPT, *values()))
     assert "before it started" in outs[-1][2] and session.history == []
     assert callbacks.last_run(rt, session) == (gr.skip(),) * 7
     callbacks.submit(session)
@@ -240,7 +241,7 @@ def test_one_run_on_the_engine_at_a_time(rt):
 
 def test_compare_lists_what_this_machine_cannot_run(rt):
     session = Session()
-    statuses = list(compare.compare(rt, session, PROMPT, *values(mode="n-gram")))
+    statuses = list(compare.compare(Runtimes(rt), session, PROMPT, *values(mode="n-gram")))
     planned = compare.plan(rt, callbacks.parse_settings(*values(mode="n-gram")))
     ran = len({cfg for _, _, cfg, _, _ in planned if cfg is not None})  # a run two groups share runs once
     assert all(isinstance(x, str) for x in statuses) and f"Compared {ran} runs" in statuses[-1]
@@ -261,7 +262,7 @@ def test_compare_runs_carry_their_speedup_into_the_runs_csv(rt):
     import pandas as pd
 
     session = Session()
-    list(compare.compare(rt, session, PROMPT, *values(mode="n-gram")))
+    list(compare.compare(Runtimes(rt), session, PROMPT, *values(mode="n-gram")))
     *_, runs_csv = compare.last_compare(rt, session)
     df = pd.read_csv(runs_csv).set_index("label")
     spec = df.loc["compare: n-gram n=3 k≤4 · eager · torch · fp32"]
@@ -273,7 +274,7 @@ def test_compare_runs_carry_their_speedup_into_the_runs_csv(rt):
 
 def test_a_refused_compare_says_why_in_the_status_line(rt):
     session = Session()
-    gen = compare.compare(rt, session, PROMPT, *values(mode="n-gram", k=40))
+    gen = compare.compare(Runtimes(rt), session, PROMPT, *values(mode="n-gram", k=40))
     assert "k=40" in next(gen)
     with pytest.raises(gr.Error):
         next(gen)
@@ -282,7 +283,7 @@ def test_a_refused_compare_says_why_in_the_status_line(rt):
 def test_live_figures_only_when_the_run_moved_on(rt):
     session = Session()
     assert callbacks.live_figures(rt, session) == (gr.skip(),) * 3  # no run
-    gen = callbacks.generate(rt, session, PROMPT, *values(max_new_tokens=1500))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=1500))
     next(gen), next(gen)
     itl, steps, acc = callbacks.live_figures(rt, session)
     assert hasattr(itl, "to_json") and steps == acc == gr.skip()  # the latency panel only, mid-run

@@ -12,6 +12,7 @@ import time
 import gradio as gr
 import pytest
 
+from ui.models import Runtimes
 from ui import callbacks, compare, endpoint
 from ui.callbacks import Session
 from ui.startup import build_runtime
@@ -36,7 +37,7 @@ def values(url, **kw):
 
 
 def run(rt, session, url, **kw):
-    return list(callbacks.generate(rt, session, "hi", *values(url, **kw)))
+    return list(callbacks.generate(Runtimes(rt), session, "hi", *values(url, **kw)))
 
 
 def files_text(session) -> str:
@@ -100,12 +101,12 @@ def test_a_stalled_endpoint_leaves_the_engine_to_other_users(rt):
         holder.append(fake)
         rt.endpoints, rt.endpoint_stall_s = [fake.url], 30.0
         stalled = Session()
-        gen = callbacks.generate(rt, stalled, "hi", *values(fake.url))
+        gen = callbacks.generate(Runtimes(rt), stalled, "hi", *values(fake.url))
         next(gen), next(gen)  # the run started, its first chunk came: it holds its connection
         done = threading.Event()
 
         def other_user():
-            list(callbacks.generate(rt, Session(), "the cat", *settings_values(max_new_tokens=4)))
+            list(callbacks.generate(Runtimes(rt), Session(), "the cat", *settings_values(max_new_tokens=4)))
             done.set()
 
         threading.Thread(target=other_user, daemon=True).start()
@@ -124,7 +125,7 @@ def test_compare_runs_this_engine_and_the_endpoint(rt):
         s = callbacks.parse_settings(*values(fake.url))
         planned = compare.plan(rt, s)
         assert [(g, b) for g, _, _, _, b in planned] == [("backend", True), ("backend", False)]
-        list(compare.compare(rt, session, "hi", *values(fake.url)))
+        list(compare.compare(Runtimes(rt), session, "hi", *values(fake.url)))
     entries = session.last_compare
     assert [e.group for e in entries] == ["backend", "backend"] and all(e.stats for e in entries)
     assert entries[0].stats.settings["backend"] == "engine" and entries[1].stats.settings["backend"] == "endpoint"

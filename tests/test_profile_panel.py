@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from engine.observe import profile as engine_profile
+from ui.models import Runtimes
 from ui import callbacks, profile
 from ui.callbacks import Session
 from ui.profile_plots import PROFILE_HEADERS, profile_figure, profile_rows
@@ -29,7 +30,7 @@ def outputs(rt):
     if rt.graphs_reason is None:
         pytest.skip("checks the panel's reason for a configuration this machine cannot run (CUDA graphs here run)")
     session = Session()
-    outs = list(profile.run_profile(rt, session, PROMPT, "CUDA graphs", 3, *settings_values()))
+    outs = list(profile.run_profile(Runtimes(rt), session, PROMPT, "CUDA graphs", 3, *settings_values()))
     return session, outs
 
 
@@ -150,7 +151,7 @@ def test_same_weights_compare_with_itself_once(rt):
 
 
 def test_another_weight_format_loads_on_first_use_and_runs_beside(rt):
-    outs = list(profile.run_profile(rt, Session(), PROMPT, "weights q4", 2, *settings_values()))
+    outs = list(profile.run_profile(Runtimes(rt), Session(), PROMPT, "weights q4", 2, *settings_values()))
     assert "q4" in rt.engines and rt.engines["q4"].model.weight_format == "q4"
     table = outs[-1][2]
     assert {row[0] for row in table} == {"eager · torch · fp32", "eager · torch · q4"}
@@ -162,11 +163,11 @@ def test_another_weight_format_loads_on_first_use_and_runs_beside(rt):
                                                   ("kernels", 2.5, "must be a whole number")])
 def test_bad_inputs_are_errors_naming_the_value(rt, against, steps, needle):
     with pytest.raises(gr.Error, match=needle):
-        list(profile.run_profile(rt, Session(), PROMPT, against, steps, *settings_values()))
+        list(profile.run_profile(Runtimes(rt), Session(), PROMPT, against, steps, *settings_values()))
 
 
 def test_empty_prompt_profiles_a_synthetic_context(rt):
-    outs = list(profile.run_profile(rt, Session(), "", "kernels", 2, *settings_values()))
+    outs = list(profile.run_profile(Runtimes(rt), Session(), "", "kernels", 2, *settings_values()))
     assert "Profiled in" in outs[-1][0]
 
 
@@ -205,3 +206,15 @@ def test_default_comparison_is_one_the_page_can_afford():
     assert profile.default_against(runtime("cpu", "q4", fused_reason="no compiler")) == "kernels"
     assert profile.default_against(runtime("cuda", "q4", graphs_reason=None)) == "kernels"
     assert profile.default_against(runtime("cuda", "bf16", fused_reason="no nvcc", graphs_reason=None)) == "CUDA graphs"
+
+
+def test_the_lm_head_is_named_with_its_share_of_the_pass():
+    """The head is one more matmul in the op-class bars; the status and the table say what it takes (on Gemma 3
+    270M, with its 262k-token vocabulary, more than any block)."""
+    from ui.profile import status_line
+    from ui.profile_plots import head_share
+
+    r = fake_result("eager · fused · q4", 1.0)  # the head's rows: 1.0 + 0.2 + 0.05 ms of a 4 ms profiled pass
+    assert head_share(r) == pytest.approx((1.25, 31.25))
+    assert "(the LM head 1.2 ms, 31% of it profiled)" in status_line([r], 1.0, {"flags": []})
+    assert [row[-1].endswith("LM head 1.25 ms (31% of the pass)") for row in profile_rows([r])] == [True, True]

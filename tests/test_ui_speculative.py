@@ -4,6 +4,7 @@ import csv
 
 import pytest
 
+from ui.models import Runtimes
 from ui import callbacks, controls
 from ui.callbacks import Session
 from ui.examples import examples
@@ -23,7 +24,7 @@ def rt():
 
 def run(rt, **overrides):
     session = Session()
-    list(callbacks.generate(rt, session, PROMPT, *settings_values(**{"max_new_tokens": 24, **overrides})))
+    list(callbacks.generate(Runtimes(rt), session, PROMPT, *settings_values(**{"max_new_tokens": 24, **overrides})))
     itl, steps, acc, table, tokens_csv, trace, runs_csv = callbacks.last_run(rt, session)
     with open(tokens_csv, newline="", encoding="utf-8") as f:
         tokens = list(csv.DictReader(f))

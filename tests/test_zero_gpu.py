@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ui.models import Runtimes
 from ui import callbacks, startup
 from ui.settings import RunSettings
 from ui.testing import settings_values
@@ -113,7 +114,7 @@ def test_no_cuda_touch_outside_the_gpu_function(zero, monkeypatch):
         clock = rt.engine.clock
         monkeypatch.setattr(clock, "peak_memory_mb", inside_only("the peak memory read", clock.peak_memory_mb))
         session = callbacks.Session()
-        outs = list(callbacks.generate(rt, session, PROMPT, *settings_values(max_new_tokens=12)))
+        outs = list(callbacks.generate(Runtimes(rt), session, PROMPT, *settings_values(max_new_tokens=12)))
         assert "done" in outs[-1][2] and zero.inside == 0
         stats = session.last[0]
         assert stats.bandwidth_gbs == 12.5 and stats.peak_memory_mb > 0  # measured in the call, handed back

@@ -14,17 +14,18 @@ import engine  # noqa: E402, F401  (next: it sets OpenMP's wait policy before to
 
 def parse_args(argv=None) -> argparse.Namespace:
     from engine.weights import FORMATS, QUANTIZED
-    from ui.startup import DEFAULT_MODEL, KNOWN_MODELS
+    from ui.startup import KNOWN_MODELS
 
     p = argparse.ArgumentParser(prog="decodescope",
                                 description="Stream LLM decoding token by token and see where the time goes.")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="model folder, hub id, GGUF file or embedded model (default: the embedded SmolLM2-135M; "
-                        "gemma3-270m: the embedded Gemma 3 270M); one of "
+    p.add_argument("--model", action="append", default=None, metavar="NAME",
+                   help="model folder, hub id, GGUF file or embedded model; repeat to offer several in the page's "
+                        "picker (the first loads at start, the others on their first pick). Default: the embedded "
+                        "SmolLM2-135M, with the embedded Gemma 3 270M (gemma3-270m) offered beside it. One of "
                         f"{', '.join(KNOWN_MODELS)} unless --allow-any-model")
     p.add_argument("--draft", action="append", default=[], metavar="PATH_OR_ID",
-                   help="a draft model for 'draft model' mode (same vocabulary; folder, hub id or GGUF file); "
-                        "repeat for several")
+                   help="a draft model for 'draft model' mode (the first model's vocabulary; folder, hub id or GGUF "
+                        "file); repeat for several")
     p.add_argument("--self-draft", choices=(*[f for f in FORMATS if f in QUANTIZED], "none"), default="q4",
                    help="the weight format of the model's own copy that drafts for it in 'self-draft' mode")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -75,18 +76,33 @@ def endpoint_options(args) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     from ui import layout
-    from ui.startup import build_runtime, check_allowed
 
-    if not args.tiny:
-        check_allowed([args.model, *args.draft], args.allow_any_model)
-    options = endpoint_options(args)
-    rt = build_runtime(args.model, args.draft, args.device, args.dtype, args.max_seq_len, tiny=args.tiny,
-                       self_draft=None if args.self_draft == "none" else args.self_draft, weights=args.weights)
-    for name, value in options.items():
-        setattr(rt, name, value)
-    atexit.register(rt.close)
-    demo = layout.build(rt)
+    models = build_models(args)
+    atexit.register(models.close)
+    demo = layout.build(models)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **layout.launch_kwargs())
+
+
+def build_models(args):
+    """The page's models: the first built now, the others (same options, no draft models: those share the first
+    one's vocabulary) on their first pick. --tiny is one tiny model."""
+    from functools import partial
+
+    from ui.models import Runtimes
+    from ui.startup import OFFERED, build_runtime, check_allowed, first_load, title
+
+    names = list(dict.fromkeys(args.model or OFFERED))
+    if not args.tiny:
+        check_allowed([*names, *args.draft], args.allow_any_model)
+    options = endpoint_options(args)
+    common = dict(device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len, weights=args.weights,
+                  self_draft=None if args.self_draft == "none" else args.self_draft)
+    first = build_runtime(names[0], args.draft, tiny=args.tiny, **common)
+    for name, value in options.items():
+        setattr(first, name, value)
+    later = {} if args.tiny else {title(n): (first_load(n), partial(build_runtime, n, **common))
+                                  for n in names[1:]}
+    return Runtimes(first, later)
 
 
 if __name__ == "__main__":

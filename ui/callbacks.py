@@ -14,15 +14,16 @@ import gradio as gr
 from engine.stats import Round, finite
 from ui import endpoint, export, plots, render, stream
 from ui.explain import schedule_note
+from ui.models import Runtimes
 from ui.pump import RoundPump
 from ui.runtime import RunFacts, Runtime, ceiling_gbs
 from ui.settings import RunSettings, as_int
 
 SETTINGS_FIELDS = ("mode", "k", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
                    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "adaptive", "weights", "window",
-                   "backend", "endpoint", "endpoint_model", "server")
+                   "backend", "endpoint", "endpoint_model", "server", "model")
 INT_FIELDS = ("k", "ngram", "layers", "top_k", "seed", "max_new_tokens", "window")
-RUN_HEADERS = ["run", "label", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "acceptance",
+RUN_HEADERS = ["run", "label", "model", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "acceptance",
                "mean accepted", "stopped"]
 
 
@@ -97,6 +98,7 @@ def parse_settings(*values) -> RunSettings:
     for name in ("endpoint", "endpoint_model", "server"):
         d[name] = str(d[name] or "").strip()
     d["server"] = d["server"] or "auto"
+    d["model"] = str(d["model"] or "")
     return RunSettings(**d)
 
 
@@ -104,6 +106,19 @@ def refusal(message: str) -> gr.Error:
     """The error a refused or failed run raises: API clients get it as an error; on the page the event has
     already put it where the output goes (error_html), so no toast fades over it."""
     return gr.Error(message, print_exception=False, visible=False)
+
+
+def runtime_for(models: Runtimes, values, shown=lambda html: html):
+    """Generator: the Runtime of the run's model setting, as its return value. On the model's first pick it
+    first yields shown(a note saying it loads), since that takes a while; gr.Error naming a bad model or why its
+    load failed (the other models keep serving)."""
+    try:
+        title = models.check(parse_settings(*values).model)
+        if not models.is_built(title):
+            yield shown(render.message_html(models.loading_note(title)))
+        return models.get(title)
+    except ValueError as e:
+        raise refusal(str(e)) from None
 
 
 def prepare(rt: Runtime, prompt: str, values) -> tuple[RunSettings, list[int]]:
@@ -149,8 +164,8 @@ def runs_table(session: Session) -> list[list]:
         s = r.summary
         acc = finite(s.get("acceptance_rate"))
         rows.append([
-            i, r.label, s["tokens"], num(s["ttft_ms"], 1), num(s["itl_p50_ms"], 2), num(s["itl_p99_ms"], 2),
-            num(s["decode_tok_s"], 1), None if acc is None else f"{acc:.0%}",
+            i, r.label, r.settings.get("model"), s["tokens"], num(s["ttft_ms"], 1), num(s["itl_p50_ms"], 2),
+            num(s["itl_p99_ms"], 2), num(s["decode_tok_s"], 1), None if acc is None else f"{acc:.0%}",
             num(s["mean_accepted_len"], 2), "yes" if r.stopped else "",
         ])
     return rows
@@ -207,7 +222,7 @@ def figures(stats) -> tuple:
     return plots.itl_figure(stats), plots.steps_figure(stats), plots.acceptance_figure(stats)
 
 
-def generate(rt: Runtime, session: Session, prompt: str, *values):
+def generate(models: Runtimes, session: Session, prompt: str, *values):
     """Stream one run: yields (tokens html, stats html, status html), strings only.
 
     While the run streams, the tokens value is a marker naming the run: the page fetches the new spans itself
@@ -218,6 +233,7 @@ def generate(rt: Runtime, session: Session, prompt: str, *values):
     and clears the stats and status of the run before, then raises (API clients get the error)."""
     session.last = None
     try:
+        rt = yield from runtime_for(models, values, lambda status: (gr.skip(), gr.skip(), status))
         s, ids = prepare(rt, prompt, values)
     except gr.Error as e:
         yield (render.error_html(e.message), "", "")

@@ -15,8 +15,10 @@ import gradio as gr
 
 from engine.stats import Round
 from ui import compare_plots, endpoint, render
-from ui.callbacks import Session, begin_run, prepare, record_run, refusal, runs_table, starting, write_history
+from ui.callbacks import (Session, begin_run, prepare, record_run, refusal, runs_table, runtime_for, starting,
+                          write_history)
 from ui.compare_plots import CompareEntry
+from ui.models import Runtimes
 from ui.pump import RoundPump
 from ui.runtime import Runtime
 from ui.settings import SINKS, RunSettings
@@ -77,11 +79,12 @@ def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int], st
     return rt.stats(rounds, len(ids), s.as_dict(rt.model_name), pump.facts)
 
 
-def compare(rt: Runtime, session: Session, prompt: str, *values):
+def compare(models: Runtimes, session: Session, prompt: str, *values):
     """Run each configuration of the plan once (shared ones once in all); yields the status html. A refused
     Compare says why in the status line, then raises (API clients get the error)."""
     session.last_compare = None
     try:
+        rt = yield from runtime_for(models, values)
         s, ids = prepare(rt, prompt, values)
         configs = plan(rt, s)
         for _, _, cfg, _, _ in configs:

@@ -1,12 +1,15 @@
-"""The settings panel's own events: which knobs a mode uses, and a self-draft target that costs more than its
-drafts, said before Generate (in the mode picker's info line) rather than refused after it. Plain functions
-of the widget values."""
+"""The settings panel's own events: which knobs a mode uses, a self-draft target that costs more than its
+drafts, said before Generate (in the mode picker's info line) rather than refused after it, and the knobs that
+follow the Model picker. Plain functions of the widget values."""
 from __future__ import annotations
 
 import gradio as gr
 
+from ui import render
+from ui.examples import FIRST_MODE
+from ui.models import Runtimes
 from ui.runtime import Runtime
-from ui.settings import either
+from ui.settings import CALIBRATED, either
 
 VISIBLE_FOR = ("k", "ngram", "layers", "draft", "adaptive")  # the outputs of setting_visibility, in order
 
@@ -64,3 +67,49 @@ def mode_changed(rt: Runtime, mode: str, weights: str) -> tuple:
 def weights_changed(rt: Runtime, mode: str, weights: str) -> dict:
     """The mode picker's info again when the user picks another format for the target."""
     return mode_info(rt, mode_note(rt, mode, weights))
+
+
+def model_knobs(rt: Runtime, mode: str = FIRST_MODE, weights: str = "") -> dict[str, dict]:
+    """The knobs whose choices depend on the model, as keyword arguments: the page makes the widgets from them
+    and the Model picker updates them with them. The mode and format stay where the model runs them."""
+    modes = [m for m, why in rt.modes().items() if why is None]
+    formats = [f for f, why in rt.formats().items() if why is None]
+    drafts = list(rt.drafts)
+    chat = rt.tokenizer.chat_template is not None
+    return dict(
+        mode=dict(choices=modes, value=mode if mode in modes else FIRST_MODE if FIRST_MODE in modes else modes[0],
+                  info=unavailable(rt) or None),
+        weights=dict(choices=formats, value=weights if weights in formats else rt.weight_format),
+        layers=dict(maximum=max(1, rt.n_layers - 1), value=CALIBRATED),
+        draft=dict(choices=drafts, value=drafts[0] if drafts else None, interactive=bool(drafts)),
+        graphs=dict(value=rt.graphs_reason is None, interactive=rt.graphs_reason is None,
+                    info=rt.graphs_reason or "replay the captured decode step"),
+        fused=dict(value=rt.fused_reason is None, interactive=rt.fused_reason is None,
+                   info=rt.fused_reason or f"our {rt.engine.device.type.upper()} kernels instead of torch ops"),
+        chat=dict(value=chat, interactive=chat, info=CHAT_INFO if chat else NO_CHAT),
+    )
+
+
+CHAT_INFO = "wrap the prompt as a user turn of the model's chat template"
+NO_CHAT = "this model has no chat template: the prompt goes as it is"
+MODEL_KNOBS = ("mode", "weights", "layers", "draft", "graphs", "fused", "chat")  # model_picked's knob outputs, in order
+
+
+def model_picked(models: Runtimes, title: str, mode: str, weights: str):
+    """The Model picker's change: the model loads on its first pick (said first: it takes a while), then the
+    knobs follow it and the environment card describes it. Yields (status, picker, *MODEL_KNOBS, environment).
+    A model that fails to load says why in the status, and the picker goes back to the first model."""
+    skip = (gr.skip(),) * (len(MODEL_KNOBS) + 1)
+    try:
+        title = models.check(title)
+        if not models.is_built(title):
+            yield (render.message_html(models.loading_note(title)), gr.skip(), *skip)
+        rt = models.get(title)
+    except ValueError as e:
+        first = models.first
+        yield (render.error_html(str(e), "Model not loaded"), gr.update(value=first.model_name),
+               *(gr.update(**k) for k in model_knobs(first, mode, weights).values()), render.env_card(first.env))
+        return
+    knobs = model_knobs(rt, mode, weights)
+    yield (render.message_html(f"{title}: ready for the next run."), gr.skip(),
+           *(gr.update(**knobs[k]) for k in MODEL_KNOBS), render.env_card(rt.env))

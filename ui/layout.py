@@ -7,11 +7,12 @@ from functools import partial
 import gradio as gr
 
 from ui import callbacks, compare, compare_plots, controls, endpoint, profile, render, stream
-from ui.examples import EDIT, FIRST_K, FIRST_MODE, examples
+from ui.examples import EDIT, FIRST_K, examples
+from ui.models import Runtimes
 from ui.page_js import OUTPUT_TEMPLATE, SHOW_REJECTED_JS, output_js
 from ui.profile_plots import PROFILE_COLUMN_WIDTHS, PROFILE_HEADERS
 from ui.runtime import Runtime
-from ui.settings import CALIBRATED, K_RANGE, NGRAM_RANGE, SINKS, WINDOW_RANGE
+from ui.settings import K_RANGE, NGRAM_RANGE, SINKS, WINDOW_RANGE
 from ui.style import page_css
 
 QUEUE_MAX_SIZE = 16  # runs waiting for the engine; past this a user is told the queue is full
@@ -30,33 +31,25 @@ class Knobs:
     can fill them; each is placed in the settings column by render()."""
 
     def __init__(self, rt: Runtime):
-        modes = [m for m, why in rt.modes().items() if why is None]
-        drafts = list(rt.drafts)
-        formats = [f for f, why in rt.formats().items() if why is None]
+        knobs = controls.model_knobs(rt)  # the model's: the Model picker updates them (controls.model_picked)
         max_tokens = min(1024, rt.engine.max_seq_len - 1)
         hidden = dict(render=False)
-        self.mode = gr.Radio(modes, value=FIRST_MODE if FIRST_MODE in modes else modes[0], label="Mode",
-                             elem_id="mode", info=controls.unavailable(rt) or None, **hidden)
+        self.mode = gr.Radio(**knobs["mode"], label="Mode", elem_id="mode", **hidden)
         self.k = gr.Slider(*K_RANGE, value=FIRST_K, step=1, label="k (the most drafts per round)", elem_id="k",
                            **hidden)
         self.adaptive = gr.Checkbox(True, label="Adaptive k", elem_id="adaptive",
                                     info="each round drafts what the run's measured costs and acceptance say "
                                          "pays (0: a plain step); off: k every round", **hidden)
         self.ngram = gr.Slider(*NGRAM_RANGE, value=3, step=1, label="n-gram size", elem_id="ngram", **hidden)
-        self.layers = gr.Slider(0, max(1, rt.n_layers - 1), value=CALIBRATED, step=1,
+        self.layers = gr.Slider(minimum=0, **knobs["layers"], step=1,
                                 label="layer-skip layers (0: which to skip calibrated on each prompt; N: the "
                                       "first N)", elem_id="layers", visible=False, **hidden)
-        self.draft = gr.Dropdown(drafts, value=drafts[0] if drafts else None, label="Draft model",
-                                 elem_id="draft-model", visible=False, interactive=bool(drafts), **hidden)
-        self.graphs = gr.Checkbox(rt.graphs_reason is None, label="CUDA graphs", elem_id="cuda-graphs",
-                                  interactive=rt.graphs_reason is None,
-                                  info=rt.graphs_reason or "replay the captured decode step", **hidden)
-        self.fused = gr.Checkbox(rt.fused_reason is None, label="Fused kernels", elem_id="fused",
-                                 interactive=rt.fused_reason is None,
-                                 info=rt.fused_reason or f"our {rt.engine.device.type.upper()} kernels instead of "
-                                                         "torch ops", **hidden)
-        self.weights = gr.Dropdown(formats, value=rt.weight_format, label="Weights", elem_id="weights",
-                                   info=WEIGHTS_INFO, **hidden)
+        self.draft = gr.Dropdown(**knobs["draft"], label="Draft model", elem_id="draft-model", visible=False,
+                                 **hidden)
+        self.graphs = gr.Checkbox(**knobs["graphs"], label="CUDA graphs", elem_id="cuda-graphs", **hidden)
+        self.fused = gr.Checkbox(**knobs["fused"], label="Fused kernels", elem_id="fused", **hidden)
+        self.weights = gr.Dropdown(**knobs["weights"], label="Weights", elem_id="weights", info=WEIGHTS_INFO,
+                                   **hidden)
         self.window = gr.Slider(0, min(WINDOW_RANGE[1], rt.engine.max_seq_len), value=0, step=16,
                                 label="attention window", info=f"0: full; W: the last W positions + {SINKS} sinks",
                                 elem_id="window", **hidden)
@@ -67,8 +60,7 @@ class Knobs:
         self.seed = gr.Number(0, precision=0, label="seed", elem_id="seed", **hidden)
         self.max_new = gr.Slider(1, max_tokens, value=min(128, max_tokens), step=1, label="max new tokens",
                                  elem_id="max-new-tokens", **hidden)
-        self.chat = gr.Checkbox(True, label="Chat template", elem_id="chat",
-                                info="wrap the prompt as a user turn of the model's chat template", **hidden)
+        self.chat = gr.Checkbox(**knobs["chat"], label="Chat template", elem_id="chat", **hidden)
 
     def settings(self) -> list:
         """In callbacks.SETTINGS_FIELDS order: what every engine event takes after the prompt."""
@@ -94,7 +86,11 @@ class Knobs:
             self.max_new.render()
 
 
-def build(rt: Runtime) -> gr.Blocks:
+def build(models: Runtimes) -> gr.Blocks:
+    """The page over the launch's models. Runs, Compare and Profile find their model's Runtime by the picker's
+    value; what every Runtime shares (the export store, the stream registry) is reached through the first."""
+    rt = models.first
+
     def end_session(session: callbacks.Session) -> None:
         # A plain closure, not a partial: gradio deep-copies component config (this callback included) on
         # every page load, and a partial would carry a copy of the runtime, model weights and all.
@@ -104,6 +100,12 @@ def build(rt: Runtime) -> gr.Blocks:
         """The output box's fetch of a streaming run's new spans (a closure, as above; called as poll)."""
         token, offset = args
         return stream.poll(rt, token, offset)
+
+    def mode_changed(title: str, mode: str, weights: str) -> tuple:
+        return controls.mode_changed(models.get(title), mode, weights)
+
+    def weights_changed(title: str, mode: str, weights: str) -> dict:
+        return controls.weights_changed(models.get(title), mode, weights)
 
     with gr.Blocks(title=TITLE, delete_cache=(600, 3600)) as demo:
         session = gr.State(callbacks.Session, delete_callback=end_session)
@@ -131,7 +133,10 @@ def build(rt: Runtime) -> gr.Blocks:
                 status = gr.HTML("", elem_id="status")
             with gr.Column(scale=2, min_width=320):
                 with gr.Accordion("Environment", open=False):
-                    gr.HTML(render.env_card(rt.env), elem_id="env")
+                    env = gr.HTML(render.env_card(rt.env), elem_id="env")
+                picker = gr.Dropdown(models.titles, value=rt.model_name, label="Model", elem_id="model",
+                                     visible=len(models.titles) > 1,
+                                     info="each model loads on its first pick; the settings below follow it")
                 backend, endpoint_box, endpoint_url, endpoint_model, server, api_key = endpoint.widgets(rt)
                 knobs.render()
         with gr.Row():
@@ -150,7 +155,7 @@ def build(rt: Runtime) -> gr.Blocks:
         panel = profile_panel(rt)
 
         # the engine's settings, then the backend's (ui/endpoint.py): SETTINGS_FIELDS order
-        settings = [*knobs.settings(), backend, endpoint_url, endpoint_model, server]
+        settings = [*knobs.settings(), backend, endpoint_url, endpoint_model, server, picker]
         assert len(settings) == len(callbacks.SETTINGS_FIELDS)
         # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
         # own range check would only say "Value 40 is greater than maximum value 16".
@@ -160,30 +165,36 @@ def build(rt: Runtime) -> gr.Blocks:
         timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
         (generate_btn.click(callbacks.submit, [session], None, **quick)
          .then(callbacks.live_on, None, [timer], **quick)
-         .then(partial(callbacks.generate, rt), [session, prompt, *settings], [output, stats, status],
+         .then(partial(callbacks.generate, models), [session, prompt, *settings], [output, stats, status],
                api_name="generate", **engine_event)
          .then(callbacks.live_off, None, [timer], **quick)
          .then(partial(callbacks.last_run, rt), [session],
                [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn], api_name="last_run"))
         (compare_btn.click(callbacks.submit, [session], None, **quick)
-         .then(partial(compare.compare, rt), [session, prompt, *settings], [status], api_name="compare",
+         .then(partial(compare.compare, models), [session, prompt, *settings], [status], api_name="compare",
                **engine_event)
          .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
                api_name="last_compare"))
-        panel.profile_btn.click(partial(profile.run_profile, rt),
+        panel.profile_btn.click(partial(profile.run_profile, models),
                                 [session, prompt, panel.against, panel.steps, *settings], panel.outputs,
                                 api_name="profile", **engine_event)
         stop_btn.click(callbacks.stop, [session], None, queue=False, api_name="stop")
         visibility = [knobs.k, knobs.ngram, knobs.layers, knobs.draft, knobs.adaptive]
-        knobs.mode.change(partial(controls.mode_changed, rt), [knobs.mode, knobs.weights],
+        knobs.mode.change(mode_changed, [picker, knobs.mode, knobs.weights],
                           [*visibility, knobs.weights, knobs.mode], preprocess=False, **quick)
         # input, not change: a switch mode_changed made is not the user's pick, and keeps its explanation
-        knobs.weights.input(partial(controls.weights_changed, rt), [knobs.mode, knobs.weights], [knobs.mode],
+        knobs.weights.input(weights_changed, [picker, knobs.mode, knobs.weights], [knobs.mode],
                             preprocess=False, **quick)
+        # input, not change: a failed load puts the picker back, which is no new pick. Queued with the runs: a
+        # first pick loads a model, which would share the cores with a run being measured.
+        picked = [knobs.mode, knobs.weights, knobs.layers, knobs.draft, knobs.graphs, knobs.fused, knobs.chat]
+        assert len(picked) == len(controls.MODEL_KNOBS)
+        picker.input(partial(controls.model_picked, models), [picker, knobs.mode, knobs.weights],
+                     [status, picker, *picked, env], api_visibility="private", **engine_event)
         backend.change(endpoint.visibility, [backend], [endpoint_box], **quick)
         api_key.change(endpoint.set_key, [session, api_key], None, **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=SHOW_REJECTED_JS)
-        demo.load(partial(controls.mode_changed, rt), [knobs.mode, knobs.weights],
+        demo.load(mode_changed, [picker, knobs.mode, knobs.weights],
                   [*visibility, knobs.weights, knobs.mode], preprocess=False, **quick)
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=None)
     return demo

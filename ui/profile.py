@@ -20,8 +20,9 @@ from engine.observe.provenance import Telemetry
 from engine import weights
 from engine.weights import FORMATS
 from ui import render
-from ui.callbacks import Session, parse_settings, refusal
-from ui.profile_plots import profile_figure, profile_rows
+from ui.callbacks import Session, parse_settings, refusal, runtime_for
+from ui.models import Runtimes
+from ui.profile_plots import head_share, profile_figure, profile_rows
 from ui.runtime import PROBE_BYTES, PROBE_REPEATS, Runtime
 from ui.settings import as_int
 from ui.startup import zero_gpu
@@ -130,17 +131,20 @@ def status_line(results: list, seconds: float, telemetry: dict, note: str = "") 
             parts.append(f"{r.config.label}: not run ({r.reason})")
             continue
         s = next(x for x in r.summary if x["pass"] == "decode")
-        parts.append(f"{r.config.label}: decode step {s['step_ms']:.1f} ms, op classes add up to "
-                     f"{s['rows_vs_step']:.2f}× it, profiler cost {s['profiler_overhead_pct']:+.0f}%")
+        head_ms, head_pct = head_share(r)
+        parts.append(f"{r.config.label}: decode step {s['step_ms']:.1f} ms (the LM head {head_ms:.1f} ms, "
+                     f"{head_pct:.0f}% of it profiled), op classes add up to {s['rows_vs_step']:.2f}× it, "
+                     f"profiler cost {s['profiler_overhead_pct']:+.0f}%")
     flags = "; ".join(telemetry["flags"]) or "no flags"
     return f"Profiled in {seconds:.1f} s. {note}" + " | ".join(parts) + f". Machine: {flags}."
 
 
-def run_profile(rt: Runtime, session: Session, prompt: str, against: str, steps, *values):
+def run_profile(models: Runtimes, session: Session, prompt: str, against: str, steps, *values):
     """Yields (status html, figure, table, profile CSV, trace JSON): a status while it runs, then all five. A
     refused profile says why in its status line, then raises (API clients get the error)."""
-    yield (render.message_html(f"Profiling the current settings and {against}."), *(gr.skip(),) * 4)
     try:
+        rt = yield from runtime_for(models, values, lambda status: (status, *(gr.skip(),) * 4))
+        yield (render.message_html(f"Profiling the current settings and {against}."), *(gr.skip(),) * 4)
         outputs = profile_outputs(rt, session, prompt, against, steps, *values)
     except gr.Error as e:
         yield (render.error_html(e.message), *(gr.skip(),) * 4)

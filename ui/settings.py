@@ -39,6 +39,7 @@ class RunSettings:
     endpoint: str = ""  # its base URL
     endpoint_model: str = ""  # the served model's name ("": the first it lists)
     server: str = "auto"  # which server it is, for its own fields (engine.endpoint.servers)
+    model: str = ""  # the model as the picker names it ("": the launch's first; ui/models.py)
 
     @property
     def speculative(self) -> bool:
@@ -49,7 +50,8 @@ class RunSettings:
         return self.backend == "endpoint"
 
     def as_dict(self, model: str) -> dict:
-        return dict(model=model, **asdict(self))
+        """The settings as a run's record keeps them, `model` the name of the model that ran it."""
+        return {**asdict(self), "model": model}
 
     def label(self) -> str:
         if self.on_endpoint:  # the server decides how it decodes

@@ -17,11 +17,13 @@ from ui.settings import RunSettings
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
+GEMMA = "gemma3-270m"  # the embedded Gemma 3 270M
+OFFERED = (DEFAULT_MODEL, GEMMA)  # what a launch without --model offers on the page: the first loads at start
 # The models a launch may name without --allow-any-model: the embedded ones (engine/checkpoint/embedded.py: Gemma 3
 # 270M is the second, fetched on first use like the default), then hub ids of the families the engine runs.
 KNOWN_MODELS = (
     DEFAULT_MODEL,
-    "gemma3-270m",
+    GEMMA,
     "HuggingFaceTB/SmolLM2-135M-Instruct",
     "HuggingFaceTB/SmolLM2-360M-Instruct",
     "HuggingFaceTB/SmolLM2-1.7B-Instruct",
@@ -53,6 +55,26 @@ def check_allowed(names: list[str], allow_any: bool) -> None:
     if bad and not allow_any:
         raise SystemExit(f"model {bad[0]!r} is not in the launch list ({', '.join(KNOWN_MODELS)}); "
                          "pass --allow-any-model to load another folder or hub id")
+
+
+def title(name: str) -> str:
+    """The model as the page names it (the picker, the runs table, the CSVs' model column)."""
+    from engine.checkpoint.embedded import MODELS
+
+    if name == DEFAULT_MODEL:
+        return EMBEDDED_NAME
+    return f"{MODELS[name].title} (embedded)" if name in MODELS else name
+
+
+def first_load(name: str) -> str:
+    """What the first load of a model does, said on the page before it starts."""
+    from engine.checkpoint import embedded, store
+
+    if name in embedded.MODELS:
+        m = embedded.MODELS[name]
+        if not embedded.ready(store.cache_dir(None) / m.folder):
+            return f"fetching its {m.size_mb} MB file and converting it once, then reading its weights"
+    return "reading its weights and building its engine; the next runs start at once"
 
 
 def pick_device(device: str) -> str:
@@ -128,7 +150,8 @@ def _same_model(eng, dtype, progress, loaded: list, fmt: str):
 
 def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: str = "auto", dtype: str | None = None,
                   max_seq_len: int = 2048, tiny: bool = False, bandwidth: bool = True, progress=print,
-                  self_draft: str | None = "q4", weights: str | None = None) -> Runtime:
+                  self_draft: str | None = "q4", weights: str | None = None, shared: dict | None = None) -> Runtime:
+    """shared: Runtime fields another model's Runtime lends this one (ui/models.py)."""
     from engine import Tokenizer
 
     zero = zero_gpu()
@@ -160,11 +183,11 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
     if zero:
         graphs_reason = None if device == "cuda" else graphs_reason
         fused_reason = ZERO_GPU_KERNELS
-    name = EMBEDDED_NAME if model == DEFAULT_MODEL else model
+    name = title(model)
     special = tok.eos_ids | ({tok.bos_id} if tok.bos_id is not None else set())
     rt = Runtime(eng, tok, name, drafts=draft_engines, self_drafts=self_drafts, fused_reason=fused_reason,
                  graphs_reason=graphs_reason, temp_dirs=temp_dirs, probe_bandwidth=bandwidth,
-                 special_ids=frozenset(special))
+                 special_ids=frozenset(special), **(shared or {}))
     rt.load_format = partial(_same_model, eng, dtype, progress, list(self_drafts.values()))
     rt.rounds_fn = on_zero_gpu(partial(engine_rounds, rt))
     rt.env = environment(rt, device)

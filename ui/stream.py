@@ -41,5 +41,6 @@ def poll(rt: Runtime, token: str, offset: int) -> dict:
         return dict(html="", offset=offset, done=True)
     offset = max(0, int(offset))
     rounds = pump.arrived[offset:]
-    return dict(html=render.render_rounds(rounds, rt.text_of, rt.special_ids), offset=offset + len(rounds),
+    run = pump.rt  # the run's model: its tokenizer names the tokens
+    return dict(html=render.render_rounds(rounds, run.text_of, run.special_ids), offset=offset + len(rounds),
                 done=False)

@@ -50,7 +50,7 @@ def text_of(token_id: int) -> str:
 TINY_SETTINGS = dict(mode="plain", k=4, ngram=3, layers=2, draft_model="tiny-draft", cuda_graphs=False,
                      fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=16,
                      adaptive=True, weights="", window=0, backend="this engine", endpoint="", endpoint_model="",
-                     server="auto")
+                     server="auto", model="")
 
 
 def settings_values(**overrides) -> list:
