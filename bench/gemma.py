@@ -151,6 +151,8 @@ def run(args, save) -> dict:
         after = measure_gbs("cpu")
         timed.setdefault(name, []).append(dict(r, bandwidth_gbs=max(ceiling[-1], after)))
         ceiling.append(after)
+        out["rows"], out["bandwidth_range_gbs"] = summarize(timed, out, models), [min(ceiling), max(ceiling)]
+        save(out)  # after every row: a run cut short keeps what it measured
         print(name, {k: v for k, v in r.items() if k in ("tok_s", "tg_tok_s")}, f"{after:.0f} GB/s", flush=True)
 
     prompt = prompts[0]
@@ -158,13 +160,12 @@ def run(args, save) -> dict:
     for _ in range(args.rounds):
         for fmt, eng in engines.items():
             add(f"ours {fmt}", ours_decode(eng, prompt, args.new_tokens))
-        loop = llamacpp.time_decode(gguf_file, prompt, args.new_tokens, threads, repeats=2)
+        loop = llamacpp.time_decode(gguf_file, prompt, args.new_tokens, threads, repeats=args.llamacpp_repeats)
         add("llama.cpp loop", dict(ms_per_token=loop["ms_per_token"], tok_s=loop["tok_s"]))
         if bench is not None:
-            b = llamacpp.llama_bench(gguf_file, threads, n_gen=args.new_tokens, depth=len(prompt), n_prompt=len(prompt))
+            b = llamacpp.llama_bench(gguf_file, threads, n_gen=args.new_tokens, depth=len(prompt), n_prompt=len(prompt),
+                                     repetitions=args.llamacpp_repeats)
             add("llama-bench", dict(b, tok_s=b["tg_tok_s"], ms_per_token=1e3 / b["tg_tok_s"]))
-    out["rows"] = summarize(timed, out, models)
-    out["bandwidth_range_gbs"] = [min(ceiling), max(ceiling)]
     return out
 
 
@@ -226,6 +227,8 @@ def main(argv=None):
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--llamacpp-repeats", type=int, default=2, help="timed runs of llama.cpp's loop and llama-bench "
+                   "per round (its spinning threads slow to a crawl on an oversubscribed box: 1 keeps a round short)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
     if llamacpp.unavailable():
