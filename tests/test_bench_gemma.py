@@ -69,16 +69,19 @@ def test_summarize_takes_ratios_round_by_round(tiny_files):
     model = gemma.load(str(random_gguf.path(tiny_files, "tiny", "Q4_1")), "q4")
     split = gemma.our_split(model)
     out = dict(formats={"q4": dict(split)}, llamacpp_split=dict(split))
-    timed = {"ours q4": [dict(tok_s=100.0, ms_per_token=10.0, bandwidth_gbs=50.0),
-                         dict(tok_s=60.0, ms_per_token=1e3 / 60, bandwidth_gbs=40.0)],
+    timed = {"ours q4": [dict(tok_s=100.0, ms_per_token=10.0, bandwidth_gbs=50.0, head_ms=6.0),
+                         dict(tok_s=60.0, ms_per_token=1e3 / 60, bandwidth_gbs=40.0, head_ms=9.0)],
              "llama.cpp loop": [dict(tok_s=50.0, ms_per_token=20.0, bandwidth_gbs=50.0),
                                 dict(tok_s=60.0, ms_per_token=1e3 / 60, bandwidth_gbs=40.0)]}
-    rows = {r["engine"]: r for r in gemma.summarize(timed, out, {"q4": model})}
+    rows = {r["engine"]: r for r in gemma.summarize(timed, out)}
     ours = rows["ours q4"]
     assert ours["tok_s"] == 100.0 and ours["rounds_tok_s"] == [100.0, 60.0]
-    assert ours["over_llamacpp"] == pytest.approx(1.5)  # the median of 2.0 and 1.0, not best over best (1.67)
-    assert ours["pct_of_ceiling"] == pytest.approx(100 * split["weight_mb"] / 10.0 / 1e3 / 50.0)
-    assert ours["head_ms"] > 0 and "over_llamacpp" not in rows["llama.cpp loop"]
+    assert ours["over_llamacpp"] == pytest.approx(1.5)  # the median of 2.0 and 1.0
+    assert ours["best_over_llamacpp"] == pytest.approx(100 / 60)
+    gb_s = split["weight_mb"] * 1e6 / 10e-3 / 1e9  # bytes per step over 10 ms, in GB/s
+    assert ours["gb_s"] == pytest.approx(gb_s) and ours["pct_of_ceiling"] == pytest.approx(100 * gb_s / 50.0)
+    assert ours["head_ms"] == 6.0 and ours["head_time_share"] == pytest.approx(0.6)  # the best round's own
+    assert "over_llamacpp" not in rows["llama.cpp loop"]
     result = dict(model="tiny", new_tokens=4, prompts=[dict(text="x", tokens=3)], threads=1, isa="avx2", rounds=2,
                   formats={"q4": dict(split, loaded_as="q4", notes=[])}, rows=list(rows.values()),
                   bandwidth_range_gbs=[40.0, 50.0],
