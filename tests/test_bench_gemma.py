@@ -1,0 +1,103 @@
+"""bench/gemma.py's comparison machinery on a tiny random GGUF (bench/random_gguf.py), so no test needs the 270M
+download: the head/rest byte split read from the file, the head-format experiment, our greedy ids against
+llama.cpp's with the teacher-forced agreement (which must fall when llama.cpp's ids are tampered with), the
+per-round ratios and the tables. The Gemma turn format is checked on the real tokenizer where it is in the cache.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench import gemma, llamacpp, random_gguf
+from engine import Engine
+from engine.checkpoint import default_model, embedded, store
+
+TINY = dict(hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, tied=False, rope_theta=10000.0)
+TINY_VOCAB = 512
+PROMPT = [5, 300, 17, 42, 99, 256, 8, 77]
+needs_binding = pytest.mark.skipif(llamacpp.unavailable() is not None, reason=str(llamacpp.unavailable()))
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    tok = random_gguf.tokenizer_fields(default_model.gguf_path(progress=lambda msg: None), vocab=TINY_VOCAB)
+    random_gguf.write(folder, "tiny", TINY, tok, kinds=("F32", "Q4_1"), progress=lambda msg: None)
+    return folder
+
+
+def test_gguf_split_names_the_head_and_its_bytes(tiny_files):
+    split = gemma.gguf_split(random_gguf.path(tiny_files, "tiny", "Q4_1"))
+    head_bytes = TINY_VOCAB * TINY["hidden"] // 32 * 34  # the untied head, Q8_0 as in the default model's file
+    assert split["head_type"] == "Q8_0"
+    assert split["head_mb"] == pytest.approx(head_bytes / 1e6)
+    assert split["head_share"] == pytest.approx(head_bytes / 1e6 / split["weight_mb"])
+    assert 0 < split["head_share"] < 1
+
+
+def test_head_experiment_requantizes_only_the_head(tiny_files):
+    path = random_gguf.path(tiny_files, "tiny", "Q4_1")
+    base, variant = gemma.load(str(path), "q4"), gemma.load(str(path), "q4+head-q4")
+    a, b = gemma.our_split(base), gemma.our_split(variant)
+    assert (a["head_type"], b["head_type"]) == ("q8", "q4")
+    assert b["head_mb"] < a["head_mb"] and b["weight_mb"] - b["head_mb"] == pytest.approx(a["weight_mb"] - a["head_mb"])
+    assert "head re-quantized from q8 to q4" in variant.load_notes[-1]
+    ea, eb = Engine(base, max_seq_len=32), Engine(variant, max_seq_len=32)
+    la, lb = ea.logits(PROMPT), eb.logits(PROMPT)
+    assert not (la == lb).all()  # the head really changed, and runs in its new format
+    # a 4-bit rounding of the head moves the logits ~12% of their spread (step/sqrt(12) of weights spread over ~6
+    # sigma in 15 steps): cosine ~0.99; another matrix, or rows out of order, would be near 0
+    assert torch.nn.functional.cosine_similarity(la.flatten(), lb.flatten(), dim=0) > 0.95
+
+
+@pytest.mark.slow
+@needs_binding
+def test_compare_finds_agreement_and_a_tampered_divergence(tiny_files):
+    path = random_gguf.path(tiny_files, "tiny", "F32")
+    eng = Engine(gemma.load(str(path), "fp32"), max_seq_len=64)
+    theirs = llamacpp.time_decode(path, PROMPT, 12, threads=1, repeats=1)
+    same = gemma.compare(eng, PROMPT, theirs, 12)
+    assert same["ids_match"] and same["ids_vs_llamacpp"] == "same" and same["top1_agreement"] == 1.0
+    tampered = dict(theirs, ids=list(theirs["ids"]))
+    tampered["ids"][5] = (tampered["ids"][5] + 1) % TINY_VOCAB
+    parted = gemma.compare(eng, PROMPT, tampered, 12)
+    assert parted["first_divergence"] == 5 and parted["ids_vs_llamacpp"].startswith("part at 5")
+    assert parted["our_margin"] > 0 and parted["top1_agreement"] <= 11 / 12
+
+
+def test_summarize_takes_ratios_round_by_round(tiny_files):
+    model = gemma.load(str(random_gguf.path(tiny_files, "tiny", "Q4_1")), "q4")
+    split = gemma.our_split(model)
+    out = dict(formats={"q4": dict(split)}, llamacpp_split=dict(split))
+    timed = {"ours q4": [dict(tok_s=100.0, ms_per_token=10.0, bandwidth_gbs=50.0, head_ms=6.0),
+                         dict(tok_s=60.0, ms_per_token=1e3 / 60, bandwidth_gbs=40.0, head_ms=9.0)],
+             "llama.cpp loop": [dict(tok_s=50.0, ms_per_token=20.0, bandwidth_gbs=50.0),
+                                dict(tok_s=60.0, ms_per_token=1e3 / 60, bandwidth_gbs=40.0)]}
+    rows = {r["engine"]: r for r in gemma.summarize(timed, out)}
+    ours = rows["ours q4"]
+    assert ours["tok_s"] == 100.0 and ours["rounds_tok_s"] == [100.0, 60.0]
+    assert ours["over_llamacpp"] == pytest.approx(1.5)  # the median of 2.0 and 1.0
+    assert ours["best_over_llamacpp"] == pytest.approx(100 / 60)
+    gb_s = split["weight_mb"] * 1e6 / 10e-3 / 1e9  # bytes per step over 10 ms, in GB/s
+    assert ours["gb_s"] == pytest.approx(gb_s) and ours["pct_of_ceiling"] == pytest.approx(100 * gb_s / 50.0)
+    assert ours["head_ms"] == 6.0 and ours["head_time_share"] == pytest.approx(0.6)  # the best round's own
+    assert "over_llamacpp" not in rows["llama.cpp loop"]
+    result = dict(model="tiny", new_tokens=4, prompts=[dict(text="x", tokens=3)], threads=1, isa="avx2", rounds=2,
+                  formats={"q4": dict(split, loaded_as="q4", notes=[])}, rows=list(rows.values()),
+                  bandwidth_range_gbs=[40.0, 50.0],
+                  ids=[dict(prompt=0, weights="q4", ids_vs_llamacpp="same", top1_agreement=1.0, ours_ids=[1])])
+    md = gemma.markdown(result)
+    assert "| 0 | q4 | same | 1 |" in md and "| ours q4 | 100 | [100.0, 60.0] |" in md and "40-50 GB/s" in md
+
+
+def test_gemma_turn_is_one_token_per_marker():
+    folder = store.cache_dir(None) / embedded.GEMMA3_270M.folder
+    if not embedded.ready(folder):
+        pytest.skip(f"Gemma 3 270M is not converted in {folder}")
+    from engine import Tokenizer
+
+    tok = Tokenizer(folder)
+    ids = gemma.chat_ids(tok, "Hi")
+    turn = tok.encode("<start_of_turn>", add_special_tokens=False)
+    assert ids[0] == 2 and len(turn) == 1 and ids.count(turn[0]) == 2  # <bos>, a user turn and the model's
+    assert tok.decode(ids) == gemma.TURN.format("Hi")
