@@ -18,7 +18,7 @@ import torch
 
 from engine.observe.provenance import Telemetry, snapshot
 
-__all__ = ["Telemetry", "markdown_table", "provenance", "write_results"]
+__all__ = ["Telemetry", "markdown_table", "provenance", "run_and_save", "write_results"]
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -87,3 +87,18 @@ def write_results(out: str | Path, name: str, result: dict, md: str) -> tuple[Pa
     json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     md_path.write_text(md)
     return json_path, md_path
+
+
+def run_and_save(out: str | Path, name: str, device: str, run, markdown) -> dict:
+    """run(save) under Telemetry, where save(result) writes the result and its provenance to out/name.json and
+    .md: a benchmark calls it after every row, so a run cut short keeps what it measured. Saved once more when
+    the run ends (its telemetry complete), and the table printed."""
+    with Telemetry(device) as tel:
+        def save(result: dict) -> None:
+            result["provenance"] = provenance(device, tel)
+            write_results(out, name, result, markdown(result))
+
+        result = run(save)
+    save(result)
+    print(markdown(result))
+    return result

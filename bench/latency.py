@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
-from bench.common import Telemetry, markdown_table, provenance, write_results
+from bench.common import markdown_table, run_and_save
 from bench.steps import cpu_path, prompt_ids, shape_config, step_ms, verify_costs
 from engine import Engine, load_model
 from engine.observe.bandwidth import measure_gbs
@@ -225,14 +225,9 @@ def main(argv=None):
     args.formats = args.formats or (["fp32", "fp16", "int8", "q4"] if args.device == "cpu" else ["bf16", "int8", "q4"])
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
-    with Telemetry(args.device) as tel:
-        def save(result):  # after every case too: a run cut short keeps what it measured
-            result["provenance"] = provenance(args.device, tel)
-            write_results(args.out, f"latency-{args.device}", result, markdown(result, args.device))
-
-        result = cpu_bench(args, save) if args.device == "cpu" else cuda_bench(args, save)
-    save(result)
-    print(markdown(result, args.device))
+    result = run_and_save(args.out, f"latency-{args.device}", args.device,
+                          lambda save: cpu_bench(args, save) if args.device == "cpu" else cuda_bench(args, save),
+                          lambda result: markdown(result, args.device))
     if result.get("llamacpp_f32_mismatch"):
         sys.exit(result["llamacpp_f32_mismatch"])
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
-from bench.common import Telemetry, markdown_table, provenance, write_results
+from bench.common import markdown_table, run_and_save
 from engine import Engine, Tokenizer, load_model
 from engine.observe.bandwidth import measure_gbs
 import torch
@@ -151,14 +151,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
-    with Telemetry("cpu") as tel:
-        def save(result):  # after every row: a run cut short keeps what it measured
-            result["provenance"] = provenance("cpu", tel)
-            write_results(args.out, "long-cpu", result, markdown(result))
-
-        result = bench(args, save)
-    save(result)
-    print(markdown(result))
+    run_and_save(args.out, "long-cpu", "cpu", lambda save: bench(args, save), markdown)
 
 
 if __name__ == "__main__":

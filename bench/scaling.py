@@ -25,7 +25,7 @@ from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench import llamacpp, random_gguf
-from bench.common import Telemetry, markdown_table, provenance, write_results
+from bench.common import markdown_table, run_and_save
 from bench.steps import prompt_ids
 from engine import Engine, load_model
 from engine.observe.bandwidth import measure_gbs
@@ -154,14 +154,7 @@ def main(argv=None):
     missing = llamacpp.unavailable() or (None if llamacpp.bench_binary() else llamacpp.bench_missing())
     if missing:
         sys.exit(f"bench.scaling times llama.cpp beside ours: {missing}")
-    with Telemetry("cpu") as tel:
-        def save(result):  # after every row too: a run cut short keeps what it measured
-            result["provenance"] = provenance("cpu", tel)
-            write_results(args.out, "scaling-cpu", result, markdown(result))
-
-        result = run(args, save)
-    save(result)
-    print(markdown(result))
+    result = run_and_save(args.out, "scaling-cpu", "cpu", lambda save: run(args, save), markdown)
     if result["f32_mismatches"]:
         sys.exit("llama.cpp's F32 greedy ids differ from ours:\n" + "\n".join(result["f32_mismatches"]))
 

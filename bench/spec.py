@@ -29,7 +29,7 @@ from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench import spec_analysis as analysis
-from bench.common import Telemetry, markdown_table, provenance, write_results
+from bench.common import markdown_table, run_and_save
 from bench.steps import prompt_ids, shape_config, verify_costs
 from engine import Engine, Tokenizer, load_model, speculative
 from engine.checkpoint import random_model
@@ -302,15 +302,8 @@ def main(argv=None):
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    with Telemetry(args.device) as tel:
-        def save(result):  # after every case too: a run cut short keeps what it measured
-            result["provenance"] = provenance(args.device, tel)
-            write_results(args.out, f"spec-{args.device}" + ("-quick" if args.quick else ""), result,
-                          markdown(result))
-
-        result = cuda_bench(args, save) if args.device == "cuda" else bench(args, save)
-    save(result)
-    print(markdown(result))
+    run_and_save(args.out, f"spec-{args.device}" + ("-quick" if args.quick else ""), args.device,
+                 lambda save: cuda_bench(args, save) if args.device == "cuda" else bench(args, save), markdown)
 
 
 if __name__ == "__main__":
