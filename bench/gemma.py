@@ -25,7 +25,8 @@ import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch l
 import torch
 
 from bench import llamacpp
-from bench.common import Telemetry, markdown_table, provenance, write_results
+from bench.common import markdown_table, run_and_save
+from bench.scaling import ours_decode
 from bench.steps import cpu_path
 from engine import Engine, Tokenizer, load_model
 from engine import weights as wts
@@ -91,18 +92,6 @@ def head_ms(model, repeats: int = 20) -> float:
 
 
 @torch.inference_mode()
-def ours_decode(eng: Engine, prompt: list[int], new_tokens: int, repeats: int = 2) -> dict:
-    """The median step of greedy decoding through Engine.stream (the app's loop), best of `repeats`."""
-    eng.generate(prompt, 8, stop_ids=[])  # warm-up
-    best = None
-    for _ in range(repeats):
-        rounds = list(eng.stream(prompt, new_tokens, stop_ids=[]))
-        step = statistics.median(r.total_ms for r in rounds[1:])
-        best = step if best is None else min(best, step)
-    return dict(ms_per_token=best, tok_s=1e3 / best)
-
-
-@torch.inference_mode()
 def agreement(eng: Engine, prompt: list[int], theirs: list[int]) -> float:
     """Teacher-forced top-1 agreement: our argmax after each prefix of llama.cpp's ids, against its next id."""
     rows = eng.logits(prompt + theirs[:-1])[len(prompt) - 1:]
@@ -160,7 +149,9 @@ def run(args, save) -> dict:
     for _ in range(args.rounds):
         for fmt, eng in engines.items():
             # the head alone right after the step it belongs to: the same minute's load on this shared box
-            add(f"ours {fmt}", dict(ours_decode(eng, prompt, args.new_tokens), head_ms=head_ms(models[fmt])))
+            timing = ours_decode(eng, prompt, args.new_tokens)
+            timing.pop("ids")  # the ids are compared above, from the greedy runs
+            add(f"ours {fmt}", dict(timing, head_ms=head_ms(models[fmt])))
         loop = llamacpp.time_decode(gguf_file, prompt, args.new_tokens, threads, repeats=args.llamacpp_repeats)
         add("llama.cpp loop", dict(ms_per_token=loop["ms_per_token"], tok_s=loop["tok_s"]))
         if bench is not None:
@@ -237,14 +228,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if llamacpp.unavailable():
         raise SystemExit(llamacpp.unavailable())
-    with Telemetry("cpu") as tel:
-        def save(result):  # after every prompt too: a run cut short keeps what it measured
-            result["provenance"] = provenance("cpu", tel)
-            write_results(args.out, "gemma-cpu", result, markdown(result))
-
-        result = run(args, save)
-    save(result)
-    print(markdown(result))
+    run_and_save(args.out, "gemma-cpu", "cpu", lambda save: run(args, save), markdown)
 
 
 if __name__ == "__main__":
