@@ -6,9 +6,9 @@ server against the server's own clock, in one run.
 
 Rows: our engine (q4, the fused kernels) decoding greedily; llama-server plain, seen through the client; and
 llama-server with its n-gram lookup drafting on a prompt that quotes its input. Goals, each a ratio in this run:
-the client's mean ITL per token within 5% of the server's predicted_per_token_ms; the client's own work under
-0.2 ms a chunk; the client's acceptance (from its Rounds) equal to draft_n_accepted / draft_n; our tok/s at least
-the server's (its own predicted_per_second, no HTTP in it).
+the client's mean ITL per token within 5% of the server's predicted_per_token_ms; the client's own work (its HTTP
+reads and its parsing, in CPU time) under 0.2 ms a chunk; the client's acceptance (from its Rounds) equal to
+draft_n_accepted / draft_n; our tok/s at least the server's (its own predicted_per_second, no HTTP in it).
 """
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ def client_run(srv: LlamaServer, prompt: str, n: int, chat: bool, tap=None) -> d
                 server_ms_per_token=info.server_ms_per_token,
                 server_tok_s=1e3 / info.server_ms_per_token if info.server_ms_per_token else None,
                 itl_over_server=summ["itl_mean_ms"] / info.server_ms_per_token if info.server_ms_per_token else None,
-                client_ms_per_chunk=info.client_ms_per_chunk, client_cpu_ms_per_chunk=info.client_cpu_ms_per_chunk,
+                parse_ms_per_chunk=info.client_ms_per_chunk, parse_cpu_ms_per_chunk=info.client_cpu_ms_per_chunk,
+                read_cpu_ms_per_chunk=info.read_cpu_ms / info.chunks if info.chunks else None,
+                client_cpu_ms_per_chunk=info.client_total_cpu_ms_per_chunk,
                 chunks=info.chunks,
                 tokens_per_chunk=x["tokens_per_chunk"], acceptance=summ["acceptance_rate"],
                 server_acceptance=info.server_acceptance, server_drafted=info.server_drafted,
@@ -92,9 +94,10 @@ def bench(args) -> dict:
     plain, ngram = rows["plain"], rows["ngram"]
     goals = dict(
         client_itl_within_5pct=abs(plain["itl_over_server"] - 1) <= 0.05,
-        client_overhead_under_0_2ms=max(plain["client_ms_per_chunk"], ngram["client_ms_per_chunk"]) < 0.2,
-        # the same work in the thread's CPU time: on a loaded machine the wall clock also counts preemption
-        client_cpu_under_0_2ms=max(plain["client_cpu_ms_per_chunk"], ngram["client_cpu_ms_per_chunk"]) < 0.2,
+        # all of the client's work, in CPU time (the reader thread's HTTP reads and the parsing): on a loaded
+        # machine the wall clock would also count other processes' turns on the core
+        client_overhead_under_0_2ms=max(plain["client_cpu_ms_per_chunk"], ngram["client_cpu_ms_per_chunk"]) < 0.2,
+        parsing_under_0_2ms=max(plain["parse_cpu_ms_per_chunk"], ngram["parse_cpu_ms_per_chunk"]) < 0.2,
         acceptance_equals_server=ngram["acceptance"] == ngram["server_acceptance"],
         ours_tok_s_at_least_server=rows["ours"]["server_tok_s"] >= plain["server_tok_s"],
     )
@@ -140,8 +143,8 @@ def main(argv=None) -> int:
         return 0
     result = bench(args)
     cols = ["engine", "path", "weights", "tokens", "prompt_tokens", "ttft_ms", "client_tok_s", "server_tok_s",
-            "client_itl_ms", "server_ms_per_token", "itl_over_server", "client_ms_per_chunk", "client_cpu_ms_per_chunk",
-            "tokens_per_chunk", "acceptance", "server_acceptance"]
+            "client_itl_ms", "server_ms_per_token", "itl_over_server", "read_cpu_ms_per_chunk",
+            "parse_cpu_ms_per_chunk", "client_cpu_ms_per_chunk", "tokens_per_chunk", "acceptance", "server_acceptance"]
     goals = "\n".join(f"- {k}: {'met' if v else 'NOT met'}" for k, v in result["goals"].items())
     head = (f"Our engine against llama-server on the same GGUF (the embedded SmolLM2-135M, Q4_1) and a "
             f"{result['prompt_words']}-word prompt, {result['new_tokens']} greedy tokens, {result['threads']} threads, "

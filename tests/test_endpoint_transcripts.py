@@ -78,3 +78,6 @@ def test_recorded_llama_server_runs(name):
     # the client's own cost per chunk, in wall time and in the consuming thread's CPU time (never more than wall)
     assert info.chunks >= len(rounds) and 0 < info.client_cpu_ms <= info.client_ms + 0.05
     assert info.client_cpu_ms_per_chunk == info.client_cpu_ms / info.chunks
+    # and the reader thread's HTTP reads, which the total per chunk adds to the parsing
+    assert info.read_cpu_ms > 0
+    assert info.client_total_cpu_ms_per_chunk == pytest.approx((info.read_cpu_ms + info.client_cpu_ms) / info.chunks)

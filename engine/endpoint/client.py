@@ -7,10 +7,13 @@ and closing the connection (a socket shutdown wakes the blocked read) ends the s
 """
 from __future__ import annotations
 
+import http.client
+import json
 import queue
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -63,7 +66,7 @@ class EndpointStream:
             self.sampling["top_k"] = top_k  # not OpenAI's; llama-server, vLLM and SGLang take it
         self.info = EndpointInfo(endpoint=ep.url, api="chat" if chat else "completion")
         self.stopped = False  # ended by cancelled(), not by the server
-        self._resp: httpx.Response | None = None
+        self._sock: socket.socket | None = None  # the streaming request's socket, for _abort
         self._closing = threading.Event()
 
     def request_body(self, fields: servers.ServerFields, model: str) -> dict:
@@ -87,7 +90,7 @@ class EndpointStream:
             fields = servers.server(info.server)
             prom_before = self._prometheus(client, fields)
             url = ep.url + ("/chat/completions" if self.chat else "/completions")
-            yield from self._stream(client, url, self.request_body(fields, info.endpoint_model), fields)
+            yield from self._stream(url, self.request_body(fields, info.endpoint_model), fields)
             if prom_before is not None and not self.stopped:
                 self._prometheus_delta(client, fields, prom_before)
 
@@ -111,50 +114,66 @@ class EndpointStream:
         info.server_spec_steps = info.server_spec_steps if info.server_spec_steps is not None else d.get("drafts")
         info.server_accepted_per_pos = d.get("accepted_per_pos")
 
-    def _read(self, client: httpx.Client, url: str, body: dict, q: queue.SimpleQueue) -> None:
+    def _connect(self, url: str) -> http.client.HTTPConnection:
+        """The streaming request's connection: the standard library's http.client, whose read path costs about half
+        of httpx's per chunk (bench.endpoint's read_cpu_ms_per_chunk); like the probe's httpx client it uses no
+        proxy from the environment and follows no redirect."""
+        u = urllib.parse.urlsplit(url)
+        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = cls(u.hostname, u.port, timeout=self.ep.connect_s)
+        conn.connect()
+        conn.sock.settimeout(self.ep.stall_s)  # a read that waits this long is a stall
+        self._sock = conn.sock
+        return conn
+
+    def _read(self, url: str, body: dict, q: queue.SimpleQueue) -> None:
         """The reader thread: ('head', status, reason, content type) or ('body', bytes) for an error reply, then
         ('data', t, bytes) per read; ('error', exception) if it failed; always ('end',) last."""
+        c0, conn = time.thread_time(), None
         try:
-            with client.stream("POST", url, json=body, headers=headers(self.ep)) as resp:
-                self._resp = resp
-                ctype = resp.headers.get("content-type", "")
-                q.put(("head", resp.status_code, resp.reason_phrase, ctype))
-                if resp.status_code != 200 or "text/event-stream" not in ctype:
-                    got = b""
-                    for data in resp.iter_raw():
-                        got += data
-                        if len(got) >= ERROR_BODY_BYTES or self._closing.is_set():
-                            break
-                    q.put(("body", got))
-                    return
-                for data in resp.iter_raw():
-                    q.put(("data", time.perf_counter(), data))
-                    if self._closing.is_set():
+            conn = self._connect(url)
+            u = urllib.parse.urlsplit(url)
+            conn.request("POST", u.path + (f"?{u.query}" if u.query else ""), body=json.dumps(body).encode(),
+                         headers={**headers(self.ep), "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            ctype = resp.getheader("content-type", "")
+            q.put(("head", resp.status, resp.reason, ctype))
+            if resp.status != 200 or "text/event-stream" not in ctype:
+                got = b""
+                while (data := resp.read1(ERROR_BODY_BYTES)) and not self._closing.is_set():
+                    got += data
+                    if len(got) >= ERROR_BODY_BYTES:
                         break
+                q.put(("body", got))
+                return
+            while data := resp.read1(1 << 16):  # what the socket has (chunked decoding included), at most 64 KiB
+                q.put(("data", time.perf_counter(), data))
+                if self._closing.is_set():
+                    break
         except Exception as e:  # noqa: BLE001  (handed to the generator, which names it)
             if not self._closing.is_set():
                 q.put(("error", e))
         finally:
+            if conn is not None:
+                conn.close()
+            self.info.read_cpu_ms = (time.thread_time() - c0) * 1e3  # before ('end',): the generator reads it after
             q.put(("end",))
 
     def _abort(self) -> None:
         """Close the connection now, from this thread: shutdown wakes the reader's blocked read."""
         self._closing.set()
-        resp = self._resp
-        stream = resp.extensions.get("network_stream") if resp is not None else None
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is not None:
+        if self._sock is not None:
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
-    def _stream(self, client, url: str, body: dict, fields) -> Iterator[Round]:
+    def _stream(self, url: str, body: dict, fields) -> Iterator[Round]:
         ep, info = self.ep, self.info
         builder, sse = RoundBuilder(self.tokenizer), SSEParser()
         q: queue.SimpleQueue = queue.SimpleQueue()
         t0 = time.perf_counter()
-        reader = threading.Thread(target=self._read, args=(client, url, body, q), name="endpoint-read", daemon=True)
+        reader = threading.Thread(target=self._read, args=(url, body, q), name="endpoint-read", daemon=True)
         reader.start()
         last_byte, head = time.perf_counter(), None
         try:
@@ -220,9 +239,9 @@ class EndpointStream:
             self._abort()
 
     def _describe(self, e: Exception) -> str:
-        if isinstance(e, httpx.ConnectError):
+        if self._sock is None and isinstance(e, OSError):  # it failed before a connection was made
             return redact(f"cannot connect to {self.ep.url} ({e}); is the server running there?", self.ep.api_key)
-        if isinstance(e, httpx.TimeoutException):
+        if isinstance(e, TimeoutError):
             return f"the server sent nothing for {self.ep.stall_s:g} s ({type(e).__name__})"
         return redact(f"the connection failed: {type(e).__name__}: {e}", self.ep.api_key)
 

@@ -80,6 +80,7 @@ class EndpointInfo:
     chunks: int = 0
     client_ms: float = 0.0  # this process's time parsing and assembling the stream (wall clock)
     client_cpu_ms: float = 0.0  # the same span in the consuming thread's CPU time: what preemption does not inflate
+    read_cpu_ms: float = 0.0  # the reader thread's CPU time: the HTTP reads (httpx) before any parsing
     failed: str | None = None  # why the run ended early (its rounds so far are kept)
 
     @property
@@ -95,6 +96,11 @@ class EndpointInfo:
     @property
     def client_cpu_ms_per_chunk(self) -> float | None:
         return self.client_cpu_ms / self.chunks if self.chunks else None
+
+    @property
+    def client_total_cpu_ms_per_chunk(self) -> float | None:
+        """All of the client's CPU time per chunk: reading the HTTP stream and parsing it."""
+        return (self.read_cpu_ms + self.client_cpu_ms) / self.chunks if self.chunks else None
 
     def as_settings(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if v is not None and not isinstance(v, list)}

@@ -8,6 +8,7 @@ with timings_per_token) gives per-step deltas, one that sends it once at the end
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 GENERIC = "openai"
@@ -117,17 +118,24 @@ SERVERS: dict[str, ServerFields] = {s.name: s for s in (
 SERVER_CHOICES = (AUTO, *SERVERS)
 
 
+@functools.cache
+def _compiled(path: str) -> tuple[tuple[tuple[str, int | None], ...], ...]:
+    """A path split once: its alternatives, each a tuple of (key, the key as a list index or None)."""
+    return tuple(tuple((k, int(k) if k.isdigit() else None) for k in alt.split(".")) for alt in path.split("|"))
+
+
 def lookup(obj, path: str | None):
-    """The value at a dotted path (`a|b`: the first that is there), or None."""
+    """The value at a dotted path (`a|b`: the first that is there), or None. Runs on every streamed chunk, so
+    a path is split once (_compiled) and each step is one type check."""
     if not path:
         return None
-    for alt in path.split("|"):
+    for keys in _compiled(path):
         cur = obj
-        for key in alt.split("."):
-            if isinstance(cur, dict):
+        for key, index in keys:
+            if type(cur) is dict:
                 cur = cur.get(key)
-            elif isinstance(cur, list) and key.isdigit() and int(key) < len(cur):
-                cur = cur[int(key)]
+            elif type(cur) is list and index is not None and index < len(cur):
+                cur = cur[index]
             else:
                 cur = None
             if cur is None:

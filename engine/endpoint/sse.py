@@ -26,21 +26,20 @@ class SSEParser:
         self.max_event_bytes = max_event_bytes
         self._buf = bytearray()
         self._data: list[str] = []
+        self._data_bytes = 0  # the event in progress's data so far
         self._count = 0
         self.done = False  # the server sent [DONE]
 
     def feed(self, data: bytes, t: float) -> list[Event]:
         self._buf += data
         out = []
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                break
-            line = bytes(self._buf[:nl]).rstrip(b"\r")
-            del self._buf[: nl + 1]
-            if event := self._line(line, t):
-                out.append(event)
-        if len(self._buf) + sum(len(d) for d in self._data) > self.max_event_bytes:
+        if b"\n" in data:  # the buffer held no line end before this read: only then is there a line to take
+            *lines, rest = self._buf.split(b"\n")
+            self._buf = bytearray(rest)
+            for line in lines:
+                if event := self._line(line[:-1] if line.endswith(b"\r") else line, t):
+                    out.append(event)
+        if len(self._buf) + self._data_bytes > self.max_event_bytes:
             raise EndpointError(f"a chunk of the stream grew past {self.max_event_bytes} bytes without ending "
                                 "(the limit is max_event_bytes); the server's stream is not one this client reads")
         return out
@@ -49,7 +48,7 @@ class SSEParser:
         if not line:  # a blank line ends the event
             if not self._data:
                 return None
-            text, self._data = "\n".join(self._data), []
+            text, self._data, self._data_bytes = "\n".join(self._data), [], 0
             if text == DONE:
                 self.done = True
                 return None
@@ -61,6 +60,7 @@ class SSEParser:
         if name == b"data":
             try:
                 self._data.append(value.removeprefix(b" ").decode("utf-8"))
+                self._data_bytes += len(value)
             except UnicodeDecodeError as e:
                 raise EndpointError(f"chunk {self._count} is not UTF-8 ({e})") from None
         return None

@@ -15,7 +15,8 @@ def endpoint_stats(rounds: list[Round], info: EndpointInfo, settings: dict | Non
 
 def extra_summary(stats: Stats, info: EndpointInfo) -> dict:
     """Per-chunk gaps (a round is one step's delivery: n tokens in it are one gap, not n), tokens per chunk, the
-    server's per-token time and acceptance, and this client's own cost per chunk."""
+    server's per-token time and acceptance, and this client's own cost per chunk (the CPU time of its
+    HTTP reads and its parsing: the wall clock would also count other processes' turns on the core)."""
     gaps = [r.total_ms for r in stats.rounds[1:]]
     per_round = [len(r.emitted) for r in stats.rounds]
     return dict(
@@ -26,6 +27,7 @@ def extra_summary(stats: Stats, info: EndpointInfo) -> dict:
         server_ms_per_token=info.server_ms_per_token,
         server_acceptance=info.server_acceptance,
         client_ms_per_chunk=info.client_ms_per_chunk,
+        client_cpu_ms_per_chunk=info.client_total_cpu_ms_per_chunk,
         tokens_from=info.tokens_from,
         kinds_from=info.kinds_from,
         stop_reason=info.stop_reason,
@@ -43,7 +45,8 @@ def format_extra(x: dict) -> str:
              f"{x['tokens_per_chunk']:.2f} tokens/chunk" if finite(x["tokens_per_chunk"]) is not None else None,
              f"server {ms(x['server_ms_per_token'])}/token" if x["server_ms_per_token"] is not None else None,
              f"server acceptance {100 * x['server_acceptance']:.1f}%" if x["server_acceptance"] is not None else None,
-             f"client {ms(x['client_ms_per_chunk'])}/chunk" if x["client_ms_per_chunk"] is not None else None,
+             f"client {ms(x['client_cpu_ms_per_chunk'])} CPU/chunk (HTTP reads + parsing)"
+             if x["client_cpu_ms_per_chunk"] is not None else None,
              f"tokens from {x['tokens_from']}" if x["tokens_from"] else None,
              f"kinds: {x['kinds_from']}",
              f"stop: {x['stop_reason']}" if x["stop_reason"] else None]
