@@ -94,8 +94,10 @@ def browser_run(page, rt, rec: Recorder, mode: str, tokens: int, run_no: int) ->
     page.evaluate(OBSERVER_JS)
     n_before = len(rec.runs)
     page.click("#generate-btn")
+    # polled every 100 ms, not every animation frame (Playwright's default): a check each frame, innerText's
+    # layout included, would be the harness's own load on the cores the run is measured on
     page.wait_for_function(f"document.querySelector('#status')?.innerText.includes('Run {run_no} done')",
-                           timeout=600_000)
+                           polling=100, timeout=600_000)
     # let the page finish drawing the final figures before anything else is timed
     page.wait_for_selector("#plot-itl .js-plotly-plot .main-svg")
     page.wait_for_timeout(SETTLE_MS)

@@ -258,3 +258,34 @@ def test_profile_endpoint(served):
     assert {r["op_class"] for r in rows} >= {"matmul", "attention", "norm", "kv_write", "sampling", "host"}
     with open(trace, encoding="utf-8") as f:
         assert json.load(f)["traceEvents"]
+
+
+def test_the_page_poll_route_serves_a_live_run_and_nothing_else(served):
+    """The output box's fetch (ui/stream.py ROUTE): a plain GET beside gradio's routes, that answers for a
+    run it was given the token of, and says `done` for any other."""
+    import threading
+
+    import httpx
+
+    from ui import stream
+    from ui.pump import RoundPump
+    from ui.settings import RunSettings
+
+    rt, url = served
+    base = url.rstrip("/") + stream.ROUTE
+    assert httpx.get(base, params={"token": "0" * 32, "offset": "x"}).json() == dict(html="", offset=0, done=True,
+                                                                                      stats="")
+    pump = RoundPump(rt, RunSettings(max_new_tokens=8, chat=False), rt.tokenizer.encode(PROMPT), threading.Event())
+    marker = stream.open_stream(pump, lambda: "the stats line")
+    token = marker.removeprefix("<!--ds-live:").removesuffix("-->")
+    try:
+        pump.thread.join(60)
+        reply = httpx.get(base, params={"token": token, "offset": 0}).json()
+        assert not reply["done"] and reply["offset"] == len(pump.arrived) > 0
+        assert reply["html"].count('class="tok ') == sum(len(r.tokens) for r in pump.arrived)
+        assert reply["stats"] == "the stats line"
+        again = httpx.get(base, params={"token": token, "offset": reply["offset"]}).json()
+        assert again["html"] == "" and again["stats"] == ""  # nothing new, and the stats line only twice a second
+    finally:
+        stream.close_stream(marker)
+    assert httpx.get(base, params={"token": token, "offset": 0}).json()["done"]

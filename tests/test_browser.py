@@ -158,15 +158,19 @@ def slow_engine(served, monkeypatch):
 
 
 def test_stop_ends_a_long_run(page, slow_engine):
+    """And while it streams, the stats line of the run so far comes with the spans (ui/stream.py)."""
     page.locator("#mode").get_by_label("plain", exact=True).check()
     page.fill("#prompt textarea", PROMPT)
     set_number(page, "max-new-tokens", 1000)
     page.click("#generate-btn")
     page.wait_for_selector("#output-tokens span.tok")
+    page.wait_for_function("document.querySelector('#output-tokens .ds-live-stats')?.innerText.includes('tok/s')",
+                           polling=100, timeout=10_000)
     page.click("#stop-btn")
     page.wait_for_function("document.querySelector('#status')?.innerText.includes('stopped after')", timeout=10_000)
     n = page.locator("#output-tokens span.tok").count()
     assert 0 < n < 1000
+    assert page.inner_text("#output-tokens .ds-live-stats") == "" and "tok/s" in page.inner_text("#stats")
 
 
 def test_closing_the_tab_frees_the_engine(browser, served, slow_engine):

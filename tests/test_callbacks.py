@@ -71,30 +71,46 @@ def test_greedy_speculative_output_equals_plain(rt):
 
 
 def test_the_stream_goes_by_its_side_channel_and_ends_with_the_whole_html(rt):
+    import time
+
+    import gradio as gr
+
     from ui import stream
 
     session = Session()
     gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=200))
-    marker = next(gen)[0]
+    marker, first_stats, _ = next(gen)
     token = marker.removeprefix("<!--ds-live:").removesuffix("-->")
-    assert marker == stream.MARKER.format(token) and rt.streams[token] is not None
-    got, offset, outs = "", 0, []
+    assert marker == stream.MARKER.format(token) and stream.LIVE[token] is not None
+    assert first_stats == ""  # the page shows the live stats line the polls bring
+    got, offset, outs, stats = "", 0, [], []
     for out in gen:  # the page's fetches, between the event's own (rare) updates
         outs.append(out)
-        reply = stream.poll(rt, token, offset)
+        reply = stream.poll(token, offset)
         got, offset = got + reply["html"], reply["offset"]
-    assert all(isinstance(v, str) for o in outs for v in o)  # strings only while streaming
-    assert all(o[0] == marker for o in outs[:-1])  # no token HTML through gradio while the run streams
-    final = outs[-1][0]
+        if reply["stats"]:
+            stats.append((time.monotonic(), reply["stats"]))
+    *streaming, last = outs
+    # while the run streams gradio carries no tokens and no stats: updates that change nothing, and the status
+    # once when the first round arrived
+    skip = gr.skip()
+    assert all(o[0] == skip and o[1] == skip for o in streaming)
+    assert sum(o[2] != skip for o in streaming) <= 1
+    assert all(isinstance(v, str) for v in last)
+    final = last[0]
     assert final.startswith(got) and final.count('class="tok ') == len(session.last[0].rows())
+    assert "tok/s" in last[1] and "ds-stats" in last[1]
+    # the polls carried the stats line of the run so far, at most every STATS_INTERVAL_S
+    assert stats and all("ds-stats" in h for _, h in stats)
+    assert all(b - a >= stream.STATS_INTERVAL_S * 0.99 for (a, _), (b, _) in zip(stats, stats[1:], strict=False))
     assert len(outs) < 200 / 4  # a handful of updates, not one per token
-    assert token not in rt.streams and stream.poll(rt, token, offset)["done"]  # the run is gone
+    assert token not in stream.LIVE and stream.poll(token, offset)["done"]  # the run is gone
 
 
 def test_a_page_reads_only_the_run_it_was_given(rt):
     from ui import stream
 
-    assert stream.poll(rt, "0" * 32, 0) == dict(html="", offset=0, done=True)
+    assert stream.poll("0" * 32, 0) == dict(html="", offset=0, done=True, stats="")
 
 
 BAD = [

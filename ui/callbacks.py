@@ -27,7 +27,7 @@ RUN_HEADERS = ["run", "label", "model", "tokens", "TTFT ms", "ITL p50 ms", "ITL 
                "mean accepted", "stopped"]
 
 
-STATS_INTERVAL_S = 0.5  # the live stats line (the tokens stream apart from it, ui/stream.py)
+KEEPALIVE_S = 2.0  # a streaming run's updates that change nothing; the tokens and stats go by ui/stream.py
 STREAMED_NOTE = ("tok/s measured while this page streamed the tokens: on a CPU the browser's drawing shares the "
                  "cores with the engine (Compare streams nothing)")
 
@@ -223,14 +223,16 @@ def figures(stats) -> tuple:
 
 
 def generate(models: Runtimes, session: Session, prompt: str, *values):
-    """Stream one run: yields (tokens html, stats html, status html), strings only.
+    """Stream one run: yields (tokens html, stats html, status html): strings, or gr.skip() while it streams.
 
-    While the run streams, the tokens value is a marker naming the run: the page fetches the new spans itself
-    (ui/stream.py), and this event yields only the stats line, twice a second. The last update carries the
-    whole token HTML. Every other output of a streaming event would cost gradio a component rebuild on each
-    update, skipped or not, so figures refresh on their own timer (live_figures) and the run's figures,
-    history and files follow once it ends (last_run). A refused or failed run says why where the output goes
-    and clears the stats and status of the run before, then raises (API clients get the error)."""
+    While the run streams, the tokens value is a marker naming the run: the page fetches the new spans and the
+    stats line itself (ui/stream.py), and this event yields only the status once the first round arrived, and
+    updates that change nothing every KEEPALIVE_S (gradio closes a dropped run at a yield). The last update
+    carries the whole token HTML and the final stats line. Every other output of a streaming event would cost
+    gradio a component rebuild on each update, skipped or not, so figures refresh on their own timer
+    (live_figures) and the run's figures, history and files follow once it ends (last_run). A refused or failed
+    run says why where the output goes and clears the stats and status of the run before, then raises (API
+    clients get the error)."""
     session.last = None
     try:
         rt = yield from runtime_for(models, values, lambda status: (gr.skip(), gr.skip(), status))
@@ -245,25 +247,25 @@ def generate(models: Runtimes, session: Session, prompt: str, *values):
         yield (gr.skip(), gr.skip(), render.message_html("Stopped before it started."))
         return
     settings = s.as_dict(rt.model_name)
-    status = render.message_html(starting(rt, s))
-    stats_html = render.stats_line(None, running=True)
     pump = RoundPump(rt, s, ids, session.run_stop)
-    live = stream.open_stream(rt, pump)
+    live = stream.open_stream(pump, lambda: render.stats_line(
+        rt.stats(list(pump.arrived), len(ids), settings, pump.facts) if pump.arrived else None, running=True))
     session.live = LiveRun(pump.arrived, len(ids), settings, pump.facts)
-    yield (live, stats_html, status)
+    yield (live, "", render.message_html(starting(rt, s)))  # the page shows the live stats line (stream.poll)
+    running = starting(rt, s).startswith("Running")
     try:
-        for batch in pump.batches(STATS_INTERVAL_S):
-            if batch:  # an empty batch still yields: that is when gradio can close a dropped run
-                status = render.message_html(f"Running {s.label()}.")
-                stats_html = render.stats_line(rt.stats(list(pump.arrived), len(ids), settings, pump.facts),
-                                               running=True)
-            yield (live, stats_html, status)
+        for batch in pump.batches(KEEPALIVE_S):
+            if batch and not running:
+                running = True
+                yield (gr.skip(), gr.skip(), render.message_html(f"Running {s.label()}."))
+            else:  # an update that changes nothing: that is when gradio can close a dropped run
+                yield (gr.skip(),) * 3
     except ValueError as e:  # a setting only the engine could judge
         yield (render.error_html(str(e), "Run failed"), "", "")
         raise refusal(str(e)) from None
     finally:
         pump.close()
-        stream.close_stream(rt, live)
+        stream.close_stream(live)
         session.live = None
     rounds = list(pump.arrived)
     stopped = not (rounds and rounds[-1].finished)
@@ -305,7 +307,10 @@ def last_run(rt: Runtime, session: Session) -> tuple:
     return (*figures(stats), runs_table(session), *files)
 
 
-def live_on() -> gr.Timer:
+def submit_live(session: Session) -> gr.Timer:
+    """submit, for Generate: and the live figures' timer on, in the same event (one event fewer at the start
+    of a run, each a few milliseconds of the browser's script that the engine's cores pay for)."""
+    submit(session)
     return gr.Timer(active=True)
 
 

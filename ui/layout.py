@@ -96,11 +96,6 @@ def build(models: Runtimes) -> gr.Blocks:
         # every page load, and a partial would carry a copy of the runtime, model weights and all.
         callbacks.end_session(rt, session)
 
-    def poll(args: list) -> dict:
-        """The output box's fetch of a streaming run's new spans (a closure, as above; called as poll)."""
-        token, offset = args
-        return stream.poll(rt, token, offset)
-
     def mode_changed(title: str, mode: str, weights: str) -> tuple:
         return controls.mode_changed(models.get(title), mode, weights)
 
@@ -127,8 +122,7 @@ def build(models: Runtimes) -> gr.Blocks:
                     compare_btn = gr.Button("Compare", elem_id="compare-btn")
                 gr.HTML(render.legend_html(), elem_id="legend")
                 output = gr.HTML("", elem_id="output-tokens", html_template=OUTPUT_TEMPLATE,
-                                 js_on_load=output_js(rt.stream_interval_s), apply_default_css=False,
-                                 server_functions=[poll])
+                                 js_on_load=output_js(rt.stream_interval_s), apply_default_css=False)
                 stats = gr.HTML("", elem_id="stats")
                 status = gr.HTML("", elem_id="status")
             with gr.Column(scale=2, min_width=320):
@@ -163,8 +157,7 @@ def build(models: Runtimes) -> gr.Blocks:
         quick = dict(queue=False, show_progress="hidden", api_visibility="private")
         timer = gr.Timer(rt.plot_interval_s, active=False)
         timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
-        (generate_btn.click(callbacks.submit, [session], None, **quick)
-         .then(callbacks.live_on, None, [timer], **quick)
+        (generate_btn.click(callbacks.submit_live, [session], [timer], **quick)
          .then(partial(callbacks.generate, models), [session, prompt, *settings], [output, stats, status],
                api_name="generate", **engine_event)
          .then(callbacks.live_off, None, [timer], **quick)
@@ -234,5 +227,6 @@ def launch_kwargs() -> dict:
     run_history=False: gradio's own run history re-reads and re-writes a JSON copy of each event's outputs in
     the browser's localStorage on every streamed update, the whole token HTML included: while a run streams
     that was the page's largest script cost after rendering. The page keeps its own history (Runs this
-    session, the Runs CSV)."""
-    return dict(css=page_css(), show_error=True, run_history=False)
+    session, the Runs CSV). app_kwargs: the app's own route, where the page fetches a streaming run's spans
+    (ui/stream.py)."""
+    return dict(css=page_css(), show_error=True, run_history=False, app_kwargs={"routes": [stream.route()]})

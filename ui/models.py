@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from ui.runtime import Runtime
 
-SHARED = ("store", "streams", "lock", "endpoints", "allow_any_endpoint", "endpoint_key", "endpoint_stall_s",
+SHARED = ("store", "lock", "endpoints", "allow_any_endpoint", "endpoint_key", "endpoint_stall_s",
           "stream_interval_s", "plot_interval_s")
 
 

@@ -1,19 +1,22 @@
 """The page's own JavaScript: the streamed output box (a gr.HTML js_on_load) and the show-rejected toggle.
 
-The output box renders itself. While a run streams, its value is a marker naming the run and the box
-fetches the new spans from the server (ui/stream.py: `poll`, every stream interval), appending each answer
-as it comes; the run's last update carries the whole HTML, of which the box already shows a prefix, so only
-the rest (if any) is appended. A value that is not an extension (an error, a value set from elsewhere)
-replaces the content. gr.HTML's own rendering would parse the whole value into a scratch element on every
-update and walk it against the live one: O(n^2) DOM work over a run, on a CPU the engine shares. Tooltips are
-built on hover from each span's data-t (and data-mark, data-inferred), in the format of render.token_tooltip,
-so a span carries a few numbers instead of a paragraph.
+The output box renders itself. While a run streams, its value is a marker naming the run and the box fetches the new
+spans and the stats line from the server (ui/stream.py: `poll` at stream.ROUTE, every stream interval), appending
+each answer as it comes; the run's last update carries the whole HTML, of which the box already shows a prefix, so
+only the rest (if any) is appended. A value that is not an extension (an error, a value set from elsewhere) replaces
+the content. gr.HTML's own rendering would parse the whole value into a scratch element on every update and walk it
+against the live one: O(n^2) DOM work over a run, on a CPU the engine shares. Tooltips are built on hover from each
+span's data-t (and data-mark, data-inferred), in the format of render.token_tooltip, so a span carries a few numbers
+instead of a paragraph.
 """
+from ui import stream
 
-OUTPUT_TEMPLATE = '<div class="ds-stream"></div>'
+# the live stats line sits under the tokens while a run streams; the stats component takes over at its end
+OUTPUT_TEMPLATE = '<div class="ds-stream"></div><div class="ds-live-stats"></div>'
 
 OUTPUT_JS = r"""
 const box = element.querySelector('.ds-stream');
+const liveStats = element.querySelector('.ds-live-stats');
 const POLL_MS = __POLL_MS__;
 let shown = '';       // the HTML now in the box
 let live = null;      // {token, offset} of the run the page is fetching spans for (ui/stream.py)
@@ -36,6 +39,7 @@ function flush() {
     return;
   }
   live = null;  // the run's last update: the whole HTML, of which the box shows a prefix
+  liveStats.innerHTML = '';  // and the stats component has the final line
   if (value.length >= shown.length && value.startsWith(shown)) {
     if (value.length > shown.length) put(value.slice(shown.length), false);
   } else {
@@ -46,9 +50,13 @@ function flush() {
 async function poll(run) {
   while (live === run) {
     let got = null;
-    try { got = await server.poll(run.token, run.offset); } catch (e) { got = null; }
+    try {
+      const r = await fetch(`__ROUTE__?token=${run.token}&offset=${run.offset}`.replace(/^\//, ''));
+      got = r.ok ? await r.json() : null;
+    } catch (e) { got = null; }
     if (live !== run) return;  // the last update came first: it holds these spans too
     if (got && got.html) { put(got.html, false); run.offset = got.offset; }
+    if (got && got.stats) liveStats.innerHTML = got.stats;
     if (got && got.done) return;
     await new Promise(r => setTimeout(r, POLL_MS));
   }
@@ -84,7 +92,7 @@ schedule();
 
 def output_js(poll_s: float) -> str:
     """OUTPUT_JS with the page's poll interval (Runtime.stream_interval_s)."""
-    return OUTPUT_JS.replace("__POLL_MS__", str(max(16, round(poll_s * 1000))))
+    return OUTPUT_JS.replace("__POLL_MS__", str(max(16, round(poll_s * 1000)))).replace("__ROUTE__", stream.ROUTE)
 
 
 SHOW_REJECTED_JS = "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"
