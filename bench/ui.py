@@ -59,6 +59,49 @@ OBSERVER_JS = """
 """
 
 
+class ChromiumCPU:
+    """Samples the CPU time of every Chromium process (/proc, utime + stime) every 20 ms on its own thread, so
+    the browser's share of the cores over any stretch of a run can be read afterwards (cores())."""
+
+    def __init__(self, interval_s: float = 0.02):
+        self.samples: list[tuple[float, float]] = []  # (time.time() * 1e3, CPU seconds of all Chromium processes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def _cpu_s(self) -> float:
+        total = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if "chrom" not in Path(f"/proc/{pid}/comm").read_text():
+                    continue
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+            except (OSError, IndexError, ValueError):  # the process ended between listing and reading
+                continue
+        return total / self._tick
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            self.samples.append((time.time() * 1e3, self._cpu_s()))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def cores(self, t0_ms: float, t1_ms: float) -> float:
+        """Chromium's CPU seconds per second between two wall-clock stamps (the nearest samples inside)."""
+        inside = [s for s in self.samples if t0_ms <= s[0] <= t1_ms]
+        if len(inside) < 2:
+            return float("nan")
+        (a_t, a_c), (b_t, b_c) = inside[0], inside[-1]
+        return (b_c - a_c) / ((b_t - a_t) / 1e3)
+
+
 class Recorder:
     """Wraps the runtime's round source: keeps each run's settings, rounds and wall-clock stamps."""
 
@@ -85,7 +128,8 @@ def headless(rt, rec: Recorder, s, ids) -> float:
     return rt.stats(rounds, len(ids), {}).summary()["decode_tok_s"]
 
 
-def browser_run(page, rt, rec: Recorder, mode: str, tokens: int, run_no: int) -> tuple[float, list[float], dict]:
+def browser_run(page, rt, rec: Recorder, mode: str, tokens: int, run_no: int,
+                chromium: ChromiumCPU | None = None) -> tuple[float, list[float], dict, float]:
     page.locator("#mode").get_by_label(mode, exact=True).check()
     page.fill("#prompt textarea", PROMPT)
     box = page.locator("#max-new-tokens input[type=number]")
@@ -105,7 +149,9 @@ def browser_run(page, rt, rec: Recorder, mode: str, tokens: int, run_no: int) ->
     seen = page.evaluate("window.__seen")
     lat = [seen[str(r.index)] - t for r, t in zip(run["rounds"], run["stamps"], strict=True) if str(r.index) in seen]
     tok_s = rt.stats(run["rounds"], len(run["ids"]), {}).summary()["decode_tok_s"]
-    return tok_s, lat, run
+    # the browser's share of the cores from the first round to the last (the engine's decode, as tok/s counts it)
+    cores = chromium.cores(run["stamps"][0], run["stamps"][-1]) if chromium and run["stamps"] else float("nan")
+    return tok_s, lat, run, cores
 
 
 def bench(args) -> dict:
@@ -121,7 +167,7 @@ def bench(args) -> dict:
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     rows = []
     try:
-        with sync_playwright() as p:
+        with sync_playwright() as p, ChromiumCPU() as chromium:
             browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(demo.local_url)
@@ -130,26 +176,28 @@ def bench(args) -> dict:
             for mode in args.modes:
                 runs += 1
                 browser_run(page, rt, rec, mode, min(32, args.tokens), runs)  # warm-up: first-call costs
-                b_tok, h_tok, lats, n_rounds = [], [], [], 0
+                b_tok, h_tok, lats, n_rounds, cores = [], [], [], 0, []
                 for i in range(args.repeats):
                     # alternate which goes first, so drift in the machine's load falls on both sides
                     if i % 2:
                         h_tok.append(headless(rt, rec, rec.runs[-1]["settings"], rec.runs[-1]["ids"]))
                     runs += 1
-                    tok_s, lat, run = browser_run(page, rt, rec, mode, args.tokens, runs)
+                    tok_s, lat, run, c = browser_run(page, rt, rec, mode, args.tokens, runs, chromium)
                     b_tok.append(tok_s)
+                    cores.append(c)
                     lats += lat
                     n_rounds = len(run["rounds"])
                     if not i % 2:
                         h_tok.append(headless(rt, rec, run["settings"], run["ids"]))
                     print(f"{mode}: page {tok_s:.1f} tok/s, headless {h_tok[-1]:.1f} tok/s, "
-                          f"p95 {percentile(lat, 95):.1f} ms", flush=True)
+                          f"p95 {percentile(lat, 95):.1f} ms, Chromium {c:.2f} cores", flush=True)
                 b, h = statistics.median(b_tok), statistics.median(h_tok)
                 rows.append(dict(
                     mode=mode, tokens=args.tokens, rounds=n_rounds, headless_tok_s=round(h, 2),
                     browser_tok_s=round(b, 2), ratio=round(b / h, 4), latency_p50_ms=round(percentile(lats, 50), 1),
                     latency_p95_ms=round(percentile(lats, 95), 1), latency_max_ms=round(max(lats), 1),
-                    spans_timed=len(lats), ratio_goal_met=b / h >= GOAL_RATIO,
+                    spans_timed=len(lats), chromium_cores=round(statistics.median(cores), 3),
+                    ratio_goal_met=b / h >= GOAL_RATIO,
                     latency_goal_met=percentile(lats, 95) < GOAL_P95_MS,
                 ))
             browser.close()
@@ -165,12 +213,13 @@ def bench(args) -> dict:
 
 
 def report(result: dict) -> str:
-    cols = ["mode", "tokens", "headless_tok_s", "browser_tok_s", "ratio", "latency_p50_ms", "latency_p95_ms",
-            "latency_max_ms", "spans_timed"]
+    cols = ["mode", "tokens", "headless_tok_s", "browser_tok_s", "ratio", "chromium_cores", "latency_p50_ms",
+            "latency_p95_ms", "latency_max_ms", "spans_timed"]
     head = (f"# UI streaming cost ({result['model']} model, {result['device']})\n\n"
             f"Median of {result['repeats']} page runs and as many headless runs of the same settings. "
             f"Goals: ratio >= {GOAL_RATIO}, p95 latency < {GOAL_P95_MS:.0f} ms. The page and the engine share "
-            f"this machine; 1-minute load average {result['load_avg_before'][0]:.1f} before, "
+            f"this machine (chromium_cores: Chromium's CPU seconds per second while the engine decoded, all its "
+            f"processes, from /proc); 1-minute load average {result['load_avg_before'][0]:.1f} before, "
             f"{result['load_avg_after'][0]:.1f} after.\n\n")
     return head + markdown_table(result["rows"], cols)
 
