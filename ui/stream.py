@@ -4,8 +4,8 @@ Why not gradio's own streaming: every update of a streaming event makes the brow
 every component that has ever had a loading status (the figures and tables of earlier runs included) and
 run its status trackers, several milliseconds of script an update on a small CPU that the engine shares; at
 15 updates a second that was the page's largest cost after rendering, and at two a second (the stats line)
-still ~40 ms of the browser's script each, a quarter of a core that the engine shares (bench.ui: n-gram kept
-0.70 of its headless speed). So the streaming event yields the marker naming the run and, while the run goes
+still ~40 ms of the browser's script each (gradio's dispatch re-derives every component's loading status,
+measured in a Chromium trace). So the streaming event yields the marker naming the run and, while the run goes
 on, only updates that change nothing (gradio closes a run whose page went away at a yield), and the output
 box's script (page_js.OUTPUT_JS) asks `poll` for the spans of the rounds that arrived since its last call and
 for the stats line of the run so far, ~15 times a second: a plain GET of the app's own route (ROUTE, not a
