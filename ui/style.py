@@ -36,6 +36,12 @@ def page_css() -> str:
 {kinds}
 .tok-rejected {{ text-decoration: line-through; opacity: 0.75; }}
 #output-tokens.hide-rejected .tok-rejected {{ display: none; }}
+/* the live stats line while a run streams: the page's font, kept in view at the foot of the box */
+#output-tokens .ds-live-stats:not(:empty) {{
+  position: sticky; bottom: -0.6rem; margin-top: 0.6rem; padding: 0.3rem 0; white-space: normal;
+  font-family: var(--font); line-height: 1.4; background: var(--block-background-fill);
+  border-top: 1px solid var(--border-color-primary);
+}}
 .tok-special::before {{
   content: attr(data-mark); font-size: 0.7em; padding: 0 4px; margin: 0 2px; border-radius: 8px;
   border: 1px solid currentColor; opacity: 0.65; user-select: none; vertical-align: 0.1em;
