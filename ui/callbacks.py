@@ -247,17 +247,18 @@ def generate(models: Runtimes, session: Session, prompt: str, *values):
         yield (gr.skip(), gr.skip(), render.message_html("Stopped before it started."))
         return
     settings = s.as_dict(rt.model_name)
+    # said before the pump starts: once it runs, the weights it loads would make starting() say "Running"
+    said, running = starting(rt, s), f"Running {s.label()}."
     pump = RoundPump(rt, s, ids, session.run_stop)
     live = stream.open_stream(pump, lambda: render.stats_line(
         rt.stats(list(pump.arrived), len(ids), settings, pump.facts) if pump.arrived else None, running=True))
     session.live = LiveRun(pump.arrived, len(ids), settings, pump.facts)
-    yield (live, "", render.message_html(starting(rt, s)))  # the page shows the live stats line (stream.poll)
-    running = starting(rt, s).startswith("Running")
+    yield (live, "", render.message_html(said))  # the page shows the live stats line (stream.poll)
     try:
         for batch in pump.batches(KEEPALIVE_S):
-            if batch and not running:
-                running = True
-                yield (gr.skip(), gr.skip(), render.message_html(f"Running {s.label()}."))
+            if batch and said != running:
+                said = running
+                yield (gr.skip(), gr.skip(), render.message_html(running))
             else:  # an update that changes nothing: that is when gradio can close a dropped run
                 yield (gr.skip(),) * 3
     except ValueError as e:  # a setting only the engine could judge
