@@ -47,7 +47,7 @@ def client_run(srv: LlamaServer, prompt: str, n: int, chat: bool, tap=None) -> d
                 server_tok_s=1e3 / info.server_ms_per_token if info.server_ms_per_token else None,
                 itl_over_server=summ["itl_mean_ms"] / info.server_ms_per_token if info.server_ms_per_token else None,
                 parse_ms_per_chunk=info.client_ms_per_chunk, parse_cpu_ms_per_chunk=info.client_cpu_ms_per_chunk,
-                read_cpu_ms_per_chunk=info.read_cpu_ms / info.chunks if info.chunks else None,
+                read_cpu_ms_per_chunk=info.read_cpu_ms_per_chunk,
                 client_cpu_ms_per_chunk=info.client_total_cpu_ms_per_chunk,
                 chunks=info.chunks,
                 tokens_per_chunk=x["tokens_per_chunk"], acceptance=summ["acceptance_rate"],

@@ -51,7 +51,7 @@ async function poll(run) {
   while (live === run) {
     let got = null;
     try {
-      const r = await fetch(`__ROUTE__?token=${run.token}&offset=${run.offset}`.replace(/^\//, ''));
+      const r = await fetch(`__ROUTE__?token=${run.token}&offset=${run.offset}`);
       got = r.ok ? await r.json() : null;
     } catch (e) { got = null; }
     if (live !== run) return;  // the last update came first: it holds these spans too
@@ -91,8 +91,10 @@ schedule();
 
 
 def output_js(poll_s: float) -> str:
-    """OUTPUT_JS with the page's poll interval (Runtime.stream_interval_s)."""
-    return OUTPUT_JS.replace("__POLL_MS__", str(max(16, round(poll_s * 1000)))).replace("__ROUTE__", stream.ROUTE)
+    """OUTPUT_JS with the page's poll interval (Runtime.stream_interval_s) and the poll route, relative to the page
+    (so an app served under a root path fetches its own)."""
+    return (OUTPUT_JS.replace("__POLL_MS__", str(max(16, round(poll_s * 1000))))
+            .replace("__ROUTE__", stream.ROUTE.removeprefix("/")))
 
 
 SHOW_REJECTED_JS = "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"

@@ -114,11 +114,10 @@ class EndpointStream:
         info.server_spec_steps = info.server_spec_steps if info.server_spec_steps is not None else d.get("drafts")
         info.server_accepted_per_pos = d.get("accepted_per_pos")
 
-    def _connect(self, url: str) -> http.client.HTTPConnection:
+    def _connect(self, u: urllib.parse.SplitResult) -> http.client.HTTPConnection:
         """The streaming request's connection: the standard library's http.client, whose read path costs about half
         of httpx's per chunk (bench.endpoint's read_cpu_ms_per_chunk); like the probe's httpx client it uses no
         proxy from the environment and follows no redirect."""
-        u = urllib.parse.urlsplit(url)
         cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
         conn = cls(u.hostname, u.port, timeout=self.ep.connect_s)
         conn.connect()
@@ -131,8 +130,8 @@ class EndpointStream:
         ('data', t, bytes) per read; ('error', exception) if it failed; always ('end',) last."""
         c0, conn = time.thread_time(), None
         try:
-            conn = self._connect(url)
             u = urllib.parse.urlsplit(url)
+            conn = self._connect(u)
             conn.request("POST", u.path + (f"?{u.query}" if u.query else ""), body=json.dumps(body).encode(),
                          headers={**headers(self.ep), "Content-Type": "application/json"})
             resp = conn.getresponse()

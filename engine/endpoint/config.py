@@ -80,7 +80,7 @@ class EndpointInfo:
     chunks: int = 0
     client_ms: float = 0.0  # this process's time parsing and assembling the stream (wall clock)
     client_cpu_ms: float = 0.0  # the same span in the consuming thread's CPU time: what preemption does not inflate
-    read_cpu_ms: float = 0.0  # the reader thread's CPU time: the HTTP reads (httpx) before any parsing
+    read_cpu_ms: float = 0.0  # the reader thread's CPU time: the HTTP reads (http.client) before any parsing
     failed: str | None = None  # why the run ended early (its rounds so far are kept)
 
     @property
@@ -96,6 +96,10 @@ class EndpointInfo:
     @property
     def client_cpu_ms_per_chunk(self) -> float | None:
         return self.client_cpu_ms / self.chunks if self.chunks else None
+
+    @property
+    def read_cpu_ms_per_chunk(self) -> float | None:
+        return self.read_cpu_ms / self.chunks if self.chunks else None
 
     @property
     def client_total_cpu_ms_per_chunk(self) -> float | None:
