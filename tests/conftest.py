@@ -23,3 +23,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for the browser tests (tests/browser.py: they skip without it or Playwright)."""
+    from tests.browser import ARGS, CHROMIUM, sync_api
+
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()

@@ -2,7 +2,6 @@
 import csv
 import io
 import os
-import shutil
 import time
 
 import pytest
@@ -10,16 +9,9 @@ import pytest
 from ui.models import Runtimes
 from ui import layout
 from ui.startup import build_runtime
+from tests.browser import PROMPT, VIEWPORT, set_number, wait_for_runs
 
-CHROMIUM = os.environ.get("DECODESCOPE_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 HOSTILE = '<img src=x onerror="window.__xss = 1">'
-PROMPT = "one two three, one two three, one two three, one two"
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install playwright)")
-if not shutil.which(CHROMIUM):
-    pytest.skip(f"needs Chromium at {CHROMIUM} (apt-get install -y chromium)", allow_module_level=True)
 pytestmark = pytest.mark.browser
 
 
@@ -48,28 +40,14 @@ def served():
     rt.close()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
 @pytest.fixture
 def page(browser, served):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
     page = context.new_page()
     page.goto(served[1])
     page.wait_for_selector("#generate-btn")
     yield page
     context.close()
-
-
-def set_number(page, elem_id, value):
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
 
 
 def generate(page, mode="n-gram", max_new_tokens=48, run_no=1):
@@ -82,12 +60,6 @@ def generate(page, mode="n-gram", max_new_tokens=48, run_no=1):
                            timeout=30_000)
     wait_for_runs(page, run_no)
 
-
-def wait_for_runs(page, n):
-    """The run table lists n runs: the run's figures, table and files (last_run) have landed."""
-    page.wait_for_function(
-        f"(document.querySelector('#runs')?.innerText.match(/ · (eager|graph) · /g) || []).length >= {n}",
-        timeout=30_000)
 
 
 def test_generate_n_gram_shows_coloured_spans_and_plots(page):
@@ -275,7 +247,7 @@ def test_special_tokens_show_as_markers(page, served, monkeypatch):
 
 
 def test_dark_mode_plots_are_not_white(browser, served):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
     page.goto(served[1] + "?__theme=dark")
     page.wait_for_selector("#generate-btn")
@@ -321,76 +293,5 @@ def test_self_draft_switches_a_target_its_drafts_cannot_help(page):
     assert page.input_value("#weights input") == "fp32"
 
 
-def test_an_endpoint_run_streams_its_text_into_the_page(browser):
-    """The backend choice beside the settings: an endpoint run streams the server's text into the output box,
-    through the same page script as ours (its values are gradio's own updates, not the side channel)."""
-    from tests.endpoint_fake import FakeServer, chunk, sse
-
-    events = [chunk(None), chunk("Hello"), chunk(" wor"), chunk("ld", finish="stop"),
-              {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}]
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
-    with FakeServer(sse(events, gap_s=0.05)) as fake:
-        rt.endpoints = [fake.url]
-        demo = layout.build(Runtimes(rt))
-        demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        try:
-            page = context.new_page()
-            page.goto(demo.local_url)
-            page.locator("#backend").get_by_label("endpoint", exact=True).check()
-            page.wait_for_selector("#endpoint-url", state="visible")
-            page.fill("#endpoint-model textarea, #endpoint-model input", "m")
-            page.click("#generate-btn")
-            page.wait_for_function("document.querySelector('#status')?.innerText.includes('Run 1 done: endpoint')",
-                                   timeout=30_000)
-            text = page.locator("#output-tokens .ds-stream").inner_text()
-            assert text.replace("\n", "") == "Hello world", text
-            assert page.locator("#output-tokens span.tok").count() >= 3
-            assert "tok/s" in page.inner_text("#stats")
-        finally:
-            context.close()
-            demo.close()
-            rt.close()
-
-
-def test_the_model_picker_loads_the_second_model_and_its_runs_name_it(browser, page, tmp_path):
-    """Two tiny models (a llama, then a gemma3_text of 3 layers built on its first pick): the picker says it loads,
-    the layer-skip slider follows the pick, and the run's row in the table names the model. A launch of one model
-    shows no picker."""
-    from engine.tiny import tiny_config, write_tiny_model
-
+def test_a_launch_of_one_model_shows_no_picker(page):
     assert not page.locator("#model").is_visible()
-    folder = write_tiny_model(tmp_path / "gemma", tiny_config("gemma3_text", num_hidden_layers=3))
-    quiet = dict(device="cpu", bandwidth=False, progress=lambda *a: None)
-
-    def build(shared):
-        rt = build_runtime(str(folder), **quiet, shared=shared)
-        rt.model_name = "tiny-gemma"
-        return rt
-
-    first = build_runtime(tiny=True, **quiet)
-    models = Runtimes(first, {"tiny-gemma": ("reading its weights", build)})
-    demo = layout.build(models)
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    try:
-        page = context.new_page()
-        page.goto(demo.local_url)
-        page.locator("#model input").click()
-        page.get_by_role("option", name="tiny-gemma", exact=True).click()
-        page.wait_for_function("document.querySelector('#status')?.innerText.includes('tiny-gemma: ready')",
-                               timeout=30_000)
-        page.locator("#mode").get_by_label("layer-skip", exact=True).check()
-        assert page.get_attribute("#layers input[type=range]", "max") == "2"
-        page.locator("#mode").get_by_label("plain", exact=True).check()
-        page.fill("#prompt textarea", PROMPT)
-        set_number(page, "max-new-tokens", 8)
-        page.click("#generate-btn")
-        page.wait_for_function("document.querySelector('#status')?.innerText.includes('Run 1 done')",
-                               timeout=30_000)
-        wait_for_runs(page, 1)
-        assert "tiny-gemma" in page.inner_text("#runs")
-    finally:
-        context.close()
-        demo.close()
-        models.close()
