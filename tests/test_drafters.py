@@ -15,6 +15,7 @@ from engine.speculative.layerskip import truncated
 from engine.speculative.lookup import MATCH_CAP, MAX_CANDIDATES, NgramDrafter
 from engine.sampling import SamplingParams
 from engine.ops import ext
+from engine.checkpoint import random_model
 from engine.tiny import tiny_config, tiny_cuda_config, write_tiny_model
 
 
@@ -179,6 +180,28 @@ def test_layer_skip_shares_weights_and_matches_a_truncated_checkpoint(tiny):
     for bad in (0, model.config.n_layers, 1.5):
         with pytest.raises(ValueError, match=f"n_layers={bad} must be in 1..{model.config.n_layers - 1}"):
             speculative.LayerSkipDrafter(eng, n_layers=bad)
+
+
+def test_a_view_shares_the_target_and_has_hooks_of_its_own():
+    """Transformer.view(keep): the target's modules, ops and tables, its kept layers renumbered into the view's
+    own cache (the target's untouched), and a hook on the target (a profiler's) that the view does not run."""
+    model = random_model(tiny_config(), weights="fp32", seed=2)
+    model.ensure_rope(16)
+    view = model.view([0, 2])
+    assert view.config.n_layers == 2 and model.config.n_layers == 4
+    assert [b.attn.layer for b in view.layers] == [0, 1] and [b.attn.layer for b in model.layers] == [0, 1, 2, 3]
+    assert view.layers[1].mlp is model.layers[2].mlp and view.layers[1].attn.wqkv is model.layers[2].attn.wqkv
+    assert view.lm_head is model.lm_head and view.norm is model.norm and view.ops is model.ops
+    assert view.rope_tables is model.rope_tables and view.version == model.version and view.path == model.path
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        Engine(view, 16).logits([1, 2, 3])
+        assert calls == []
+        Engine(model, 16).logits([1, 2, 3])
+        assert calls
+    finally:
+        handle.remove()
 
 
 def test_model_drafter_refuses_another_vocabulary_or_tokenizer(tiny):

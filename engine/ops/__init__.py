@@ -28,6 +28,7 @@ class OpSet:
     # every block of a cached forward in one native call, (model, x, h, ForwardContext) -> x; None: the
     # blocks run one by one in Python (engine/model.py)
     blocks: Callable | None = None
+    block_fields: tuple[str, ...] = ()  # the layer record's fields `blocks` reads (engine/model.py LayerRecord)
     # the ops only some families run (Gemma's GeGLU, Qwen3's and Gemma 3's q/k norms): the twins unless a
     # module has the kernel
     gelu_tanh_mul: Callable = ref.gelu_tanh_mul
