@@ -155,8 +155,8 @@ def test_bad_input_is_named():
     # the record by name: a missing field, a field the loop does not read, a field of the wrong kind
     with pytest.raises(RuntimeError, match="layer 0: the record has no field 'eps'"):
         plan(eps=None)
-    with pytest.raises(RuntimeError, match="layer 0: the block loop reads no field 'o_bias'"):
-        plan(o_bias=torch.zeros(4))
+    with pytest.raises(RuntimeError, match="layer 0: the block loop reads no field 'mlp_nrom'"):
+        plan(mlp_nrom=torch.zeros(4))
     with pytest.raises(RuntimeError, match="layer 0: window must be an int, got a tensor"):
         plan(window=torch.zeros(1))
     with pytest.raises(RuntimeError, match="layer 0: eps must be a float, got an int"):
