@@ -252,7 +252,7 @@ def merge(traces: list[dict]) -> dict:
 
 
 def warm() -> None:
-    """The first profiler session in a process sets up its tracer (about a second on our 2-core box): pay
+    """The first profiler session in a process sets up its tracer (about a second on 2 cores): pay
     it at launch, not in the first Profile a user asks for."""
     with torch.profiler.profile(activities=[ProfilerActivity.CPU]):
         pass
