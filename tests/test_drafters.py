@@ -276,16 +276,15 @@ def test_graphed_speculative_matches_plain_on_cuda(kernel_sized, weights):
     """Graph replays of the draft steps, the catch-ups and the verify passes (their outputs are overwritten by the
     next replay) over the fused kernels give the plain greedy output; fp32, so the decode and chunk paths cannot
     flip a near-tie. q4: verify passes of up to 16 rows run the GEMV, k = 16's 17 rows the dequantize route."""
-    from engine import graphs
-
     model = load_model(kernel_sized, device="cuda", dtype="fp32", weights=weights)
     assert model.ops.name == "fused", model.ops.reason
-    eng = graphs.enable(Engine(model, 256))
+    eng, draft = Engine(model, 256), Engine(model, 256)
+    eng.use_graphs(True), draft.use_graphs(True)
     assert eng.graph is not None, eng.graph_status
     prompt = [72, 101, 108, 108, 111, 32, 72, 101, 108, 108, 111]
     want, _ = eng.generate(prompt, max_new_tokens=48, stop_ids=[])
     for drafter in (speculative.NgramDrafter(), speculative.LayerSkipDrafter(eng, n_layers=2),
-                    speculative.ModelDrafter(graphs.enable(Engine(model, 256)))):
+                    speculative.ModelDrafter(draft)):
         for k, adaptive in ((1, True), (4, True), (16, False)):  # fixed k = 16: 17-row verify passes
             got, _ = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=48, stop_ids=[],
                                           adaptive=adaptive)
