@@ -240,7 +240,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.ops = ops_mod.torch_ops("not yet placed on a device")
+        self.ops = ops_mod.twin_ops("not yet placed on a device")
         self.cos = self.sin = None  # the full layers' rope table; every layer's in rope_tables
         self.rope_tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]] = {}
         self.load_notes: list[str] = []  # what the loader did that a user should know (a tensor dequantized)
