@@ -41,7 +41,8 @@ TINY = "tiny"  # --tiny: random weights, for tests and smoke runs
 # What one run asks ZeroGPU for: budgets, not measurements (no GPU run has measured these paths yet). A fresh
 # worker moves the weights onto the GPU, a format's first run loads it and a graph is captured inside the call:
 # ZERO_GPU_BASE_S. Per token: the twins' Python and dispatch, ~15 ms of a step on 2 CPU cores (README
-# "Measured", bench/results/profile-cpu.json), with headroom for a drafter's own steps. Shorter requests wait less in ZeroGPU's queue.
+# "Measured", bench/results/profile-cpu.json), with headroom for a drafter's own steps. Shorter requests wait
+# less in ZeroGPU's queue.
 ZERO_GPU_BASE_S = 30
 ZERO_GPU_TOKEN_S = 0.08
 ZERO_GPU_MAX_S = 120  # what the Space asked of every run before durations followed the request

@@ -26,7 +26,7 @@ from torch._C._profiler import _RecordFunctionFast as Scope
 from torch.profiler import ProfilerActivity
 
 from engine.observe.breakdown import LAYER, MODEL, OP, SAMPLE, quiet, reduce_trace, row_order
-from engine.model import Linear, RMSNorm
+from engine.layers import Linear, RMSNorm
 from engine.sampling import SamplingParams
 
 STEP, VERIFY = "decodescope/step", "decodescope/verify"
