@@ -45,7 +45,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return c::Projection{format, std::move(tensors)};
            }),
            py::arg("format"), py::arg("tensors"));
-  m.def("block_fields", &c::block_fields, "the layer record's fields the block loop reads (engine/model.py LayerRecord)");
+  m.def("block_fields", &c::block_fields, "the fields of engine/model.py's LayerRecord the block loop reads");
   py::class_<c::BlockPlan>(m, "BlockPlan", "the transformer blocks of a cached forward, planned for one call")
       .def(py::init<const std::vector<c::LayerRecord>&>(), py::arg("layers"))
       .def("run", &c::BlockPlan::run, "every block in one call; h updated in place, the final norm returned",

@@ -20,9 +20,9 @@
 // The layer record's fields, one line each in engine/model.py LayerRecord's order: (type, name). They become
 // BlockPlan::Layer's members, block_fields()' names and the reads of each record by name.
 #define LAYER_FIELDS(X)                                                                                         \
-  X(Projection, qkv)          /* q, k and v in one GEMM */                                                     \
-  X(at::Tensor, qkv_bias)     /* [Q + 2 KV], or empty */                                                       \
-  X(at::Tensor, q_norm)       /* [D]: an RMSNorm of each q head before rope (Qwen3, Gemma 3), or empty */      \
+  X(Projection, qkv)          /* q, k and v in one GEMM */                                                      \
+  X(at::Tensor, qkv_bias)     /* [Q + 2 KV], or empty */                                                        \
+  X(at::Tensor, q_norm)       /* [D]: an RMSNorm of each q head before rope (Qwen3, Gemma 3), or empty */       \
   X(at::Tensor, k_norm)       /* [D]: the same on k, present exactly when q_norm is */                          \
   X(at::Tensor, cos)          /* [max_pos, D/2]: this layer's rope table (Gemma 3's local layers own one) */    \
   X(at::Tensor, sin)                                                                                            \
@@ -33,13 +33,13 @@
   X(int64_t, n_kv_heads)                                                                                        \
   X(double, scale)            /* the attention's score scale */                                                 \
   X(Projection, o)                                                                                              \
-  X(at::Tensor, post_attn_norm) /* [C]: on the attention's output before its add (Gemma), or empty */         \
+  X(at::Tensor, post_attn_norm) /* [C]: on the attention's output before its add (Gemma), or empty */           \
   X(at::Tensor, mlp_norm)     /* [C] */                                                                         \
   X(Projection, gate_up)      /* [gate | up] in one GEMM */                                                     \
   X(std::string, activation)  /* the gate: "silu" or "gelu_tanh" */                                             \
   X(int64_t, intermediate)                                                                                      \
   X(Projection, down)                                                                                           \
-  X(at::Tensor, post_mlp_norm) /* [C]: on the MLP's output before its add (Gemma), or empty */                 \
+  X(at::Tensor, post_mlp_norm) /* [C]: on the MLP's output before its add (Gemma), or empty */                  \
   X(at::Tensor, next_norm)    /* [C]: the next block's attn_norm, the final norm after the last block */        \
   X(double, eps)              /* every norm's epsilon */
 
@@ -110,7 +110,7 @@ BlockPlan::Layer read_layer(const LayerRecord& record, size_t i) {
   const std::vector<std::string> names = block_fields();
   for (const auto& [name, value] : record)
     TORCH_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "layer ", i,
-                ": the block loop reads no field '", name, "' (csrc/cpu/ops_blocks.cpp LAYER_FIELDS lists what it reads)");
+                ": the block loop reads no field '", name, "' (csrc/cpu/ops_blocks.cpp LAYER_FIELDS lists them)");
   TORCH_CHECK(L.activation == "silu" || L.activation == "gelu_tanh", "layer ", i,
               ": activation must be 'silu' or 'gelu_tanh', got '", L.activation, "'");
   L.geglu = L.activation == "gelu_tanh";
@@ -140,8 +140,8 @@ BlockPlan::BlockPlan(const std::vector<LayerRecord>& records) {
     TORCH_CHECK(L.k_cache.dim() == 4 && L.k_cache.size(1) == L.n_kv_heads && L.k_cache.stride(3) == 1 &&
                     L.v_cache.sizes() == L.k_cache.sizes() && L.v_cache.strides() == L.k_cache.strides() &&
                     L.k_cache.sizes() == first.sizes(),
-                "layer ", i, ": k_cache and v_cache must be [B, Hkv = ", L.n_kv_heads, ", S, D] alike in every layer, got ",
-                L.k_cache.sizes(), " and ", L.v_cache.sizes());
+                "layer ", i, ": k_cache and v_cache must be [B, Hkv = ", L.n_kv_heads,
+                ", S, D] alike in every layer, got ", L.k_cache.sizes(), " and ", L.v_cache.sizes());
   }
   batch_ = first.size(0);
   max_len_ = first.size(2);
