@@ -1,5 +1,5 @@
-"""The int8 and q4 products (csrc/gemv.cuh up to 16 rows, csrc/dequantize.cuh + a GEMM beyond) against their twin,
-ref.linear(x, weights.dequantize(blocks)), through the wrappers in engine/ops/cuda.py, on both backends of
+"""The int8 and q4 products (csrc/cuda/gemv.cuh up to 16 rows, csrc/cuda/dequantize.cuh + a GEMM beyond) against
+their twin, ref.linear(x, weights.dequantize(blocks)), through the wrappers in engine/ops/cuda.py, on both backends of
 tests/cuda_backends.py; the dequantize kernel alone against weights.dequantize; on a GPU, q4 and int8 models whose
 prefill, verify pass and decode step go through both routes, against the same models on the torch twins.
 

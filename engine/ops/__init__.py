@@ -55,7 +55,7 @@ def torch_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
                  silu_mul=ref.silu_mul, attention=ref.attention, layout="torch", linear=linear)
 
 
-# the head sizes the decode-attention kernel is instantiated for (csrc/kernels.cu)
+# the head sizes the decode-attention kernel is instantiated for (csrc/cuda/kernels.cu)
 FUSED_HEAD_DIMS = (64, 128)
 
 
@@ -83,7 +83,7 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
 
 
 def cuda_ops(module, reason: str) -> OpSet:
-    """The fused OpSet over the CUDA module (csrc/bindings.cpp), or over a stand-in with its functions: the tests
+    """The fused OpSet over the CUDA module (csrc/cuda/bindings.cpp), or over a stand-in with its functions: the tests
     run a model's CUDA path on the CPU emulation of the kernels this way."""
     from engine.ops import cuda
 

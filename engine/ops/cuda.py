@@ -1,4 +1,4 @@
-"""Thin wrappers over the CUDA kernels (csrc/*.cuh), with the signatures of the twins in ref.py.
+"""Thin wrappers over the CUDA kernels (csrc/cuda/*.cuh), with the signatures of the twins in ref.py.
 
 They allocate outputs (or write into `out=`) and the decode-attention workspace; the extension checks
 shapes, dtypes and devices and says which value is wrong. `ops(module)` is what engine.ops.select uses.
@@ -11,12 +11,12 @@ import torch
 
 from engine.ops.rowwise import RowwiseOps
 
-# csrc/decode_attention.cuh plans its splits on the device from seq_lens; these mirror its constants and rule
+# csrc/cuda/decode_attention.cuh plans its splits on the device from seq_lens; these mirror its constants and rule
 # for the analysis bench/attention.py reports (tests check the mirror against the kernel).
 ATTN_TILE_BYTES = 8192  # K (and V) per pipeline stage
 ATTN_STAGES = 3
 ATTN_MIN_TILES_PER_SPLIT = ATTN_STAGES - 1
-GEMV_MAX_TOKENS = 16  # csrc/gemv.cuh's largest token tile; more rows take the dequantize + GEMM route
+GEMV_MAX_TOKENS = 16  # csrc/cuda/gemv.cuh's largest token tile; more rows take the dequantize + GEMM route
 
 
 def attention_tile_keys(head_dim: int, dtype: torch.dtype) -> int:
@@ -83,7 +83,7 @@ class CudaOps(RowwiseOps):
     # catch-up) dequantize the weight once into x's dtype and multiply with cuBLAS. That is how vLLM's AWQ layer
     # runs large batches (awq_dequantize, then torch.matmul) and what llama.cpp falls back to past its mat-vec
     # kernel's batch limit (dequantize to fp16, then cuBLAS): one write and one read of the dense weight on top of
-    # the blocks (csrc/dequantize.cuh counts the bytes), in exchange for tensor-core GEMMs at any row count and no
+    # the blocks (csrc/cuda/dequantize.cuh counts the bytes), in exchange for tensor-core GEMMs at any row count and no
     # second product kernel to keep exact; a tiled kernel over the blocks (llama.cpp's MMQ) would read less from
     # 17 to ~100 rows, which bench/gemv.py's 17- and 64-row figures will say is worth writing or not. The route is
     # fixed by the row count, so a captured graph (one T) holds one of the two.

@@ -1,4 +1,4 @@
-// The launchers of csrc/*.cuh built for the CPU runtime in cuda_on_cpu.h, behind a C ABI for ctypes
+// The launchers of csrc/cuda/*.cuh built for the CPU runtime in cuda_on_cpu.h, behind a C ABI for ctypes
 // (tests/test_kernels_cuda.py); dtype codes as in emulated_abi.h. Each call returns a cudaError_t;
 // emu_last_error() says what went wrong inside a kernel.
 #include "../activation.cuh"

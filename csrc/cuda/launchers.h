@@ -1,4 +1,4 @@
-// The contract between the kernels (csrc/*.cuh, compiled by nvcc in kernels.cu) and the torch-facing host
+// The contract between the kernels (csrc/cuda/*.cuh, compiled by nvcc in kernels.cu) and the torch-facing host
 // code (ops.cpp, compiled by the host compiler). Plain C++ and the CUDA runtime API only: no torch, no
 // device code. Each launcher returns the launch's cudaError_t; kernels.cu instantiates them for
 // T in {float, __half, __nv_bfloat16}.
