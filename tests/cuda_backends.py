@@ -114,11 +114,11 @@ class EmulatedModule:
         self._call("silu_mul", CODES[out.dtype], ptr(out), ptr(gate_up), ctypes.c_int64(out.numel() // inter), inter)
 
     def decode_attention(self, out, q, k_cache, v_cache, seq_lens, scale, window, sinks, partials, counters):
-        B, H, D = q.shape
+        B, T, H, D = q.shape
         groups = counters.shape[2] - 1
-        ints = (ctypes.c_int * 9)(B, H, k_cache.shape[1], D, k_cache.shape[2], window, sinks,
-                                  partials.shape[2] - groups, groups)
-        strides = (ctypes.c_int64 * 5)(q.stride(0), q.stride(1), *k_cache.stride()[:3])
+        ints = (ctypes.c_int * 10)(B, T, H, k_cache.shape[1], D, k_cache.shape[2], window, sinks,
+                                   partials.shape[2] - groups, groups)
+        strides = (ctypes.c_int64 * 6)(*q.stride()[:3], *k_cache.stride()[:3])
         self._call("decode_attention", CODES[q.dtype], ptr(out), ptr(q), ptr(k_cache), ptr(v_cache), ptr(seq_lens),
                    ptr(partials), ptr(counters), ints, strides, ctypes.c_float(scale))
 
