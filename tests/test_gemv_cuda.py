@@ -255,13 +255,21 @@ def test_quantized_models_prefill_verify_and_step_like_their_twins(backend, kern
         assert max_error(got, w) <= MODEL_FP32_TOL * w.abs().max().item(), name
 
 
+# bf16's unit roundoff u = 2^-8: each rounding of an activation is within u of its value. The bf16 twin's error
+# against the fp32 twin is made of those roundings (its fp32 sums over n <= 640 terms add n * 2^-24, under 1% of
+# u). The fused path rounds at the same sites, and its sums differ from the twin's in the last fp32 bits only, so
+# on the GEMV, the attention and the row-wise kernels its error has the twin's bound: two samples of one bound,
+# allowed 2x. The dequantize route (the prefill) also rounds every weight to bf16 (u) and cuBLAS may round its
+# partial sums to bf16 (u, one split-K level): a bound 3u where the twin's is u, so 3 x 2 = 6x there.
+BF16_FACTOR = {"prefill": 6, "verify": 2, "step": 2}
+
+
 @pytest.mark.parametrize("fmt", ["q4", "int8"])
 def test_quantized_models_in_bf16_stay_within_bf16s_own_error(backend, kernel_sized_model, fmt):
-    """bf16 rounds every activation to 8 bits, and the route's weights too (the twin keeps them fp32): against the
-    fp32 twins, the fused path's error may be at most twice the bf16 twins' own (on the emulation it is 1.0 to 1.15
-    times it); a wrong block, scale, row or dtype moves logits by their own size."""
+    """Against the fp32 twins, the fused bf16 path's error stays within what its bf16 roundings allow over the bf16
+    twins' own error (BF16_FACTOR); a wrong block, scale, row or dtype moves logits by their own size."""
     fused = forwards(cuda_path(backend, kernel_sized_model, fmt, "bf16"), backend.device)
     twin = forwards(twin_path(backend, kernel_sized_model, fmt, "bf16"), backend.device)
     exact = forwards(twin_path(backend, kernel_sized_model, fmt, "fp32"), backend.device)
     for name, f, t, e in zip(("prefill", "verify", "step"), fused, twin, exact, strict=True):
-        assert max_error(f, e) <= 2 * max_error(t, e), name
+        assert max_error(f, e) <= BF16_FACTOR[name] * max_error(t, e), (name, max_error(f, e), max_error(t, e))
