@@ -31,7 +31,7 @@ from engine.ops import ext
 from engine.ops import cuda, ref
 
 WINDOWS = [(0, 0), (512, 4)]  # (window, sinks); window 0 is full attention
-HEADS_PER_BLOCK = (1, 2, 3, 4, 6, 8)  # the decode_kernel instances of csrc/decode_attention.cuh
+HEADS_PER_BLOCK = (1, 2, 3, 4, 6, 8)  # the decode_kernel instances of csrc/cuda/decode_attention.cuh
 THREADS, STAGES, MAX_SPLITS = 128, cuda.ATTN_STAGES, 256
 # Without a GPU to ask: an H200 (HBM3e 4.8 TB/s, 132 SMs at 1.98 GHz, 228 KB shared memory per SM).
 H200 = dict(gb_s=4800.0, sms=132, clock_ghz=1.98, smem_per_sm=228 * 1024)
@@ -119,7 +119,7 @@ def ptxas_registers(arch: str) -> dict[str, int]:
         from torch.utils import cpp_extension
 
         proc = subprocess.run(["nvcc", "-std=c++17", "-O3", *cpp_extension.COMMON_NVCC_FLAGS, f"-arch={arch}",
-                               "-Xptxas=-v", "-c", str(ext.CSRC / "kernels.cu"), "-o", "/dev/null"],
+                               "-Xptxas=-v", "-c", str(ext.CSRC / "cuda" / "kernels.cu"), "-o", "/dev/null"],
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]
         found = re.findall(r"Compiling entry function '\S*?(decode_kernelI\S+?E)EEv\S*'.*?\n.*?\n.*?\n"

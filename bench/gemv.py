@@ -1,4 +1,4 @@
-"""The CUDA weight-only products alone: int8 and q4 blocks (the GEMV up to 16 rows, the dequantize route past it)
+"""The CUDA weight-only products alone: int8 and q4 blocks (the GEMV up to 17 rows, the dequantize route past it)
 against bf16 weights through cuBLAS, at TinyLlama-1.1B's layer shapes.
 
     python -m bench.gemv [--out bench/results] [--tokens 1 6 16 17 64] [--formats q4 int8 bf16]

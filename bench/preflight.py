@@ -1,6 +1,7 @@
 """What this machine has for the GPU check, before a minute is spent on a build: torch and its CUDA, a
-visible device, nvcc, ninja and pytest, an arch list that covers the device, disk. Writes JSON; the
-last line printed says whether the check can go on, and if not, why. No network.
+visible device, nvcc, ninja, a host C++ compiler, Python.h and pytest, an arch list that covers the device, disk.
+A build without any of them fails, and every later step would run the torch twins instead of the kernels.
+Writes JSON; the last line printed says whether the check can go on, and if not, why. No network.
 
     python -m bench.preflight OUT.json     # exit 0: ready; 1: not, with the reason
 """
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -36,6 +38,12 @@ def covers(archs: list[str], capability: tuple[int, int]) -> bool:
     return False
 
 
+def python_header() -> str | None:
+    """Python.h where the extension's build looks for it (torch's cpp_extension includes Python's own headers)."""
+    path = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    return str(path) if path.is_file() else None
+
+
 def check() -> tuple[dict, str | None]:
     """(facts, the reason the GPU check cannot run here or None)."""
     from torch.utils import cpp_extension
@@ -45,6 +53,7 @@ def check() -> tuple[dict, str | None]:
     facts = dict(python=sys.version.split()[0], torch=torch.__version__, torch_cuda=torch.version.cuda,
                  cuda_home=cpp_extension.CUDA_HOME, nvcc=_version(["nvcc", "--version"]),
                  ninja=_version(["ninja", "--version"]),
+                 cxx=_version([os.environ.get("CXX", "c++"), "--version"]), python_h=python_header(),
                  nvidia_smi=_version(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                                       "--format=csv,noheader"]),
                  pytest=importlib.util.find_spec("pytest") is not None,
@@ -68,6 +77,11 @@ def check() -> tuple[dict, str | None]:
                        f"{props.major}.{props.minor} device; set TORCH_CUDA_ARCH_LIST (or GPU_CHECK_ARCH for "
                        f"scripts/gpu_check.sh) to {props.major}.{props.minor}")
     missing = [name for name in ("nvcc", "ninja", "pytest") if not facts[name]]
+    if not facts["cxx"]:
+        missing.append(f"a host C++ compiler ({os.environ.get('CXX', 'c++')!r} is not on PATH; install g++)")
+    if not facts["python_h"]:
+        missing.append(f"Python.h (not in {sysconfig.get_paths()['include']}; install python3-dev for this "
+                       f"Python, {sys.version.split()[0]})")
     if missing:
         return facts, f"missing {', '.join(missing)}: the build or the tests cannot run"
     return facts, None

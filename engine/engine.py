@@ -108,6 +108,12 @@ class Engine:
         return "full" if self.window is None else f"window {self.window} + {self.sinks} sinks"
 
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # Checked on the host before anything launches: a captured step writes K/V with an index_put whose
+        # positions only the device knows, and one past the cache is a device-side assert that kills the context.
+        if self.cache.length + tokens.shape[1] > self.max_seq_len:
+            raise ValueError(f"{tokens.shape[1]} more position(s) after {self.cache.length} exceed "
+                             f"max_seq_len={self.max_seq_len}; roll back, or build the Engine with a larger "
+                             "max_seq_len")
         self.cache.advance(tokens.shape[1])
         if self.graph is not None:
             return self.graph.run(tokens)

@@ -63,29 +63,32 @@ def tests(name: str, cap_s: int, deadline_s: int, saves: str, *selection: str) -
 
 
 STEPS = (
-    Step("preflight", 20, "preflight.json: torch, CUDA, the GPU, nvcc, ninja, the arch list; stops a run that "
-         "cannot build or test", ("{py}", "-m", "bench.preflight", "{work}/preflight.json"), stops_run=True),
+    Step("preflight", 20, "preflight.json: torch, CUDA, the GPU, nvcc, ninja, a host C++ compiler, Python.h, the "
+         "arch list; stops a run that cannot build or test",
+         ("{py}", "-m", "bench.preflight", "{work}/preflight.json"), stops_run=True),
     # without kernels, later steps would each start the build again: they run the twins instead, and say so
     Step("build", 150, "logs/build.log: the CUDA kernels built from a clean cache, nvcc's output and time",
          ("{py}", "-m", "engine.ops.ext", "build", "--target", "cuda", "--verbose"),
          env_if_failed=(("DECODESCOPE_NO_EXT", "1"),)),
     tests("test_kernels", 45, 30, "tests/test_kernels.*: norms, rope, silu, decode attention against their twins",
           "tests/test_kernels_cuda.py", "-m", "not emulation", "-k", "not emulated and not clean_cache"),
-    tests("test_gemv", 40, 30, "tests/test_gemv.*: int8/q4 at every row count, the dequantize route, q4 and int8 "
-          "models against their twins", "tests/test_gemv_cuda.py", "-m", "not emulation", "-k", "not emulated"),
+    tests("test_gemv", 55, 30, "tests/test_gemv.*: int8/q4 at every row count, the dequantize route, q4 and int8 "
+          "models against their twins; a position's logits the same bits in a decode step and a verify pass of "
+          "any T", "tests/test_gemv_cuda.py", "tests/test_batch_invariance.py", "-m", "not emulation", "-k",
+          "not emulated and cuda"),
     Step("goals", 60, "goals/latency-cuda.*: fused bf16 decode, eager and graphed, TinyLlama and default shapes",
          ("{py}", "-m", "bench.latency", "--device", "cuda", "--shapes", "tinyllama", "default", "--formats", "bf16",
           "--kernels", "fused", "--batch", "1", "--new-tokens", "64", "--out", "{work}/goals")),
     Step("bench_gemv", 30, "bench/gemv-cuda.*: q4, int8 and bf16 products alone at T = 1, 6, 16, 17, 64",
          ("{py}", "-m", "bench.gemv", "--out", "{work}/bench")),
-    Step("bench_attention", 35, "bench/attention-cuda.*: decode attention at 4k and 32k against SDPA",
+    Step("bench_attention", 30, "bench/attention-cuda.*: decode attention at 4k and 32k against SDPA",
          ("{py}", "-m", "bench.attention", "--contexts", "4096", "32768", "--iters", "30", "--out", "{work}/bench")),
     tests("test_graphs", 70, 60, "tests/test_graphs.*: graphs, graphed speculation on the fused kernels, bf16",
           "tests/test_graphs.py", "tests/test_drafters.py", "tests/test_speculative.py", "-m", "cuda"),
-    Step("bench_latency", 45, "bench/latency-cuda.*: int8 and q4 decode at batch 1 and 8, eager and graphed",
+    Step("bench_latency", 40, "bench/latency-cuda.*: int8 and q4 decode at batch 1 and 8, eager and graphed",
          ("{py}", "-m", "bench.latency", "--device", "cuda", "--formats", "int8", "q4", "--kernels", "fused",
           "--batch", "1", "8", "--new-tokens", "64", "--out", "{work}/bench")),
-    Step("bench_profile", 35, "bench/profile-cuda.*: a decode step by layer and op class, eager/graph x torch/fused",
+    Step("bench_profile", 30, "bench/profile-cuda.*: a decode step by layer and op class, eager/graph x torch/fused",
          ("{py}", "-m", "bench.profile", "--device", "cuda", "--steps", "6", "--out", "{work}/bench")),
 )
 

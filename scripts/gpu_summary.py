@@ -61,6 +61,7 @@ class Run:
         self.machine = read_json(work / "preflight.json") or {}
         self.tests = {p.stem: test_counts(p) for p in sorted((work / "tests").glob("*.jsonl"))}
         self.goals = goals(work, self.machine.get("gpu") or "", self.tests, self.steps)
+        self.goals.insert(1, invariance(work))
 
     def as_json(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "goals"}
@@ -128,6 +129,31 @@ def test_counts(path: Path) -> dict:
         notes.append(f"stopped: {stop}")
     counts["note"] = "; ".join(notes)
     return counts
+
+
+INVARIANCE_TEST = "test_cuda_decode_steps_and_verify_passes_give_the_same_bits"
+
+
+def invariance(work: Path) -> Goal:
+    """Speculative output is plain decoding's where a position's logits are the same bits in a decode step and a
+    verify pass of any T: the share of tests/test_batch_invariance.py's CUDA cases that passed."""
+    goal = Goal("speculative = plain: a decode step's logits and a verify pass's (T = 1..17, block formats) the same "
+                "bits", 100, "%", detail="no case ran")
+    outcomes = {}
+    for path in sorted((work / "tests").glob("*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("event") == "report" and INVARIANCE_TEST in r.get("nodeid", "") and r.get("when") == "call":
+                outcomes[r["nodeid"].split("[")[-1].rstrip("]")] = r["outcome"]
+    if outcomes:
+        bad = sorted(case for case, outcome in outcomes.items() if outcome != "passed")
+        goal.measured(100 * (len(outcomes) - len(bad)) / len(outcomes),
+                      f"{len(outcomes) - len(bad)} of {len(outcomes)} cases" + (f"; not: {', '.join(bad)}" if bad
+                                                                                else ""))
+    return goal
 
 
 def bandwidth(value_gbs: float, gpu: str, copy_gbs: float | None) -> tuple[float, str]:

@@ -1,7 +1,7 @@
 """The two backends the CUDA kernel tests run on (tests/test_kernels_cuda.py, tests/test_gemv_cuda.py).
 
 "cuda" is the built extension (skipped with "needs a CUDA device"); "emulated" is the same kernel source compiled
-by the host compiler against csrc/testing/cuda_on_cpu.h and called through ctypes, so CI without a GPU still
+by the host compiler against csrc/cuda/testing/cuda_on_cpu.h and called through ctypes, so CI without a GPU still
 executes the kernels' indexing, barriers, shuffles, atomics and async-copy pipelines. The CPU backend runs
 every CUDA thread as a coroutine, so its sweeps are smaller. EmulatedModule has the extension's functions with its
 signatures, so engine.ops.cuda_ops builds a model's whole CUDA path over it on a CPU.
@@ -52,13 +52,13 @@ def cuda_include() -> Path | None:
 
 @functools.cache
 def emulated_library(name: str) -> ctypes.CDLL:
-    """csrc/testing/<name>.cpp built once per test process (a session's test files share it)."""
+    """csrc/cuda/testing/<name>.cpp built once per test process (a session's test files share it)."""
     if shutil.which("c++") is None or cuda_include() is None:
         pytest.skip("the CPU backend needs a C++20 compiler and the CUDA toolkit headers (cuda_fp16.h)")
     lib = Path(tempfile.mkdtemp(prefix="decodescope-emulated-")) / f"{name}.so"
     # -ffp-contract=off: a product and a sum stay two roundings, as __fmul_rn / __fadd_rn are on the GPU
     cmd = ["c++", "-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-DDECODESCOPE_CUDA_ON_CPU",
-           f"-I{cuda_include()}", str(ext.CSRC / "testing" / f"{name}.cpp"), "-o", str(lib)]
+           f"-I{cuda_include()}", str(ext.CSRC / "cuda" / "testing" / f"{name}.cpp"), "-o", str(lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     cdll = ctypes.CDLL(str(lib))
@@ -74,8 +74,9 @@ EMULATED_SMS = 8  # with 2 blocks per SM: 16 blocks a wave, e.g. 8 splits for B 
 
 
 class EmulatedModule:
-    """The extension's functions (csrc/bindings.cpp) with its signatures, backed by csrc/testing/emulated_kernels.cpp
-    and emulated_gemv.cpp; a nonzero cudaError_t raises with what the CPU runtime reported."""
+    """The extension's functions (csrc/cuda/bindings.cpp) with its signatures, backed by
+    csrc/cuda/testing/emulated_kernels.cpp and emulated_gemv.cpp; a nonzero cudaError_t raises with what the CPU
+    runtime reported."""
 
     def __init__(self, sm_count: int = EMULATED_SMS):
         self.libs = [emulated_library("emulated_kernels"), emulated_library("emulated_gemv")]
@@ -91,7 +92,7 @@ class EmulatedModule:
         if rc != 0:
             raise RuntimeError(f"{name} failed ({rc}): {lib.emu_last_error().decode()}")
 
-    # --- csrc/norm.cuh, rope.cuh, activation.cuh, decode_attention.cuh ---
+    # --- csrc/cuda/norm.cuh, rope.cuh, activation.cuh, decode_attention.cuh ---
 
     def rmsnorm(self, out, x, weight, eps):
         hidden = x.shape[-1]
@@ -113,11 +114,11 @@ class EmulatedModule:
         self._call("silu_mul", CODES[out.dtype], ptr(out), ptr(gate_up), ctypes.c_int64(out.numel() // inter), inter)
 
     def decode_attention(self, out, q, k_cache, v_cache, seq_lens, scale, window, sinks, partials, counters):
-        B, H, D = q.shape
+        B, T, H, D = q.shape
         groups = counters.shape[2] - 1
-        ints = (ctypes.c_int * 9)(B, H, k_cache.shape[1], D, k_cache.shape[2], window, sinks,
-                                  partials.shape[2] - groups, groups)
-        strides = (ctypes.c_int64 * 5)(q.stride(0), q.stride(1), *k_cache.stride()[:3])
+        ints = (ctypes.c_int * 10)(B, T, H, k_cache.shape[1], D, k_cache.shape[2], window, sinks,
+                                   partials.shape[2] - groups, groups)
+        strides = (ctypes.c_int64 * 6)(*q.stride()[:3], *k_cache.stride()[:3])
         self._call("decode_attention", CODES[q.dtype], ptr(out), ptr(q), ptr(k_cache), ptr(v_cache), ptr(seq_lens),
                    ptr(partials), ptr(counters), ints, strides, ctypes.c_float(scale))
 
@@ -127,7 +128,7 @@ class EmulatedModule:
                    self.sm_count, plan)
         return plan[0], plan[1], plan[2]
 
-    # --- csrc/gemv.cuh and dequantize.cuh ---
+    # --- csrc/cuda/gemv.cuh and dequantize.cuh ---
 
     def _linear(self, q4: bool, out, x, qs, d, m):
         ints = (ctypes.c_int * 3)(x.shape[0], x.shape[1], qs.shape[0])

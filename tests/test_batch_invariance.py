@@ -1,19 +1,32 @@
-"""Batch-invariant numerics on the CPU kernels: a position's logits are the same bits whichever pass computes
-it, a decode step or a verify pass of any T = 1..17, so greedy speculative output cannot depend on the k a round
-chose. Every weight format (fp32, fp16, int8, q4 with its q8 head), every instruction-set path this CPU runs
+"""Batch-invariant numerics: a position's logits are the same bits whichever pass computes it, a decode step or a
+verify pass of any T = 1..17, so greedy speculative output cannot depend on the k a round chose; compared with
+torch.equal, no tolerance, full and windowed attention.
+
+CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head), every instruction-set path this CPU runs
 (amx with its tiles from one row up, and at its default crossover), the native block loop and Block.forward in
-Python, full and windowed attention; compared with torch.equal, no tolerance."""
+Python. CUDA kernels (on a GPU, and on the CPU emulation of CUDA threads): the block formats, whose products are
+the GEMV at every T, and the split-KV attention at every T, in bf16 and fp32 activations. Dense weights on CUDA
+multiply with cuBLAS, which promises no fixed order across row counts: not covered here (engine/ops/cuda.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import Engine
+from cuda_backends import make_backend
+from engine import Engine, ops
 from engine.checkpoint import random_model
 from engine.ops import ext
-from engine.tiny import tiny_config
+from engine.tiny import tiny_config, tiny_cuda_config
 
-pytestmark = pytest.mark.skipif(ext.load("cpu").module is None, reason="the CPU kernels did not build")
+
+
+@pytest.fixture(scope="module")
+def cpu_module():
+    """Asked for only by the CPU tests, so a run of the CUDA ones never builds the CPU kernels."""
+    module = ext.load("cpu").module
+    if module is None:
+        pytest.skip("the CPU kernels did not build")
+    return module
 
 FORMATS = ["fp32", "fp16", "int8", "q4"]
 SHAPES = {  # head_dim 16 runs attention's generic path; 64 its unrolled one. 352 = 11 blocks, a ragged panel count
@@ -43,12 +56,13 @@ def paths(module):
 
 
 @torch.inference_mode()
-def decode_then_verify(eng: Engine, prompt: list[int], tokens: torch.Tensor) -> None:
-    """Logits of MAX_T positions from decode steps, then from a verify pass of every T on the same positions."""
+def decode_then_verify(eng: Engine, prompt: list[int], tokens: torch.Tensor,
+                       lengths=range(1, MAX_T + 1)) -> None:
+    """Logits of MAX_T positions from decode steps, then from a verify pass of each T on the same positions."""
     eng.prefill(prompt)
     steps = torch.stack([eng.decode(tokens[:, t])[0] for t in range(MAX_T)])  # [MAX_T, V]
     assert torch.isfinite(steps).all()
-    for T in range(1, MAX_T + 1):
+    for T in lengths:
         eng.rollback(len(prompt))
         chunk = eng.chunk(tokens[:, :T])[0]
         for t in range(T):
@@ -57,8 +71,8 @@ def decode_then_verify(eng: Engine, prompt: list[int], tokens: torch.Tensor) -> 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_decode_steps_and_verify_passes_give_the_same_bits(fmt, shape):
-    module = ext.load("cpu").module
+def test_decode_steps_and_verify_passes_give_the_same_bits(cpu_module, fmt, shape):
+    module = cpu_module
     model = random_model(tiny_config(**SHAPES[shape]), weights=fmt, seed=7)
     assert model.ops.blocks is not None, model.ops.reason
     g = torch.Generator().manual_seed(1)
@@ -77,7 +91,7 @@ def test_decode_steps_and_verify_passes_give_the_same_bits(fmt, shape):
 
 
 @pytest.mark.slow
-def test_the_default_model_in_q4(default_model_dir):
+def test_the_default_model_in_q4(cpu_module, default_model_dir):
     """The launch most users get: the default model in q4 (its q8 head on 16-bit activations too), on the path
     this CPU picks, over a real prompt."""
     from engine import Tokenizer, load_model
@@ -89,3 +103,53 @@ def test_the_default_model_in_q4(default_model_dir):
     tokens = torch.tensor([tok.encode(text)[:MAX_T]])
     assert tokens.shape[1] == MAX_T
     decode_then_verify(Engine(model, max_seq_len=len(prompt) + MAX_T + 8), prompt, tokens)
+
+
+CUDA_FORMATS = ["int8", "q8", "q4"]  # the formats the GEMV runs (q4 with its int8 head)
+CUDA_PROMPT = 200  # fp32 at head_dim 64: 32 keys a tile, 2 tiles a split at least, so several splits
+# The emulation runs every CUDA thread as a coroutine: one layer, and the verify lengths that reach each of the
+# GEMV's token tiles (1, 2, 4, 8, 16) and two launches (17 = 16 + 1); the GPU runs every T and four layers.
+EMULATED_LENGTHS = (1, 2, 3, 5, 9, 17)
+
+
+# On the emulation q8 adds nothing to int8 (the same kernel, activations in their dtype): two cases, one per product
+# kernel, bf16 and the fp32 that shows any change of order.
+CUDA_CASES = [
+    pytest.param(name, fmt, dtype, id=f"{name}-{fmt}-{dtype}",
+                 marks=[pytest.mark.emulation] if name == "emulated" else [])
+    for name, cases in [("cuda", [(f, d) for f in CUDA_FORMATS for d in ("bf16", "fp32")]),
+                        ("emulated", [("int8", "bf16"), ("q4", "fp32")])]
+    for fmt, dtype in cases
+]
+
+
+@pytest.fixture(scope="module")
+def backend(request):
+    return make_backend(request.param)
+
+
+def cuda_model(backend, fmt: str, dtype: str):
+    """A random head_dim-64 model on the CUDA kernels: the extension on a GPU, the emulated kernels on a CPU."""
+    cfg = tiny_cuda_config(num_hidden_layers=4 if backend.name == "cuda" else 1)
+    if backend.name == "cuda":
+        return random_model(cfg, device="cuda", dtype=dtype, weights=fmt, seed=7)
+    model = random_model(cfg, dtype=dtype, weights=fmt, fused=False, seed=7)
+    model.use_ops(ops.cuda_ops(backend.module, "the CUDA kernels on the CPU emulation"))
+    return model
+
+
+@pytest.mark.parametrize("backend,fmt,dtype", CUDA_CASES, indirect=["backend"])
+def test_cuda_decode_steps_and_verify_passes_give_the_same_bits(backend, fmt, dtype):
+    model = cuda_model(backend, fmt, dtype)
+    assert model.ops.name == "fused" and model.ops.layout == "cuda", model.ops.reason
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, model.config.vocab_size, (CUDA_PROMPT,), generator=g).tolist()
+    tokens = torch.randint(0, model.config.vocab_size, (1, MAX_T), generator=g).to(backend.device)
+    eng = Engine(model, max_seq_len=CUDA_PROMPT + MAX_T + 8)
+    lengths = range(1, MAX_T + 1) if backend.name == "cuda" else EMULATED_LENGTHS
+    for window in (None, 64):
+        eng.use_window(window, sinks=4)
+        try:
+            decode_then_verify(eng, prompt, tokens, lengths)
+        except AssertionError as e:
+            raise AssertionError(f"{fmt} {dtype} on {backend.name}, window {window}: {e}") from None

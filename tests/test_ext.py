@@ -1,6 +1,6 @@
 """engine/ops/ext.py and the csrc/ sources, without a GPU.
 
-Compiles every kernel for sm_80 and sm_90 with nvcc alone (csrc/kernels.cu is torch-free; ptxas reports each
+Compiles every kernel for sm_80 and sm_90 with nvcc alone (csrc/cuda/kernels.cu is torch-free; ptxas reports each
 kernel's registers and spills, and none may spill), compiles the
 torch-facing host files against torch's headers, and checks that a missing device, DECODESCOPE_NO_EXT=1,
 a CPU-only torch and a failing build all fall back to the torch twins with the reason recorded.
@@ -67,19 +67,19 @@ def compiled(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, P
     if NVCC:
         for arch in ("sm_80", "sm_90"):
             obj = out / f"kernels_{arch}.o"
-            jobs[arch] = ([NVCC, *NVCC_FLAGS, f"-arch={arch}", "-Xptxas=-v", "-c", str(ext.CSRC / "kernels.cu"), "-o",
-                           str(obj)], obj)
+            jobs[arch] = ([NVCC, *NVCC_FLAGS, f"-arch={arch}", "-Xptxas=-v", "-c",
+                           str(ext.CSRC / "cuda" / "kernels.cu"), "-o", str(obj)], obj)
     if host_compile_skip_reason() is None:
         # The CPU wheel ships c10/cuda but not its build-generated cuda_cmake_macros.h; that header only sets
         # the Windows export macro, which C10_CUDA_NO_CMAKE_CONFIGURE_FILE lets us skip on Linux.
         includes = [*cpp_extension.include_paths(), str(cuda_include()), sysconfig.get_path("include")]
         flags = ["-std=c++17", "-fPIC", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DTORCH_EXTENSION_NAME=decodescope_ops",
-                 *(f"-isystem{p}" for p in includes), f"-I{ext.CSRC}"]
+                 *(f"-isystem{p}" for p in includes), f"-I{ext.CSRC / 'cuda'}"]
         for name in ("ops", "ops_attention"):
             obj = out / f"{name}.o"
-            jobs[name] = ([CXX, *flags, "-c", str(ext.CSRC / f"{name}.cpp"), "-o", str(obj)], obj)
+            jobs[name] = ([CXX, *flags, "-c", str(ext.CSRC / "cuda" / f"{name}.cpp"), "-o", str(obj)], obj)
         # bindings.cpp only registers; type-checking it is the point, code generation adds nothing.
-        jobs["bindings"] = ([CXX, *flags, "-fsyntax-only", str(ext.CSRC / "bindings.cpp")], out / "none")
+        jobs["bindings"] = ([CXX, *flags, "-fsyntax-only", str(ext.CSRC / "cuda" / "bindings.cpp")], out / "none")
     with ThreadPoolExecutor(max_workers=len(jobs) or 1) as pool:
         futures = {label: pool.submit(run, cmd) for label, (cmd, _) in jobs.items()}
         return {label: (f.result(), jobs[label][1]) for label, f in futures.items()}
@@ -174,7 +174,7 @@ def test_build_dir_is_keyed_by_arch_and_sources(tmp_path, monkeypatch):
     assert a.parent == tmp_path / "ext" and a.name.startswith("sm90-")
     assert ext.build_dir("cuda", ["8.0", "9.0"], src).name.startswith("sm80_sm90-")
     assert ext.build_dir("cuda", ["9.0"], src) == a
-    (src / "rope.cuh").write_text((src / "rope.cuh").read_text() + "\n// edited\n")
+    (src / "cuda" / "rope.cuh").write_text((src / "cuda" / "rope.cuh").read_text() + "\n// edited\n")
     assert ext.build_dir("cuda", ["9.0"], src) != a
 
 
@@ -303,7 +303,7 @@ def test_cpu_torch_reports_instead_of_building(fresh_load):
 def test_failing_build_runs_the_twins_with_the_compiler_error(fresh_load, monkeypatch, tmp_path):
     broken = tmp_path / "broken_csrc"
     shutil.copytree(ext.CSRC, broken)
-    path = broken / "decode_attention.cuh"
+    path = broken / "cuda" / "decode_attention.cuh"
     path.write_text(path.read_text().replace("const float rescale", "const flaot rescale"))
     calls = []
 
@@ -311,7 +311,8 @@ def test_failing_build_runs_the_twins_with_the_compiler_error(fresh_load, monkey
         # cpp_extension.load needs a CUDA torch; compile the real (broken) sources the same way and raise
         # what it raises: RuntimeError("Error building extension ...") with the compiler's output.
         calls.append((name, directory, archs, csrc))
-        proc = run([NVCC, *NVCC_FLAGS, "-arch=sm_80", "-c", str(csrc / "kernels.cu"), "-o", str(tmp_path / "k.o")])
+        proc = run([NVCC, *NVCC_FLAGS, "-arch=sm_80", "-c", str(csrc / "cuda" / "kernels.cu"), "-o",
+                    str(tmp_path / "k.o")])
         raise RuntimeError(f"Error building extension '{name}': {proc.stdout}{proc.stderr}")
 
     monkeypatch.setattr(ext, "toolkit_problem", lambda target: None)

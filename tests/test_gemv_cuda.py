@@ -1,12 +1,12 @@
-"""The int8 and q4 products (csrc/gemv.cuh up to 16 rows, csrc/dequantize.cuh + a GEMM beyond) against their twin,
-ref.linear(x, weights.dequantize(blocks)), through the wrappers in engine/ops/cuda.py, on both backends of
+"""The int8 and q4 products (csrc/cuda/gemv.cuh up to 17 rows, csrc/cuda/dequantize.cuh + a GEMM beyond) against
+their twin, ref.linear(x, weights.dequantize(blocks)), through the wrappers in engine/ops/cuda.py, on both backends of
 tests/cuda_backends.py; the dequantize kernel alone against weights.dequantize; on a GPU, q4 and int8 models whose
 prefill, verify pass and decode step go through both routes, against the same models on the torch twins.
 
 Outputs are poisoned with NaN before each launch. Sizes are awkward on purpose: 1 and 17 output rows (a
 block's rows mostly idle), 769 (not a multiple of any block's rows), inputs 32 (one quantization block), 96
 (a chunk's lanes mostly idle) and 576 (two chunks, the second partial), T 1, 6 and 16 (token tiles 1, 8, 16),
-then 17 and 40 rows (the dequantize route).
+then 17 (two launches) and 40 rows (the dequantize route); a row's bits at every T.
 
 Tolerance: kernel and twin accumulate in fp32 and round once, but the GEMV takes the block's scale (and min)
 out of the block's sum and adds in another order. fp32 rounding over `in` terms stays far below
@@ -110,9 +110,9 @@ ROUTE_CASES = [
 
 
 @pytest.mark.parametrize("backend,fmt,dtype,out_features,in_features,T", ROUTE_CASES, indirect=["backend"])
-def test_more_than_16_rows_take_the_dequantize_route(backend, fmt, dtype, out_features, in_features, T):
-    """A prefill, full-sequence logits, layer-skip calibration, a verify pass of 17 or a long catch-up: every row
-    count runs, past the GEMV's 16 rows through the dense weight and a GEMM."""
+def test_more_than_17_rows_take_the_dequantize_route(backend, fmt, dtype, out_features, in_features, T):
+    """A prefill, full-sequence logits, layer-skip calibration or a long catch-up: every row count runs, a verify
+    pass of 17 as two GEMV launches (16 + 1), more rows through the dense weight and a GEMM."""
     b, args = quantized(fmt, out_features, in_features, backend.device, seed=out_features + T)
     x = randn(T, in_features, dtype=dtype, device=backend.device, seed=T)
     out = torch.full((T, out_features), NAN, dtype=dtype, device=backend.device)
@@ -144,12 +144,19 @@ def test_dequantize_is_the_twin_bit_for_bit(backend, fmt, dtype, out_features, i
     assert buf[-8:].isnan().all(), "written past the matrix"
 
 
-@pytest.mark.parametrize("backend", ["emulated"], indirect=True)
-def test_the_gemv_launcher_refuses_more_than_16_tokens(backend):
-    """The launcher's contract: 1..16 tokens, nothing launched beyond (the wrapper routes those rows elsewhere)."""
-    b, (qs, d) = quantized("int8", 8, 32, "cpu")
-    with pytest.raises(RuntimeError, match=r"linear failed \(1\)"):  # cudaErrorInvalidValue, nothing launched
-        backend.module.linear_int8(torch.empty(17, 8), torch.zeros(17, 32), qs, d)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["int8", "q4"])
+def test_a_row_has_the_same_bits_at_every_row_count(backend, fmt, dtype):
+    """A decode step's row and the same row in a verify pass of any T up to 17: every output is reduced in one
+    order whatever the token tile (1, 2, 4, 8, 16, and 17 as 16 + 1), so the bits match, with no tolerance. fp32
+    shows an order change that bf16's rounding could hide."""
+    b, args = quantized(fmt, 33, 1100, backend.device, seed=8)  # three 512-column chunks, the last partial
+    x = randn(17, 1100, dtype=dtype, device=backend.device, seed=9)
+    alone = torch.cat([run(backend, fmt, x[t:t + 1], args) for t in range(17)])
+    assert cuda.GEMV_MAX_TOKENS == 17
+    for T in range(2, 18) if backend.name == "cuda" else (2, 3, 5, 9, 16, 17):
+        got = run(backend, fmt, x[:T], args)
+        assert torch.equal(got, alone[:T]), (T, (got.float() - alone[:T].float()).abs().max().item())
 
 
 @pytest.mark.parametrize("backend", ["emulated"], indirect=True)
@@ -169,8 +176,8 @@ def test_linear_under_other_schedules(backend):
 def test_errors_name_the_values(backend):
     b, (qs, d) = quantized("int8", 8, 40, "cuda")
     x = torch.randn(2, 40, device="cuda")
-    with pytest.raises(RuntimeError, match=r"x must be \[T, in\] with T <= 16 tokens, got \[17, 40\]"):
-        backend.module.linear_int8(torch.empty(17, 8, device="cuda"), torch.randn(17, 40, device="cuda"), qs, d)
+    with pytest.raises(RuntimeError, match=r"x must be \[T, in\], got \[17, 4, 10\]"):
+        backend.module.linear_int8(torch.empty(17, 8, device="cuda"), torch.randn(17, 4, 10, device="cuda"), qs, d)
     with pytest.raises(RuntimeError, match=r"qs must be \[out, 64\] for in = 40 \(64 inputs padded"):
         backend.fused.linear_int8(x, qs[:, :32], d)
     with pytest.raises(RuntimeError, match="d must be Half, got Float"):
@@ -218,7 +225,7 @@ def twin_path(backend, folder, fmt: str, dtype: str):
 
 def forwards(model, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Float32 logits of a 40-token prefill (every position: the dequantize route), a 17-token verify pass on top
-    (the route again), then a decode step (the GEMV and the decode attention)."""
+    (the GEMV in two launches, the split-KV attention), then a decode step (the GEMV and the same attention)."""
     ids = [(7 * i + 3) % 256 for i in range(60)]
     eng = Engine(model, max_seq_len=128)
     with torch.inference_mode():
@@ -248,13 +255,21 @@ def test_quantized_models_prefill_verify_and_step_like_their_twins(backend, kern
         assert max_error(got, w) <= MODEL_FP32_TOL * w.abs().max().item(), name
 
 
+# bf16's unit roundoff u = 2^-8: each rounding of an activation is within u of its value. The bf16 twin's error
+# against the fp32 twin is made of those roundings (its fp32 sums over n <= 640 terms add n * 2^-24, under 1% of
+# u). The fused path rounds at the same sites, and its sums differ from the twin's in the last fp32 bits only, so
+# on the GEMV, the attention and the row-wise kernels its error has the twin's bound: two samples of one bound,
+# allowed 2x. The dequantize route (the prefill) also rounds every weight to bf16 (u) and cuBLAS may round its
+# partial sums to bf16 (u, one split-K level): a bound 3u where the twin's is u, so 3 x 2 = 6x there.
+BF16_FACTOR = {"prefill": 6, "verify": 2, "step": 2}
+
+
 @pytest.mark.parametrize("fmt", ["q4", "int8"])
 def test_quantized_models_in_bf16_stay_within_bf16s_own_error(backend, kernel_sized_model, fmt):
-    """bf16 rounds every activation to 8 bits, and the route's weights too (the twin keeps them fp32): against the
-    fp32 twins, the fused path's error may be at most twice the bf16 twins' own (on the emulation it is 1.0 to 1.15
-    times it); a wrong block, scale, row or dtype moves logits by their own size."""
+    """Against the fp32 twins, the fused bf16 path's error stays within what its bf16 roundings allow over the bf16
+    twins' own error (BF16_FACTOR); a wrong block, scale, row or dtype moves logits by their own size."""
     fused = forwards(cuda_path(backend, kernel_sized_model, fmt, "bf16"), backend.device)
     twin = forwards(twin_path(backend, kernel_sized_model, fmt, "bf16"), backend.device)
     exact = forwards(twin_path(backend, kernel_sized_model, fmt, "fp32"), backend.device)
     for name, f, t, e in zip(("prefill", "verify", "step"), fused, twin, exact, strict=True):
-        assert max_error(f, e) <= 2 * max_error(t, e), name
+        assert max_error(f, e) <= BF16_FACTOR[name] * max_error(t, e), (name, max_error(f, e), max_error(t, e))

@@ -53,20 +53,22 @@ def returned_files(out: Path) -> list[Path]:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the dry run on a machine without a GPU")
 def test_dry_run_stops_at_the_preflight_and_says_why(tmp_path):
     t0 = time.perf_counter()
-    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], capture_output=True, text=True, env=offline_env(),
-                          timeout=120)
+    # .git does not travel to the device: the commit comes in by name (README's GPU notes)
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], capture_output=True, text=True,
+                          env=offline_env(GPU_CHECK_COMMIT="0123abcd"), timeout=120)
     elapsed = time.perf_counter() - t0
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert elapsed < 60
     files = returned_files(tmp_path)
     assert sorted(p.name for p in files) == ["gpu_check.tar.gz", "summary.json", "summary.md"]
     summary = (tmp_path / "summary.md").read_text()
-    assert "| preflight | STOPPED: not ready:" in summary
+    assert "| preflight | STOPPED: not ready:" in summary and "commit 0123abcd;" in summary
     assert "CPU build" in summary or "sees no CUDA device" in summary
     assert all(f"| {s.name} | not run: the preflight stopped the run |" in summary for s in gpu_check.STEPS[1:])
     facts = json.loads((tmp_path / "summary.json").read_text())
     assert facts["steps"][0]["status"].startswith("STOPPED") and facts["arch"] == "9.0"
-    assert [g["met"] for g in facts["goals"]] == [None] * 5
+    assert facts["commit"] == "0123abcd"
+    assert [g["met"] for g in facts["goals"]] == [None] * 6
     with tarfile.open(tmp_path / "gpu_check.tar.gz") as tar:
         names = tar.getnames()
         preflight = json.load(tar.extractfile("gpu_check/preflight.json"))
@@ -154,6 +156,16 @@ def test_test_steps_need_no_model_download(tmp_path, name):
     assert items, "the step selects no test"
     assert not [nodeid for nodeid, fixtures in items if "default_model_dir" in fixtures]
     assert not [nodeid for nodeid, _ in items if "emulated" in nodeid]  # CI runs those
+    invariance = [nodeid for nodeid, _ in items if nodeid.startswith("tests/test_batch_invariance.py")]
+    if name == "test_gemv":  # its CUDA cases only: the CPU ones would build the CPU kernels on the device's time
+        assert invariance and all("test_cuda_decode_steps" in nodeid for nodeid in invariance), invariance
+
+
+def test_no_virtual_environment_travels_with_the_tree():
+    """The tree goes to a device machine as it is (64 MiB at most): a venv under any usual name stays behind."""
+    names = [".venv/x", ".v/x", ".venv-gpu/x", "venv/x", "venv311/x"]
+    proc = subprocess.run(["git", "check-ignore", "--no-index", *names], cwd=REPO, capture_output=True, text=True)
+    assert proc.stdout.split() == names, proc.stdout + proc.stderr
 
 
 def test_a_hung_test_ends_its_process_at_the_deadline(tmp_path):
@@ -188,6 +200,11 @@ def test_summary_reads_the_goals_from_the_results(tmp_path):
             dict(event="start", nodeid=f"tests/x.py::{name}_a"),
             dict(event="report", nodeid=f"tests/x.py::{name}_a", when="call", outcome="passed", seconds=0.1),
             dict(event="report", nodeid=f"tests/x.py::{name}_a", when="teardown", outcome="passed", seconds=0)]))
+    invariance = [dict(event="report", nodeid=f"tests/test_batch_invariance.py::{gpu_summary.INVARIANCE_TEST}"
+                                              f"[cuda-{case}]", when="call", outcome="passed") for case in
+                  ("int8-bf16", "q4-fp32")]
+    with open(work / "tests" / "test_gemv.jsonl", "a") as f:
+        f.write("\n" + "\n".join(json.dumps(r) for r in invariance))
     row = dict(weights="bf16", kernels="fused", batch=1)
     write(work / "goals" / "latency-cuda.json", dict(bandwidth_gbs=4300.0, rows=[
         dict(row, shape="tinyllama", graph=True, ms_per_step=0.65, gb_s=2.21e9 / 0.65 / 1e6),
@@ -215,9 +232,14 @@ def test_summary_reads_the_goals_from_the_results(tmp_path):
     md = run.markdown()
     assert "| decode attention at 32k >= 65% of HBM bandwidth (every shape) | 60.4% | 65% | NO |" in md
     assert "# GPU check: NVIDIA H200 (9.0)" in md
+    assert goals["speculative%"].met and goals["speculative%"].detail == "2 of 2 cases"
+    assert "| speculative = plain: a decode step's logits and a verify pass's" in md
     run.steps[-1].status = "TIMEOUT after 70 s"
+    invariance[1]["outcome"] = "failed"
+    (work / "tests" / "test_gemv.jsonl").write_text("\n".join(json.dumps(r) for r in invariance))
     run.collect(work)
     assert run.goals[0].met is False and "test_graphs: TIMEOUT after 70 s" in run.goals[0].detail
+    assert run.goals[1].value == 50 and run.goals[1].met is False and "not: cuda-q4-fp32" in run.goals[1].detail
 
 
 def fake_device(monkeypatch, capability: tuple[int, int]) -> None:
@@ -235,6 +257,22 @@ def test_preflight_names_a_bad_arch_list(monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "Hopper")
     facts, problem = preflight.check()
     assert facts["gpu"] == "Fake GPU" and "'Hopper'" in problem
+
+
+def test_preflight_stops_a_build_without_a_compiler_or_python_headers(monkeypatch, tmp_path):
+    """Either one missing fails the build, and every later step would then run the twins: stop at the preflight."""
+    from bench import preflight
+
+    fake_device(monkeypatch, (9, 0))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    facts, problem = preflight.check()
+    assert facts["python_h"] and facts["python_h"].endswith("Python.h")  # this machine builds the CPU kernels
+    monkeypatch.setenv("CXX", "no-such-c++")
+    monkeypatch.setattr(preflight.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    facts, problem = preflight.check()
+    assert facts["cxx"] is None and facts["python_h"] is None
+    assert "a host C++ compiler ('no-such-c++' is not on PATH" in problem
+    assert f"Python.h (not in {tmp_path}; install python3-dev" in problem
 
 
 def test_preflight_stops_a_build_the_device_cannot_run(monkeypatch):

@@ -183,3 +183,54 @@ def test_capture_failure_falls_back_to_eager_with_reason(folder, monkeypatch):
     eng.use_graphs(True)
     assert eng.graph is None and "capture failed" in eng.graph_status and "not permitted" in eng.graph_status
     assert eng.generate([1, 2], max_new_tokens=4)[0]
+
+
+class LaunchedError(AssertionError):
+    pass
+
+
+def launched(tokens):
+    raise LaunchedError("a step past the cache reached the graph")
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_a_step_past_max_seq_len_fails_before_any_launch(folder, mode):
+    """Graphed, the K/V write is an index_put at positions only the device knows: one past the cache is a
+    device-side assert that kills the CUDA context, so the host refuses the step first, in both modes."""
+    eng = Engine(load_model(folder), max_seq_len=8)
+    with torch.inference_mode():
+        eng.prefill([1, 2, 3, 4, 5, 6])
+        eng.decode(torch.tensor([7]))  # 7 of 8: fits
+        if mode == "graph":
+            eng.graph = SimpleNamespace(run=launched)
+        with pytest.raises(ValueError, match=r"2 more position\(s\) after 7 exceed max_seq_len=8"):
+            eng.chunk(torch.tensor([[8, 9]]))
+        assert eng.cache.length == 7 and eng.cache.seq_lens.tolist() == [7]
+        if mode == "eager":
+            eng.decode(torch.tensor([8]))  # the last position
+        else:
+            eng.cache.advance(1)
+        with pytest.raises(ValueError, match="after 8 exceed max_seq_len=8"):
+            eng.decode(torch.tensor([9]))
+    assert eng.cache.length == 8
+
+
+def test_layer_skip_captures_its_graph_once_per_layer_set(folder, monkeypatch):
+    """A run's begin() follows the target's kernels; handing the view the same ops again would bump its version
+    and recapture its graph on every run."""
+    from engine.speculative.layerskip import LayerSkipDrafter
+    from engine.sampling import SamplingParams
+
+    captures = []
+    monkeypatch.setattr(graphs, "capture", lambda e: (captures.append(e) or SimpleNamespace(run=launched), "on"))
+    eng = Engine(load_model(folder), max_seq_len=64)
+    eng.use_graphs(True)
+    drafter = LayerSkipDrafter(eng, layers=[0])
+    with torch.inference_mode():
+        drafter.begin(eng, [1, 2, 3], SamplingParams(), 8)
+        version = drafter.engine.model.version
+        drafter.begin(eng, [4, 5, 6], SamplingParams(), 8)
+        assert drafter.engine.model.version == version and captures == [eng, drafter.engine]
+        eng.use_fused(not eng.model.ops.name == "fused")  # other kernels: the view follows and recaptures
+        drafter.begin(eng, [4, 5, 6], SamplingParams(), 8)
+    assert drafter.engine.model.ops is eng.model.ops and captures == [eng, drafter.engine, drafter.engine]

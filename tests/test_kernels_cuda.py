@@ -167,6 +167,41 @@ def test_decode_attention_window_and_sinks(backend, dtype, window, sinks, lens):
     torch.testing.assert_close(out, want, **tol(dtype, fp32_rtol=1e-4))
 
 
+@pytest.mark.parametrize("window,sinks", [(0, 0), (100, 4)])
+def test_a_verify_pass_is_its_decode_steps_bit_for_bit(backend, window, sinks):
+    """T queries per row (a verify pass) run the decode kernel's blocks on the splits planned for the batch: query
+    t of a pass whose row ends at seq_len L is the decode step at length L - T + 1 + t, bit for bit (fp32, where
+    any other order would show), and the pass is ref.attention's answer. q is a view into a wider row (the fused
+    qkv output), so its token stride is not H * D; keys past L hold NaN and must not be read."""
+    dev, B, T, Hkv, H, D = backend.device, 2, 5, 2, 6, 64
+    lens = [700, T + 3]
+    S = max(lens) + 37
+    q = randn(B, T, H + 2 * Hkv, D, dtype=torch.float32, device=dev, seed=1)[:, :, :H]
+    k = randn(B, Hkv, S, D, dtype=torch.float32, device=dev, seed=2)
+    v = randn(B, Hkv, S, D, dtype=torch.float32, device=dev, seed=3)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    for b, n in enumerate(lens):
+        k[b, :, n:], v[b, :, n:] = NAN, NAN
+    out = backend.fused.attention(q, k, v, seq_lens, 0.125, window, sinks)
+    want = ref.attention(q, k.nan_to_num(0.0), v.nan_to_num(0.0), seq_lens, 0.125, window, sinks)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for t in range(T):
+        step = backend.fused.decode_attention(q[:, t], k, v, seq_lens - (T - 1 - t), 0.125, window, sinks)
+        assert torch.equal(out[:, t], step), (t, (out[:, t] - step).abs().max().item())
+
+
+def test_workspaces_are_kept_for_steps_and_verify_passes_only(backend):
+    """A captured step or verify pass reads its workspace by address, so those stay; an eager catch-up may have
+    any length, and keeping one workspace per length would grow without bound."""
+    q = torch.zeros(1, cuda.GEMV_MAX_TOKENS + 1, 4, 64, device=backend.device)
+    f = backend.fused
+    assert f.attention_workspace(q[:, :1], 2)[0] is f.attention_workspace(q[:, 0], 2)[0]  # [B, 1, H, D] = [B, H, D]
+    verify = q[:, :cuda.GEMV_MAX_TOKENS]
+    assert f.attention_workspace(verify, 2)[0] is f.attention_workspace(verify, 2)[0]
+    partials, counters = f.attention_workspace(q, 2)
+    assert partials is not f.attention_workspace(q, 2)[0] and partials.shape[0] == counters.shape[0] == q.shape[1]
+
+
 def test_one_plan_serves_every_length(backend):
     """A captured graph holds one launch planned for the cache's max: the same arguments (cache, workspace,
     seq_lens buffer) must serve a long step, then short ones, then long again, with or without a window.

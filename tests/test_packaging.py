@@ -53,7 +53,7 @@ def test_the_installed_package_finds_its_kernel_sources(installed):
     proc = run_installed(installed, sys.executable, "-c", code)
     assert proc.returncode == 0, proc.stderr
     csrc = Path(proc.stdout.splitlines()[0])
-    assert csrc == installed / "site" / "engine" / "csrc" and (csrc / "kernels.cu").is_file()
+    assert csrc == installed / "site" / "engine" / "csrc" and (csrc / "cuda" / "kernels.cu").is_file()
 
 
 def test_the_installed_cli_generates(installed):

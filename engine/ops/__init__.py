@@ -57,7 +57,7 @@ def twin_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
                  silu_mul=ref.silu_mul, attention=ref.attention, layout="torch", linear=linear)
 
 
-# the head sizes the decode-attention kernel is instantiated for (csrc/kernels.cu)
+# the head sizes the decode-attention kernel is instantiated for (csrc/cuda/kernels.cu)
 FUSED_HEAD_DIMS = (64, 128)
 
 
@@ -85,18 +85,18 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
 
 
 def cuda_ops(module, reason: str) -> OpSet:
-    """The fused OpSet over the CUDA module (csrc/bindings.cpp), or over a stand-in with its functions: the tests
+    """The fused OpSet over the CUDA module (csrc/cuda/bindings.cpp), or over a stand-in with its functions: the tests
     run a model's CUDA path on the CPU emulation of the kernels this way."""
     from engine.ops import cuda
 
     kernels = cuda.ops(module)
     products = {name: kernels.pop(name) for name in ("linear_int8", "linear_q4")}
     # dense: cuBLAS through torch; block formats: the format's kernel (int8 and q8 alike, activations in their
-    # dtype), the GEMV up to 16 rows and the dequantize route beyond (engine/ops/cuda.py)
+    # dtype), the GEMV up to 17 rows and the dequantize route beyond (engine/ops/cuda.py)
     linear = {name: ref.matmul_t if f.cuda_kernel is None else cuda_matmul(products[f.cuda_kernel])
               for name, f in weights.REGISTRY.items() if "cuda" in f.layouts}
-    return OpSet(name="fused", reason=reason, attention=cuda_attention(kernels.pop("decode_attention")),
-                 layout="cuda", linear=linear, **kernels)
+    kernels.pop("decode_attention")  # the one-query form of attention, for the kernel tests
+    return OpSet(name="fused", reason=reason, layout="cuda", linear=linear, **kernels)
 
 
 def cpu_ops() -> OpSet:
@@ -113,17 +113,3 @@ def cpu_ops() -> OpSet:
 
 def cuda_matmul(kernel: Callable) -> Callable:
     return lambda x, w: kernel(x, *w.tensors)
-
-
-def cuda_attention(decode_attention: Callable) -> Callable:
-    """ref.attention's signature over the CUDA decode kernel: one query per row runs the kernel; a verify
-    pass (T > 1, a few queries) runs the twin, whose masks come from seq_lens on the device, so a captured
-    verify graph stays valid at every length too."""
-
-    def attention(q, k_cache, v_cache, seq_lens, scale, window=0, sinks=0, out=None):
-        if q.shape[1] != 1:
-            return ref.attention(q, k_cache, v_cache, seq_lens, scale, window, sinks, out)
-        y = decode_attention(q[:, 0], k_cache, v_cache, seq_lens, scale, window=window, sinks=sinks)
-        return y.unsqueeze(1) if out is None else out.copy_(y.unsqueeze(1))
-
-    return attention

@@ -1,4 +1,4 @@
-"""Thin wrappers over the CUDA kernels (csrc/*.cuh), with the signatures of the twins in ref.py.
+"""Thin wrappers over the CUDA kernels (csrc/cuda/*.cuh), with the signatures of the twins in ref.py.
 
 They allocate outputs (or write into `out=`) and the decode-attention workspace; the extension checks
 shapes, dtypes and devices and says which value is wrong. `ops(module)` is what engine.ops.select uses.
@@ -11,12 +11,14 @@ import torch
 
 from engine.ops.rowwise import RowwiseOps
 
-# csrc/decode_attention.cuh plans its splits on the device from seq_lens; these mirror its constants and rule
+# csrc/cuda/decode_attention.cuh plans its splits on the device from seq_lens; these mirror its constants and rule
 # for the analysis bench/attention.py reports (tests check the mirror against the kernel).
 ATTN_TILE_BYTES = 8192  # K (and V) per pipeline stage
 ATTN_STAGES = 3
 ATTN_MIN_TILES_PER_SPLIT = ATTN_STAGES - 1
-GEMV_MAX_TOKENS = 16  # csrc/gemv.cuh's largest token tile; more rows take the dequantize + GEMM route
+# A decode step and every verify pass (speculative.K_MAX drafts + 1) run the GEMV, whose outputs have the same bits
+# at every row count; more rows take the dequantize + GEMM route
+GEMV_MAX_TOKENS = 17
 
 
 def attention_tile_keys(head_dim: int, dtype: torch.dtype) -> int:
@@ -45,45 +47,59 @@ class CudaOps(RowwiseOps):
         self._workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def opset(self) -> dict:
-        """The five ops of engine.ops.OpSet, bound to this instance (and its workspaces)."""
+        """The ops of engine.ops.OpSet, bound to this instance (and its workspaces)."""
         return dict(rmsnorm=self.rmsnorm, add_rmsnorm=self.add_rmsnorm, rope_=self.rope_, silu_mul=self.silu_mul,
-                    decode_attention=self.decode_attention)
+                    attention=self.attention, decode_attention=self.decode_attention)
 
-    def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         seq_lens: torch.Tensor, scale: float, window: int = 0, sinks: int = 0,
-                         out: torch.Tensor | None = None):
-        # q: [B, H, D], k_cache/v_cache: [B, Hkv, S, D], seq_lens: [B] int32 on the device
-        assert q.dim() == 3 and k_cache.dim() == 4, (q.shape, k_cache.shape)
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                  scale: float, window: int = 0, sinks: int = 0, out: torch.Tensor | None = None):
+        """ref.attention's signature: T queries per row, a decode step (T = 1) and a verify pass alike, on the
+        same splits, so a position's output has the same bits at every T."""
+        # q: [B, T, H, D], k_cache/v_cache: [B, Hkv, S, D], seq_lens: [B] int32 on the device
+        assert q.dim() == 4 and k_cache.dim() == 4, (q.shape, k_cache.shape)
         partials, counters = self.attention_workspace(q, k_cache.shape[1])
-        out = torch.empty_like(q) if out is None else out
+        out = q.new_empty(q.shape) if out is None else out
         self.module.decode_attention(out, q, k_cache, v_cache, seq_lens, float(scale), int(window), int(sinks),
                                      partials, counters)
         return out
 
-    def attention_workspace(self, q: torch.Tensor, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Split partials [B, H, splits + groups, D + 4] and merge counters [B, H, groups + 1].
+    def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         seq_lens: torch.Tensor, scale: float, window: int = 0, sinks: int = 0,
+                         out: torch.Tensor | None = None):
+        """One query per row, ref.decode_attention's signature: q, out [B, H, D]."""
+        y = self.attention(q[:, None], k_cache, v_cache, seq_lens, scale, window, sinks,
+                           None if out is None else out[:, None])
+        return y[:, 0] if out is None else out
 
-        The grid is one full wave of the GPU whatever the cache's length, so the workspace depends on q's shape
-        and Hkv only: every call on a cache, a sliced one included, and a captured graph see the same pointers.
-        Allocated on the first (eager, warm-up) call; the counters start at zero and the kernel leaves them so."""
-        B, H, D = q.shape
-        key = (B, H, D, q.dtype, n_kv_heads, q.device)
-        if key not in self._workspaces:
-            splits, groups, _ = self.module.decode_attention_plan(q, n_kv_heads)
-            self._workspaces[key] = (
-                torch.empty(B, H, splits + groups, D + 4, dtype=torch.float32, device=q.device),
-                torch.zeros(B, H, groups + 1, dtype=torch.int32, device=q.device),
-            )
-        return self._workspaces[key]
+    def attention_workspace(self, q: torch.Tensor, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Split partials [B * T, H, splits + groups, D + 4] and merge counters [B * T, H, groups + 1] for q
+        [B, T, H, D] (or [B, H, D], T = 1).
+
+        The grid is one full wave of the GPU at T = 1 whatever the cache's length (B * T rows of it for T queries),
+        so the workspace depends on q's shape and Hkv only: every call on a cache, a sliced one included, and a
+        captured graph see the same pointers. Allocated on the first (eager, warm-up) call per shape; the
+        counters start at zero and the kernel leaves them so. Kept for up to GEMV_MAX_TOKENS queries (a step, a
+        verify pass); a longer pass (an eager catch-up of any length) gets its own, freed after it."""
+        q = q[:, None] if q.dim() == 3 else q
+        B, T, H, D = q.shape
+        key = (B, T, H, D, q.dtype, n_kv_heads, q.device)
+        if key in self._workspaces:
+            return self._workspaces[key]
+        splits, groups, _ = self.module.decode_attention_plan(q[:, 0], n_kv_heads)  # for B rows, not B * T
+        workspace = (torch.empty(B * T, H, splits + groups, D + 4, dtype=torch.float32, device=q.device),
+                     torch.zeros(B * T, H, groups + 1, dtype=torch.int32, device=q.device))
+        if T <= GEMV_MAX_TOKENS:
+            self._workspaces[key] = workspace
+        return workspace
 
     # --- weight-only products: int8 (GGUF Q8_0) and q4 (GGUF Q4_1) blocks, any number of rows ------------------
     # Twin: ref.linear(x, weights.dequantize(blocks)). Outside the OpSet: which linear a projection runs follows
-    # its weight format, not the op set. Up to GEMV_MAX_TOKENS rows (a decode step, a verify pass) the GEMV reads
-    # the blocks in place; more (a prefill, full-sequence logits, layer-skip calibration, a long verify pass or
-    # catch-up) dequantize the weight once into x's dtype and multiply with cuBLAS. That is how vLLM's AWQ layer
+    # its weight format, not the op set. Up to GEMV_MAX_TOKENS rows (a decode step, any verify pass) the GEMV reads
+    # the blocks in place; more (a prefill, full-sequence logits, layer-skip calibration, a long catch-up)
+    # dequantize the weight once into x's dtype and multiply with cuBLAS. That is how vLLM's AWQ layer
     # runs large batches (awq_dequantize, then torch.matmul) and what llama.cpp falls back to past its mat-vec
     # kernel's batch limit (dequantize to fp16, then cuBLAS): one write and one read of the dense weight on top of
-    # the blocks (csrc/dequantize.cuh counts the bytes), in exchange for tensor-core GEMMs at any row count and no
+    # the blocks (csrc/cuda/dequantize.cuh counts the bytes), in exchange for tensor-core GEMMs at any row count and no
     # second product kernel to keep exact; a tiled kernel over the blocks (llama.cpp's MMQ) would read less from
     # 17 to ~100 rows, which bench/gemv.py's 17- and 64-row figures will say is worth writing or not. The route is
     # fixed by the row count, so a captured graph (one T) holds one of the two.

@@ -1,7 +1,7 @@
 """The one place csrc/ is compiled: a lazy JIT build (ninja), cached by target and source hash, under a file lock.
 
 Two targets share the mechanism: "cpu" (csrc/cpu/*.cpp, the host compiler, SIMD picked at run time inside
-the module) and "cuda" (nvcc for csrc/kernels.cu plus the torch-facing host files). `load(target)` never
+the module) and "cuda" (nvcc for csrc/cuda/kernels.cu plus the torch-facing host files). `load(target)` never
 raises for the expected reasons the kernels cannot run (no device, DECODESCOPE_NO_EXT=1, no compiler or
 CUDA toolkit, a bad arch list, a failed build); it returns an ExtStatus whose `.reason` says which, and the
 caller runs the torch twins. `python -m engine.ops.ext build [--target cpu|cuda|all]` builds ahead of time.
@@ -95,7 +95,7 @@ def cache_root() -> Path:
 def sources(target: str, csrc: Path) -> list[Path]:
     if target == "cpu":
         return sorted((csrc / "cpu").glob("*.cpp"))
-    return [csrc / s for s in CUDA_SOURCES]
+    return [csrc / "cuda" / s for s in CUDA_SOURCES]
 
 
 def source_hash(target: str, csrc: Path) -> str:
@@ -150,7 +150,7 @@ def _compile(target: str, name: str, directory: Path, archs: list[str], csrc: Pa
         sources=[str(s) for s in sources("cuda", csrc)],
         extra_cflags=CXX_FLAGS,
         extra_cuda_cflags=CUDA_FLAGS + gencode_flags(archs),
-        extra_include_paths=[str(csrc)],
+        extra_include_paths=[str(csrc / "cuda")],
         build_directory=str(directory),
         verbose=verbose,
     )

@@ -157,8 +157,10 @@ class LayerSkipDrafter(ModelDrafter):
             self.keep = self.calibration.keep
         self.engine = self._engine(self.keep)
         # follow the target's kernel and graph choices; graphs captured with other kernels are re-captured
+        # use_ops bumps the view's version, so only a real change may call it: a graph is captured once per set
         changed = self.engine.model.ops is not target.model.ops
-        self.engine.model.use_ops(target.model.ops)
+        if changed:
+            self.engine.model.use_ops(target.model.ops)
         if target.graph is not None and (changed or self.engine.graph is None):
             self.engine.use_graphs(True)
         elif target.graph is None and self.engine.graph is not None:

@@ -86,7 +86,7 @@ class WeightFormat:
     # largest value)
     cpu_activations: str = "exact"
     head: str | None = None  # the format a model in this one keeps its LM head in (None: this one)
-    cuda_kernel: str | None = None  # the CUDA module's GEMV for the format (csrc/gemv.cuh); dense runs cuBLAS
+    cuda_kernel: str | None = None  # the CUDA module's GEMV for the format (csrc/cuda/gemv.cuh); dense runs cuBLAS
     gguf: str | None = None  # llama.cpp's name of the same type (GGMLQuantizationType): its blocks load unchanged
     # GGUF's bytes of the type <-> Blocks: (uint8 [out, bytes per row], out, in) -> Blocks, and back
     from_gguf: Callable[[torch.Tensor, int, int], Blocks] | None = None

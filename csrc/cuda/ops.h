@@ -22,14 +22,15 @@ void rope(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor&
 // gate_up: [..., 2I] -> out: [..., I].
 void silu_mul(at::Tensor& out, const at::Tensor& gate_up);
 
-// q: [B, H, D]; k_cache, v_cache: [B, Hkv, S, D]; seq_lens: [B] int32; out: [B, H, D]. window 0 attends every key
-// below seq_len, else keys j < sinks or j >= seq_len - window. partials: [B, H, splits + groups, D + 4] fp32
-// and counters: [B, H, groups + 1] int32 (zeroed once) are the workspace decode_attention_plan sizes.
+// q: [B, T, H, D]; k_cache, v_cache: [B, Hkv, S, D]; seq_lens: [B] int32, the T queries' keys included (query t
+// sits at p = seq_len - T + t); out: [B, T, H, D]. window 0 attends every key j <= p, else keys j < sinks or
+// j > p - window. partials: [B * T, H, splits + groups, D + 4] fp32 and counters: [B * T, H, groups + 1] int32
+// (zeroed once) are the workspace; decode_attention_plan sizes it for B rows, whatever T.
 void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& seq_lens, double scale, int64_t window, int64_t sinks, at::Tensor& partials,
                       at::Tensor& counters);
 
-// out [T, out_features] = x [T, in] @ W^T for T <= 16, W in GGUF blocks of 32 inputs read in place: int8 (Q8_0)
+// out [T, out_features] = x [T, in] @ W^T (tiles of 16 tokens), W in GGUF blocks of 32 inputs read in place: int8 (Q8_0)
 // qs int8 [out, in_pad], d fp16 [out, in_pad / 32], w = d * q; q4 (Q4_1) qs uint8 [out, in_pad / 2] (two nibbles
 // a byte, engine/weights/q4_1.py pack_nibbles), d and m fp16 [out, in_pad / 32], w = d * q + m.
 void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);

@@ -1,4 +1,4 @@
-// The GEMV launchers of csrc/gemv.cuh and the dequantize launchers of csrc/dequantize.cuh built for the CPU runtime
+// The GEMV launchers of gemv.cuh and the dequantize launchers of dequantize.cuh built for the CPU runtime
 // in cuda_on_cpu.h, behind a C ABI for ctypes (tests/test_gemv_cuda.py); dtype codes as in emulated_abi.h, m null
 // for int8. Each call returns a cudaError_t; emu_last_error() says what went wrong inside a kernel.
 #include "../dequantize.cuh"

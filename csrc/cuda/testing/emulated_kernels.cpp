@@ -1,4 +1,4 @@
-// The launchers of csrc/*.cuh built for the CPU runtime in cuda_on_cpu.h, behind a C ABI for ctypes
+// The launchers of csrc/cuda/*.cuh built for the CPU runtime in cuda_on_cpu.h, behind a C ABI for ctypes
 // (tests/test_kernels_cuda.py); dtype codes as in emulated_abi.h. Each call returns a cudaError_t;
 // emu_last_error() says what went wrong inside a kernel.
 #include "../activation.cuh"
@@ -51,8 +51,8 @@ int emu_silu_mul(int dtype, void* out, const void* gate_up, int64_t rows, int in
   });
 }
 
-// ints: batch, n_heads, n_kv_heads, head_dim, max_len, window, sinks, splits, groups;
-// strides: q_b, q_h, kv_b, kv_h, kv_s.
+// ints: batch, tokens, n_heads, n_kv_heads, head_dim, max_len, window, sinks, splits, groups;
+// strides: q_b, q_t, q_h, kv_b, kv_h, kv_s.
 int emu_decode_attention(int dtype, void* out, const void* q, const void* k_cache, const void* v_cache,
                          const int* seq_lens, float* partials, int* counters, const int* ints, const int64_t* strides,
                          float scale) {
@@ -67,19 +67,21 @@ int emu_decode_attention(int dtype, void* out, const void* q, const void* k_cach
     a.partials = partials;
     a.counters = counters;
     a.batch = ints[0];
-    a.n_heads = ints[1];
-    a.n_kv_heads = ints[2];
-    a.head_dim = ints[3];
-    a.max_len = ints[4];
-    a.window = ints[5];
-    a.sinks = ints[6];
-    a.splits = ints[7];
-    a.groups = ints[8];
+    a.tokens = ints[1];
+    a.n_heads = ints[2];
+    a.n_kv_heads = ints[3];
+    a.head_dim = ints[4];
+    a.max_len = ints[5];
+    a.window = ints[6];
+    a.sinks = ints[7];
+    a.splits = ints[8];
+    a.groups = ints[9];
     a.q_stride_b = strides[0];
-    a.q_stride_h = strides[1];
-    a.kv_stride_b = strides[2];
-    a.kv_stride_h = strides[3];
-    a.kv_stride_s = strides[4];
+    a.q_stride_t = strides[1];
+    a.q_stride_h = strides[2];
+    a.kv_stride_b = strides[3];
+    a.kv_stride_h = strides[4];
+    a.kv_stride_s = strides[5];
     a.scale = scale;
     return decodescope::launch_decode_attention<T>(a, nullptr);
   });

@@ -1,7 +1,10 @@
-// Split-KV single-query decode attention (flash-decoding), GQA-aware, planned on the device.
+// Split-KV decode attention (flash-decoding), GQA-aware, planned on the device, for T queries per row.
 //
-// Grid (split, kv head x head block, batch row), sized once for one full wave of the GPU (plan_decode_attention),
-// so a captured CUDA graph holds one launch that serves every length. Each block reads seq_len and derives
+// Grid (split, kv head x head block, batch row x query), sized once for one full wave of the GPU at T = 1
+// (plan_decode_attention), so a captured CUDA graph holds one launch that serves every length. Query t of row b
+// sits at position seq_len - T + t and attends keys up to it: a decode step (T = 1) and a verify pass (any T)
+// run the same blocks on the same splits (their count is planned for the batch, never for T), so a position's
+// output is the same bits whichever pass computes it. Each block reads its query's length and derives
 // the live keys (all of them, or the sinks plus the window: the masked middle is skipped, never read), how
 // many splits that length deserves (at least kMinTilesPerSplit tiles each: a short context gets short splits,
 // as many as its tiles allow, a long one every split of the wave) and its own key range; splits with no work
@@ -78,8 +81,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeAttentionA
   constexpr int kVec = S::kVec, kLanes = S::kLanes, kSlots = S::kSlots, kTile = S::kTile, kKeys = S::kKeys;
   __shared__ __align__(16) unsigned char smem[kStages * 2 * kTileBytes];
 
-  const int split = blockIdx.x, b = blockIdx.z;
-  const int len = imin(imax(a.seq_lens[b], 0), a.max_len);
+  const int split = blockIdx.x, query_row = blockIdx.z;
+  const int b = query_row / a.tokens, t_query = query_row % a.tokens;
+  const int len = imin(imax(a.seq_lens[b] - (a.tokens - 1 - t_query), 0), a.max_len);
   const LiveKeys live = live_keys(len, a.window, a.sinks);
   const SplitPlan plan = plan_splits(live.n, kTile, a.splits);
   if (split >= plan.active) return;  // uniform across the block and before any barrier
@@ -97,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeAttentionA
   float q[kHeads][kVec];
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
-    const T* qp = a.q + b * a.q_stride_b + (head0 + h) * a.q_stride_h + tx * kVec;
+    const T* qp = a.q + b * a.q_stride_b + t_query * a.q_stride_t + (head0 + h) * a.q_stride_h + tx * kVec;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) q[h][e] = h < n_heads ? to_float(qp[e]) * (a.scale * kLog2e) : 0.f;
   }
@@ -224,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeAttentionA
   }
   __syncthreads();
   const int rows = a.splits + a.groups;  // per (batch row, head) in the workspace
-  const int64_t head0_row = static_cast<int64_t>(b) * a.n_heads + head0;
+  const int64_t head0_row = static_cast<int64_t>(query_row) * a.n_heads + head0;  // out, workspace: [B * T, H, ...]
   const int64_t head_rows = static_cast<int64_t>(rows) * Row::kFloats;
   float* partials = a.partials + head0_row * head_rows;  // this block's first head
   T* out = a.out + head0_row * D;
@@ -269,8 +273,8 @@ inline int head_blocks(int group) { return ceil_div(group, kMaxHeadsPerBlock); }
 
 template <typename T>
 cudaError_t launch_decode_attention(const DecodeAttentionArgs<T>& a, cudaStream_t stream) {
-  if (a.batch == 0 || a.n_heads == 0) return cudaSuccess;
-  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.splits <= 0 || a.groups <= 0 ||
+  if (a.batch == 0 || a.tokens == 0 || a.n_heads == 0) return cudaSuccess;
+  if (a.tokens < 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.splits <= 0 || a.groups <= 0 ||
       a.splits > attention::kMaxSplits || a.window < 0 || a.sinks < 0) {
     return cudaErrorInvalidValue;
   }
@@ -280,7 +284,7 @@ cudaError_t launch_decode_attention(const DecodeAttentionArgs<T>& a, cudaStream_
     return cudaErrorMisalignedAddress;  // cp.async copies whole 16-byte vectors
   }
   const int group = a.n_heads / a.n_kv_heads, blocks = attention::head_blocks(group);
-  const dim3 grid(a.splits, a.n_kv_heads * blocks, a.batch);
+  const dim3 grid(a.splits, a.n_kv_heads * blocks, a.batch * a.tokens);
   return attention::with_kernel<T>(a.head_dim, ceil_div(group, blocks), [&](auto kernel) {
     return launch(kernel, grid, dim3(attention::kThreads), stream, a);
   });

@@ -1,6 +1,11 @@
-// Weight-only int8 (GGUF Q8_0) and q4 (GGUF Q4_1) products for T = 1..16 tokens (a decode step, a verify pass):
-// out [T, out] = x [T, in] @ W^T, W dequantized in registers, fp32 accumulation, one rounding to x's dtype.
-// More rows take the other route (dequantize.cuh, then cuBLAS; the choice is engine/ops/cuda.py's).
+// Weight-only int8 (GGUF Q8_0) and q4 (GGUF Q4_1) products for a decode step and a verify pass (engine/ops/cuda.py
+// routes up to 17 rows here, more to dequantize.cuh and cuBLAS): out [T, out] = x [T, in] @ W^T, W dequantized in
+// registers, fp32 accumulation, one rounding to x's dtype. Launches take up to 16 tokens; more run as tiles of 16.
+//
+// Every output is reduced in one order whatever T: a lane owns the same columns of every 512-column chunk at
+// every token tile (kCols is fixed, only the staging of x changes with kT), adds them chunk by chunk, and the
+// row's lanes add up in one butterfly. So a position's logits are the same bits in a decode step and in a verify
+// pass of any length, which is what makes speculative output plain decoding's.
 //
 // A decode step is bound by the weight stream, so the canonical block rows are read in place, every weight
 // byte once per call, 16 bytes per lane with ld.global.cs (streamed: it does not evict x or the KV cache from
@@ -30,7 +35,8 @@ constexpr int kThreads = 128;
 template <Format F, int kT>
 struct Shape {
   static constexpr int kColsPerLane = blocks::kPerLoad<F>;  // one 16-byte load of weights
-  static constexpr int kCols = kT <= 8 ? 512 : 256;         // x chunk: 2 x kT x kCols fp32 <= 32 KB
+  static constexpr int kCols = 512;                          // x chunk; fixed: it sets each output's order
+  static constexpr int kBuffers = kT <= 8 ? 2 : 1;           // x staged: kBuffers x kT x kCols fp32 <= 32 KB
   static constexpr int kLanes = kCols / kColsPerLane;
   static constexpr int kSlots = 32 / kLanes;
   static constexpr int kRows = F == Format::int8 ? 4 : 2;  // int8 holds 16 weights per row, q4 32
@@ -52,8 +58,9 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
   using S = Shape<F, kT>;
   constexpr int kCols = S::kCols, kLanes = S::kLanes, kSlots = S::kSlots, kRows = S::kRows;
   constexpr int kPerLane = S::kColsPerLane;
-  __shared__ __align__(16) float xs[2][kT][kCols];
-  __shared__ float xsums[2][kT][S::kChunkBlocks];
+  constexpr int kBuffers = S::kBuffers;
+  __shared__ __align__(16) float xs[kBuffers][kT][kCols];
+  __shared__ float xsums[kBuffers][kT][S::kChunkBlocks];
 
   const int nb = ceil_div(a.in_features, kBlock), in_pad = nb * kBlock;
   const int64_t row_bytes = blocks::row_bytes<F>(in_pad);
@@ -129,10 +136,10 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
       dc[i] = d[i];
       mc[i] = m[i];
     }
-    const int buf = c & 1;
+    const int buf = c % kBuffers;
     if (c + 1 < n_chunks) {
       fetch(c + 1);
-      stage(c + 1, buf ^ 1);  // read by nobody since the barrier that ended chunk c - 1
+      if constexpr (kBuffers == 2) stage(c + 1, buf ^ 1);  // read by nobody since the barrier that ended chunk c - 1
     }
     float q[kRows][kPerLane];
 #pragma unroll
@@ -158,6 +165,12 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
       }
     }
     __syncthreads();  // chunk c's x is read; the next iteration stages into it
+    if constexpr (kBuffers == 1) {  // 16 tokens: one buffer, staged between barriers, the weights still ahead
+      if (c + 1 < n_chunks) {
+        stage(c + 1, 0);
+        __syncthreads();
+      }
+    }
   }
 
   // Each lane holds partial sums of its columns: add them across the row's lanes, then lane t % kLanes
@@ -182,11 +195,10 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
   }
 }
 
+constexpr int kMaxTile = 16;  // tokens per launch
+
 template <typename T, Format F>
-cudaError_t launch(const GemvArgs<T>& a, cudaStream_t stream) {
-  if (a.tokens == 0 || a.out_features == 0) return cudaSuccess;
-  if (a.tokens < 0 || a.tokens > 16 || a.in_features <= 0 || a.out_features < 0) return cudaErrorInvalidValue;
-  if (!aligned16(a.qs)) return cudaErrorMisalignedAddress;  // rows are whole 16-byte multiples
+cudaError_t launch_tile(const GemvArgs<T>& a, cudaStream_t stream) {
   auto go = [&](auto kernel, int rows_per_block) {
     return decodescope::launch(kernel, dim3(ceil_div(a.out_features, rows_per_block)), dim3(kThreads), stream, a);
   };
@@ -194,7 +206,22 @@ cudaError_t launch(const GemvArgs<T>& a, cudaStream_t stream) {
   if (a.tokens <= 2) return go(gemv_kernel<T, F, 2>, Shape<F, 2>::kRowsPerBlock);
   if (a.tokens <= 4) return go(gemv_kernel<T, F, 4>, Shape<F, 4>::kRowsPerBlock);
   if (a.tokens <= 8) return go(gemv_kernel<T, F, 8>, Shape<F, 8>::kRowsPerBlock);
-  return go(gemv_kernel<T, F, 16>, Shape<F, 16>::kRowsPerBlock);
+  return go(gemv_kernel<T, F, kMaxTile>, Shape<F, kMaxTile>::kRowsPerBlock);
+}
+
+template <typename T, Format F>
+cudaError_t launch(const GemvArgs<T>& a, cudaStream_t stream) {
+  if (a.tokens == 0 || a.out_features == 0) return cudaSuccess;
+  if (a.tokens < 0 || a.in_features <= 0 || a.out_features < 0) return cudaErrorInvalidValue;
+  if (!aligned16(a.qs)) return cudaErrorMisalignedAddress;  // rows are whole 16-byte multiples
+  for (int t0 = 0; t0 < a.tokens; t0 += kMaxTile) {  // each tile streams the weights again: tiles are for T = 17
+    GemvArgs<T> tile = a;
+    tile.x = a.x + t0 * a.x_stride;
+    tile.out = a.out + static_cast<int64_t>(t0) * a.out_features;
+    tile.tokens = a.tokens - t0 < kMaxTile ? a.tokens - t0 : kMaxTile;
+    if (const cudaError_t err = launch_tile<T, F>(tile, stream); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace gemv

@@ -1,4 +1,4 @@
-// The contract between the kernels (csrc/*.cuh, compiled by nvcc in kernels.cu) and the torch-facing host
+// The contract between the kernels (csrc/cuda/*.cuh, compiled by nvcc in kernels.cu) and the torch-facing host
 // code (ops.cpp, compiled by the host compiler). Plain C++ and the CUDA runtime API only: no torch, no
 // device code. Each launcher returns the launch's cudaError_t; kernels.cu instantiates them for
 // T in {float, __half, __nv_bfloat16}.
@@ -32,22 +32,22 @@ cudaError_t launch_rope(T* q, T* k, const float* cos, const float* sin, const Po
 template <typename T>
 cudaError_t launch_silu_mul(T* out, const T* gate_up, int64_t rows, int inter, cudaStream_t stream);
 
-// Split-KV decode attention, planned on the device (decode_attention.cuh). Strides are in elements; the
-// innermost dimension of q, k and v is dense.
+// Split-KV decode attention for T queries per row, planned on the device (decode_attention.cuh). Strides are in
+// elements; the innermost dimension of q, k and v is dense.
 template <typename T>
 struct DecodeAttentionArgs {
-  T* out;               // [batch, n_heads, head_dim], dense
-  const T* q;           // [batch, n_heads, head_dim]
+  T* out;               // [batch, tokens, n_heads, head_dim], dense
+  const T* q;           // [batch, tokens, n_heads, head_dim]
   const T* k_cache;     // [batch, n_kv_heads, max_len, head_dim]
   const T* v_cache;     // same shape and strides as k_cache
-  const int* seq_lens;  // [batch], device memory: keys j >= seq_lens[b] are never read
-  float* partials;      // [batch, n_heads, splits + groups, head_dim + 4] workspace: per split (then per merge
-                        // group) the unnormalised output, its running max (log2 units) and its sum of exp
-  int* counters;        // [batch, n_heads, groups + 1], zero between launches (the last arrival resets them)
-  int batch, n_heads, n_kv_heads, head_dim, max_len;
-  int window, sinks;    // window 0: every key below seq_len; else keys j < sinks or j >= seq_len - window
+  const int* seq_lens;  // [batch], device memory, the tokens included: query t sits at seq_lens[b] - tokens + t
+  float* partials;      // [batch * tokens, n_heads, splits + groups, head_dim + 4] workspace: per split (then per
+                        // merge group) the unnormalised output, its running max (log2 units) and its sum of exp
+  int* counters;        // [batch * tokens, n_heads, groups + 1], zero between launches (the last arrival resets them)
+  int batch, tokens, n_heads, n_kv_heads, head_dim, max_len;
+  int window, sinks;    // window 0: every key up to the query's position p; else keys j < sinks or j > p - window
   int splits, groups;   // the grid's splits per (row, kv head), and the merge groups they report to
-  int64_t q_stride_b, q_stride_h;
+  int64_t q_stride_b, q_stride_t, q_stride_h;
   int64_t kv_stride_b, kv_stride_h, kv_stride_s;
   float scale;
 };
@@ -57,8 +57,9 @@ struct DecodeAttentionArgs {
 template <typename T>
 cudaError_t launch_decode_attention(const DecodeAttentionArgs<T>& args, cudaStream_t stream);
 
-// The grid for one full wave on sm_count SMs: splits per (row, kv head) from the kernel's occupancy
-// (blocks_per_sm), and the merge groups (with splits, the workspace's shape). Depends on shapes only.
+// The grid for one full wave on sm_count SMs at one query per row: splits per (row, kv head) from the kernel's
+// occupancy (blocks_per_sm), and the merge groups (with splits, the workspace's shape). Depends on the batch and
+// heads only, never on the queries per row, which is what keeps a position's bits the same at every T.
 struct DecodeAttentionPlan {
   int splits, groups, blocks_per_sm;
 };
@@ -74,7 +75,7 @@ struct GemvArgs {
   const void* qs;  // int8: int8 [out_features, in_pad]; q4: uint8 [out_features, in_pad / 2], two nibbles a byte
   const __half* d;  // [out_features, in_pad / 32] block scales
   const __half* m;  // q4: [out_features, in_pad / 32] block mins (w = d * q + m); int8: unused
-  int tokens, in_features, out_features;  // tokens 1..16; in_pad = in_features rounded up to 32
+  int tokens, in_features, out_features;  // tokens: tiles of 16 launch apart; in_pad = in_features rounded to 32
   int64_t x_stride;
 };
 

@@ -18,8 +18,8 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   check_cuda(seq_lens, "seq_lens", q);
   check_cuda(partials, "partials", q);
   check_cuda(counters, "counters", q);
-  TORCH_CHECK(q.dim() == 3, "q must be [B, H, D], got ", q.sizes());
-  const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
+  TORCH_CHECK(q.dim() == 4, "q must be [B, T, H, D], got ", q.sizes());
+  const int64_t b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);
   TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128, got D = ", d, " (the kernel is compiled for those)");
   check_dense_heads(q, "q");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == b && k_cache.size(3) == d,
@@ -43,19 +43,20 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == b && seq_lens.scalar_type() == at::kInt,
               "seq_lens must be int32 [B] = [", b, "], got ", seq_lens.scalar_type(), " ", seq_lens.sizes());
   check_dense(seq_lens, "seq_lens");
-  TORCH_CHECK(out.sizes() == q.sizes(), "out must be [B, H, D] = ", q.sizes(), ", got ", out.sizes());
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must be [B, T, H, D] = ", q.sizes(), ", got ", out.sizes());
   check_dense(out, "out");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0, "out must start 16-byte aligned");
   TORCH_CHECK(window >= 0 && sinks >= 0, "window and sinks must be >= 0, got window = ", window, ", sinks = ", sinks);
 
-  TORCH_CHECK(counters.dim() == 3 && counters.size(0) == b && counters.size(1) == h && counters.size(2) >= 2,
-              "counters must be [B, H, groups + 1] = [", b, ", ", h, ", groups + 1] with groups >= 1, got ",
+  const int64_t rows = b * t;  // one per query
+  TORCH_CHECK(counters.dim() == 3 && counters.size(0) == rows && counters.size(1) == h && counters.size(2) >= 2,
+              "counters must be [B * T, H, groups + 1] = [", rows, ", ", h, ", groups + 1] with groups >= 1, got ",
               counters.sizes());
   const int64_t groups = counters.size(2) - 1;
-  TORCH_CHECK(partials.dim() == 4 && partials.size(0) == b && partials.size(1) == h && partials.size(2) > groups &&
-                  partials.size(3) == d + 4,
-              "partials must be [B, H, splits + groups, D + 4] = [", b, ", ", h, ", splits + ", groups, ", ", d + 4,
-              "], got ", partials.sizes());
+  TORCH_CHECK(partials.dim() == 4 && partials.size(0) == rows && partials.size(1) == h &&
+                  partials.size(2) > groups && partials.size(3) == d + 4,
+              "partials must be [B * T, H, splits + groups, D + 4] = [", rows, ", ", h, ", splits + ", groups, ", ",
+              d + 4, "], got ", partials.sizes());
   const int64_t splits = partials.size(2) - groups;
   TORCH_CHECK(groups <= splits, "the workspace must have no more merge groups (", groups, ") than splits (", splits,
               ")");
@@ -63,7 +64,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   check_dtype(counters, "counters", at::kInt);
   check_dense(partials, "partials");
   check_dense(counters, "counters");
-  TORCH_CHECK(b <= 65535 && hkv * ((h / hkv + 7) / 8) <= 65535, "B = ", b, " and Hkv = ", hkv,
+  TORCH_CHECK(rows <= 65535 && hkv * ((h / hkv + 7) / 8) <= 65535, "B * T = ", rows, " and Hkv = ", hkv,
               " exceed the kernel's grid limits (65535)");
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -79,6 +80,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     args.partials = ptr<float>(partials);
     args.counters = ptr<int>(counters);
     args.batch = static_cast<int>(b);
+    args.tokens = static_cast<int>(t);
     args.n_heads = checked_int(h, "H");
     args.n_kv_heads = static_cast<int>(hkv);
     args.head_dim = static_cast<int>(d);
@@ -88,7 +90,8 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     args.splits = checked_int(splits, "splits");
     args.groups = checked_int(groups, "groups");
     args.q_stride_b = q.stride(0);
-    args.q_stride_h = q.stride(1);
+    args.q_stride_t = q.stride(1);
+    args.q_stride_h = q.stride(2);
     args.kv_stride_b = k_cache.stride(0);
     args.kv_stride_h = k_cache.stride(1);
     args.kv_stride_s = k_cache.stride(2);

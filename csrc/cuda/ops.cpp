@@ -139,13 +139,12 @@ void check_blocks(const at::Tensor& qs, const at::Tensor& d, const at::Tensor* m
   if (m != nullptr) check_scales(*m, "m");
 }
 
-// x: [T, in] with T in 1..16; the blocks as check_blocks; out: [T, out] of x's dtype. Returns the launcher's
-// arguments.
+// x: [T, in] (more than 16 tokens run as tiles of 16); the blocks as check_blocks; out: [T, out] of x's dtype.
+// Returns the launcher's arguments.
 template <typename T>
 GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                       const at::Tensor* m, at::ScalarType qs_dtype, int per_byte) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) <= 16, "x must be [T, in] with T <= 16 tokens, got ", x.sizes(),
-              " (more rows: dequantize_int8 / dequantize_q4 and a GEMM, as engine/ops/cuda.py routes them)");
+  TORCH_CHECK(x.dim() == 2, "x must be [T, in], got ", x.sizes());
   TORCH_CHECK(x.stride(1) == 1, "x's rows must be dense, got strides ", x.strides());
   check_cuda(out, "out", x);
   const int64_t t = x.size(0), in = x.size(1), rows = qs.size(0);
@@ -160,7 +159,7 @@ GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs
   a.qs = qs.data_ptr();
   a.d = ptr<__half>(d);
   a.m = m == nullptr ? nullptr : ptr<__half>(*m);
-  a.tokens = static_cast<int>(t);
+  a.tokens = checked_int(t, "T");
   a.in_features = checked_int(in, "in");
   a.out_features = checked_int(rows, "out");
   a.x_stride = x.stride(0);

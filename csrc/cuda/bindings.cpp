@@ -14,12 +14,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &decodescope::silu_mul, "out = silu(gate) * up for gate_up = [gate | up]", py::arg("out"),
         py::arg("gate_up"));
   m.def("decode_attention", &decodescope::decode_attention,
-        "split-KV single-query attention over a [B, Hkv, S, D] cache with device-side seq_lens, window and sinks",
+        "split-KV attention of T queries per row over a [B, Hkv, S, D] cache with device-side seq_lens, window and sinks",
         py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"), py::arg("scale"),
         py::arg("window"), py::arg("sinks"), py::arg("partials"), py::arg("counters"));
-  m.def("linear_int8", &decodescope::linear_int8, "out = x @ W^T for W in int8 (GGUF Q8_0) blocks, T <= 16",
+  m.def("linear_int8", &decodescope::linear_int8, "out = x @ W^T for W in int8 (GGUF Q8_0) blocks",
         py::arg("out"), py::arg("x"), py::arg("qs"), py::arg("d"));
-  m.def("linear_q4", &decodescope::linear_q4, "out = x @ W^T for W in q4 (GGUF Q4_1) blocks, T <= 16", py::arg("out"),
+  m.def("linear_q4", &decodescope::linear_q4, "out = x @ W^T for W in q4 (GGUF Q4_1) blocks", py::arg("out"),
         py::arg("x"), py::arg("qs"), py::arg("d"), py::arg("m"));
   m.def("dequantize_int8", &decodescope::dequantize_int8, "out = dequantize(W) for W in int8 (GGUF Q8_0) blocks",
         py::arg("out"), py::arg("qs"), py::arg("d"));
