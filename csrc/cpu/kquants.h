@@ -129,7 +129,8 @@ struct KQuants {
 
   // Q6_K. In the file each half h of 128 inputs has 64 ql bytes (A = bytes 0-31, B = 32-63) and 32 qh bytes:
   // inputs 128h + 32k + l take A's low, B's low, A's high, B's high nibble (k = 0..3) of byte l and bits 2k, 2k+1
-  // of qh[l]. Sub-block 8h + 2k + gg (16 inputs) is groups g = 4gg..4gg+3 of its nibble and bit pair.
+  // of qh[l]. So a group g of A (or B) feeds k = 0 and 2 (1 and 3) with one load, and sub-block 8h + 2k + gg
+  // (16 inputs) is groups g = 4gg..4gg+3.
   template <int R>
   static void q6k_tile(const LinearArgs& a, int64_t p, int r0) {
     constexpr int kQh = 2048, kScales = 3072, kD = 3328;
@@ -143,25 +144,33 @@ struct KQuants {
       for (int line = 0; line < kQ6KBytes; line += 64) prefetch(wb + line);
       I isum[R];
       for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
+#pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        for (int k = 0; k < 4; ++k) {
+#pragma GCC unroll 2
+        for (int ab = 0; ab < 2; ++ab) {
+#pragma GCC unroll 2
           for (int gg = 0; gg < 2; ++gg) {
-            const int sub = 8 * h + 2 * k + gg;
-            I acc[R];
-            for (int r = 0; r < R; ++r) acc[r] = S::i32_zero();
+            I lo[R], hi[R];  // k = ab and k = ab + 2
+            for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::i32_zero();
 #pragma GCC unroll 4
             for (int g = 4 * gg; g < 4 * gg + 4; ++g) {
-              const U8 ql = S::u8_load(wb + (16 * h + 8 * (k & 1) + g) * 64);
+              const U8 ql = S::u8_load(wb + (16 * h + 8 * ab + g) * 64);
               const U8 qh = S::u8_load(wb + kQh + (8 * h + g) * 64);
-              const U8 w = S::u8_or(S::u8_and(k < 2 ? ql : S::u8_shr(ql, 4), 15), bit_to(qh, 2 * k, 4, 2));
+              const U8 wl = S::u8_or(S::u8_and(ql, 15), bit_to(qh, 2 * ab, 4, 2));
+              const U8 wh = S::u8_or(S::u8_and(S::u8_shr(ql, 4), 15), bit_to(qh, 2 * ab + 4, 4, 2));
 #pragma GCC unroll 8
-              for (int r = 0; r < R; ++r)
-                acc[r] = S::dot_u8s8(acc[r], w, x4(a.qx + (r0 + r) * ldq + sb * kSuper + 128 * h + 32 * k + 4 * g));
+              for (int r = 0; r < R; ++r) {
+                const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * h + 32 * ab + 4 * g;
+                lo[r] = S::dot_u8s8(lo[r], wl, x4(xr));
+                hi[r] = S::dot_u8s8(hi[r], wh, x4(xr + 64));
+              }
             }
-            const I sc = S::i32_load_s8(wb + kScales + 16 * sub);
+            const int sub = 8 * h + 2 * ab + gg;  // k = ab; k = ab + 2 is sub + 4
+            const I sl = S::i32_load_s8(wb + kScales + 16 * sub), sh = S::i32_load_s8(wb + kScales + 16 * (sub + 4));
             for (int r = 0; r < R; ++r) {
-              const int32_t xs = a.xsum[((r0 + r) * ns + sb) * (kSuper / 16) + sub];
-              isum[r] = S::i32_add(isum[r], S::i32_mul(S::i32_sub(acc[r], S::i32_set1(32 * xs)), sc));
+              const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
+              isum[r] = S::i32_add(isum[r], S::i32_add(S::i32_mul(S::i32_sub(lo[r], S::i32_set1(32 * xs[sub])), sl),
+                                                       S::i32_mul(S::i32_sub(hi[r], S::i32_set1(32 * xs[sub + 4])), sh)));
             }
           }
         }
