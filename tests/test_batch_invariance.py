@@ -1,8 +1,9 @@
 """Batch-invariant numerics on the CPU kernels: a position's logits are the same bits whichever pass computes
 it, a decode step or a verify pass of any T = 1..17, so greedy speculative output cannot depend on the k a round
-chose. Every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations), every instruction-set path this CPU runs
-(amx with its tiles from one row up, and at its default crossover), the native block loop and Block.forward in
-Python, full and windowed attention; compared with torch.equal, no tolerance."""
+chose. Every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0 and
+q5_0), every instruction-set path this CPU runs (amx with its tiles from one row up, and at its default
+crossover), the native block loop and Block.forward in Python, full and windowed attention; compared with
+torch.equal, no tolerance."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,7 @@ from engine.tiny import tiny_config
 
 pytestmark = pytest.mark.skipif(ext.load("cpu").module is None, reason="the CPU kernels did not build")
 
-FORMATS = ["fp32", "fp16", "int8", "q4", "q4_k", "q5_k", "q6_k"]
+FORMATS = ["fp32", "fp16", "int8", "q4", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0"]
 SHAPES = {  # head_dim 16 runs attention's generic path; 64 its unrolled one. 352 = 11 blocks, a ragged panel count
     "tiny": dict(),
     "wide": dict(hidden_size=128, intermediate_size=352, num_attention_heads=2, num_key_value_heads=1,

@@ -1,21 +1,24 @@
-"""The CPU GEMMs (csrc/cpu/gemm.h, amx.h, q16.h) against their torch twins, on every instruction-set path this
-CPU has (avx2, avx512, and amx with its tiles forced on at every row count; tests/cpu_paths.py). Outputs are
-poisoned with NaN before each call. The row-wise ops, attention and the GIL: tests/test_kernels_cpu_ops.py.
+"""The CPU GEMMs (csrc/cpu/gemm.h, kquants.h, legacy.h, amx.h, q16.h) against their torch twins, on every
+instruction-set path this CPU has (avx2, avx512, and amx with its tiles forced on at every row count;
+tests/cpu_paths.py). Outputs are poisoned with NaN before each call. The row-wise ops, attention and the GIL:
+tests/test_kernels_cpu_ops.py.
 
 Tolerances, kernel vs twin (both fp32):
   linear f32 / f16: the same products summed in another order (the kernel in one chain per output). fp32
       summation of n terms errs by up to ~n eps sum|terms| in the worst case and ~sqrt(n) eps sum|terms| in
       practice (sqrt(1536) * 6e-8 = 2.3e-6): |out - twin| <= 1e-5 * sum_i |w_i x_i|.
-  linear int8: the twin reproduces the integer sums exactly and the same fp32 d * dx products; only the
-      sum over blocks differs (the kernel fuses it in FMAs, nb <= 48 terms): <= 4e-6 * sum_b |d dx isum|.
+  linear int8 (and q4_0 / q5_0, whose Blocks are int8's): the twin reproduces the integer sums exactly and
+      the same fp32 d * dx products; only the sum over blocks differs (the kernel fuses it in FMAs, nb <= 48
+      terms): <= 4e-6 * sum_b |d dx isum|.
   linear q4 / q8 (16-bit activations): the twin reproduces the activations, the exact integer sums and the
       fp32 d * dx and xs; the kernel folds the 2 nb terms in fp32 FMAs, each rounding by at most 2^-24 of the
       running sum, the twin in float64: |out - twin| <= 2 nb 2^-24 sum_b (|d dx S| + |m xs|), the worst case
-      of that recursive sum.
+      of that recursive sum. The integer sums themselves are checked exactly on inputs where the fold cannot
+      round (test_q16_exact_sums), and against the dequantized fp32 matmul by the quantization's own bound.
   linear q4_k / q5_k / q6_k (Q8_K activations): the twin reproduces the activations, each super-block's exact
       integer sums and their one rounding to fp32, and the fp32 d * dx and dmin * dx; the kernel folds the (up
-      to) 2 ns terms in fp32 FMAs, the twin in float64: |out - twin| <= 2 ns 2^-24 sum_s |term_s|, as q4's. The integer sums themselves are checked exactly on inputs where the fold cannot
-      round (test_q16_exact_sums), and against the dequantized fp32 matmul by the quantization's own bound.
+      to) 2 ns terms in fp32 FMAs, the twin in float64: |out - twin| <= 2 ns 2^-24 sum_s |term_s|, as q4's.
+      Their exact integer sums: test_k_quant_exact_sums.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ ROWS = [1, 2, 5, 6, 16, 17, 33]
 def check_linear(m, fmt: str, b: W.Blocks, x: torch.Tensor, what: str) -> None:
     out = torch.full((x.shape[0], b.out_features), NAN)
     linear(m, fmt, out, x, *W.to_panels(b))
-    if fmt == "int8":
+    if W.get(fmt).cpu_activations == "int8":  # int8, and q4_0 / q5_0 whose Blocks are int8's
         qx, dx = ref.quantize_activations(x, b.q.shape[1])
         sums = torch.einsum("nbi,obi->nob", qx, b.q.float().view(b.out_features, -1, 32))
         want = ref.linear_a8(x, b.q, b.d)
@@ -85,7 +88,8 @@ def q8k_fold_bound(x: torch.Tensor, b: W.Blocks) -> torch.Tensor:
     n_sub = b.sc.shape[1] // ns
     xs = qx.double().view(x.shape[0], ns, n_sub, -1)
     sums = torch.einsum("nsku,osku->nosk", xs, b.q.double().view(out, ns, n_sub, -1))
-    terms = (sums * b.sc.double().view(out, ns, n_sub)).sum(-1).abs() * (b.d.double()[None] * dx.double()[:, None]).abs()
+    scale = (b.d.double()[None] * dx.double()[:, None]).abs()
+    terms = (sums * b.sc.double().view(out, ns, n_sub)).sum(-1).abs() * scale
     if b.m is not None:
         imin = (xs.sum(-1)[:, None] * b.mn.double().view(out, ns, n_sub)).sum(-1)
         terms += imin.abs() * (b.m.double()[None] * dx.double()[:, None]).abs()
@@ -327,7 +331,7 @@ def test_errors_name_the_values(cpu_module):
     (w4,) = W.to_panels(W.quantize(torch.randn(17, 100), "q4"))
     with pytest.raises(RuntimeError, match=r"w must be \[P, nb, 320\] = \[2, 4, 320\], got \[2, 3, 320\]"):
         linear(m, "q4", out, x, w4[:, :3].contiguous())
-    with pytest.raises(RuntimeError, match=r"unknown weight format code 99 \(0\.\.7: "):
+    with pytest.raises(RuntimeError, match=r"unknown weight format code 99 \(0\.\.9: "):
         m.linear(out, x, 99, [qs, d])
     (wk,) = W.to_panels(W.quantize(torch.randn(17, 100), "q6_k"))
     with pytest.raises(RuntimeError, match=r"w must be \[P, ns, 3360\] = \[2, 1, 3360\], got \[2, 1, 2304\]"):

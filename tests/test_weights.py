@@ -94,7 +94,7 @@ def test_pack_gguf_is_pack_of_the_files_blocks(fmt):
     raw = W.get(fmt).to_gguf(b)
     pack_gguf = W.get(fmt).layouts["cpu"].pack_gguf
     got = pack_gguf(raw, 37, 512)
-    assert all(torch.equal(x, y) for x, y in zip(got, W.to_panels(b)))
+    assert all(torch.equal(x, y) for x, y in zip(got, W.to_panels(b), strict=True))
     with pytest.raises(ValueError, match=rf"a \[37, 768\] tensor of .* is 37 rows of {raw.shape[1] * 3 // 2} bytes"):
         pack_gguf(raw, 37, 768)
 

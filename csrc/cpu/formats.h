@@ -74,6 +74,14 @@ inline constexpr std::array<FormatRecord, kNumFormats> kFormats{{
      .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 3360]", .rank = 3,
                    .dims = {kP, kNs, kQ6KBytes}}}},
      .bytes_per_input = 16 * 6.5625 / 8},
+    {.format = kQ4_0, .name = "q4_0", .activations = Activations::kInt8, .n_tensors = 1,
+     .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 288]", .rank = 3,
+                   .dims = {kP, kNb, kQ4_0Bytes}}}},
+     .bytes_per_input = 16 * 4.5 / 8},
+    {.format = kQ5_0, .name = "q5_0", .activations = Activations::kInt8, .n_tensors = 1,
+     .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 352]", .rank = 3,
+                   .dims = {kP, kNb, kQ5_0Bytes}}}},
+     .bytes_per_input = 16 * 5.5 / 8},
 }};
 
 // The record of a format code, checked (ops_linear.cpp): an unknown code is an error naming the known ones.

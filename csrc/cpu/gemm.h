@@ -22,6 +22,7 @@
 
 #include "kernels.h"
 #include "kquants.h"
+#include "legacy.h"
 #include "prefetch.h"
 #include "q16.h"
 
@@ -177,6 +178,8 @@ struct Gemm {
   struct Q4K {};
   struct Q5K {};
   struct Q6K {};
+  struct Q4_0 {};
+  struct Q5_0 {};
 
   template <class K, int R>
   static void tile(const LinearArgs& a, int64_t p, int r0) {
@@ -187,6 +190,8 @@ struct Gemm {
     else if constexpr (std::is_same_v<K, Q4K>) KQuants<S>::template q45k_tile<R, false>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q5K>) KQuants<S>::template q45k_tile<R, true>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q6K>) KQuants<S>::template q6k_tile<R>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q4_0>) Legacy<S>::template q50_tile<R, false>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q5_0>) Legacy<S>::template q50_tile<R, true>(a, p, r0);
     else i8_tile<R>(a, p, r0);
   }
 
@@ -225,6 +230,8 @@ struct Gemm {
   static void linear_q4k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4K, KQuants<S>::kRows>(a, p0, p1); }
   static void linear_q5k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q5K, KQuants<S>::kRows>(a, p0, p1); }
   static void linear_q6k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q6K, KQuants<S>::kRows>(a, p0, p1); }
+  static void linear_q4_0(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4_0, Legacy<S>::kRows>(a, p0, p1); }
+  static void linear_q5_0(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q5_0, Legacy<S>::kRows>(a, p0, p1); }
   static constexpr QuantizeRowsKFn quantize_rows_k = KQuants<S>::quantize_rows_k;
 
   // KernelTable::linear: each format's kernel at its code.
@@ -238,6 +245,8 @@ struct Gemm {
     t[kQ4K] = linear_q4k;
     t[kQ5K] = linear_q5k;
     t[kQ6K] = linear_q6k;
+    t[kQ4_0] = linear_q4_0;
+    t[kQ5_0] = linear_q5_0;
     return t;
   }
 

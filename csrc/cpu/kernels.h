@@ -16,7 +16,7 @@ constexpr int kBlock = 32;  // inputs per quantization block (GGUF Q8_0 / Q4_1)
 
 // The weight formats the CPU kernels run: the index of KernelTable::linear and of formats.h's records, which
 // carry the names engine/weights' records have (engine/ops/cpu.py maps names to these codes at load).
-enum Format : int { kFp32, kFp16, kInt8, kQ8, kQ4, kQ4K, kQ5K, kQ6K, kNumFormats };
+enum Format : int { kFp32, kFp16, kInt8, kQ8, kQ4, kQ4K, kQ5K, kQ6K, kQ4_0, kQ5_0, kNumFormats };
 
 // 16-bit activations, what the q4 and q8 kernels read instead of x (q16.h): per row and block of 32,
 // x16 = round_half_even(x * (32767 / amax)) in [-32767, 32767], dx = amax / 32767, split into int8 halves
@@ -51,6 +51,9 @@ constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a wei
 // d[16]. Each the file's own bits per weight.
 constexpr int kSuper = 256;
 constexpr int kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
+// q4_0 and q5_0 panels (legacy.h) likewise, [P, nb, bytes] per block of 32: d[16] fp16, (q5_0: the 16 rows'
+// 32-bit high-bit masks), then 4 groups of [16 rows][4 nibble bytes].
+constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;
 
 // y[T, n_out] = x[T, in] @ W^T over panels [p0, p1). Rows `ldx` / `ldy` floats apart.
 // f32: w [P, in, 16] fp32.  f16: w [P, in, 16] fp16 bits.
@@ -58,6 +61,7 @@ constexpr int kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
 // int8: qs [P, nb, 8, 16, 4] bytes q+128, d [P, nb, 16] fp16; x is unused: qx [T, nb*32] int8,
 //     dx [T, nb] and qoff [T, nb] = -128 * sum(qx of the block) come from quantize_rows.
 // q8: the same weights as int8 against the 16-bit activations (act): a q4 model's LM head.
+// q4_0, q5_0: w the stream above against the int8 activations (qx, dx, qoff), as llama.cpp runs them on Q8_0's.
 // q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xsum [T, ns*16] (the
 //     sums of every 16 qx) come from quantize_rows_k (llama.cpp's Q8_K).
 struct LinearArgs {

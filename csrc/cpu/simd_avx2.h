@@ -237,6 +237,11 @@ struct Avx2 {
     const __m128i c = _mm_cvtsi32_si128(n);
     return {_mm256_srl_epi32(a.lo, c), _mm256_srl_epi32(a.hi, c)};
   }
+  static I i32_load(const uint8_t* p) {  // 64 bytes: 16 int32
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+  }
+  static U8 u8_from_i32(I v) { return {v.lo, v.hi}; }  // the same 64 bytes
   static I i32_load_u8(const uint8_t* p) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return {_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))};
