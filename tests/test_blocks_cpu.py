@@ -136,8 +136,8 @@ def test_bad_input_is_named():
     args = (cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, 1e-5, 0.25, "silu")
     with pytest.raises(RuntimeError, match=r"qkv is int8, whose weights are 2 packed tensor\(s\), got 1"):
         module.BlockPlan([block(qkv=proj(lin.attn.wqkv, fmt="int8"))], *args)
-    with pytest.raises(RuntimeError, match="unknown weight format code 7"):
-        module.BlockPlan([block(qkv=module.Projection(7, list(lin.attn.wqkv.weight.tensors)))], *args)
+    with pytest.raises(RuntimeError, match="unknown weight format code 99"):
+        module.BlockPlan([block(qkv=module.Projection(99, list(lin.attn.wqkv.weight.tensors)))], *args)
     with pytest.raises(RuntimeError, match="k_cache and v_cache must be"):
         module.BlockPlan([block(v_cache=cache.layer_v[0][:, :, :8])], *args)
     with pytest.raises(RuntimeError, match="at least one block"):

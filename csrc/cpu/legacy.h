@@ -13,9 +13,9 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "kernels.h"
+#include "kquants.h"
 #include "prefetch.h"
 
 namespace decodescope::cpu {
@@ -26,13 +26,8 @@ struct Legacy {
   using F = typename S::F;
   using I = typename S::I;
   using U8 = typename S::U8;
+  using K = KQuants<S>;  // its row store and 4-byte activation loads
   static constexpr int kRows = S::kRegs == 32 ? 8 : 2;
-
-  static int32_t x4(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-  }
 
   // Bits k..k+3 of each lane's mask -> bit 4 of its bytes 0..3: t * 0x00204081 puts bit r of t at bit 8r (the
   // shifted copies of t occupy disjoint bits, so nothing carries).
@@ -66,19 +61,14 @@ struct Legacy {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const int8_t* xr = a.qx + (r0 + r) * ldq + b * kBlock + 4 * g;
-          acc[r] = S::dot_u8s8(S::dot_u8s8(acc[r], wl, x4(xr)), wh, x4(xr + 16));
+          acc[r] = S::dot_u8s8(S::dot_u8s8(acc[r], wl, K::x4(xr)), wh, K::x4(xr + 16));
         }
       }
       const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb));
       for (int r = 0; r < R; ++r)
         y[r] = S::fma(S::to_float(acc[r]), S::mul(d, S::set1(a.dx[(r0 + r) * a.nb + b])), y[r]);
     }
-    for (int r = 0; r < R; ++r) {
-      float* dst = a.y + (r0 + r) * a.ldy + p * kPanel;
-      const int64_t left = a.n_out - p * kPanel;
-      if (left >= kPanel) S::store(dst, y[r]);
-      else S::store_n(dst, y[r], static_cast<int>(left));  // padded outputs are never written
-    }
+    for (int r = 0; r < R; ++r) K::store_row(a, p, r0 + r, y[r]);
   }
 };
 

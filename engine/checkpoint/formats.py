@@ -2,8 +2,8 @@
 
 A load asks for a format (weights="q4"), or leaves it to the model: then a converted GGUF file runs its own blocks
 in the format that holds most of them exactly where kernels run (SmolLM2's Q4_1: q4; Gemma 3's Q5_0 / Q8_0: int8),
-and any other folder its dtype's dense format. A tensor whose blocks that format cannot hold (a Q4_K tensor where
-no kernel runs Q4_K yet) is dequantized, or re-quantized where a quantized format was asked for; either way a note
+and any other folder its dtype's dense format. A tensor whose blocks that format cannot hold (a Q6_K tensor in a
+load that runs q4_k) is dequantized, or re-quantized where a quantized format was asked for; either way a note
 names the tensors, their type and the choice: never a silent second rounding.
 """
 from __future__ import annotations

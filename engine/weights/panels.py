@@ -127,7 +127,7 @@ def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_g
         b.fmt = fmt
         return b
 
-    def rows(p, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize(from_gguf(row_bytes(p.tensors[0], ids, fields), len(ids), p.in_features))
+    def rows(p, ids: torch.Tensor) -> torch.Tensor:  # dense, as the kernels take an embedding's rows
+        return dequantize(from_gguf(row_bytes(p.tensors[0], ids, fields), len(ids), p.in_features)).contiguous()
 
     return Layout(pack, unpack, rows, pack_gguf)
