@@ -1,6 +1,7 @@
 """The CPU kernels alone: one decode step's GEMMs per weight format, and attention over the cache.
 
     python -m bench.kernels [--out bench/results] [--threads 2] [--repeats 7] [--paths avx2 avx512 amx]
+    python -m bench.kernels --alternate q4 q4_k q5_k q6_k [--layers 3]   (formats against one another)
 
 GEMMs: the default model's shapes (30 layers of qkv 576->960, o 576->576, gate_up 576->3072, down
 1536->576, then the tied head 576->49152), random weights already in the kernels' panel layout, every
@@ -11,6 +12,10 @@ weight bytes over that time, % of the read bandwidth measured in this run (engin
 Attention: 9 query / 3 kv heads of dim 64 over 30 layers' caches at a few contexts, full and with a
 window of 512 + 4 sinks. The machine's load average is recorded before and after: timings from a busy
 machine are slower, never faster, so minimums over repeats are the figure to trust.
+
+--alternate times the formats named against one another in one interleaved group, on the best path: a few
+layers of Qwen2.5-1.5B's shapes (hidden 1536, intermediate 8960: every input a whole number of the K-quants'
+super-blocks of 256, as in the GGUF files that ship them), written to kernels-formats-cpu.*.
 """
 from __future__ import annotations
 
@@ -144,6 +149,36 @@ def bench_gemm(m, fmt: str, rows_list: list[int], repeats: int, probe: ReadProbe
                  weight_mb=nbytes / 1e6, read_gb_s=bw, others_pct=others) for p in paths for T in rows_list]
 
 
+QWEN_1_5B = [(2048, 1536), (1536, 1536), (2 * 8960, 1536), (1536, 8960)]  # qkv, o, gate_up, down (out, in)
+
+
+def bench_alternating(m, formats: list[str], layers: int, rows_list: list[int], repeats: int,
+                      probe: ReadProbe) -> list[dict]:
+    """The formats' steps of `layers` Qwen2.5-1.5B layers on the best path, every format and T timed in one
+    interleaved group, so a ratio between two formats is not the box's drift between two groups."""
+    g = torch.Generator().manual_seed(3)
+    steps, nbytes = {}, {}
+    for fmt in formats:
+        weights = [(n_in, random_panels(fmt, out, n_in, g)) for _ in range(layers) for out, n_in in QWEN_1_5B]
+        nbytes[fmt] = sum(t.numel() * t.element_size() for _, ts in weights for t in ts)
+        code = m.formats().index(fmt)
+        for T in rows_list:
+            xs = {n_in: torch.randn(T, n_in, generator=g) for n_in in (1536, 8960)}
+            outs = [torch.empty(T, ts[0].shape[0] * 16) for _, ts in weights]
+
+            def step(weights=weights, code=code, xs=xs, outs=outs):
+                for (n_in, ts), y in zip(weights, outs, strict=True):
+                    m.linear(y, xs[n_in], code, list(ts))
+            steps[fmt, T] = step
+    best = best_of_each({"read": probe, **steps}, repeats)
+    bw, others = probe.nbytes / best["read"] / 1e9, others_pct()
+    base = formats[0]
+    return [dict(op="gemm formats", format=f, path=m.isa(), T=T, ms=best[f, T] * 1e3, gb_s=nbytes[f] / best[f, T] / 1e9,
+                 pct_of_read_bw=100 * nbytes[f] / best[f, T] / 1e9 / bw, weight_mb=nbytes[f] / 1e6,
+                 gb_s_vs_first=(nbytes[f] / best[f, T]) / (nbytes[base] / best[base, T]), read_gb_s=bw,
+                 others_pct=others) for f in formats for T in rows_list]
+
+
 def bench_torch_f32(rows_list: list[int], repeats: int, probe: ReadProbe) -> list[dict]:
     """The same step through torch (MKL) on fp32 weights stored [in, out], the layout engine/model.py uses."""
     g = torch.Generator().manual_seed(1)
@@ -206,11 +241,27 @@ def main(argv=None) -> None:
     p.add_argument("--contexts", type=int, nargs="*", default=[256, 1024, 4096, 8192])
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS),
                    help="the paths to time the GEMMs on (attention runs on the best); 'amx tiles': AMX at every T")
+    p.add_argument("--alternate", nargs="+", choices=FORMATS, help="time these formats against one another only")
+    p.add_argument("--layers", type=int, default=3, help="--alternate: Qwen2.5-1.5B layers per step")
     args = p.parse_args(argv)
     status = ext.load("cpu")
     if status.module is None:
         sys.exit(f"the CPU kernels are not available, nothing to time: {status.reason}")
     m = status.module
+    if args.alternate:
+        torch.set_num_threads(args.threads)
+        load_before = os.getloadavg()
+        rows = bench_alternating(m, args.alternate, args.layers, args.rows, args.repeats, ReadProbe())
+        result = dict(isa=m.isa(), threads=args.threads, load_before=load_before, load_after=os.getloadavg(),
+                      rows=rows, provenance=provenance("cpu"))
+        md = (f"{args.layers} layers of Qwen2.5-1.5B's GEMMs per step, the formats interleaved round by round on "
+              f"{m.isa()}, {args.threads} threads, minimum over {args.repeats} repeats; load average before "
+              f"{load_before[0]:.2f}, after {result['load_after'][0]:.2f}:\n\n") + markdown_table(
+            rows, ["format", "T", "ms", "weight_mb", "gb_s", "gb_s_vs_first", "pct_of_read_bw", "read_gb_s",
+                   "others_pct"])
+        write_results(args.out, "kernels-formats-cpu", result, md)
+        print(md)
+        return
     paths = available_paths(m, args.paths)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()

@@ -2,11 +2,12 @@
 verify pass of any T = 1..17, so greedy speculative output cannot depend on the k a round chose; compared with
 torch.equal, no tolerance, full and windowed attention.
 
-CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head), every instruction-set path this CPU runs
-(amx with its tiles from one row up, and at its default crossover), the native block loop and Block.forward in
-Python. CUDA kernels (on a GPU, and on the CPU emulation of CUDA threads): the block formats, whose products are
-the GEMV at every T, and the split-KV attention at every T, in bf16 and fp32 activations. Dense weights on CUDA
-multiply with cuBLAS, which promises no fixed order across row counts: not covered here (engine/ops/cuda.py)."""
+CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0
+and q5_0), every instruction-set path this CPU runs (amx with its tiles from one row up, and at its default
+crossover), the native block loop and Block.forward in Python. CUDA kernels (on a GPU, and on the CPU emulation of
+CUDA threads): the block formats, whose products are the GEMV at every T, and the split-KV attention at every T, in
+bf16 and fp32 activations. Dense weights on CUDA multiply with cuBLAS, which promises no fixed order across row
+counts: not covered here (engine/ops/cuda.py)."""
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,7 @@ def cpu_module():
         pytest.skip("the CPU kernels did not build")
     return module
 
-FORMATS = ["fp32", "fp16", "int8", "q4"]
+FORMATS = ["fp32", "fp16", "int8", "q4", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0"]
 SHAPES = {  # head_dim 16 runs attention's generic path; 64 its unrolled one. 352 = 11 blocks, a ragged panel count
     "tiny": dict(),
     "wide": dict(hidden_size=128, intermediate_size=352, num_attention_heads=2, num_key_value_heads=1,

@@ -140,8 +140,8 @@ def test_bad_input_is_named():
 
     with pytest.raises(RuntimeError, match=r"qkv is int8, whose weights are 2 packed tensor\(s\), got 1"):
         plan(qkv=module.Projection(code["int8"], list(w.tensors)))
-    with pytest.raises(RuntimeError, match="unknown weight format code 7"):
-        plan(qkv=module.Projection(7, list(w.tensors)))
+    with pytest.raises(RuntimeError, match="unknown weight format code 99"):
+        plan(qkv=module.Projection(99, list(w.tensors)))
     with pytest.raises(RuntimeError, match="k_cache and v_cache must be"):
         plan(v_cache=cache.layer_v[0][:, :, :8])
     with pytest.raises(RuntimeError, match="at least one block"):

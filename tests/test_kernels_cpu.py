@@ -1,18 +1,24 @@
-"""The CPU GEMMs (csrc/cpu/gemm.h, amx.h, q16.h) against their torch twins, on every instruction-set path this
-CPU has (avx2, avx512, and amx with its tiles forced on at every row count; tests/cpu_paths.py). Outputs are
-poisoned with NaN before each call. The row-wise ops, attention and the GIL: tests/test_kernels_cpu_ops.py.
+"""The CPU GEMMs (csrc/cpu/gemm.h, kquants.h, legacy.h, amx.h, q16.h) against their torch twins, on every
+instruction-set path this CPU has (avx2, avx512, and amx with its tiles forced on at every row count;
+tests/cpu_paths.py). Outputs are poisoned with NaN before each call. The row-wise ops, attention and the GIL:
+tests/test_kernels_cpu_ops.py.
 
 Tolerances, kernel vs twin (both fp32):
   linear f32 / f16: the same products summed in another order (the kernel in one chain per output). fp32
       summation of n terms errs by up to ~n eps sum|terms| in the worst case and ~sqrt(n) eps sum|terms| in
       practice (sqrt(1536) * 6e-8 = 2.3e-6): |out - twin| <= 1e-5 * sum_i |w_i x_i|.
-  linear int8: the twin reproduces the integer sums exactly and the same fp32 d * dx products; only the
-      sum over blocks differs (the kernel fuses it in FMAs, nb <= 48 terms): <= 4e-6 * sum_b |d dx isum|.
+  linear int8 (and q4_0 / q5_0, whose Blocks are int8's): the twin reproduces the integer sums exactly and
+      the same fp32 d * dx products; only the sum over blocks differs (the kernel fuses it in FMAs, nb <= 48
+      terms): <= 4e-6 * sum_b |d dx isum|.
   linear q4 / q8 (16-bit activations): the twin reproduces the activations, the exact integer sums and the
       fp32 d * dx and xs; the kernel folds the 2 nb terms in fp32 FMAs, each rounding by at most 2^-24 of the
       running sum, the twin in float64: |out - twin| <= 2 nb 2^-24 sum_b (|d dx S| + |m xs|), the worst case
       of that recursive sum. The integer sums themselves are checked exactly on inputs where the fold cannot
       round (test_q16_exact_sums), and against the dequantized fp32 matmul by the quantization's own bound.
+  linear q4_k / q5_k / q6_k (Q8_K activations): the twin reproduces the activations, each super-block's exact
+      integer sums and their one rounding to fp32, and the fp32 d * dx and dmin * dx; the kernel folds the (up
+      to) 2 ns terms in fp32 FMAs, the twin in float64: |out - twin| <= 2 ns 2^-24 sum_s |term_s|, as q4's.
+      Their exact integer sums: test_k_quant_exact_sums.
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ ROWS = [1, 2, 5, 6, 16, 17, 33]
 def check_linear(m, fmt: str, b: W.Blocks, x: torch.Tensor, what: str) -> None:
     out = torch.full((x.shape[0], b.out_features), NAN)
     linear(m, fmt, out, x, *W.to_panels(b))
-    if fmt == "int8":
+    if W.get(fmt).cpu_activations == "int8":  # int8, and q4_0 / q5_0 whose Blocks are int8's
         qx, dx = ref.quantize_activations(x, b.q.shape[1])
         sums = torch.einsum("nbi,obi->nob", qx, b.q.float().view(b.out_features, -1, 32))
         want = ref.linear_a8(x, b.q, b.d)
@@ -54,6 +60,9 @@ def check_linear(m, fmt: str, b: W.Blocks, x: torch.Tensor, what: str) -> None:
     elif fmt in ("q4", "q8"):
         want = ref.linear_a16(x, *b.tensors)
         bound = q16_fold_bound(x, b)
+    elif W.get(fmt).cpu_activations == "q8_k":
+        want = ref.linear_q8_k(x, b.q, b.d, b.sc, b.m, b.mn)
+        bound = q8k_fold_bound(x, b)
     else:
         w = W.dequantize(b)
         want = ref.linear(x, w)
@@ -70,6 +79,21 @@ def q16_fold_bound(x: torch.Tensor, b: W.Blocks) -> torch.Tensor:
     if b.m is not None:
         terms += (b.m.double()[None] * (dx * x16.sum(-1)).double()[:, None]).abs()
     return (2 * nb * 2.0**-24 * terms.sum(-1)).float() + 1e-30
+
+
+def q8k_fold_bound(x: torch.Tensor, b: W.Blocks) -> torch.Tensor:
+    """2 ns 2^-24 sum_s (|isum d dx| + |imin dmin dx|): the fp32 fold's worst case (header)."""
+    qx, dx = ref.quantize_blocks(x, b.q.shape[1], 127, 256)
+    ns, out = dx.shape[1], b.out_features
+    n_sub = b.sc.shape[1] // ns
+    xs = qx.double().view(x.shape[0], ns, n_sub, -1)
+    sums = torch.einsum("nsku,osku->nosk", xs, b.q.double().view(out, ns, n_sub, -1))
+    scale = (b.d.double()[None] * dx.double()[:, None]).abs()
+    terms = (sums * b.sc.double().view(out, ns, n_sub)).sum(-1).abs() * scale
+    if b.m is not None:
+        imin = (xs.sum(-1)[:, None] * b.mn.double().view(out, ns, n_sub)).sum(-1)
+        terms += imin.abs() * (b.m.double()[None] * dx.double()[:, None]).abs()
+    return (2 * ns * 2.0**-24 * terms.sum(-1)).float() + 1e-30
 
 
 def assert_within(out: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, what: str) -> None:
@@ -130,6 +154,50 @@ def test_q16_exact_sums(cpu_module, fmt):
             assert torch.equal(out, want[:T]), (name, T, (out - want[:T]).abs().max())
 
 
+K_QUANTS = [f for f in KERNEL_FORMATS if W.get(f).cpu_activations == "q8_k"]
+
+
+@pytest.mark.parametrize("fmt", K_QUANTS)
+def test_q8_k_activations_err_by_half_a_step(cpu_module, fmt):
+    """The K-quants against the fp32 matmul of the same (dequantized) weights: the 8-bit activations err by at
+    most half a step per input, dx / 2 with dx = amax / 127 of each super-block of 256, plus fp32 rounding."""
+    w = randn(300, 576, seed=11)
+    x = randn(3, 576, seed=12)
+    x[0, 40] = 300.0  # an outlier channel: its super-block's step is large
+    b = W.quantize(w, fmt)
+    out = torch.empty(3, 300)
+    linear(cpu_module, fmt, out, x, *W.to_panels(b))
+    w_fp32 = W.dequantize(b)
+    _, dx = ref.quantize_blocks(x, 768, 127, 256)
+    step = (dx / 2).repeat_interleave(256, dim=1)[:, :576]
+    assert_within(out, x @ w_fp32.t(), step @ w_fp32.abs().t() + 1e-5 * (x.abs() @ w_fp32.abs().t()),
+                  f"{fmt} vs the fp32 matmul")
+
+
+@pytest.mark.parametrize("fmt", K_QUANTS)
+def test_k_quant_exact_sums(cpu_module, fmt):
+    """Inputs where nothing rounds: d = dmin = 1 and integer x with a super-block's largest |x| = 127, so dx = 1,
+    qx = x, and every fold term and partial sum is an integer below 2^24 (small sub-block scales). Every path
+    must give the twin's output exactly: an input, a scale or a min read from the wrong byte shows."""
+    g = torch.Generator().manual_seed(3)
+    out_f, n_in = 37, 768
+    b = W.quantize(randn(out_f, n_in, seed=4), fmt)
+    b.d = torch.ones_like(b.d)
+    b.sc = torch.randint(-3 if fmt == "q6_k" else 0, 4, b.sc.shape, generator=g).to(b.sc.dtype)
+    if b.m is not None:
+        b.m = torch.ones_like(b.m)
+        b.mn = torch.randint(0, 64, b.mn.shape, generator=g).to(b.mn.dtype)
+    x = torch.randint(-100, 101, (17, n_in), generator=g).float()
+    x[:, ::256] = 127 * torch.where(torch.rand(17, n_in // 256, generator=g) < 0.5, -1.0, 1.0)
+    want = ref.linear_q8_k(x, b.q, b.d, b.sc, b.m, b.mn)
+    assert want.abs().max() < 2**24
+    for name, mod in each_path(cpu_module):
+        for T in (1, 2, 7, 16, 17):
+            out = torch.full((T, out_f), NAN)
+            linear(mod, fmt, out, x[:T].contiguous(), *W.to_panels(b))
+            assert torch.equal(out, want[:T]), (name, T, (out - want[:T]).abs().max())
+
+
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
 def test_a_row_is_the_same_bits_at_every_row_count_and_path(cpu_module, fmt):
     """Batch invariance at the kernel: row t of a T-row pass equals the same row computed alone, bit for bit,
@@ -176,13 +244,13 @@ def test_linear_handles_no_rows_and_no_inputs(cpu_module):
         assert torch.equal(out, torch.zeros(3, 17)), fmt
 
 
-@pytest.mark.parametrize("fmt", ["int8", "q4", "q8"])
+@pytest.mark.parametrize("fmt", ["int8", "q4", "q8", "q4_k", "q6_k"])
 def test_activation_blocks_with_inf_nan_and_denormals(cpu_module, fmt):
     """The quantized formats' activation blocks, defined for every input (csrc/cpu/q16.h block_scale) and alike
     on every path: a block holding inf or NaN makes its row's outputs NaN, as a float matmul's would be inf or
     NaN; a block of denormals, or of values too small to scale (amax below qmax / FLT_MAX), counts as zeros;
     denormals beside normal values quantize to 0 like any value below half a step. The twin does the same."""
-    tiny = 1e-37 if fmt == "int8" else 1e-35  # below 127 / FLT_MAX = 3.7e-37, and below 32767 / FLT_MAX
+    tiny = 1e-35 if fmt in ("q4", "q8") else 1e-37  # below 32767 / FLT_MAX, and below 127 / FLT_MAX = 3.7e-37
     x = randn(7, 96, seed=31)
     x[0, 5] = float("inf")
     x[1, 40] = float("nan")
@@ -193,7 +261,8 @@ def test_activation_blocks_with_inf_nan_and_denormals(cpu_module, fmt):
     zeroed = x[3:5].clone()
     zeroed[:, 32:64] = 0
     b = W.quantize(randn(40, 96, seed=32), fmt)
-    want = ref.linear_a8(x, b.q, b.d) if fmt == "int8" else ref.linear_a16(x, *b.tensors)
+    want = (ref.linear_a8(x, b.q, b.d) if fmt == "int8" else ref.linear_a16(x, *b.tensors) if fmt in ("q4", "q8")
+            else ref.linear_q8_k(x, b.q, b.d, b.sc, b.m, b.mn))
     assert want[:3].isnan().all() and not want[3:].isnan().any()
     first = None
     for name, mod in each_path(cpu_module):
@@ -262,8 +331,11 @@ def test_errors_name_the_values(cpu_module):
     (w4,) = W.to_panels(W.quantize(torch.randn(17, 100), "q4"))
     with pytest.raises(RuntimeError, match=r"w must be \[P, nb, 320\] = \[2, 4, 320\], got \[2, 3, 320\]"):
         linear(m, "q4", out, x, w4[:, :3].contiguous())
-    with pytest.raises(RuntimeError, match=r"unknown weight format code 9 \(0\.\.4: "):
-        m.linear(out, x, 9, [qs, d])
+    with pytest.raises(RuntimeError, match=r"unknown weight format code 99 \(0\.\.9: "):
+        m.linear(out, x, 99, [qs, d])
+    (wk,) = W.to_panels(W.quantize(torch.randn(17, 100), "q6_k"))
+    with pytest.raises(RuntimeError, match=r"w must be \[P, ns, 3360\] = \[2, 1, 3360\], got \[2, 1, 2304\]"):
+        linear(m, "q6_k", out, x, wk[..., :2304].contiguous())
     with pytest.raises(RuntimeError, match=r"weight must be \[hidden\] = \[8\], got \[9\]"):
         m.rmsnorm(torch.empty(2, 8), torch.randn(2, 8), torch.ones(9), 1e-5)
     with pytest.raises(RuntimeError, match=r"weight must be \[hidden\] = \[8\], got \[16\]"):

@@ -61,6 +61,44 @@ def test_panel_layout_matches_its_definition(out, n_in):
         assert scales[o % 16] == q4.d[o, i // 32] and scales[16 + o % 16] == q4.m[o, i // 32]
 
 
+@pytest.mark.parametrize("out,n_in", [(17, 300), (33, 512)])
+def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
+    """csrc/cpu/kernels.h's K-quant panels, element by element: in a super-block of a panel, output o's byte k of
+    a field sits at the field's start + 16 * (unit * (k // unit)) + unit * (o % 16) + k % unit."""
+    fields = {  # (start in the panel, unit, start in the file's block, bytes)
+        "q4_k": ((0, 2, 0, 2), (32, 2, 2, 2), (64, 1, 4, 12), (256, 4, 16, 128)),  # d, dmin, scales, qs
+        "q6_k": ((0, 4, 0, 128), (2048, 4, 128, 64), (3072, 1, 192, 16), (3328, 2, 208, 2)),  # ql, qh, scales, d
+    }
+    for fmt, spec in fields.items():
+        b = blocks(fmt, out, n_in)
+        raw = W.get(fmt).to_gguf(b).view(out, -1, 144 if fmt == "q4_k" else 210)
+        (w,) = W.to_panels(b)
+        assert w.shape == (-(-out // 16), -(-n_in // 256), 16 * raw.shape[-1]) and w.dtype == torch.uint8
+        for at, unit, start, n in spec:
+            for o, sb, k in [(0, 0, 0), (16, 0, 3), (out - 1, w.shape[1] - 1, 11), (5, 0, 1), (7, 0, 127)]:
+                k %= n
+                got = w[o // 16, sb, at + 16 * unit * (k // unit) + unit * (o % 16) + k % unit]
+                assert got == raw[o, sb, start + k], (fmt, at, o, sb, k)
+    q4k = blocks("q4_k", out, n_in)  # and the quants the kernel reads from a 64-byte group, as its comment says
+    (w,) = W.to_panels(q4k)
+    for o, i in [(0, 0), (16, 37), (5, 100), (out - 1, 255)]:
+        group = (i % 256) // 64 * 8 + (i % 32) // 4
+        byte = int(w[o // 16, i // 256, 256 + group * 64 + (o % 16) * 4 + i % 4])
+        assert (byte >> 4 * (i % 64 // 32)) & 0xF == int(q4k.q[o, i])
+
+
+@pytest.mark.parametrize("fmt", [f for f in W.PANEL_FORMATS if W.get(f).layouts["cpu"].pack_gguf])
+def test_pack_gguf_is_pack_of_the_files_blocks(fmt):
+    """A file's tensor packed straight from its bytes equals its Blocks packed; a wrong row size is refused."""
+    b = blocks(fmt, 37, 512)
+    raw = W.get(fmt).to_gguf(b)
+    pack_gguf = W.get(fmt).layouts["cpu"].pack_gguf
+    got = pack_gguf(raw, 37, 512)
+    assert all(torch.equal(x, y) for x, y in zip(got, W.to_panels(b), strict=True))
+    with pytest.raises(ValueError, match=rf"a \[37, 768\] tensor of .* is 37 rows of {raw.shape[1] * 3 // 2} bytes"):
+        pack_gguf(raw, 37, 768)
+
+
 @pytest.mark.parametrize("fmt", W.PANEL_FORMATS)
 def test_padded_outputs_are_zero(fmt):
     panels = W.to_panels(blocks(fmt, 17, 64))
@@ -70,6 +108,8 @@ def test_padded_outputs_are_zero(fmt):
     elif fmt == "q4":  # zero scales and mins: whatever the codes, the padded weights are 0
         scales = last[0][:, 256:].view(torch.float16)
         assert not scales[:, 1:16].any() and not scales[:, 17:].any()
+    elif W.get(fmt).layouts["cpu"].pack_gguf:  # the file's bytes: padded rows have zero scales, so weigh 0
+        assert torch.equal(W.rows(W.Packed(fmt, "cpu", 32, 64, panels), torch.arange(17, 32)), torch.zeros(15, 64))
     else:  # zero scales: whatever the codes, the padded weights are 0
         assert all(not t[:, 1:].any() for t in last[1:])
 
@@ -103,4 +143,7 @@ def test_rows_of_every_layout_dequantize_the_blocks(fmt):
     ids = torch.tensor([0, 39, 17, 17, 16])
     want = W.dequantize(b)[ids]
     for layout in W.REGISTRY[fmt].layouts:
-        assert torch.equal(W.rows(W.pack(b, layout), ids), want), layout
+        got = W.rows(W.pack(b, layout), ids)
+        assert torch.equal(got, want), layout
+        if layout == "cpu" and W.REGISTRY[fmt].layouts["cpu"].pack_gguf:  # in 100 is padded to 256 inside
+            assert got.is_contiguous()

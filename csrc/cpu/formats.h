@@ -18,11 +18,12 @@ enum class Activations {
   kAsIs,   // x [T, in] as given
   kInt8,   // quantized to int8 per block of 32 (qx, dx, qoff: quantize_rows)
   kInt16,  // quantized to 16 bits per block of 32 (Act16: quantize_rows16)
+  kQ8K,    // quantized to int8 per super-block of 256, with the sums of every 16 (qx, dx, xsum: quantize_rows_k)
 };
 
-// A packed tensor's expected shape, symbolic in P (panels of 16 outputs), nb (blocks of 32 inputs) and in:
-// a negative dim is one of those letters.
-constexpr int64_t kP = -1, kNb = -2, kIn = -3;
+// A packed tensor's expected shape, symbolic in P (panels of 16 outputs), nb (blocks of 32 inputs), in and ns
+// (super-blocks of 256 inputs): a negative dim is one of those letters.
+constexpr int64_t kP = -1, kNb = -2, kIn = -3, kNs = -4;
 struct TensorSpec {
   const char* name;
   at::ScalarType dtype;
@@ -61,6 +62,26 @@ inline constexpr std::array<FormatRecord, kNumFormats> kFormats{{
      .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 320]", .rank = 3,
                    .dims = {kP, kNb, kQ4BlockBytes}}}},
      .bytes_per_input = 16 * (0.5 + 4.0 / kBlock)},
+    {.format = kQ4K, .name = "q4_k", .activations = Activations::kQ8K, .n_tensors = 1,
+     .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 2304]", .rank = 3,
+                   .dims = {kP, kNs, kQ4KBytes}}}},
+     .bytes_per_input = 16 * 4.5 / 8},
+    {.format = kQ5K, .name = "q5_k", .activations = Activations::kQ8K, .n_tensors = 1,
+     .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 2816]", .rank = 3,
+                   .dims = {kP, kNs, kQ5KBytes}}}},
+     .bytes_per_input = 16 * 5.5 / 8},
+    {.format = kQ6K, .name = "q6_k", .activations = Activations::kQ8K, .n_tensors = 1,
+     .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 3360]", .rank = 3,
+                   .dims = {kP, kNs, kQ6KBytes}}}},
+     .bytes_per_input = 16 * 6.5625 / 8},
+    {.format = kQ4_0, .name = "q4_0", .activations = Activations::kInt8, .n_tensors = 1,
+     .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 288]", .rank = 3,
+                   .dims = {kP, kNb, kQ4_0Bytes}}}},
+     .bytes_per_input = 16 * 4.5 / 8},
+    {.format = kQ5_0, .name = "q5_0", .activations = Activations::kInt8, .n_tensors = 1,
+     .tensors = {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 352]", .rank = 3,
+                   .dims = {kP, kNb, kQ5_0Bytes}}}},
+     .bytes_per_input = 16 * 5.5 / 8},
 }};
 
 // The record of a format code, checked (ops_linear.cpp): an unknown code is an error naming the known ones.

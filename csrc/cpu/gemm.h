@@ -21,21 +21,13 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "kquants.h"
+#include "legacy.h"
+#include "prefetch.h"
 #include "q16.h"
 
 namespace decodescope::cpu {
 namespace {
-
-// Software prefetch of the weight stream, kPrefetch bytes ahead, into L2 (prefetcht1). A tile with two or
-// more rows is compute-bound per panel (T FMAs per weight load), and without it the core stops issuing
-// loads while it computes: with the hardware prefetcher alone a 6-row f16 step took nearly twice as long
-// (8 KB ahead measured best; 1, 2 and 4 KB ahead and prefetcht0 all did worse). 1-row tiles gain too, in
-// whole decode steps (a kernel timed alone in a loop finds part of its weights still in L3): the hardware
-// prefetcher stops at each 4 KB page, the software one runs on across it.
-constexpr int kPrefetch = 8192;
-inline void prefetch(const void* p, int ahead = kPrefetch) {
-  __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 2);
-}
 
 template <class S>
 struct Gemm {
@@ -183,6 +175,11 @@ struct Gemm {
   struct Q4 {};
   struct I8 {};
   struct Q8 {};
+  struct Q4K {};
+  struct Q5K {};
+  struct Q6K {};
+  struct Q4_0 {};
+  struct Q5_0 {};
 
   template <class K, int R>
   static void tile(const LinearArgs& a, int64_t p, int r0) {
@@ -190,6 +187,11 @@ struct Gemm {
     else if constexpr (std::is_same_v<K, F16>) dense_tile<R, 1, uint16_t>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q4>) q4_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q8>) q8_tile<R>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q4K>) KQuants<S>::template q45k_tile<R, false>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q5K>) KQuants<S>::template q45k_tile<R, true>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q6K>) KQuants<S>::template q6k_tile<R>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q4_0>) Legacy<S>::template q50_tile<R, false>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q5_0>) Legacy<S>::template q50_tile<R, true>(a, p, r0);
     else i8_tile<R>(a, p, r0);
   }
 
@@ -225,6 +227,12 @@ struct Gemm {
   static void linear_q4(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4, kRowsQ16>(a, p0, p1); }
   static void linear_int8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<I8, kRowsI8>(a, p0, p1); }
   static void linear_q8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q8, kRowsQ16>(a, p0, p1); }
+  static void linear_q4k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4K, KQuants<S>::kRows>(a, p0, p1); }
+  static void linear_q5k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q5K, KQuants<S>::kRows>(a, p0, p1); }
+  static void linear_q6k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q6K, KQuants<S>::kRows>(a, p0, p1); }
+  static void linear_q4_0(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4_0, Legacy<S>::kRows>(a, p0, p1); }
+  static void linear_q5_0(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q5_0, Legacy<S>::kRows>(a, p0, p1); }
+  static constexpr QuantizeRowsKFn quantize_rows_k = KQuants<S>::quantize_rows_k;
 
   // KernelTable::linear: each format's kernel at its code.
   static constexpr std::array<LinearFn, kNumFormats> linears() {
@@ -234,6 +242,11 @@ struct Gemm {
     t[kInt8] = linear_int8;
     t[kQ8] = linear_q8;
     t[kQ4] = linear_q4;
+    t[kQ4K] = linear_q4k;
+    t[kQ5K] = linear_q5k;
+    t[kQ6K] = linear_q6k;
+    t[kQ4_0] = linear_q4_0;
+    t[kQ5_0] = linear_q5_0;
     return t;
   }
 

@@ -16,7 +16,7 @@ constexpr int kBlock = 32;  // inputs per quantization block (GGUF Q8_0 / Q4_1)
 
 // The weight formats the CPU kernels run: the index of KernelTable::linear and of formats.h's records, which
 // carry the names engine/weights' records have (engine/ops/cpu.py maps names to these codes at load).
-enum Format : int { kFp32, kFp16, kInt8, kQ8, kQ4, kNumFormats };
+enum Format : int { kFp32, kFp16, kInt8, kQ8, kQ4, kQ4K, kQ5K, kQ6K, kQ4_0, kQ5_0, kNumFormats };
 
 // 16-bit activations, what the q4 and q8 kernels read instead of x (q16.h): per row and block of 32,
 // x16 = round_half_even(x * (32767 / amax)) in [-32767, 32767], dx = amax / 32767, split into int8 halves
@@ -44,12 +44,26 @@ constexpr int kQ4Chunk = 64;
 constexpr int kQ4Nibbles = 4 * kQ4Chunk;
 constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a weight, as GGUF's Q4_1
 
+// K-quant panels (kquants.h): one stream [P, ns, bytes] (ns = ceil(in / 256) super-blocks), each super-block the
+// file's block of 16 rows interleaved field by field (engine/weights/panels.py interleave), fields in the file's
+// order: q4_k d[16], dmin[16] fp16, 12 scale bytes x 16, 32 groups of [16 rows][4 quant bytes]; q5_k the same
+// with 8 groups of [16][4] high-bit bytes before the quants; q6_k 32 groups of ql, 16 of qh, 16 int8 scales x 16,
+// d[16]. Each the file's own bits per weight.
+constexpr int kSuper = 256;
+constexpr int kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
+// q4_0 and q5_0 panels (legacy.h) likewise, [P, nb, bytes] per block of 32: d[16] fp16, (q5_0: the 16 rows'
+// 32-bit high-bit masks), then 4 groups of [16 rows][4 nibble bytes].
+constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;
+
 // y[T, n_out] = x[T, in] @ W^T over panels [p0, p1). Rows `ldx` / `ldy` floats apart.
 // f32: w [P, in, 16] fp32.  f16: w [P, in, 16] fp16 bits.
 // q4: w the stream above; x is unused: act holds the 16-bit activations.
 // int8: qs [P, nb, 8, 16, 4] bytes q+128, d [P, nb, 16] fp16; x is unused: qx [T, nb*32] int8,
 //     dx [T, nb] and qoff [T, nb] = -128 * sum(qx of the block) come from quantize_rows.
 // q8: the same weights as int8 against the 16-bit activations (act): a q4 model's LM head.
+// q4_0, q5_0: w the stream above against the int8 activations (qx, dx, qoff), as llama.cpp runs them on Q8_0's.
+// q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xsum [T, ns*16] (the
+//     sums of every 16 qx) come from quantize_rows_k (llama.cpp's Q8_K).
 struct LinearArgs {
   float* y;
   int64_t ldy;
@@ -62,12 +76,16 @@ struct LinearArgs {
   const float* dx;      // [T, nb] (int8)
   const int32_t* qoff;  // [T, nb] (int8)
   const Act16* act;     // (q4, q8)
+  const int32_t* xsum;  // [T, ns*16] (K-quants)
 };
 using LinearFn = void (*)(const LinearArgs&, int64_t p0, int64_t p1);
 
 // int8 activations, rows [r0, r1): qx, dx and qoff as LinearArgs describes; x [T, in], rows ldx apart.
 using QuantizeRowsFn = void (*)(const float* x, int64_t ldx, int in, int nb, int8_t* qx, float* dx,
                                 int32_t* qoff, int64_t r0, int64_t r1);
+// Q8_K activations, rows [r0, r1): per super-block of 256 qx int8, dx, and the sums of every 16 qx (xsum).
+using QuantizeRowsKFn = void (*)(const float* x, int64_t ldx, int in, int ns, int8_t* qx, float* dx, int32_t* xsum,
+                                 int64_t r0, int64_t r1);
 // 16-bit activations, rows [r0, r1), into the planes of Act16 this ISA's kernels read.
 using QuantizeRows16Fn = void (*)(const float* x, int64_t ldx, int in, int nb, const Act16& a, int64_t r0,
                                   int64_t r1);
@@ -140,6 +158,7 @@ struct KernelTable {
   std::array<LinearFn, kNumFormats> linear;  // by Format
   QuantizeRowsFn quantize_rows;
   QuantizeRows16Fn quantize_rows16;
+  QuantizeRowsKFn quantize_rows_k;
   NormFn norm;
   SiluMulFn silu_mul;
   SiluMulFn gelu_tanh_mul;

@@ -27,6 +27,7 @@ const KernelTable& avx2_table() {
                                  .linear = G::linears(),
                                  .quantize_rows = G::quantize_rows,
                                  .quantize_rows16 = quantize_rows16<Avx2>,
+                                 .quantize_rows_k = G::quantize_rows_k,
                                  .norm = R::norm,
                                  .silu_mul = R::silu_mul,
                                  .gelu_tanh_mul = R::gelu_tanh_mul,

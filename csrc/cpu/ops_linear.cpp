@@ -16,7 +16,7 @@ namespace decodescope::cpu {
 namespace {
 
 struct Shape {
-  int64_t rows, in, n_out, panels, nb;
+  int64_t rows, in, n_out, panels, nb, ns;
 };
 
 // x: [T, in], out: [T, n_out], both fp32, contiguous, not overlapping.
@@ -31,7 +31,8 @@ Shape check_linear(const at::Tensor& out, const at::Tensor& x) {
   check_dtype(out, "out", at::kFloat);
   check_dense(out, "out");
   TORCH_CHECK(!overlaps(out, x), "out must not overlap x (the kernel reads x after it starts writing out)");
-  Shape s{x.size(0), x.size(1), out.size(1), (out.size(1) + kPanel - 1) / kPanel, (x.size(1) + kBlock - 1) / kBlock};
+  Shape s{x.size(0), x.size(1), out.size(1), (out.size(1) + kPanel - 1) / kPanel, (x.size(1) + kBlock - 1) / kBlock,
+          (x.size(1) + kSuper - 1) / kSuper};
   checked_int(s.rows, "T");
   checked_int(s.n_out, "out features");
   checked_int(s.in, "in features");
@@ -42,7 +43,7 @@ void check_weights(const FormatRecord& f, const Shape& s, const at::Tensor* w) {
   for (int j = 0; j < f.n_tensors; ++j) {
     const TensorSpec& spec = f.tensors[j];
     std::vector<int64_t> shape(spec.dims.begin(), spec.dims.begin() + spec.rank);
-    for (int64_t& d : shape) d = d == kP ? s.panels : d == kNb ? s.nb : d == kIn ? s.in : d;
+    for (int64_t& d : shape) d = d == kP ? s.panels : d == kNb ? s.nb : d == kIn ? s.in : d == kNs ? s.ns : d;
     check_tensor(w[j], spec.name, spec.dtype, spec.letters, shape);
   }
 }
@@ -57,7 +58,7 @@ struct Scratch {
   std::vector<int8_t> qx, hi;
   std::vector<uint8_t> lo;
   std::vector<int16_t> xp;
-  std::vector<int32_t> qoff, sum16, shi;
+  std::vector<int32_t> qoff, sum16, shi, xsum;
   Act16 act;
 };
 thread_local Scratch scratch;
@@ -72,6 +73,18 @@ void quantize_int8(LinearArgs& a, const Shape& s) {
   a.qx = scratch.qx.data();
   a.dx = scratch.dx.data();
   a.qoff = scratch.qoff.data();
+}
+
+// Q8_K: int8 per super-block of 256 and the sums of every 16, once here as quantize_int8.
+void quantize_q8k(LinearArgs& a, const Shape& s) {
+  scratch.qx.resize(s.rows * s.ns * kSuper);
+  scratch.dx.resize(s.rows * s.ns);
+  scratch.xsum.resize(s.rows * s.ns * kSuper / 16);
+  kernels().quantize_rows_k(a.x, a.ldx, a.in, static_cast<int>(s.ns), scratch.qx.data(), scratch.dx.data(),
+                            scratch.xsum.data(), 0, s.rows);
+  a.qx = scratch.qx.data();
+  a.dx = scratch.dx.data();
+  a.xsum = scratch.xsum.data();
 }
 
 // The 16-bit activations (kernels.h Act16), every plane and kAct16PadRows rows past T allocated: the ISA's prep
@@ -137,10 +150,13 @@ void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tens
     case Activations::kAsIs: break;
     case Activations::kInt8: quantize_int8(a, s); break;
     case Activations::kInt16: quantize_int16(a, s); break;
+    case Activations::kQ8K: quantize_q8k(a, s); break;
   }
   a.w = w[0].data_ptr();
   if (f.n_tensors > 1) a.d = reinterpret_cast<const uint16_t*>(w[1].data_ptr());
-  const double in_streamed = f.activations == Activations::kAsIs ? s.in : s.nb * kBlock;
+  const double in_streamed = f.activations == Activations::kAsIs ? s.in
+                             : f.activations == Activations::kQ8K ? s.ns * kSuper
+                                                                  : s.nb * kBlock;
   const int64_t panel_bytes = static_cast<int64_t>(in_streamed * f.bytes_per_input) + 1;
   const int64_t min_chunk = (kMinChunkBytes + panel_bytes - 1) / panel_bytes;
   const LinearFn fn = kernels().linear[format];

@@ -192,6 +192,65 @@ struct Avx2 {
                                                                _mm256_madd_epi16(w.b[h], xb)));
   }
 
+  // ---- K-quants (kquants.h) without VNNI: VPMADDUBSW's saturating int16 pairs cannot saturate here, a
+  // pair at most 2 * 63 * 128 = 16128 (6-bit weights), then VPMADDWD by ones into int32: exact, as VPDPBUSD.
+  struct U8 {
+    __m256i lo, hi;  // outputs 0-7, 8-15
+  };
+  static U8 u8_load(const uint8_t* p) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+  }
+  static U8 u8_and(U8 a, int m) {
+    const __m256i v = _mm256_set1_epi8(static_cast<char>(m));
+    return {_mm256_and_si256(a.lo, v), _mm256_and_si256(a.hi, v)};
+  }
+  static U8 u8_or(U8 a, U8 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+  static U8 u8_shl(U8 a, int n) {
+    const __m128i c = _mm_cvtsi32_si128(n);
+    return {_mm256_sll_epi16(a.lo, c), _mm256_sll_epi16(a.hi, c)};
+  }
+  static U8 u8_shr(U8 a, int n) {
+    const __m128i c = _mm_cvtsi32_si128(n);
+    return {_mm256_srl_epi16(a.lo, c), _mm256_srl_epi16(a.hi, c)};
+  }
+  static I dot_u8s8(I acc, U8 w, int32_t x4) {
+    const __m256i x = _mm256_set1_epi32(x4), ones = _mm256_set1_epi16(1);
+    return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(w.lo, x), ones)),
+            _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(w.hi, x), ones))};
+  }
+  static I i32_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  static I i32_set1(int32_t v) { return {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; }
+  static I i32_add(I a, I b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+  static I i32_sub(I a, I b) { return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)}; }
+  static I i32_mul(I a, I b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
+  static I i32_and(I a, int32_t m) {
+    const __m256i v = _mm256_set1_epi32(m);
+    return {_mm256_and_si256(a.lo, v), _mm256_and_si256(a.hi, v)};
+  }
+  static I i32_or(I a, I b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+  static I i32_shl(I a, int n) {
+    const __m128i c = _mm_cvtsi32_si128(n);
+    return {_mm256_sll_epi32(a.lo, c), _mm256_sll_epi32(a.hi, c)};
+  }
+  static I i32_shr(I a, int n) {
+    const __m128i c = _mm_cvtsi32_si128(n);
+    return {_mm256_srl_epi32(a.lo, c), _mm256_srl_epi32(a.hi, c)};
+  }
+  static I i32_load(const uint8_t* p) {  // 64 bytes: 16 int32
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+  }
+  static U8 u8_from_i32(I v) { return {v.lo, v.hi}; }  // the same 64 bytes
+  static I i32_load_u8(const uint8_t* p) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))};
+  }
+  static I i32_load_s8(const uint8_t* p) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))};
+  }
+
   // v[0..15] -> lane i = sum of v[i]'s lanes.
   static F hsum16(const F* v) {
     __m256 s[16];

@@ -144,6 +144,35 @@ struct Avx512 {
     acc.lo = _mm512_dpbusd_epi32(acc.lo, _mm512_set1_epi32(load4(x.lo + o)), w.s);
   }
 
+  // ---- K-quants (kquants.h): 64 bytes of 16 outputs x 4 unsigned weights against 4 int8 activations -------
+  using U8 = __m512i;
+  static U8 u8_load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static U8 u8_and(U8 a, int m) { return _mm512_and_si512(a, _mm512_set1_epi8(static_cast<char>(m))); }
+  static U8 u8_or(U8 a, U8 b) { return _mm512_or_si512(a, b); }
+  // shifts in 16-bit lanes: bits cross into the neighbouring byte, so a mask follows every use
+  static U8 u8_shl(U8 a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+  static U8 u8_shr(U8 a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+  // acc + each output's 4 weights times x4's 4 signed bytes: VPDPBUSD, exact in int32
+  static I dot_u8s8(I acc, U8 w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
+  static I i32_zero() { return _mm512_setzero_si512(); }
+  static I i32_set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I i32_add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I i32_sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I i32_mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I i32_and(I a, int32_t m) { return _mm512_and_si512(a, _mm512_set1_epi32(m)); }
+  static I i32_or(I a, I b) { return _mm512_or_si512(a, b); }
+  static I i32_shl(I a, int n) { return _mm512_sll_epi32(a, _mm_cvtsi32_si128(n)); }
+  static I i32_shr(I a, int n) { return _mm512_srl_epi32(a, _mm_cvtsi32_si128(n)); }
+  static I i32_load(const uint8_t* p) { return _mm512_loadu_si512(p); }  // 64 bytes: 16 int32
+  static U8 u8_from_i32(I v) { return v; }  // the same 64 bytes
+  // 16 bytes -> 16 int32 lanes, zero- or sign-extended
+  static I i32_load_u8(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I i32_load_s8(const uint8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+
   // v[0..15] -> one vector whose lane i is the sum of v[i]'s lanes: a transpose-and-add tree, 15 adds.
   static F hsum16(const F* v) {
     F a[8], b[4], c[2];

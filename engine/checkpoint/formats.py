@@ -2,8 +2,8 @@
 
 A load asks for a format (weights="q4"), or leaves it to the model: then a converted GGUF file runs its own blocks
 in the format that holds most of them exactly where kernels run (SmolLM2's Q4_1: q4; Gemma 3's Q5_0 / Q8_0: int8),
-and any other folder its dtype's dense format. A tensor whose blocks that format cannot hold (a Q4_K tensor where
-no kernel runs Q4_K yet) is dequantized, or re-quantized where a quantized format was asked for; either way a note
+and any other folder its dtype's dense format. A tensor whose blocks that format cannot hold (a Q6_K tensor in a
+load that runs q4_k) is dequantized, or re-quantized where a quantized format was asked for; either way a note
 names the tensors, their type and the choice: never a silent second rounding.
 """
 from __future__ import annotations
@@ -65,7 +65,8 @@ def native_format(kept: KeptBlocks | None, opset: ops.OpSet) -> str | None:
         for f in (stored, *wts.get(stored).exact_in):
             if wts.get(f).pickable and runs(f, opset):
                 counts[f] += 1
-    return counts.most_common(1)[0][0] if counts else None
+    order = list(wts.REGISTRY)  # a tie goes to the format listed first (int8 before the 4-6 bit ones)
+    return max(counts, key=lambda f: (counts[f], -order.index(f))) if counts else None
 
 
 class FormatPlan:
@@ -87,10 +88,13 @@ class FormatPlan:
         if self.asked is None:  # the file's own format cannot hold these: dense, exactly
             own = [self.kept.stored_format(n) for n in blocked]
             alone = [s is not None and any(runs(f, self.opset) for f in (s, *wts.get(s).exact_in)) for s in own]
-            if blocked and self.opset.name == "fused" and all(alone):  # each would run, but not all in one
-                types = sorted({self.kept.gguf_type(n) for n in blocked})
+            types = sorted({self.kept.gguf_type(n) for n in blocked})
+            if blocked and self.opset.name == "fused" and all(alone) and len(types) > 1:  # each runs, not in one
                 self.note(blocked, f"dequantized to {self.dense}: fused into one matrix from parts in different block "
                                    f"types ({', '.join(types)}), which no one format holds exactly")
+            elif blocked and self.opset.name == "fused" and all(alone):
+                self.note(blocked, f"dequantized to {self.dense}: their blocks have a kernel, but this load runs every "
+                                   f"projection in one format ({self.fmt}), which does not hold them")
             elif blocked and self.opset.name == "fused":
                 self.note(blocked, f"dequantized to {self.dense}: the {self.opset.layout.upper()} kernels have no "
                                    "kernel for their blocks yet")

@@ -37,7 +37,8 @@ class OpSet:
 
 
 # The torch twins' matmul by what a format's CPU kernel does with the activations (WeightFormat.cpu_activations)
-TWIN_MATMULS = {"exact": ref.matmul_dequantized, "int8": ref.matmul_int8_a8, "int16": ref.matmul_int16_a16}
+TWIN_MATMULS = {"exact": ref.matmul_dequantized, "int8": ref.matmul_int8_a8, "int16": ref.matmul_int16_a16,
+                "q8_k": ref.matmul_q8_k}
 
 
 def twin_matmul(fmt: weights.WeightFormat, device: torch.device) -> Callable:

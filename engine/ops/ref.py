@@ -150,6 +150,13 @@ def matmul_int8_a8(x: torch.Tensor, w) -> torch.Tensor:
     return linear_a8(x, q, d).to(x.dtype)
 
 
+def matmul_q8_k(x: torch.Tensor, w) -> torch.Tensor:
+    """q4_k, q5_k and q6_k on a CPU: canonical K-quant blocks against Q8_K activations (linear_q8_k)."""
+    q, d, *rest = w.tensors
+    m, sc, mn = rest if len(rest) == 3 else (None, rest[0], None)
+    return linear_q8_k(x, q, d, sc, m, mn).to(x.dtype)
+
+
 def matmul_int16_a16(x: torch.Tensor, w) -> torch.Tensor:
     """q4 and q8 on a CPU: the blocks against 16-bit activations, the SIMD kernels' recipe (linear_a16)."""
     return linear_a16(x, *w.tensors).to(x.dtype)
@@ -158,14 +165,15 @@ def matmul_int16_a16(x: torch.Tensor, w) -> torch.Tensor:
 FLT_MAX = torch.finfo(torch.float32).max
 
 
-def quantize_blocks(x: torch.Tensor, in_pad: int, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(x: torch.Tensor, in_pad: int, qmax: int, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """The CPU kernels' activation recipe (csrc/cpu/q16.h block_scale): x [N, in] fp32, zero-padded to in_pad,
-    per block of 32: amax = max|x|, inv = qmax / amax, q = round_half_even(x * inv) in [-qmax, qmax],
-    dx = amax / qmax, all in fp32. Defined for every input, as the kernels on every ISA: a block holding inf or
-    NaN gives q = 0 and dx = NaN (its row's outputs are NaN, where a float matmul's would be inf or NaN); a
-    block whose qmax / amax overflows (zeros, denormals, amax below qmax / FLT_MAX) gives q = 0 and dx = 0.
-    Returns q as float [N, nb, 32] (exact integers) and dx [N, nb] fp32."""
-    xb = F.pad(x.float(), (0, in_pad - x.shape[-1])).view(x.shape[0], -1, 32)
+    per block of 32 (256 for the K-quants' Q8_K): amax = max|x|, inv = qmax / amax, q = round_half_even(x * inv)
+    in [-qmax, qmax], dx = amax / qmax, all in fp32. Defined for every input, as the kernels on every ISA: a
+    block holding inf or NaN gives q = 0 and dx = NaN (its row's outputs are NaN, where a float matmul's would be
+    inf or NaN); a block whose qmax / amax overflows (zeros, denormals, amax below qmax / FLT_MAX) gives q = 0
+    and dx = 0.
+    Returns q as float [N, nb, block] (exact integers) and dx [N, nb] fp32."""
+    xb = F.pad(x.float(), (0, in_pad - x.shape[-1])).view(x.shape[0], -1, block)
     finite = torch.isfinite(xb).all(-1)
     xb = torch.where(finite[..., None], xb, 0.0)
     amax = xb.abs().amax(-1)
@@ -208,3 +216,25 @@ def linear_a16(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tenso
         xs = dx * x16.sum(-1)  # |sum| <= 32 * 32767 < 2^24: exact before the product
         y += (m.float()[None].double() * xs[:, None].double()).sum(-1)
     return y.float()
+
+
+def linear_q8_k(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor, m: torch.Tensor | None = None,
+                mn: torch.Tensor | None = None) -> torch.Tensor:
+    """K-quant weights (engine/weights/k_quants.py: q [out, in_pad], d and m fp16 [out, ns], sc and mn [out, ns *
+    n_sub]) against llama.cpp's Q8_K activations, the CPU kernels' recipe (csrc/cpu/kquants.h): qx, dx =
+    quantize_blocks(x, 127) per row and super-block of 256, the exact integer sums of each super-block
+        isum = sum_s sc_s sum_{i in s} q_i qx_i,     imin = sum_s mn_s sum_{i in s} qx_i
+    and one fold per super-block, y += float(isum) fl(d dx) - float(imin) fl(m dx) (float(): one rounding of an
+    exact integer, as the kernel's int32 -> fp32). The kernels fold the super-blocks in fp32 FMAs in order; here
+    the sum runs in float64 and is rounded once."""
+    out, ns = q.shape[0], d.shape[1]
+    qx, dx = quantize_blocks(x, q.shape[1], 127, 256)  # [N, ns, 256], [N, ns]
+    n_sub = sc.shape[1] // ns
+    xs = qx.double().view(x.shape[0], ns, n_sub, -1)
+    sums = torch.einsum("nsku,osku->nosk", xs, q.double().view(out, ns, n_sub, -1))  # [N, out, ns, n_sub]
+    isum = (sums * sc.double().view(out, ns, n_sub)).sum(-1)
+    y = isum.float().double() * (d.float()[None] * dx[:, None]).double()  # [N, out, ns]
+    if m is not None:
+        imin = (xs.sum(-1)[:, None] * mn.double().view(out, ns, n_sub)).sum(-1)
+        y -= imin.float().double() * (m.float()[None] * dx[:, None]).double()
+    return y.sum(-1).float()

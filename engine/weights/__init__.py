@@ -7,13 +7,15 @@ quantizer, its dequantize twin, its layouts and its record (WeightFormat):
     dense.py      fp32, fp16, bf16     the weight itself
     q8_0.py       int8, q8             GGUF Q8_0 blocks (q8: a q4 model's head, 16-bit activations on a CPU)
     q4_1.py       q4                   GGUF Q4_1 blocks: the default model's own, so lossless for it
-    q4_0.py       q4_0, q5_0           GGUF Q4_0 / Q5_0 blocks (held exactly by int8's: they load as those)
-    k_quants.py   q4_k, q5_k, q6_k     GGUF K-quant super-blocks (the torch twins run them for now)
+    q4_0.py       q4_0, q5_0           GGUF Q4_0 / Q5_0 blocks (also held exactly by int8's)
+    k_quants.py   q4_k, q5_k, q6_k     GGUF K-quant super-blocks of 256
     gguf_bytes.py                      what the formats' GGUF byte codecs share
 
 registry.py lists them by name; everything else (the loader, the ops, the app, the benchmarks) reads the
 records through it. A new format: its module (record, quantizer, twin, layouts), one line in registry.py,
-its CPU kernel (csrc/cpu/formats.h + gemm.h) and its tests.
+its CPU kernel (csrc/cpu/formats.h + gemm.h) and its tests. A GGUF type whose CPU panels are its file's bytes
+interleaved by 16 rows (panels.gguf_layout: q4_0, q5_0, the K-quants) gets pack_gguf with them: a file's tensor
+packs without Blocks.
 """
 from engine.weights.format import BLOCK, LAYOUTS, Blocks, Layout, Packed, WeightFormat
 from engine.weights.panels import PANEL

@@ -68,6 +68,9 @@ class Layout:
     pack: Callable[[Blocks], tuple[torch.Tensor, ...]]
     unpack: Callable[[str, int, int, tuple[torch.Tensor, ...]], Blocks]  # (fmt, out, in, tensors) -> Blocks
     rows: Callable[[Packed, torch.Tensor], torch.Tensor]  # (packed, ids [n]) -> [n, in] fp32
+    # a GGUF tensor's bytes straight into this layout, no Blocks built: (raw uint8 [out, row bytes] as in the
+    # file, out, in) -> the layout's tensors; None where the layout is not a reorder of the file's bytes
+    pack_gguf: Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class WeightFormat:
     # What the CPU kernel does with the activations (its torch twin does the same: engine/ops/ref.py):
     # "exact" keeps them fp32; "int8" quantizes them per block of 32 (W8A8, llama.cpp's Q8_0 recipe); "int16"
     # quantizes them per block of 32 to 16 bits (csrc/cpu/q16.h: exact integer sums, error ~2^-16 of a block's
-    # largest value)
+    # largest value); "q8_k" quantizes them per super-block of 256 to int8 with the sums of every 16 (llama.cpp's
+    # Q8_K, which the K-quants' mins fold in through)
     cpu_activations: str = "exact"
     head: str | None = None  # the format a model in this one keeps its LM head in (None: this one)
     cuda_kernel: str | None = None  # the CUDA module's GEMV for the format (csrc/cuda/gemv.cuh); dense runs cuBLAS

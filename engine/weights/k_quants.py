@@ -9,15 +9,19 @@ The dequantize twins follow ggml's order of operations (d*sc first: exact in fp3
 dequantization bit for bit. The quantizers are plain min/max ones (not llama.cpp's search): they make valid
 blocks for tests and for weights="q4_k", not llama.cpp's exact choices.
 
-Layouts: the torch twins read canonical Blocks. The CPU kernels' panels are for later: a file's K-quant tensors
-load dequantized where no kernel runs them (engine/checkpoint/formats.py says which, by name).
+Layouts: the torch twins read canonical Blocks. The CPU kernels (csrc/cpu/kquants.h) read the file's own bytes,
+16 rows interleaved field by field (panels.interleave): a block's 4-byte groups of quants for 16 outputs make one
+64-byte VNNI operand, its scales for 16 outputs one vector, so packing a file's tensor is a reorder of its bytes
+(pack_gguf) and the panels stream exactly the file's bits per weight. Their activations are llama.cpp's Q8_K:
+int8 per super-block of 256 with one scale and the sums of every 16 (the mins and Q6_K's offset of 32 fold in
+through those sums).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from engine.weights import gguf_bytes
+from engine.weights import gguf_bytes, panels
 from engine.weights.format import Blocks, Layout, Packed, WeightFormat
 
 QK = 256  # inputs per super-block
@@ -186,16 +190,24 @@ def canonical_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
 
 
 ROWS = Layout(canonical, from_canonical, canonical_rows)
-NOTE = "no CPU kernel yet: its torch twin runs it (fused=False); a file's blocks load dequantized where kernels run"
+# each block's fields as (bytes, unit) in ggml-common.h's order (panels.interleave)
+FIELDS = {
+    "q4_k": ((2, 2), (2, 2), (12, 1), (128, 4)),  # d, dmin, scales, qs
+    "q5_k": ((2, 2), (2, 2), (12, 1), (32, 4), (128, 4)),  # d, dmin, scales, qh, qs
+    "q6_k": ((128, 4), (64, 4), (16, 1), (2, 2)),  # ql, qh, scales, d
+}
+NOTE = "the CPU kernel reads the file's bytes; activations at 8 bits per 256 (llama.cpp's Q8_K)"
+
+
+def record(name: str, bits: float, quantize, from_gguf, to_gguf) -> WeightFormat:
+    cpu = panels.gguf_layout(QK, FIELDS[name], from_gguf, to_gguf, dequantize)
+    return WeightFormat(name=name, bits=bits, block=QK, quantize=quantize, dequantize=dequantize,
+                        layouts={"torch": ROWS, "cpu": cpu}, cpu_activations="q8_k", gguf=name.upper(),
+                        from_gguf=from_gguf, to_gguf=to_gguf, notes=f"GGUF {name.upper()} super-blocks; {NOTE}")
+
 
 FORMATS = (
-    WeightFormat(name="q4_k", bits=4.5, block=QK, quantize=quantizer_qk("q4_k", 4), dequantize=dequantize,
-                 layouts={"torch": ROWS}, gguf="Q4_K", from_gguf=decoder_qk("q4_k", 4), to_gguf=encoder_qk(4),
-                 notes=f"GGUF Q4_K super-blocks; {NOTE}"),
-    WeightFormat(name="q5_k", bits=5.5, block=QK, quantize=quantizer_qk("q5_k", 5), dequantize=dequantize,
-                 layouts={"torch": ROWS}, gguf="Q5_K", from_gguf=decoder_qk("q5_k", 5), to_gguf=encoder_qk(5),
-                 notes=f"GGUF Q5_K super-blocks; {NOTE}"),
-    WeightFormat(name="q6_k", bits=6.5625, block=QK, quantize=quantize_q6_k, dequantize=dequantize,
-                 layouts={"torch": ROWS}, gguf="Q6_K", from_gguf=q6_k_from_gguf, to_gguf=q6_k_to_gguf,
-                 notes=f"GGUF Q6_K super-blocks; {NOTE}"),
+    record("q4_k", 4.5, quantizer_qk("q4_k", 4), decoder_qk("q4_k", 4), encoder_qk(4)),
+    record("q5_k", 5.5, quantizer_qk("q5_k", 5), decoder_qk("q5_k", 5), encoder_qk(5)),
+    record("q6_k", 6.5625, quantize_q6_k, q6_k_from_gguf, q6_k_to_gguf),
 )

@@ -52,3 +52,82 @@ def check(fmt: str, out: int, n_in: int, tensors: tuple[torch.Tensor, ...], lead
     for s in tensors[1:]:
         if tuple(s.shape) != want:
             raise ValueError(f"{fmt} scales for [{out}, {n_in}] must be {list(want)}, got {list(s.shape)}")
+
+
+# ---- a GGUF block type's bytes, interleaved by 16 rows --------------------------------------------------
+# A format whose panels are its file's bytes: each block's fields (ggml-common.h's struct, in order) as
+# (bytes, unit): a field of `bytes` per row is cut into units and a panel stores unit u of its 16 rows side by
+# side, [units][16 rows][unit], so unit 4 puts 4 bytes of 16 outputs in one 64-byte line (a VNNI operand) and
+# unit 2 an fp16 scale of 16 outputs in one vector. Packing at load is a reorder of the file's bytes.
+
+
+def interleave(raw: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """GGUF bytes uint8 [out, nb * B] (B = the block's bytes) -> panels [P, nb, 16 * B], padded rows zero."""
+    size = sum(n for n, _ in fields)
+    if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[0] != out or raw.shape[1] % size:
+        raise ValueError(f"{list(raw.shape)} {raw.dtype} is not {out} rows of whole {size}-byte blocks (uint8)")
+    x = pad_outputs(raw)
+    P, nb = x.shape[0] // PANEL, x.shape[1] // size
+    x = x.view(P, PANEL, nb, size)
+    parts, at = [], 0
+    for n, unit in fields:
+        part = x[..., at:at + n].reshape(P, PANEL, nb, n // unit, unit).permute(0, 2, 3, 1, 4)
+        parts.append(part.reshape(P, nb, PANEL * n))
+        at += n
+    return torch.cat(parts, -1).contiguous()
+
+
+def deinterleave(w: torch.Tensor, fields: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """Panels [..., nb, 16 * B] -> the GGUF bytes of their rows [..., 16, nb, B] (the inverse of interleave)."""
+    lead, nb = w.shape[:-2], w.shape[-2]
+    parts, at = [], 0
+    for n, unit in fields:
+        part = w[..., at:at + PANEL * n].reshape(*lead, nb, n // unit, PANEL, unit)
+        parts.append(part.movedim(-2, -4).reshape(*lead, PANEL, nb, n))
+        at += PANEL * n
+    return torch.cat(parts, -1)
+
+
+def panel_bytes(w: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """Panels [P, nb, 16 * B] -> the GGUF bytes uint8 [out, nb * B]."""
+    x = deinterleave(w, fields)  # [P, 16, nb, B]
+    return x.reshape(-1, x.shape[2] * x.shape[3])[:out].contiguous()
+
+
+def row_bytes(w: torch.Tensor, ids: torch.Tensor, fields: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """Rows `ids` of panels [P, nb, 16 * B] as GGUF bytes [n, nb * B], without touching the other panels."""
+    x = deinterleave(w[ids // PANEL], fields)  # [n, 16, nb, B]
+    x = x[torch.arange(len(ids)), ids % PANEL]
+    return x.reshape(len(ids), -1)
+
+
+def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_gguf, dequantize):
+    """The "cpu" Layout of a format whose panels are its GGUF bytes interleaved (above): every direction goes
+    through the file's codec, so packing, unpacking and a row's lookup are exact by construction."""
+    from engine.weights.format import Layout
+
+    size = sum(n for n, _ in fields)
+
+    def pack_gguf(raw: torch.Tensor, out: int, n_in: int) -> tuple[torch.Tensor, ...]:
+        nb = -(-n_in // block)
+        if raw.dim() != 2 or tuple(raw.shape) != (out, nb * size):
+            raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows of "
+                             f"{nb * size} bytes, got {list(raw.shape)}")
+        return (interleave(raw, out, fields),)
+
+    def pack(b) -> tuple[torch.Tensor, ...]:
+        return (interleave(to_gguf(b), b.out_features, fields),)
+
+    def unpack(fmt: str, out: int, n_in: int, tensors):
+        lead = (-(-out // PANEL), -(-n_in // block), PANEL * size)
+        if len(tensors) != 1 or tuple(tensors[0].shape) != lead:
+            raise ValueError(f"{fmt} panels for [{out}, {n_in}] are one tensor {list(lead)}, got "
+                             f"{[list(t.shape) for t in tensors]}")
+        b = from_gguf(panel_bytes(tensors[0], out, fields), out, n_in)
+        b.fmt = fmt
+        return b
+
+    def rows(p, ids: torch.Tensor) -> torch.Tensor:  # dense, as the kernels take an embedding's rows
+        return dequantize(from_gguf(row_bytes(p.tensors[0], ids, fields), len(ids), p.in_features)).contiguous()
+
+    return Layout(pack, unpack, rows, pack_gguf)

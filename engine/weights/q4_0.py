@@ -3,8 +3,9 @@ or -16..15) and one fp16 scale d; w = d * q. Quantized as ggml does: d = v / -8 
 largest magnitude (so it lands on the grid's longer side), q = round(w / d) clamped.
 
 Canonical Blocks hold q as int8 [out, in_pad] and d [out, nb]: the very shape of Q8_0's, so a file's Q4_0 / Q5_0
-tensors load as int8 (or q8) blocks exactly (`exact_in`) and run on that format's CPU kernel. Their own CPU
-layout is for later; their twin dequantizes them.
+tensors also load as int8 (or q8) blocks exactly (`exact_in`). Their own CPU kernel (csrc/cpu/legacy.h) reads the
+file's bytes, 16 rows interleaved field by field (panels.interleave), against int8 activations as llama.cpp runs
+them: 4.5 / 5.5 bits a weight where int8's blocks take 8.5.
 """
 from __future__ import annotations
 
@@ -58,12 +59,16 @@ def q5_0_to_gguf(b: Blocks) -> torch.Tensor:
     return torch.cat((gguf_bytes.f16_bytes(b.d), qh, qs), -1).reshape(b.out_features, -1)
 
 
+# each block's fields as (bytes, unit) in ggml-common.h's order (panels.interleave): d, (qh,) qs
+FIELDS = {"q4_0": ((2, 2), (16, 4)), "q5_0": ((2, 2), (4, 4), (16, 4))}
+
+
 def record(name: str, bits: int, gguf: str, decode, encode) -> WeightFormat:
+    cpu = panels.gguf_layout(BLOCK, FIELDS[name], decode, encode, q8_0.dequantize)
     return WeightFormat(name=name, bits=bits + 0.5, block=BLOCK, quantize=quantizer(name, bits),
-                        dequantize=q8_0.dequantize, layouts={"torch": q8_0.ROWS}, gguf=gguf, from_gguf=decode,
-                        to_gguf=encode, exact_in=("int8", "q8"),
-                        notes=f"GGUF {gguf} blocks: loaded as int8 blocks exactly where the kernels run; no CPU "
-                              "kernel of its own yet (its torch twin runs with fused=False)")
+                        dequantize=q8_0.dequantize, layouts={"torch": q8_0.ROWS, "cpu": cpu}, cpu_activations="int8",
+                        gguf=gguf, from_gguf=decode, to_gguf=encode, exact_in=("int8", "q8"),
+                        notes=f"GGUF {gguf} blocks; the CPU kernel reads the file's bytes against int8 activations")
 
 
 FORMATS = (

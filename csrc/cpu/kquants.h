@@ -1,0 +1,219 @@
+// The K-quant GEMMs (GGUF Q4_K, Q5_K, Q6_K) over panels that are the file's blocks of 16 rows interleaved
+// field by field (kernels.h), against llama.cpp's Q8_K activations. Written once over a SIMD vocabulary S and
+// compiled in each ISA's translation unit (gemm.h dispatches to them). Torch-free.
+//
+// The recipe is ggml's (arch/x86/quants.c ggml_vec_dot_q4_K_q8_K and friends), turned so that 16 outputs sit in
+// the lanes: a 64-byte line of the panel holds 4 quant bytes of each of 16 rows, so one VPDPBUSD multiplies them
+// by 4 int8 activations broadcast, 64 products an instruction. Per row and super-block of 256 the sums are exact
+// integers (|isum| < 2^31 below), the sub-blocks' small scales and mins applied in int32, and one float fold
+// per super-block remains:
+//
+//   q4_k, q5_k: y += float(isum) fl(d dx) - float(imin) fl(dmin dx),  isum = sum_s sc_s sum_i q_i qx_i,
+//               imin = sum_s mn_s xsum_s (the mins fold in through the activations' sums, no weight touched)
+//   q6_k:       y += float(isum) fl(d dx),  isum = sum_s sc_s (sum_i (q_i + 32) qx_i - 32 xsum_s)
+//
+// (Q6_K's quants are stored as q + 32, unsigned as VPDPBUSD wants them; the offset leaves through xsum.) The
+// activations, 8 bits per 256 with one scale, cost about 0.65% of an output's size against fp32 on Gaussian
+// inputs, as llama.cpp's; decode reads 4.5-6.6 bits a weight, so it is memory-bound and the integer work is free.
+//
+// Batch invariance: the integers are exact whichever ISA, tile or thread computed them, and the fold runs per
+// (row, output) in super-block order from y = +0, so a row's outputs are the same bits at every T and path.
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels.h"
+#include "prefetch.h"
+#include "q16.h"
+
+namespace decodescope::cpu {
+namespace {
+
+template <class S>
+struct KQuants {
+  using F = typename S::F;
+  using I = typename S::I;
+  using U8 = typename S::U8;
+  // Rows per tile: two sub-blocks' sums and the super-block's per row, plus the weights, in the register file.
+  static constexpr int kRows = S::kRegs == 32 ? 6 : 2;
+
+  static int32_t x4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+
+  static void store_row(const LinearArgs& a, int64_t p, int row, F v) {
+    float* dst = a.y + row * a.ldy + p * kPanel;
+    const int64_t left = a.n_out - p * kPanel;
+    if (left >= kPanel) S::store(dst, v);
+    else S::store_n(dst, v, static_cast<int>(left));  // padded outputs are never written
+  }
+
+  // Q4_K / Q5_K's 12 bytes of 6-bit scales and mins of 16 rows (byte k of row j at p[16k + j]) -> sc[s], mn[s]
+  // for the 8 sub-blocks, lane j row j (ggml's get_scale_min_k4).
+  static void scales_q4k(const uint8_t* p, I* sc, I* mn) {
+    I b[12];
+    for (int k = 0; k < 12; ++k) b[k] = S::i32_load_u8(p + 16 * k);
+    for (int s = 0; s < 4; ++s) {
+      sc[s] = S::i32_and(b[s], 63);
+      mn[s] = S::i32_and(b[s + 4], 63);
+      sc[s + 4] = S::i32_or(S::i32_and(b[s + 8], 15), S::i32_shl(S::i32_shr(b[s], 6), 4));
+      mn[s + 4] = S::i32_or(S::i32_shr(b[s + 8], 4), S::i32_shl(S::i32_shr(b[s + 4], 6), 4));
+    }
+  }
+
+  // Bit k of every byte moved to bit `to` (the rest zero).
+  static U8 bit_to(U8 v, int k, int to, int width) {
+    const int mask = ((1 << width) - 1) << to;
+    return S::u8_and(k <= to ? S::u8_shl(v, to - k) : S::u8_shr(v, k - to), mask);
+  }
+
+  // Q4_K (High = false) and Q5_K (High = true). In the file each 32 quant bytes hold sub-block 2i in their low
+  // nibbles and 2i + 1 in their high ones (inputs 64i + l and 64i + 32 + l of byte l), so a 64-byte group g of
+  // pair i feeds both: inputs 64i + 4g.. and 64i + 32 + 4g... Q5_K's fifth bit of those inputs is bit 2i and
+  // 2i + 1 of the high-bit group g.
+  template <int R, bool High>
+  static void q45k_tile(const LinearArgs& a, int64_t p, int r0) {
+    constexpr int kBytes = High ? kQ5KBytes : kQ4KBytes, kQh = 256, kQs = High ? 768 : 256;
+    const int ns = (a.in + kSuper - 1) / kSuper;
+    const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
+    const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * ns * kBytes;
+    F y[R];
+    for (int r = 0; r < R; ++r) y[r] = S::zero();
+    for (int sb = 0; sb < ns; ++sb) {
+      const uint8_t* wb = wp + static_cast<int64_t>(sb) * kBytes;
+      for (int line = 0; line < kBytes; line += 64) prefetch(wb + line);
+      I sc[8], mn[8], isum[R];
+      scales_q4k(wb + 64, sc, mn);
+      for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
+      for (int i = 0; i < 4; ++i) {
+        I lo[R], hi[R];
+        for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::i32_zero();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+          const U8 q = S::u8_load(wb + kQs + (8 * i + g) * 64);
+          U8 wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
+          if constexpr (High) {
+            const U8 h = S::u8_load(wb + kQh + g * 64);
+            wl = S::u8_or(wl, bit_to(h, 2 * i, 4, 1));
+            wh = S::u8_or(wh, bit_to(h, 2 * i + 1, 4, 1));
+          }
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 64 * i + 4 * g;
+            lo[r] = S::dot_u8s8(lo[r], wl, x4(xr));
+            hi[r] = S::dot_u8s8(hi[r], wh, x4(xr + 32));
+          }
+        }
+        for (int r = 0; r < R; ++r)
+          isum[r] = S::i32_add(isum[r], S::i32_add(S::i32_mul(lo[r], sc[2 * i]), S::i32_mul(hi[r], sc[2 * i + 1])));
+      }
+      const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb));
+      const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + 32));
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = r0 + r;
+        const int32_t* xs = a.xsum + (row * ns + sb) * (kSuper / 16);
+        I imin = S::i32_zero();
+        for (int s = 0; s < 8; ++s) imin = S::i32_add(imin, S::i32_mul(mn[s], S::i32_set1(xs[2 * s] + xs[2 * s + 1])));
+        const F dx = S::set1(a.dx[row * ns + sb]);
+        y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
+        y[r] = S::fnma(S::to_float(imin), S::mul(dmin, dx), y[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
+  }
+
+  // Q6_K. In the file each half h of 128 inputs has 64 ql bytes (A = bytes 0-31, B = 32-63) and 32 qh bytes:
+  // inputs 128h + 32k + l take A's low, B's low, A's high, B's high nibble (k = 0..3) of byte l and bits 2k, 2k+1
+  // of qh[l]. So a group g of A (or B) feeds k = 0 and 2 (1 and 3) with one load, and sub-block 8h + 2k + gg
+  // (16 inputs) is groups g = 4gg..4gg+3.
+  template <int R>
+  static void q6k_tile(const LinearArgs& a, int64_t p, int r0) {
+    constexpr int kQh = 2048, kScales = 3072, kD = 3328;
+    const int ns = (a.in + kSuper - 1) / kSuper;
+    const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
+    const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * ns * kQ6KBytes;
+    F y[R];
+    for (int r = 0; r < R; ++r) y[r] = S::zero();
+    for (int sb = 0; sb < ns; ++sb) {
+      const uint8_t* wb = wp + static_cast<int64_t>(sb) * kQ6KBytes;
+      for (int line = 0; line < kQ6KBytes; line += 64) prefetch(wb + line);
+      I isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 2
+        for (int ab = 0; ab < 2; ++ab) {
+#pragma GCC unroll 2
+          for (int gg = 0; gg < 2; ++gg) {
+            I lo[R], hi[R];  // k = ab and k = ab + 2
+            for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::i32_zero();
+#pragma GCC unroll 4
+            for (int g = 4 * gg; g < 4 * gg + 4; ++g) {
+              const U8 ql = S::u8_load(wb + (16 * h + 8 * ab + g) * 64);
+              const U8 qh = S::u8_load(wb + kQh + (8 * h + g) * 64);
+              const U8 wl = S::u8_or(S::u8_and(ql, 15), bit_to(qh, 2 * ab, 4, 2));
+              const U8 wh = S::u8_or(S::u8_and(S::u8_shr(ql, 4), 15), bit_to(qh, 2 * ab + 4, 4, 2));
+#pragma GCC unroll 8
+              for (int r = 0; r < R; ++r) {
+                const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * h + 32 * ab + 4 * g;
+                lo[r] = S::dot_u8s8(lo[r], wl, x4(xr));
+                hi[r] = S::dot_u8s8(hi[r], wh, x4(xr + 64));
+              }
+            }
+            const int sub = 8 * h + 2 * ab + gg;  // k = ab; k = ab + 2 is sub + 4
+            const I sl = S::i32_load_s8(wb + kScales + 16 * sub), sh = S::i32_load_s8(wb + kScales + 16 * (sub + 4));
+            for (int r = 0; r < R; ++r) {
+              const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
+              isum[r] = S::i32_add(isum[r], S::i32_add(S::i32_mul(S::i32_sub(lo[r], S::i32_set1(32 * xs[sub])), sl),
+                                                       S::i32_mul(S::i32_sub(hi[r], S::i32_set1(32 * xs[sub + 4])), sh)));
+            }
+          }
+        }
+      }
+      const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kD));
+      for (int r = 0; r < R; ++r)
+        y[r] = S::fma(S::to_float(isum[r]), S::mul(d, S::set1(a.dx[(r0 + r) * ns + sb])), y[r]);
+    }
+    for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
+  }
+
+  // Q8_K, the recipe of engine/ops/ref.py quantize_blocks(x, in_pad, 127, 256) bit for bit: per row and
+  // super-block of 256, inv = 127 / amax and dx = amax / 127 in scalar fp32, qx = round_half_even(x * inv), with
+  // q16.h block_scale's rules for inf / NaN (zeros, dx = NaN) and for blocks too small to scale (zeros, dx = 0);
+  // x past `in` counts as 0. xsum: the sums of every 16 qx (exact).
+  static void quantize_rows_k(const float* x, int64_t ldx, int in, int ns, int8_t* qx, float* dx, int32_t* xsum,
+                              int64_t r0, int64_t r1) {
+    constexpr int kVecs = kSuper / 16;
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int sb = 0; sb < ns; ++sb) {
+        F v[kVecs];
+        float bad = 0.f;
+        for (int k = 0; k < kVecs / 2; ++k) {
+          load_block<S>(x + r * ldx, in, sb * (kSuper / kBlock) + k, v[2 * k], v[2 * k + 1]);
+          bad += S::nonfinite(v[2 * k], v[2 * k + 1]);
+        }
+        F m = S::abs(v[0]);
+        for (int k = 1; k < kVecs; ++k) m = S::max(m, S::abs(v[k]));
+        const float amax = S::reduce_max(m), inv = 127.f / amax;
+        float scale = 0.f, d = 0.f;
+        if (bad != 0.f) d = NAN;  // NaN != 0: a value was inf or NaN
+        else if (inv <= FLT_MAX) scale = inv, d = amax / 127.f;
+        const int64_t s = r * ns + sb;
+        for (int k = 0; k < kVecs; ++k) {
+          const F q = S::round(S::mul(bad != 0.f ? S::zero() : v[k], S::set1(scale)));
+          S::store_i8(qx + s * kSuper + 16 * k, q);
+          xsum[s * kVecs + k] = static_cast<int32_t>(S::reduce_add(q));  // exact: |sum| <= 16 * 127
+        }
+        dx[s] = d;
+      }
+    }
+  }
+};
+
+}  // namespace
+}  // namespace decodescope::cpu

@@ -1,0 +1,76 @@
+// GGUF Q4_0 and Q5_0 over panels that are the file's blocks of 16 rows interleaved (kernels.h), against the
+// int8 activations of Q8_0 (LinearArgs qx, dx, qoff), as llama.cpp runs them. Written once over a SIMD
+// vocabulary S (gemm.h dispatches to them). Torch-free.
+//
+// The quants are stored unsigned (q + 8, or q + 16 with Q5_0's fifth bit), the form VPDPBUSD multiplies, and
+// the offset leaves through the activations' block sum: qoff = -128 sum(qx), so a block's exact integer is
+//   S = sum_i (u_i - 8) qx_i = sum_i u_i qx_i + qoff / 16      (Q5_0: - 16, + qoff / 8)
+// and one fold per block remains, int8's: y += float(S) fl(d dx), |S| <= 32 * 16 * 127 < 2^24 so float(S) is
+// exact. Every path computes the same integers and folds them in block order: batch invariance as int8's.
+// In a block of the file, byte l holds element l in its low nibble and l + 16 in its high one, so group g of
+// 4 bytes feeds inputs 4g.. and 16 + 4g..; Q5_0's fifth bits are one little-endian 32-bit mask a row, bit i
+// element i's: the 16 rows' masks are one vector, lane j row j's.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels.h"
+#include "kquants.h"
+#include "prefetch.h"
+
+namespace decodescope::cpu {
+namespace {
+
+template <class S>
+struct Legacy {
+  using F = typename S::F;
+  using I = typename S::I;
+  using U8 = typename S::U8;
+  using K = KQuants<S>;  // its row store and 4-byte activation loads
+  static constexpr int kRows = S::kRegs == 32 ? 8 : 2;
+
+  // Bits k..k+3 of each lane's mask -> bit 4 of its bytes 0..3: t * 0x00204081 puts bit r of t at bit 8r (the
+  // shifted copies of t occupy disjoint bits, so nothing carries).
+  static U8 spread(I mask, int k) {
+    const I t = S::i32_and(S::i32_shr(mask, k), 15);
+    return S::u8_from_i32(S::i32_shl(S::i32_and(S::i32_mul(t, S::i32_set1(0x00204081)), 0x01010101), 4));
+  }
+
+  template <int R, bool High>
+  static void q50_tile(const LinearArgs& a, int64_t p, int r0) {
+    constexpr int kBytes = High ? kQ5_0Bytes : kQ4_0Bytes, kQs = High ? 96 : 32, kShift = High ? 3 : 4;
+    const int64_t ldq = static_cast<int64_t>(a.nb) * kBlock;
+    const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * a.nb * kBytes;
+    F y[R];
+    for (int r = 0; r < R; ++r) y[r] = S::zero();
+    for (int b = 0; b < a.nb; ++b) {
+      const uint8_t* wb = wp + static_cast<int64_t>(b) * kBytes;
+      for (int line = 0; line < kBytes; line += 64) prefetch(wb + line);
+      I acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = S::i32_set1(a.qoff[(r0 + r) * a.nb + b] >> kShift);  // exact: 128 | qoff
+      I mask;
+      if constexpr (High) mask = S::i32_load(wb + 32);
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        const U8 q = S::u8_load(wb + kQs + 64 * g);
+        U8 wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
+        if constexpr (High) {
+          wl = S::u8_or(wl, spread(mask, 4 * g));
+          wh = S::u8_or(wh, spread(mask, 16 + 4 * g));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xr = a.qx + (r0 + r) * ldq + b * kBlock + 4 * g;
+          acc[r] = S::dot_u8s8(S::dot_u8s8(acc[r], wl, K::x4(xr)), wh, K::x4(xr + 16));
+        }
+      }
+      const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb));
+      for (int r = 0; r < R; ++r)
+        y[r] = S::fma(S::to_float(acc[r]), S::mul(d, S::set1(a.dx[(r0 + r) * a.nb + b])), y[r]);
+    }
+    for (int r = 0; r < R; ++r) K::store_row(a, p, r0 + r, y[r]);
+  }
+};
+
+}  // namespace
+}  // namespace decodescope::cpu
