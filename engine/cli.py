@@ -16,7 +16,7 @@ import argparse
 import sys
 import tempfile
 
-from engine import Engine, Tokenizer, graphs, load_model
+from engine import Engine, Tokenizer, load_model
 from engine.endpoint import AUTO, SERVER_CHOICES
 from engine.weights import FORMATS, QUANTIZED
 from engine.tiny import write_tiny_model
@@ -92,7 +92,7 @@ def make_drafter(args, eng):
     else:
         return None
     if args.graphs:
-        graphs.enable(drafter.engine)
+        drafter.engine.use_graphs(True)
     return drafter
 
 
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
         tok = Tokenizer(model.path)
         eng = Engine(model, max_seq_len=args.max_seq_len, window=args.window, sinks=args.sinks)
         if args.graphs:
-            graphs.enable(eng)
+            eng.use_graphs(True)
         print(f"[weights {model.weight_format} | kernels {eng.kernel_status} | graphs {eng.graph_status} | "
               f"attention {eng.attention_mode}]", file=sys.stderr)
         ids = tok.encode_chat(args.prompt) if args.chat else tok.encode(args.prompt)
