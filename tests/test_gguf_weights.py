@@ -118,7 +118,8 @@ def test_kept_k_quant_blocks_run_on_their_twins(tmp_path):
 
 @pytest.mark.slow
 def test_the_gemma3_files_own_tensors_decode_as_gguf_does():
-    """Every block type of the embedded Gemma 3 270M (Q8_0 embeddings, Q5_0, Q4_K, Q6_K), a few rows of each."""
+    """Every block type of the embedded Gemma 3 270M (Q8_0 embeddings, Q5_0, Q4_K, Q6_K), a few rows of each, and
+    the same bytes packed for the CPU kernels by pack_gguf (Q5_0, Q4_K, Q6_K)."""
     from gguf import GGUFReader
 
     from engine.checkpoint import embedded
@@ -133,5 +134,10 @@ def test_the_gemma3_files_own_tensors_decode_as_gguf_does():
         out, n_in = 64, int(t.shape[0])
         raw = torch.from_numpy(np.array(t.data[:out], np.uint8))
         b = weights.get(fmt).from_gguf(raw, out, n_in)
-        assert np.array_equal(weights.dequantize(b).numpy(), gguf_dequantize(raw, t.tensor_type.name, out, n_in))
+        want = gguf_dequantize(raw, t.tensor_type.name, out, n_in)
+        assert np.array_equal(weights.dequantize(b).numpy(), want)
+        cpu = weights.get(fmt).layouts.get("cpu")
+        if cpu is not None and cpu.pack_gguf is not None:  # the file's bytes straight into the kernels' panels
+            packed = weights.Packed(fmt, "cpu", out, n_in, cpu.pack_gguf(raw, out, n_in))
+            assert np.array_equal(weights.rows(packed, torch.arange(out)).numpy(), want), t.tensor_type.name
     assert seen == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
