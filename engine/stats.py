@@ -126,7 +126,7 @@ class Stats:
 
     def token_latencies_ms(self) -> list[float]:
         """Round.token_ms of each emitted token after the first (whose latency is the TTFT)."""
-        return [r.token_ms for r in self.rounds[1:] for _ in r.emitted]
+        return [ms for r in self.rounds[1:] if (ms := r.token_ms) is not None for _ in range(len(r.emitted))]
 
     def summary(self) -> dict:
         rs = self.rounds
@@ -201,12 +201,13 @@ class Stats:
         the round's Round.accepted_len: its mean over the rounds that have one is summary()'s mean_accepted_len."""
         rows, index = [], 0
         for r in self.rounds:
+            token_ms = r.token_ms  # once per round: a round of n tokens is n rows, not n * n
             for t in r.tokens:
                 emitted = t.kind in EMITTED_KINDS
                 rows.append(dict(
                     round=r.index, round_k=r.k, round_accepted_len=r.accepted_len,
                     token_index=index if emitted else None, **asdict(t),
-                    latency_ms=r.token_ms if emitted else None, round_ms=r.total_ms,
+                    latency_ms=token_ms if emitted else None, round_ms=r.total_ms,
                     draft_ms=r.draft_ms, target_ms=r.target_ms, sample_ms=r.sample_ms,
                     t_end_ms=r.t_end_ms,
                 ))

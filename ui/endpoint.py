@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine.endpoint import Endpoint, EndpointError, EndpointStream, endpoint_stats, extra_summary, format_extra
+from engine.endpoint import (Endpoint, EndpointError, EndpointStream, check_url, endpoint_stats, extra_summary,
+                             format_extra)
 from engine.stats import Round
 from ui import render
 from ui.pump import _DONE, RoundPump
@@ -22,22 +23,35 @@ ENGINE, ENDPOINT = "this engine", "endpoint"
 BACKENDS = (ENGINE, ENDPOINT)
 
 
+def allowed(rt: Runtime, url: str) -> str | None:
+    """url as the launch list spells it, when it is one of the endpoints named at launch; else None."""
+    try:
+        url = check_url(url)
+    except ValueError:
+        return None
+    return url if url in {check_url(u) for u in rt.endpoints} else None
+
+
 def check(rt: Runtime, s: RunSettings) -> None:
     """ValueError naming the setting at fault; the key is not looked at here."""
     if not s.endpoint:
         raise ValueError("no endpoint is chosen: pick one" + ("" if rt.endpoints or rt.allow_any_endpoint else
                                                               " (start the app with --endpoint URL)"))
-    if s.endpoint not in rt.endpoints and not rt.allow_any_endpoint:
-        raise ValueError("that endpoint is not one the app was started with; pick one of the list (an address "
-                         "of your own needs the app started with --allow-any-endpoint)")
+    if allowed(rt, s.endpoint) is None and not rt.allow_any_endpoint:
+        listed = ", ".join(rt.endpoints) or "none"
+        raise ValueError(f"that endpoint is not one the app was started with; pick one of the list ({listed}); an "
+                         "address of your own needs the app started with --allow-any-endpoint")
     Endpoint(s.endpoint, model=s.endpoint_model, server=s.server)  # raises naming the URL or server
     if s.max_new_tokens < 1:
         raise ValueError(f"max new tokens={s.max_new_tokens} must be at least 1")
 
 
 def endpoint_of(rt: Runtime, s: RunSettings, session) -> Endpoint:
-    key = getattr(session, "api_key", None) or rt.endpoint_key
-    return Endpoint(s.endpoint, model=s.endpoint_model, server=s.server, api_key=key or None,
+    """The run's endpoint with its key: the tab's own key, else the launch key, and the launch key only for an
+    endpoint named at launch (a typed address, allowed by --allow-any-endpoint, gets the tab's key or none)."""
+    url = allowed(rt, s.endpoint)
+    key = getattr(session, "api_key", None) or (rt.endpoint_key if url is not None else None)
+    return Endpoint(url or s.endpoint, model=s.endpoint_model, server=s.server, api_key=key or None,
                     stall_s=rt.endpoint_stall_s)
 
 
