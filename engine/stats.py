@@ -12,6 +12,10 @@ from dataclasses import asdict, dataclass, field
 KINDS = ("target", "accepted", "rejected", "resampled", "bonus")
 EMITTED_KINDS = ("target", "accepted", "resampled", "bonus")  # `rejected` is shown, never output
 PHASES = ("draft", "target", "sample", "host")  # what a round's time is spent on, in order (Round.phases)
+# A rate needs an interval the clock resolves as work: no decode step of any engine takes under 10 us (a CUDA
+# graph's launch alone takes about that), so a shorter one is tokens that arrived together (an endpoint's
+# chunks in one read, stamped microseconds apart), and their tok/s would be a million of nothing.
+MIN_RATE_MS = 0.01
 
 
 @dataclass
@@ -140,7 +144,7 @@ class Stats:
         accepted = sum(r.n_accepted for r in spec)
         decode_rounds = [r for r in rs[1:] if r.k is not None]  # the decode rounds of a speculative run
         round_ms = sum(r.total_ms for r in decode_rounds)
-        decode_tok_s = (n_tokens - 1) / decode_ms * 1e3 if n_tokens > 1 and decode_ms > 0 else float("nan")
+        decode_tok_s = (n_tokens - 1) / decode_ms * 1e3 if n_tokens > 1 and decode_ms >= MIN_RATE_MS else float("nan")
         s = dict(
             tokens=n_tokens,
             prompt_tokens=self.prompt_len,

@@ -21,6 +21,7 @@ from ui.settings import RunSettings
 
 ENGINE, ENDPOINT = "this engine", "endpoint"
 BACKENDS = (ENGINE, ENDPOINT)
+CONCURRENT_RUNS = 4  # endpoint runs at once: each holds a connection and a reader thread, not the engine
 
 
 def allowed(rt: Runtime, url: str) -> str | None:
@@ -53,6 +54,34 @@ def endpoint_of(rt: Runtime, s: RunSettings, session) -> Endpoint:
     key = getattr(session, "api_key", None) or (rt.endpoint_key if url is not None else None)
     return Endpoint(url or s.endpoint, model=s.endpoint_model, server=s.server, api_key=key or None,
                     stall_s=rt.endpoint_stall_s)
+
+
+def is_endpoint(backend) -> bool:
+    return backend in (ENDPOINT, "endpoint")
+
+
+def gate(on_endpoint: bool):
+    """The first step of Generate's chain for one backend (ui/layout.py): the other backend's chain stops here,
+    silently, before it waits in a queue."""
+    def check_backend(backend):
+        if is_endpoint(backend) != on_endpoint:
+            raise gr.Error("the other backend's queue runs this", visible=False, print_exception=False)
+    return check_backend
+
+
+def queued(generate, on_endpoint: bool):
+    """generate for one queue: an API call that names the other backend is refused, naming the right route."""
+    from ui.callbacks import SETTINGS_FIELDS, refusal
+
+    at = SETTINGS_FIELDS.index("backend")
+
+    def run(session, prompt, *values):
+        if is_endpoint(values[at]) != on_endpoint:
+            route = "/generate_endpoint" if not on_endpoint else "/generate"
+            raise refusal(f"{'an endpoint' if not on_endpoint else 'an engine'} run goes through {route} (endpoint "
+                          "runs wait in a queue of their own)")
+        yield from generate(session, prompt, *values)
+    return run
 
 
 def set_key(session, key: str) -> None:

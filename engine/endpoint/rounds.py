@@ -28,13 +28,17 @@ TOKENS_FROM = {
     "chunks": "one token per chunk (the server gave no count and no tokenizer was known)",
 }
 UNKNOWN_ID = -1  # a token whose id the server did not send
+# re-tokenizing encodes the whole text so far on every chunk (a piece's tokens depend on what came before): past
+# this many characters a run counts one token per chunk instead, so a server's flood of text costs linear time
+RETOKENIZE_CHARS = 64 << 10
 
 
 class RoundBuilder:
     def __init__(self, tokenizer=None, budget: int | None = None):
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # engine.Tokenizer, for re-tokenizing when the server gives no count
         self.budget = budget  # max_new_tokens: tokens past it are not kept
-        self.over = False  # a chunk brought tokens past the budget  # engine.Tokenizer, for re-tokenizing when the server gives no count
+        self.over = False  # a chunk brought tokens past the budget
+        self.delivered = 0  # tokens by the server's measure, against the budget
         self.rounds: list[Round] = []
         self.sources: Counter = Counter()
         self.pending: list[Chunk] = []
@@ -79,7 +83,7 @@ class RoundBuilder:
             return sum(len(c.token_ids or ()) for c in group), "ids"
         if all(c.token_texts for c in group if c.says_tokens):
             return sum(len(c.token_texts or ()) for c in group), "logprobs"
-        if self.tokenizer is not None and text:
+        if self.tokenizer is not None and text and len(self.text) + len(text) <= RETOKENIZE_CHARS:
             self.text += text
             n = len(self.tokenizer.encode(self.text))
             new, self.retokenized = max(1, n - self.retokenized), max(n, self.retokenized + 1)
@@ -90,8 +94,13 @@ class RoundBuilder:
         group, self.pending = self.pending, []
         n, source = self._count(group)
         n = min(n, sum(c.nbytes for c in group) or 1)
-        if self.budget is not None and n > self.budget - self.total:
-            n, self.over = self.budget - self.total, True
+        # the budget counts tokens as the server does: its own count, ids or logprobs, else one per chunk (the
+        # app's tokenizer is not the server's, so its count may run past max_new_tokens on a run that did not)
+        served = n if source != "retokenized" else sum(c.says_tokens for c in group)
+        if self.budget is not None and served > self.budget - self.delivered:
+            self.over = True
+            n = served = self.budget - self.delivered if source != "retokenized" else 0
+        self.delivered += served
         if n <= 0:
             return []
         self.sources[source] += n
