@@ -74,3 +74,16 @@ def test_last_run_after_a_refused_run_gives_empty_figures(served):
     out = c.predict(api_name="/last_run")
     assert len(out) == 7 and out[4] is None
     assert endpoint.CONCURRENT_RUNS >= 2
+
+
+def test_the_runs_table_shows_its_cells_as_text(served):
+    """A server's model name lands in the runs table: gradio's Dataframe renders a cell as HTML or Markdown only
+    for those datatypes (its Svelte cell sets a text node otherwise), so the table must use neither."""
+    import httpx
+
+    _, app = served
+    config = httpx.get(app.rstrip("/") + "/config", trust_env=False, timeout=10).json()
+    (runs,) = [c for c in config["components"] if c.get("props", {}).get("elem_id") == "runs"]
+    datatype = runs["props"].get("datatype")
+    kinds = [datatype] if isinstance(datatype, str) else list(datatype or [])
+    assert kinds and not {"html", "markdown"} & set(kinds), kinds
