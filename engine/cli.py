@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import unicodedata
 
 from engine import Engine, Tokenizer, load_model
 from engine.endpoint import AUTO, SERVER_CHOICES
@@ -138,7 +139,7 @@ def run_endpoint(args) -> int:
     try:
         for rnd in run:
             rounds.append(rnd)
-            print("".join(t.text or "" for t in rnd.emitted), end="", flush=True)
+            print(shown("".join(t.text or "" for t in rnd.emitted)), end="", flush=True)
     except EndpointError as e:
         failed = e
     except KeyboardInterrupt:
@@ -149,11 +150,22 @@ def run_endpoint(args) -> int:
     stats = endpoint_stats(rounds, run.info, settings)
     if rounds:
         print(format_summary(stats.summary()), file=sys.stderr)
-        print(format_extra(extra_summary(stats, run.info)), file=sys.stderr)
+        print(shown(format_extra(extra_summary(stats, run.info))), file=sys.stderr)
     if failed is not None:
-        print(f"error: {failed}", file=sys.stderr)
+        print(shown(f"error: {failed}"), file=sys.stderr)
         return 1
     return 0
+
+
+BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def shown(text: str) -> str:
+    """text safe to print on a terminal: control characters (ESC, BEL, CR, backspace...) and bidi overrides shown
+    as escapes, not executed; newlines and tabs kept. A model's or a server's text could otherwise retitle the
+    window, recolour the terminal or overwrite what was printed."""
+    return "".join(c if c in "\n\t" or not (unicodedata.category(c) == "Cc" or c in BIDI)
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def main(argv=None) -> int:
@@ -185,8 +197,8 @@ def main(argv=None) -> int:
         for rnd in rounds:
             done.append(rnd)
             for t in rnd.emitted:
-                print(text.push(t.token_id), end="", flush=True)
-        print(text.flush())
+                print(shown(text.push(t.token_id)), end="", flush=True)
+        print(shown(text.flush()))
     except ValueError as e:  # bad input: the message names the value and what to do
         print(f"error: {e}", file=sys.stderr)
         return 2

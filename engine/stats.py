@@ -12,6 +12,10 @@ from dataclasses import asdict, dataclass, field
 KINDS = ("target", "accepted", "rejected", "resampled", "bonus")
 EMITTED_KINDS = ("target", "accepted", "resampled", "bonus")  # `rejected` is shown, never output
 PHASES = ("draft", "target", "sample", "host")  # what a round's time is spent on, in order (Round.phases)
+# A rate needs an interval the clock resolves as work: no decode step of any engine takes under 10 us (a CUDA
+# graph's launch alone takes about that), so a shorter one is tokens that arrived together (an endpoint's
+# chunks in one read, stamped microseconds apart), and their tok/s would be a million of nothing.
+MIN_RATE_MS = 0.01
 
 
 @dataclass
@@ -126,7 +130,7 @@ class Stats:
 
     def token_latencies_ms(self) -> list[float]:
         """Round.token_ms of each emitted token after the first (whose latency is the TTFT)."""
-        return [r.token_ms for r in self.rounds[1:] for _ in r.emitted]
+        return [ms for r in self.rounds[1:] if (ms := r.token_ms) is not None for _ in range(len(r.emitted))]
 
     def summary(self) -> dict:
         rs = self.rounds
@@ -140,7 +144,7 @@ class Stats:
         accepted = sum(r.n_accepted for r in spec)
         decode_rounds = [r for r in rs[1:] if r.k is not None]  # the decode rounds of a speculative run
         round_ms = sum(r.total_ms for r in decode_rounds)
-        decode_tok_s = (n_tokens - 1) / decode_ms * 1e3 if n_tokens > 1 and decode_ms > 0 else float("nan")
+        decode_tok_s = (n_tokens - 1) / decode_ms * 1e3 if n_tokens > 1 and decode_ms >= MIN_RATE_MS else float("nan")
         s = dict(
             tokens=n_tokens,
             prompt_tokens=self.prompt_len,
@@ -201,12 +205,13 @@ class Stats:
         the round's Round.accepted_len: its mean over the rounds that have one is summary()'s mean_accepted_len."""
         rows, index = [], 0
         for r in self.rounds:
+            token_ms = r.token_ms  # once per round: a round of n tokens is n rows, not n * n
             for t in r.tokens:
                 emitted = t.kind in EMITTED_KINDS
                 rows.append(dict(
                     round=r.index, round_k=r.k, round_accepted_len=r.accepted_len,
                     token_index=index if emitted else None, **asdict(t),
-                    latency_ms=r.token_ms if emitted else None, round_ms=r.total_ms,
+                    latency_ms=token_ms if emitted else None, round_ms=r.total_ms,
                     draft_ms=r.draft_ms, target_ms=r.target_ms, sample_ms=r.sample_ms,
                     t_end_ms=r.t_end_ms,
                 ))

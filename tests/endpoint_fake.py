@@ -62,6 +62,7 @@ class FakeServer:
         self.behaviour = behaviour
         self.extra_get = extra_get or {}  # path -> JSON for GET requests (probes, /v1/models)
         self.requests: list[dict] = []
+        self.gets: list[dict] = []  # every GET (path, headers): probes and model listings
         self.client_left = threading.Event()  # a write failed: the client closed the connection
         self.release = threading.Event()  # set by close(): behaviours that hold a connection let go
         fake = self
@@ -71,8 +72,15 @@ class FakeServer:
                 pass
 
             def do_GET(self):
-                if self.path in fake.extra_get:
-                    status(200, json.dumps(fake.extra_get[self.path]))(self, None)
+                fake.gets.append(dict(path=self.path, headers=dict(self.headers)))
+                answer = fake.extra_get.get(self.path)
+                if callable(answer):  # a behaviour of its own (a stall, a flood, a redirect)
+                    try:
+                        answer(self, None)
+                    except (BrokenPipeError, ConnectionResetError):
+                        fake.client_left.set()
+                elif self.path in fake.extra_get:
+                    status(200, json.dumps(answer))(self, None)
                 else:
                     status(404, json.dumps({"error": {"message": f"no route {self.path}"}}))(self, None)
 
@@ -169,3 +177,57 @@ def replay(reads, speed: float = 1.0, within_s: float | None = None):
             h.wfile.write(data)
             h.wfile.flush()
     return run
+
+
+def key_of(h: BaseHTTPRequestHandler) -> str:
+    """The key the client sent (what a server that echoes its headers would echo)."""
+    return (h.headers.get("Authorization") or "").removeprefix("Bearer ")
+
+
+def padded(text: str, at: int) -> str:
+    """text placed so that it starts `at` characters in: a cut there falls inside it."""
+    return "x" * at + text + " and more"
+
+
+def echoing(where: str):
+    """A server that puts the key it was sent into `where`: a field of its stream, its error reply or its
+    headers. Every behaviour the key-leak tests run is here, so a new field is one entry."""
+    def run(h, body):
+        k = key_of(h)
+        stream = {
+            "error": [chunk("a"), {"error": {"message": f"bad key {k}"}}],
+            "error object": [chunk("a"), {"error": {"code": k}}],
+            "not json": [chunk("a"), f"{{oops {k}"],
+            "not an object": [chunk("a"), json.dumps([k])],
+            "content": [chunk(f"your key is {k}"), chunk(None, finish=f"stop {k}"),
+                        {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}],
+            "cut prefix": [chunk("a"), {"error": {"message": padded(k, 300 - 40 - len(k) // 2)}}],
+        }.get(where)
+        if stream is not None:
+            return sse(stream)(h, body)
+        if where == "401 cut":  # the key straddles the 400 characters of the message
+            return status(401, padded(k, 400 - len(k) // 2))(h, body)
+        if where == "500 cut":  # the key straddles the 2000 bytes read of an error body
+            return status(500, padded(k, 2000 - len(k) // 2))(h, body)
+        if where == "reason":
+            h.send_response(500, f"Bad {k}")
+            h.send_header("Content-Length", "0")
+            return h.end_headers()
+        if where == "content type":
+            return status(200, f"<html>{k}</html>", content_type=f"text/html; key={k}")(h, body)
+        raise ValueError(f"no echoing behaviour {where!r}")
+    return run
+
+
+ECHOES = ("error", "error object", "not json", "not an object", "content", "cut prefix", "401 cut", "500 cut",
+          "reason", "content type")
+
+
+def echoing_gets(root_path: str = "/v1") -> dict:
+    """GET answers that echo the key: llama-server's /props version and the model list's first id."""
+    def props(h, _):
+        status(200, json.dumps({"build_info": f"b1 {key_of(h)}"}))(h, None)
+
+    def models(h, _):
+        status(200, json.dumps({"data": [{"id": f"model-{key_of(h)}"}]}))(h, None)
+    return {"/props": props, f"{root_path}/models": models}

@@ -1,13 +1,12 @@
 """The endpoint backend on the page, through the callbacks: a run streams and records like ours (backend column,
-CSVs, trace), the key reaches no table, file, message or log, only launch endpoints are accepted, a failed or
-stalled endpoint leaves the engine free for other users, and Compare puts this engine beside the endpoint."""
+CSVs, trace), the key reaches no table, file, message or log whatever the server echoes, the launch key goes only
+to launch endpoints, a failed endpoint is a message and a failed record, and Compare puts this engine beside the
+endpoint. The queue's behaviour, through gradio itself, is in test_endpoint_queue.py."""
 from __future__ import annotations
 
 import csv
 import json
 import logging
-import threading
-import time
 
 import gradio as gr
 import pytest
@@ -17,7 +16,8 @@ from ui import callbacks, compare, endpoint
 from ui.callbacks import Session
 from ui.startup import build_runtime
 from ui.testing import settings_values
-from tests.endpoint_fake import FakeServer, chunk, sse, stall_after
+from engine.cli import main as cli_main
+from tests.endpoint_fake import ECHOES, FakeServer, chunk, echoing, echoing_gets, sse
 
 KEY = "sk-ui-4c2d8e71f0"
 EVENTS = [chunk(None), chunk("Hello"), chunk(" wor"), chunk("ld", finish="stop"),
@@ -95,29 +95,6 @@ def test_a_failed_endpoint_is_a_message_and_a_failed_record(rt):
             run(rt, Session(), rt.endpoints[0])
 
 
-def test_a_stalled_endpoint_leaves_the_engine_to_other_users(rt):
-    holder = []
-    with FakeServer(stall_after([chunk("a")], holder)) as fake:
-        holder.append(fake)
-        rt.endpoints, rt.endpoint_stall_s = [fake.url], 30.0
-        stalled = Session()
-        gen = callbacks.generate(Runtimes(rt), stalled, "hi", *values(fake.url))
-        next(gen), next(gen)  # the run started, its first chunk came: it holds its connection
-        done = threading.Event()
-
-        def other_user():
-            list(callbacks.generate(Runtimes(rt), Session(), "the cat", *settings_values(max_new_tokens=4)))
-            done.set()
-
-        threading.Thread(target=other_user, daemon=True).start()
-        assert done.wait(60), "an engine run waited on a stalled endpoint"
-        callbacks.stop(stalled)  # Stop: the connection closes, the run is recorded as stopped
-        t = time.perf_counter()
-        outs = list(gen)
-        assert time.perf_counter() - t < 5 and "stopped" in outs[-1][2]
-        assert fake.client_left.wait(3)
-
-
 def test_compare_runs_this_engine_and_the_endpoint(rt):
     with FakeServer(sse(EVENTS, gap_s=0.01)) as fake:
         rt.endpoints = [fake.url]
@@ -131,3 +108,73 @@ def test_compare_runs_this_engine_and_the_endpoint(rt):
     assert entries[0].stats.settings["backend"] == "engine" and entries[1].stats.settings["backend"] == "endpoint"
     fig, table, runs, _ = compare.last_compare(rt, session)
     assert len(table) == 2 and table[1][5] is not None  # the endpoint's speedup over this engine
+
+
+def outputs_of(rt, session, url) -> str:
+    """Everything a run shows or writes: its page updates (or the error an API client gets), the figures, the runs
+    table, every file, the session's records."""
+    try:
+        seen = [repr(run(rt, session, url))]
+    except gr.Error as e:
+        seen = [str(e), repr(e)]
+    last = callbacks.last_run(rt, session)
+    seen += [x.to_json() if hasattr(x, "to_json") else repr(x) for x in last]
+    if session.last is not None:
+        seen.append(files_text(session))
+    seen += [repr(session.history), repr(rt)]
+    return "\n".join(seen)
+
+
+def test_a_server_echoing_the_launch_key_everywhere_leaks_it_nowhere(rt, caplog, capsys, monkeypatch):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("DS_TEST_KEY", KEY)
+    rt.endpoint_key, seen = KEY, []
+    try:
+        for where in ECHOES:
+            with FakeServer(echoing(where), extra_get=echoing_gets()) as fake:
+                rt.endpoints = [fake.url]
+                seen.append(outputs_of(rt, Session(), fake.url))  # the model from /v1/models, the server probed
+                cli_main(["--endpoint", fake.url, "--api-key-env", "DS_TEST_KEY", "-p", "hi", "-n", "4"])
+                assert all(r["headers"]["Authorization"] == f"Bearer {KEY}" for r in fake.requests)
+    finally:
+        rt.endpoint_key = None
+    seen.append(caplog.text + "".join(capsys.readouterr()))
+    text = "\n".join(seen)
+    fragments = [f for n in range(6, len(KEY) + 1) for f in (KEY[:n], KEY[-n:]) if f in text]
+    assert not fragments and "<api key>" in text
+
+
+def test_the_launch_key_goes_only_to_launch_endpoints(rt):
+    rt.endpoint_key, rt.allow_any_endpoint = KEY, True
+    try:
+        with FakeServer(sse(EVENTS)) as listed, FakeServer(sse(EVENTS)) as typed:
+            rt.endpoints = [listed.url]
+            run(rt, Session(), typed.url)  # a visitor's own address: no key of the operator's
+            assert typed.requests and all("Authorization" not in r["headers"] for r in typed.requests + typed.gets)
+            mine = Session()
+            endpoint.set_key(mine, "sk-visitor-own")
+            run(rt, mine, typed.url)
+            assert typed.requests[-1]["headers"]["Authorization"] == "Bearer sk-visitor-own"
+            # the listed endpoint, spelled another way, is still the listed one and gets the launch key
+            run(rt, Session(), listed.url.replace("http://", "HTTP://") + "/")
+            assert listed.requests[-1]["headers"]["Authorization"] == f"Bearer {KEY}"
+    finally:
+        rt.endpoint_key, rt.allow_any_endpoint = None, False
+
+
+def test_a_refusal_lists_the_endpoints_the_app_allows(rt):
+    rt.endpoints = ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]
+    with pytest.raises(gr.Error, match=r"pick one of the list \(http://127.0.0.1:9/v1, http://127.0.0.1:10/v1\)"):
+        run(rt, Session(), "http://127.0.0.1:11/v1")
+
+
+def test_text_a_spreadsheet_would_run_is_quoted_in_both_csvs(rt):
+    events = [chunk("=HYPERLINK(\"http://x\")"), chunk("@SUM(1)"), chunk(None, finish="stop")]
+    with FakeServer(sse(events)) as fake:
+        rt.endpoints = [fake.url]
+        session = Session()
+        run(rt, session, fake.url, endpoint_model="=cmd|' /C calc'!A0")
+    _, (tokens_csv, _, runs_csv) = session.last
+    cells = [c for path in (tokens_csv, runs_csv) for row in csv.reader(open(path, encoding="utf-8")) for c in row]
+    assert not [c for c in cells if c[:1] in ("=", "+", "-", "@", "\t", "\r")]
+    assert "'=cmd|' /C calc'!A0" in cells and any(c.startswith("'=HYPERLINK") for c in cells)

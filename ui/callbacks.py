@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import gradio as gr
 
-from engine.stats import Round, finite
+from engine.stats import Round, Stats, finite
 from ui import endpoint, export, plots, render, stream
 from ui.explain import schedule_note
 from ui.models import Runtimes
@@ -302,8 +302,8 @@ def live_figures(rt: Runtime, session: Session) -> tuple:
 
 def last_run(rt: Runtime, session: Session) -> tuple:
     """After a run: (itl, steps, acceptance figures, runs table, token CSV, trace JSON, runs CSV)."""
-    if session.last is None:
-        return (gr.skip(),) * 7
+    if session.last is None:  # a refused or failed run: empty figures (an API client cannot read a skip)
+        return (*figures(Stats([], 0)), runs_table(session), None, None, None)
     stats, files = session.last
     return (*figures(stats), runs_table(session), *files)
 

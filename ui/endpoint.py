@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine.endpoint import Endpoint, EndpointError, EndpointStream, endpoint_stats, extra_summary, format_extra
+from engine.endpoint import (Endpoint, EndpointError, EndpointStream, check_url, endpoint_stats, extra_summary,
+                             format_extra)
 from engine.stats import Round
 from ui import render
 from ui.pump import _DONE, RoundPump
@@ -20,6 +21,16 @@ from ui.settings import RunSettings
 
 ENGINE, ENDPOINT = "this engine", "endpoint"
 BACKENDS = (ENGINE, ENDPOINT)
+CONCURRENT_RUNS = 4  # endpoint runs at once: each holds a connection and a reader thread, not the engine
+
+
+def allowed(rt: Runtime, url: str) -> str | None:
+    """url as the launch list spells it, when it is one of the endpoints named at launch; else None."""
+    try:
+        url = check_url(url)
+    except ValueError:
+        return None
+    return url if url in {check_url(u) for u in rt.endpoints} else None
 
 
 def check(rt: Runtime, s: RunSettings) -> None:
@@ -27,18 +38,50 @@ def check(rt: Runtime, s: RunSettings) -> None:
     if not s.endpoint:
         raise ValueError("no endpoint is chosen: pick one" + ("" if rt.endpoints or rt.allow_any_endpoint else
                                                               " (start the app with --endpoint URL)"))
-    if s.endpoint not in rt.endpoints and not rt.allow_any_endpoint:
-        raise ValueError("that endpoint is not one the app was started with; pick one of the list (an address "
-                         "of your own needs the app started with --allow-any-endpoint)")
+    if allowed(rt, s.endpoint) is None and not rt.allow_any_endpoint:
+        listed = ", ".join(rt.endpoints) or "none"
+        raise ValueError(f"that endpoint is not one the app was started with; pick one of the list ({listed}); an "
+                         "address of your own needs the app started with --allow-any-endpoint")
     Endpoint(s.endpoint, model=s.endpoint_model, server=s.server)  # raises naming the URL or server
     if s.max_new_tokens < 1:
         raise ValueError(f"max new tokens={s.max_new_tokens} must be at least 1")
 
 
 def endpoint_of(rt: Runtime, s: RunSettings, session) -> Endpoint:
-    key = getattr(session, "api_key", None) or rt.endpoint_key
-    return Endpoint(s.endpoint, model=s.endpoint_model, server=s.server, api_key=key or None,
+    """The run's endpoint with its key: the tab's own key, else the launch key, and the launch key only for an
+    endpoint named at launch (a typed address, allowed by --allow-any-endpoint, gets the tab's key or none)."""
+    url = allowed(rt, s.endpoint)
+    key = getattr(session, "api_key", None) or (rt.endpoint_key if url is not None else None)
+    return Endpoint(url or s.endpoint, model=s.endpoint_model, server=s.server, api_key=key or None,
                     stall_s=rt.endpoint_stall_s)
+
+
+def is_endpoint(backend) -> bool:
+    return backend in (ENDPOINT, "endpoint")
+
+
+def gate(on_endpoint: bool):
+    """The first step of Generate's chain for one backend (ui/layout.py): the other backend's chain stops here,
+    silently, before it waits in a queue."""
+    def check_backend(backend):
+        if is_endpoint(backend) != on_endpoint:
+            raise gr.Error("the other backend's queue runs this", visible=False, print_exception=False)
+    return check_backend
+
+
+def queued(generate, on_endpoint: bool):
+    """generate for one queue: an API call that names the other backend is refused, naming the right route."""
+    from ui.callbacks import SETTINGS_FIELDS, refusal
+
+    at = SETTINGS_FIELDS.index("backend")
+
+    def run(session, prompt, *values):
+        if is_endpoint(values[at]) != on_endpoint:
+            route = "/generate_endpoint" if not on_endpoint else "/generate"
+            raise refusal(f"{'an endpoint' if not on_endpoint else 'an engine'} run goes through {route} (endpoint "
+                          "runs wait in a queue of their own)")
+        yield from generate(session, prompt, *values)
+    return run
 
 
 def set_key(session, key: str) -> None:

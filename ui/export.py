@@ -39,10 +39,18 @@ SUMMARY_COLUMNS = [
 PLAIN_ONLY = ("pct_of_ceiling",)
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (`=HYPERLINK(...)`, `=cmd|...`): OWASP's
+# CSV-injection advice is a leading quote, which the spreadsheet shows as text and hides.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def cell(value):
-    """A CSV cell: missing, NaN and infinite figures are empty; everything else as it is."""
+    """A CSV cell: missing, NaN and infinite figures are empty; text that a spreadsheet would run as a formula is
+    quoted (FORMULA_START); everything else as it is."""
     if isinstance(value, float):
         return finite(value)
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
     return value
 TRACE_LANES = ("round", *PHASES)
 

@@ -154,15 +154,21 @@ def build(models: Runtimes) -> gr.Blocks:
         # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
         # own range check would only say "Value 40 is greater than maximum value 16".
         engine_event = dict(concurrency_limit=1, concurrency_id="engine", preprocess=False, show_progress="hidden")
+        # the engine is one per process; a remote server is not: endpoint runs queue apart, a few at a time
+        endpoint_event = dict(engine_event, concurrency_limit=endpoint.CONCURRENT_RUNS, concurrency_id="endpoint")
         quick = dict(queue=False, show_progress="hidden", api_visibility="private")
         timer = gr.Timer(rt.plot_interval_s, active=False)
         timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
-        (generate_btn.click(callbacks.submit_live, [session], [timer], **quick)
-         .then(partial(callbacks.generate, models), [session, prompt, *settings], [output, stats, status],
-               api_name="generate", **engine_event)
-         .then(callbacks.live_off, None, [timer], **quick)
-         .then(partial(callbacks.last_run, rt), [session],
-               [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn], api_name="last_run"))
+        # Generate starts one of two chains, by the backend picked: each waits in its own queue
+        for on_endpoint, event, api in ((False, engine_event, "generate"), (True, endpoint_event, "generate_endpoint")):
+            (generate_btn.click(endpoint.gate(on_endpoint), [backend], None, **quick)
+             .success(callbacks.submit_live, [session], [timer], **quick)
+             .success(endpoint.queued(partial(callbacks.generate, models), on_endpoint), [session, prompt, *settings],
+                      [output, stats, status], api_name=api, **event)
+             .then(callbacks.live_off, None, [timer], **quick)
+             .then(partial(callbacks.last_run, rt), [session],
+                   [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn],
+                   **(dict(api_visibility="private") if on_endpoint else dict(api_name="last_run"))))
         (compare_btn.click(callbacks.submit, [session], None, **quick)
          .then(partial(compare.compare, models), [session, prompt, *settings], [status], api_name="compare",
                **engine_event)

@@ -48,9 +48,10 @@ def itl_figure(stats: Stats) -> go.Figure:
     xs, ys, kinds, rounds, round_x, round_y = [], [], [], [], [], []
     index = 1  # token 0 came from the prefill round; its latency is the TTFT
     for r in stats.rounds[1:]:
+        token_ms = r.token_ms  # once per round: it counts the round's tokens
         for t in r.emitted:
             xs.append(index)
-            ys.append(r.token_ms)
+            ys.append(token_ms)
             kinds.append(t.kind)
             rounds.append(r.index)
             index += 1

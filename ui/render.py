@@ -74,9 +74,10 @@ def token_span(tok: Token, text: str, round_index: int, latency_ms: float | None
 def round_spans(rnd: Round, text_of: Callable[[int], str], special_ids: Collection[int] = ()) -> str:
     """A round's tokens in engine order; an emitted token's latency is its share of the round's time. A token
     with text of its own (an endpoint's: its ids may not be ours) shows that text, never a marker."""
+    token_ms = rnd.token_ms  # once per round: it counts the round's tokens
     return "".join(
         token_span(t, t.text if t.text is not None else text_of(t.token_id), rnd.index,
-                   rnd.token_ms if t.kind in EMITTED_KINDS else None, t.text is None and t.token_id in special_ids)
+                   token_ms if t.kind in EMITTED_KINDS else None, t.text is None and t.token_id in special_ids)
         for t in rnd.tokens
     )
 

@@ -1,13 +1,15 @@
 """One streamed JSON chunk -> a Chunk record: its text, what it says about its tokens, and the server's own
-figures, read through the server's row of servers.SERVERS."""
+figures, read through the server's row of servers.SERVERS with the limits of engine.endpoint.peer."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from engine.endpoint.errors import EndpointError
+from engine.endpoint import peer
+from engine.endpoint.errors import EndpointError, clip, redact
 from engine.endpoint.servers import ServerFields, lookup
 from engine.endpoint.sse import Event
+
+ERROR_CHARS = 300  # of a server's mid-stream error message, kept in ours
 
 
 @dataclass
@@ -26,61 +28,54 @@ class Chunk:
     finish_reason: str | None = None
     usage: dict | None = None
     body: dict | None = None  # the parsed JSON, for the figures read once at the end
+    nbytes: int = 0  # the event's bytes: no chunk carries more tokens than it has bytes
 
     @property
     def says_tokens(self) -> bool:
         return bool(self.text) or bool(self.token_ids) or bool(self.token_texts)
 
 
-def _int(x) -> int | None:
-    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
-def _float(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
 def _error_message(body: dict) -> str | None:
     err = body.get("error")
     if isinstance(err, dict):
-        return str(err.get("message") or err)
-    return str(err) if err else None
+        msg = err.get("message") or err
+        return msg if isinstance(msg, str) else peer.text(msg, None, ERROR_CHARS)
+    return (err if isinstance(err, str) else peer.text(err, None, ERROR_CHARS)) if err else None
 
 
-def parse(event: Event, t0: float, fields: ServerFields) -> Chunk:
-    """The event's JSON as a Chunk; EndpointError naming the chunk when it is not a completion chunk."""
-    try:
-        body = json.loads(event.data)
-    except json.JSONDecodeError as e:
-        raise EndpointError(f"chunk {event.index} is not JSON ({e.msg} at character {e.pos}): "
-                            f"{event.data[:120]!r}") from None
+def parse(event: Event, t0: float, fields: ServerFields, secret: str | None = None) -> Chunk:
+    """The event's JSON as a Chunk; EndpointError naming the chunk when it is not a completion chunk. secret: the
+    key, removed from every string built from the chunk (a server may echo the Authorization header)."""
+    what = f"chunk {event.index}"
+    body = peer.loads(event.data, what)
     if not isinstance(body, dict):
-        raise EndpointError(f"chunk {event.index} is JSON but not an object: {event.data[:120]!r}")
+        raise EndpointError(f"{what} is JSON but not an object: {clip(repr(event.data[:120]), 160, secret)}")
     if (msg := _error_message(body)) is not None:
-        raise EndpointError(f"the server reported an error mid-stream (chunk {event.index}): {msg[:300]}")
-    choice = lookup(body, "choices.0") or {}
-    delta = choice.get("delta") if isinstance(choice, dict) else None
-    text = (delta or {}).get("content") if isinstance(delta, dict) else choice.get("text")
+        raise EndpointError(f"the server reported an error mid-stream ({what}): {clip(msg, ERROR_CHARS, secret)}")
+    choice = lookup(body, "choices.0")
+    choice = choice if isinstance(choice, dict) else {}
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
     logprobs = lookup(choice, "logprobs.content")
-    c = Chunk(
-        index=event.index, t_ms=(event.t - t0) * 1e3, text=text if isinstance(text, str) else "",
-        token_ids=_ids(lookup(body, fields.token_ids)),
-        token_texts=[str(e.get("token", "")) for e in logprobs if isinstance(e, dict)]
+    finish = choice.get("finish_reason")
+    return Chunk(
+        index=event.index, t_ms=(event.t - t0) * 1e3, text=redact(text, secret) if isinstance(text, str) else "",
+        token_ids=_ids(lookup(body, fields.token_ids), what),
+        token_texts=[redact(str(e.get("token", "")), secret) for e in logprobs if isinstance(e, dict)]
         if isinstance(logprobs, list) and logprobs else None,
-        tokens_total=_int(lookup(body, fields.tokens_total)),
-        step_clock=_float(lookup(body, fields.step_clock)),
-        step_ms_total=_float(lookup(body, fields.step_ms_total)),
-        prompt_ms=_float(lookup(body, fields.prompt_ms)),
-        drafted_total=_int(lookup(body, fields.drafted_total)),
-        accepted_total=_int(lookup(body, fields.accepted_total)),
-        finish_reason=choice.get("finish_reason") if isinstance(choice, dict) else None,
+        tokens_total=peer.count(lookup(body, fields.tokens_total), fields.tokens_total, what),
+        step_clock=peer.number(lookup(body, fields.step_clock)),
+        step_ms_total=peer.number(lookup(body, fields.step_ms_total)),
+        prompt_ms=peer.number(lookup(body, fields.prompt_ms)),
+        drafted_total=peer.count(lookup(body, fields.drafted_total), fields.drafted_total, what),
+        accepted_total=peer.count(lookup(body, fields.accepted_total), fields.accepted_total, what),
+        finish_reason=peer.text(finish, secret, 40) if finish is not None else None,
         usage=body.get("usage") if isinstance(body.get("usage"), dict) else None,
-        body=body,
+        body=body, nbytes=len(event.data),
     )
-    return c
 
 
-def _ids(x) -> list[int] | None:
-    if isinstance(x, list) and x and all(isinstance(i, int) for i in x):
+def _ids(x, what: str) -> list[int] | None:
+    if isinstance(x, list) and x and all(type(i) is int for i in x):
         return x
     return None

@@ -26,7 +26,8 @@ def check_url(url: str) -> str:
     except ValueError:
         raise ValueError(f"endpoint {url!r} has an invalid port") from None
     path = parts.path.rstrip("/") or "/v1"
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    # one spelling per address, so `HTTP://Host:8080/v1/` is the launch list's `http://host:8080/v1`
+    return urlunsplit((parts.scheme, parts.netloc.lower(), path, "", ""))
 
 
 def server_root(base_url: str) -> str:
@@ -82,6 +83,7 @@ class EndpointInfo:
     client_cpu_ms: float = 0.0  # the same span in the consuming thread's CPU time: what preemption does not inflate
     read_cpu_ms: float = 0.0  # the reader thread's CPU time: the HTTP reads (http.client) before any parsing
     failed: str | None = None  # why the run ended early (its rounds so far are kept)
+    note: str | None = None  # what else a user should know (a server that sent past max_new_tokens)
 
     @property
     def server_acceptance(self) -> float | None:

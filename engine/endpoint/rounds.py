@@ -7,6 +7,10 @@ as its own chunk, microseconds apart). Its end is the arrival of its last chunk,
 end, so a step of n tokens is one gap, not n. Token kinds come from the server's counters where it reports them
 per step (llama-server's draft_n / draft_n_accepted); elsewhere a step of n > 1 tokens is shown as n - 1
 accepted drafts and the target's token, each marked inferred.
+
+What a server reports is bounded by what the run can hold: a round has no more tokens than its chunks had bytes,
+and the run no more than max_new_tokens (`budget`); a chunk that brings tokens past the budget sets `over`, and
+the client stops reading there. So one small chunk that claims 200,000 tokens costs what its bytes allow.
 """
 from __future__ import annotations
 
@@ -24,11 +28,17 @@ TOKENS_FROM = {
     "chunks": "one token per chunk (the server gave no count and no tokenizer was known)",
 }
 UNKNOWN_ID = -1  # a token whose id the server did not send
+# re-tokenizing encodes the whole text so far on every chunk (a piece's tokens depend on what came before): past
+# this many characters a run counts one token per chunk instead, so a server's flood of text costs linear time
+RETOKENIZE_CHARS = 64 << 10
 
 
 class RoundBuilder:
-    def __init__(self, tokenizer=None):
+    def __init__(self, tokenizer=None, budget: int | None = None):
         self.tokenizer = tokenizer  # engine.Tokenizer, for re-tokenizing when the server gives no count
+        self.budget = budget  # max_new_tokens: tokens past it are not kept
+        self.over = False  # a chunk brought tokens past the budget
+        self.delivered = 0  # tokens by the server's measure, against the budget
         self.rounds: list[Round] = []
         self.sources: Counter = Counter()
         self.pending: list[Chunk] = []
@@ -73,7 +83,7 @@ class RoundBuilder:
             return sum(len(c.token_ids or ()) for c in group), "ids"
         if all(c.token_texts for c in group if c.says_tokens):
             return sum(len(c.token_texts or ()) for c in group), "logprobs"
-        if self.tokenizer is not None and text:
+        if self.tokenizer is not None and text and len(self.text) + len(text) <= RETOKENIZE_CHARS:
             self.text += text
             n = len(self.tokenizer.encode(self.text))
             new, self.retokenized = max(1, n - self.retokenized), max(n, self.retokenized + 1)
@@ -83,6 +93,14 @@ class RoundBuilder:
     def _close(self) -> list[Round]:
         group, self.pending = self.pending, []
         n, source = self._count(group)
+        n = min(n, sum(c.nbytes for c in group) or 1)
+        # the budget counts tokens as the server does: its own count, ids or logprobs, else one per chunk (the
+        # app's tokenizer is not the server's, so its count may run past max_new_tokens on a run that did not)
+        served = n if source != "retokenized" else sum(c.says_tokens for c in group)
+        if self.budget is not None and served > self.budget - self.delivered:
+            self.over = True
+            n = served = self.budget - self.delivered if source != "retokenized" else 0
+        self.delivered += served
         if n <= 0:
             return []
         self.sources[source] += n
@@ -115,9 +133,12 @@ class RoundBuilder:
     def _kinds(self, last: Chunk, n: int) -> tuple[list[str], int, int | None, bool]:
         """(kinds, drafts verified, accepted where the tokens stop short of them, inferred) of a step of n tokens."""
         if last.step_clock is not None:  # the server's counters are per step: nothing to infer
-            d = (last.drafted_total or 0) - self.drafted
-            a = (last.accepted_total or 0) - self.accepted
-            self.drafted, self.accepted = last.drafted_total or 0, last.accepted_total or 0
+            # a step's drafts and acceptances, as far as they make sense: no counter runs backwards, no step
+            # accepts more than it drafted
+            d = max(0, (last.drafted_total or 0) - self.drafted)
+            a = min(d, max(0, (last.accepted_total or 0) - self.accepted))
+            self.drafted, self.accepted = max(self.drafted, last.drafted_total or 0), \
+                max(self.accepted, last.accepted_total or 0)
             if d <= 0:
                 return ["target"] * n, 0, None, False
             if n <= a:  # EOS or the budget ended the step inside its accepted drafts
@@ -134,6 +155,8 @@ def apply_per_step(rounds: list[Round], accepted: list[int], drafted: list[int])
     one: as many steps as decode rounds, each round's tokens at most its accepted drafts + 1. Returns whether
     they did; if not (a server that leaves out steps it did not draft), the rounds stay inferred."""
     steps = rounds[1:]
+    if not all(type(x) is int and x >= 0 for x in (*accepted, *drafted)):
+        return False
     if len(steps) != len(accepted) or len(accepted) != len(drafted):
         return False
     if any(len(r.tokens) > a + 1 or a > d for r, a, d in zip(steps, accepted, drafted, strict=True)):

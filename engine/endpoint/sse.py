@@ -6,6 +6,7 @@ when it became complete on this machine, not when a parser got round to it. Only
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from engine.endpoint.errors import EndpointError
@@ -31,18 +32,24 @@ class SSEParser:
         self.done = False  # the server sent [DONE]
 
     def feed(self, data: bytes, t: float) -> list[Event]:
+        return list(self.events(data, t))
+
+    def events(self, data: bytes, t: float) -> Iterator[Event]:
+        """The events this read completed, one at a time: a bad line raises after the good events before it
+        (in the same read) were handed over."""
         self._buf += data
-        out = []
         if b"\n" in data:  # the buffer held no line end before this read: only then is there a line to take
             *lines, rest = self._buf.split(b"\n")
             self._buf = bytearray(rest)
             for line in lines:
                 if event := self._line(line[:-1] if line.endswith(b"\r") else line, t):
-                    out.append(event)
+                    yield event
         if len(self._buf) + self._data_bytes > self.max_event_bytes:
-            raise EndpointError(f"a chunk of the stream grew past {self.max_event_bytes} bytes without ending "
-                                "(the limit is max_event_bytes); the server's stream is not one this client reads")
-        return out
+            raise self._too_big()
+
+    def _too_big(self) -> EndpointError:
+        return EndpointError(f"a chunk of the stream grew past {self.max_event_bytes} bytes without ending "
+                             "(the limit is max_event_bytes); the server's stream is not one this client reads")
 
     def _line(self, line: bytes, t: float) -> Event | None:
         if not line:  # a blank line ends the event
@@ -61,8 +68,11 @@ class SSEParser:
             try:
                 self._data.append(value.removeprefix(b" ").decode("utf-8"))
                 self._data_bytes += len(value)
+                if self._data_bytes > self.max_event_bytes:
+                    raise self._too_big()
             except UnicodeDecodeError as e:
-                raise EndpointError(f"chunk {self._count} is not UTF-8 ({e})") from None
+                raise EndpointError(f"chunk {self._count} is not UTF-8 (byte {e.object[e.start]:#04x} at "
+                                    f"{e.start})") from None
         return None
 
     def close(self, t: float) -> list[Event]:
