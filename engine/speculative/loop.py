@@ -139,6 +139,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
 
     for index in count(1):
         if done:
+            drafter.commit(n_acc, emitted)  # the run's last tokens, for a drafter that keeps what runs produced
             return
         # draft_ms covers the drafter's whole share of the round: the commit of the last round's outcome (here
         # rather than at that round's end: its device work then completes before this round's sync, so every
