@@ -16,7 +16,8 @@ Every figure comes from this run's rounds: V(T) is the median of the rounds that
 rounds for T = 1), interpolated between the sizes seen and extrapolated past them; d is the proposal's time per
 drafted token, the drafting alone (Round.propose_ms: not the catch-up of tokens the drafter had not seen, nor
 the commit of the previous round, which are o). Before a size is seen, V(T) = V(1) (1 + PRIOR_VERIFY_SLOPE
-(T - 1)): the first rounds decide on priors in units of a step, so a lookup in a copy task drafts from round 1.
+(T - 1)), the slope the last run on the same engine measured where there was one: the first rounds decide in
+units of a step, so a lookup in a copy task drafts from round 1.
 Whatever the verify pass costs on this machine and weight format, the schedule drafts as far as that pays.
 
 Decided with the posterior means, a round drafts only where drafting is expected to beat a plain step. Where the
@@ -38,6 +39,7 @@ relative to a plain step where known in advance: 0 for a lookup; a recent measur
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -49,7 +51,8 @@ DECAY = 0.99  # per round: about the last 100 rounds carry the estimates; a rule
 # once decay has worn its counts under the bar, about 1% of a run's time whatever a probe costs (every ~50 rounds
 # at a probe costing half a step, every ~7 at 7% of one)
 WINDOW = 8  # rounds a cost estimate keeps
-PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until a verify pass is measured
+PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until this engine's verify passes are measured
+SLOPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its last run's verify slope per step
 REPROBE = 32  # rounds without a draft before a drafter too costly to pay is measured again (then 64, 128, ...)
 HOLD = 16  # rounds a context's "plain" verdict stands while no round drafts: in that time only decay (15% over
 # 16 rounds) and the plain step's median move the estimates, so the verdict is recomputed that often at most,
@@ -73,6 +76,7 @@ class Costs:
     draft: list[float] = field(default_factory=list)
     overhead: list[float] = field(default_factory=list)
     _table: list[float] = field(default_factory=list, repr=False)  # V(1..) since the last measurement added
+    prior_slope: float = PRIOR_VERIFY_SLOPE  # a verify position's cost over a step's, before this run measures it
 
     @property
     def step(self) -> float:
@@ -80,7 +84,7 @@ class Costs:
         else 1 (before any round every cost is a prior relative to a step, and relative units do)."""
         if 1 in self.verify:
             return median(self.verify[1])
-        seen = [median(v) / (1 + PRIOR_VERIFY_SLOPE * (t - 1)) for t, v in self.verify.items()]
+        seen = [median(v) / (1 + self.prior_slope * (t - 1)) for t, v in self.verify.items()]
         return min(seen) if seen else 1.0
 
     def add_verify(self, T: int, ms: float) -> None:
@@ -103,7 +107,7 @@ class Costs:
         """A size's median, with the prior counted as one more round: one noisy round does not settle it."""
         if T == 1:
             return self.step
-        return median(self.verify[T] + [self.step * (1 + PRIOR_VERIFY_SLOPE * (T - 1))])
+        return median(self.verify[T] + [self.step * (1 + self.prior_slope * (T - 1))])
 
     def slope(self) -> float:
         """Extra ms per verified position past the largest size seen: the smaller of the mean slope measured and
@@ -112,7 +116,7 @@ class Costs:
         tried; the first round at a new size measures it."""
         step = self.step
         seen = [(self.measured(t) - step) / (t - 1) for t in self.verify if t > 1]
-        prior = PRIOR_VERIFY_SLOPE * step
+        prior = self.prior_slope * step
         return max(0.0, min(prior, sum(seen) / len(seen))) if seen else prior
 
     def table(self, n: int) -> list[float]:
@@ -287,6 +291,17 @@ class Schedule:
         rates = self.rates(a[:k_max], optimistic)
         k = max(range(len(rates)), key=rates.__getitem__)
         return k if rates[k] > gain * rates[0] else 0
+
+    def recall(self, engine) -> None:
+        """Start from the verify slope the engine's last run measured: this machine's, this load's."""
+        self.costs.prior_slope = SLOPES.get(engine, PRIOR_VERIFY_SLOPE)
+
+    def remember(self, engine) -> None:
+        """Keep the slope this run measured (plain steps and verify passes both seen) for the engine's next run."""
+        c = self.costs
+        if 1 in c.verify and any(t > 1 for t in c.verify):
+            slopes = [(median(v) / c.step - 1) / (t - 1) for t, v in c.verify.items() if t > 1]
+            SLOPES[engine] = max(0.0, sum(slopes) / len(slopes))
 
     def observe(self, rnd) -> None:
         """Learn from the round just run (the one the last choose() was for)."""
