@@ -76,20 +76,21 @@ class Costs:
     draft: list[float] = field(default_factory=list)
     overhead: list[float] = field(default_factory=list)
     _table: list[float] = field(default_factory=list, repr=False)  # V(1..) since the last measurement added
+    _memo: dict[str, float] = field(default_factory=dict, repr=False)  # step and slope, likewise
     prior_slope: float = PRIOR_VERIFY_SLOPE  # a verify position's cost over a step's, before this run measures it
 
     @property
     def step(self) -> float:
         """A plain step's ms: measured; else inferred from the verify passes measured, by the prior slope;
         else 1 (before any round every cost is a prior relative to a step, and relative units do)."""
-        if 1 in self.verify:
-            return median(self.verify[1])
-        seen = [median(v) / (1 + self.prior_slope * (t - 1)) for t, v in self.verify.items()]
-        return min(seen) if seen else 1.0
+        if "step" not in self._memo:
+            seen = [median(v) / (1 + self.prior_slope * (t - 1)) for t, v in self.verify.items()]
+            self._memo["step"] = median(self.verify[1]) if 1 in self.verify else min(seen) if seen else 1.0
+        return self._memo["step"]
 
     def add_verify(self, T: int, ms: float) -> None:
         self.verify[T] = (self.verify.get(T, []) + [ms])[-WINDOW:]
-        self._table = []
+        self._table, self._memo = [], {}
 
     def add_draft(self, ms: float) -> None:
         self.draft = (self.draft + [ms])[-WINDOW:]
@@ -114,10 +115,12 @@ class Costs:
         the prior's. Verify passes flatten as T grows (on a CPU a matmul over a few rows re-reads the weights per
         row; past a few rows the GEMM streams them once), so the early slope would keep larger k from ever being
         tried; the first round at a new size measures it."""
-        step = self.step
-        seen = [(self.measured(t) - step) / (t - 1) for t in self.verify if t > 1]
-        prior = self.prior_slope * step
-        return max(0.0, min(prior, sum(seen) / len(seen))) if seen else prior
+        if "slope" not in self._memo:
+            step = self.step
+            seen = [(self.measured(t) - step) / (t - 1) for t in self.verify if t > 1]
+            prior = self.prior_slope * step
+            self._memo["slope"] = max(0.0, min(prior, sum(seen) / len(seen))) if seen else prior
+        return self._memo["slope"]
 
     def table(self, n: int) -> list[float]:
         """[V(1), ..., V(n)], computed once per measurement added."""
@@ -315,7 +318,8 @@ class Schedule:
             self.costs.add_verify(rnd.n_drafted + 1, rnd.total_ms - rnd.draft_ms)
             self.costs.add_overhead(rnd.draft_ms - rnd.propose_ms)
             self.acceptance.observe(ctx, rnd.n_drafted, rnd.n_accepted)
-            self.held.clear()  # new evidence: every verdict is judged afresh
+            # its own evidence changed: judged afresh; the others' pooled evidence moved less, and waits out HOLD
+            self.held = {key: end for key, end in self.held.items() if key[0] != ctx}
             if self.drafter.draft_cost != 0.0:  # a lookup's drafting is free; a model's is measured
                 self.costs.add_draft(rnd.propose_ms / rnd.n_drafted)
             self.idle = 0
