@@ -12,6 +12,7 @@ from engine import Engine, load_model, speculative
 from engine.speculative import loop
 from engine.speculative.schedule import HOLD, Acceptance
 from engine.tiny import tiny_config, write_tiny_model
+from test_schedule import CPU_TWINS, Fake, simulate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 44, 32, 104, 101, 108, 108, 111, 32]
@@ -90,8 +91,6 @@ def test_a_plain_round_does_the_work_of_a_plain_step(tiny, monkeypatch, temperat
 def test_a_plain_verdict_is_held_and_aging_is_deferred(monkeypatch):
     """Where drafting does not pay, the schedule decides afresh at most once per HOLD rounds per context; the
     rounds in between cost a dict probe (no posterior, no cost table, no pass over the counts)."""
-    from tests.test_schedule import CPU_TWINS, Fake, simulate
-
     calls = Counter()
     estimates = Acceptance.estimates
 
