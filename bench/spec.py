@@ -16,6 +16,10 @@ often each length is right, how often the latest occurrence is wrong where anoth
 the chosen and the best candidate copy, how soon a proposal is right again after the copy breaks, and a replay
 of each lookup with the real schedule at this run's verify costs and at the verify cost the kernels aim at.
 
+Open text no constant was tuned on (prompts generated from a fixed seed, a held-out half), the cost of a round
+that does not draft against a plain step, layer-skip at the page's defaults and drafting from a session's earlier
+outputs: bench/spec_open.py.
+
     python -m bench.spec --device cpu [--out bench/results] [--quick] [--repeats 3]
 """
 from __future__ import annotations

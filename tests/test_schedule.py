@@ -6,7 +6,8 @@ import random
 import pytest
 
 from engine.speculative.drafters import Drafter
-from engine.speculative.schedule import REPROBE, Acceptance, Costs, Schedule, expected_tokens, median
+from engine.speculative.schedule import (PRIOR_VERIFY_SLOPE, REPROBE, Acceptance, Costs, Schedule, expected_tokens,
+                                         median)
 from engine.stats import Round
 
 
@@ -188,3 +189,21 @@ def test_limits():
     assert Schedule(5, Fake()).choose(0, 100) == 0  # a model's draft cost is unknown: a plain step, then a probe
     # a free lookup with a good prior drafts from the first round, on prior costs in units of a step
     assert Schedule(5, Fake(draft_cost=0.0, prior=0.9)).choose(0, 100) > 1
+
+
+def test_a_run_starts_from_the_verify_slope_the_engine_last_measured():
+    class Engine:  # any object the runs share
+        pass
+
+    eng, other = Engine(), Engine()
+    first = Schedule(8, Fake(draft_cost=0.0))
+    first.recall(eng)
+    assert first.costs.prior_slope == PRIOR_VERIFY_SLOPE  # nothing measured on this engine yet
+    simulate(first, 0.3, CPU_TWINS, rounds=60)  # probes, and plain steps
+    first.remember(eng)
+    second, third = Schedule(8, Fake(draft_cost=0.0)), Schedule(8, Fake(draft_cost=0.0))
+    second.recall(eng)
+    third.recall(other)
+    # CPU_TWINS: a verify pass costs 0.5 of a step per position up to 6 positions, flatter past them
+    assert 0.2 < second.costs.prior_slope <= 0.5 and third.costs.prior_slope == PRIOR_VERIFY_SLOPE
+    assert second.costs.verify_ms(3) == pytest.approx(1 + 2 * second.costs.prior_slope)

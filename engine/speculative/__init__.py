@@ -4,6 +4,7 @@ decoding gives with the same seed (draws keyed by output position; loop.py prove
     loop.py        the draft -> verify -> accept loop (stream, generate) and the acceptance step
     schedule.py    the adaptive draft length: each round's k from the run's measured costs and acceptance
     lookup.py      prompt lookup (n-gram): copies from the prompt and the output, for answers that quote their input
+    suffix.py      a session's earlier outputs, indexed for the lookup to copy from
     drafters.py    the drafter protocol, and a second model (a smaller one, or the target in a cheaper format)
     layerskip.py   self-speculation: the target with some of its layers left out
 """
@@ -12,6 +13,7 @@ from engine.speculative.layerskip import LayerSkipDrafter
 from engine.speculative.lookup import NgramDrafter
 from engine.speculative.loop import K_MAX, accept, check_k, generate, stream
 from engine.speculative.schedule import Schedule
+from engine.speculative.suffix import SessionIndex
 
 __all__ = ["K_MAX", "accept", "check_k", "stream", "generate", "Draft", "Drafter", "NgramDrafter", "ModelDrafter",
-           "LayerSkipDrafter", "Schedule", "self_drafter"]
+           "LayerSkipDrafter", "Schedule", "SessionIndex", "self_drafter"]

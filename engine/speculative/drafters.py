@@ -4,8 +4,8 @@ weight format) here; prompt lookup in engine/speculative/lookup.py, layer skippi
 Protocol (speculative.stream drives it; a test can implement it too):
   begin(target, prompt_ids, sampling, extra)  once per run, before the target's prefill; validates against
                                               the target; extra = cache slots the run may use past the prompt
-  commit(n_accepted, emitted)                 after every round (round 0 included): `emitted` are the new
-                                              tokens of the sequence, the first n_accepted of them this
+  commit(n_accepted, emitted)                 after every round (round 0 included, the last as the run ends):
+                                              `emitted` are the new tokens, the first n_accepted of them this
                                               drafter's own drafts; the drafter rolls back or notes them
   context() -> key | None                     before a round: what the next proposal rests on (None: nothing
                                               to propose, the round is a plain step); the schedule keeps

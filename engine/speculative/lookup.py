@@ -19,13 +19,19 @@ longest suffix that has any (the latest MAX_CANDIDATES), follows each one's matc
 and copies from the longest match, then the one nearest the anchor at or after it (the source position the copy
 had reached: after an edit the answer resumes its source a few tokens on, not at another occurrence and not
 further back), then the latest.
-The context handed to the schedule is (match length bucket, whether the longest occurrences agree).
+The context handed to the schedule is (match length bucket, whether the longest occurrences agree), with
+"session" before it where the copy comes from a session's earlier outputs (engine/speculative/suffix.py): a
+SessionIndex given to the drafter is searched too, and its match is copied where it is longer than any in the
+prompt and the output.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from engine.speculative.drafters import Draft, Drafter
+from engine.speculative.suffix import SessionIndex
 
 MATCH_CAP = 16  # a match is followed back at most this far: past ~8 tokens a match is a copy either way
 MAX_CANDIDATES = 32  # occurrences of a suffix weighed per lookup, the latest ones (a common token has hundreds)
@@ -43,6 +49,12 @@ def context(length: int, agree: bool) -> tuple[int, bool]:
     return b, agree or b >= 4  # past 3 tokens a match's occurrences nearly always agree: one context
 
 
+class Choice(NamedTuple):
+    src: int  # the position the copy starts at: in the drafter's tokens, or in the session index
+    ctx: tuple  # the schedule's context
+    session: bool = False
+
+
 class NgramDrafter(Drafter):
     """Prompt lookup over the prompt and the output (see the module docstring). Copies are one-hot drafts: the
     target keeps a draft exactly where its own sample equals it, with probability p_target(x). A copy may run
@@ -52,10 +64,10 @@ class NgramDrafter(Drafter):
     name = "ngram"
     draft_cost = 0.0  # dict probes and a few comparisons: nothing next to a forward pass
 
-    def __init__(self, max_n: int = 3, min_n: int = 1):
+    def __init__(self, max_n: int = 3, min_n: int = 1, session: SessionIndex | None = None):
         if not (isinstance(min_n, int) and isinstance(max_n, int) and 1 <= min_n <= max_n):
             raise ValueError(f"n-gram sizes must satisfy 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        self.max_n, self.min_n = max_n, min_n
+        self.max_n, self.min_n, self.session = max_n, min_n, session
         self.device = torch.device("cpu")
         self.reset([])
 
@@ -64,12 +76,14 @@ class NgramDrafter(Drafter):
         self.index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> its starts, ascending
         self.anchor: int | None = None  # the source position the answer's next token is expected from
         self.since = 0  # tokens emitted since the copy broke, with no match chosen since
-        self.choice: tuple[int, tuple[int, bool]] | None = None  # (source position, context) of this round
+        self.choice: Choice | None = None  # this round's
         self.extend(ids)
 
     def begin(self, target, prompt_ids, sampling=None, extra=0) -> None:
         self.device = target.device if target is not None else torch.device("cpu")
         self.reset(prompt_ids)
+        if self.session is not None:
+            self.session.start()
 
     def extend(self, ids) -> None:
         for tok in ids:
@@ -97,9 +111,16 @@ class NgramDrafter(Drafter):
             return out
         return []
 
-    def choose(self) -> tuple[int, tuple[int, bool]] | None:
-        """(source position, context) of this round's proposal, or None."""
+    def choose(self) -> Choice | None:
+        """This round's proposal: where it copies from and its context, or None."""
         found, toks, anchor = self.candidates(), self.tokens, self.anchor
+        longest = max((n for _, n in found), default=0)
+        if self.session is not None and longest < MATCH_CAP:
+            far = self.session.matches(toks, MAX_CANDIDATES, MATCH_CAP)
+            src, length = max(far, key=lambda c: (c[1], c[0]), default=(0, 0))  # the longest, then the latest
+            if length > longest:
+                nxt = {self.session.at(c) for c, n in far if n == length}
+                return Choice(src, ("session", *context(length, len(nxt) == 1)), True)
         if not found:
             return None
         def rank(c):  # the longest match; then one at or after the anchor, nearest first; then the latest
@@ -108,20 +129,22 @@ class NgramDrafter(Drafter):
         src, length = max(found, key=rank)
         # the source at src may be the sequence's end (a copy of itself): its next token is its own first draft
         nxt = {toks[c] if c < len(toks) else None for c, n in found if n == length}
-        return src, context(length, len(nxt) == 1)
+        return Choice(src, context(length, len(nxt) == 1))
 
-    def context(self) -> tuple[int, bool] | None:
+    def context(self) -> tuple | None:
         self.choice = self.choose()
-        return None if self.choice is None else self.choice[1]
+        return None if self.choice is None else self.choice.ctx
 
     def prior(self, key) -> float:
-        return PRIORS[key]
+        return PRIORS[key[-2:]]  # a session match starts from a prompt match's prior; its own counts take over
 
     def lookup(self, k: int) -> list[int]:
         self.choice = self.choice or self.choose()
         if self.choice is None:
             return []
-        toks, src, out = self.tokens, self.choice[0], []
+        if self.choice.session:
+            return self.session.copy(self.choice.src, k)
+        toks, src, out = self.tokens, self.choice.src, []
         for j in range(k):
             out.append(toks[src + j] if src + j < len(toks) else out[src + j - len(toks)])
         return out
@@ -133,8 +156,8 @@ class NgramDrafter(Drafter):
         """Follow the emitted tokens along the source: the match chosen for the round (drafted from or not)
         re-bases the copy there; the first token that differs from the source breaks it, and the anchor stays
         at the break for ANCHOR_SPAN tokens."""
-        if self.choice is not None:
-            self.anchor, self.since = self.choice[0], 0
+        if self.choice is not None and not self.choice.session:
+            self.anchor, self.since = self.choice.src, 0
         if self.anchor is not None:
             toks = self.tokens
             for tok in emitted:
@@ -145,6 +168,9 @@ class NgramDrafter(Drafter):
             if self.since > ANCHOR_SPAN:
                 self.anchor, self.since = None, 0
         self.extend(emitted)
+        if self.session is not None:
+            self.session.extend(emitted)
 
     def describe(self) -> dict:
-        return {"drafter": self.name, "max_n": self.max_n, "min_n": self.min_n}
+        out = {"drafter": self.name, "max_n": self.max_n, "min_n": self.min_n}
+        return out | ({"session_tokens": len(self.session)} if self.session is not None else {})

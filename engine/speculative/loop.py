@@ -88,6 +88,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
     stop = set(eng.model.eos_ids if stop_ids is None else stop_ids)
     clock, t0 = eng.clock, time.perf_counter()
     schedule = Schedule(k, drafter, adaptive)
+    schedule.recall(eng)
 
     # The drafter's own prefill runs first, inside round 0 (draft_ms), so the first token's time is honest.
     start, a = now_ms(t0), clock.mark()
@@ -104,6 +105,8 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
 
     for index in count(1):
         if done:
+            drafter.commit(n_acc, emitted)  # the run's last tokens, for a drafter that keeps what runs produced
+            schedule.remember(eng)
             return
         # draft_ms covers the drafter's whole share of the round: the commit of the last round's outcome (here
         # rather than at that round's end: its device work then completes before this round's sync, so every

@@ -7,6 +7,7 @@ its priors and when it probes: docs/SPECULATIVE.md.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -18,8 +19,12 @@ DECAY = 0.99  # per round: about the last 100 rounds carry the estimates; a rule
 # once decay has worn its counts under the bar, about 1% of a run's time whatever a probe costs (every ~50 rounds
 # at a probe costing half a step, every ~7 at 7% of one)
 WINDOW = 8  # rounds a cost estimate keeps
-PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until a verify pass is measured
+PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until this engine's verify passes are measured
+SLOPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its last run's verify slope per step
 REPROBE = 32  # rounds without a draft before a drafter too costly to pay is measured again (then 64, 128, ...)
+HOLD = 16  # rounds a context's "plain" verdict stands while no round drafts: in that time only decay (15% over
+# 16 rounds) and the plain step's median move the estimates, so the verdict is recomputed that often at most,
+# and a plain round otherwise costs a dict probe; a context that turns good is probed at most HOLD rounds late
 
 
 def median(xs: list[float]) -> float:
@@ -38,18 +43,22 @@ class Costs:
     verify: dict[int, list[float]] = field(default_factory=dict)
     draft: list[float] = field(default_factory=list)
     overhead: list[float] = field(default_factory=list)
+    _table: list[float] = field(default_factory=list, repr=False)  # V(1..) since the last measurement added
+    _memo: dict[str, float] = field(default_factory=dict, repr=False)  # step and slope, likewise
+    prior_slope: float = PRIOR_VERIFY_SLOPE  # a verify position's cost over a step's, before this run measures it
 
     @property
     def step(self) -> float:
         """A plain step's ms: measured; else inferred from the verify passes measured, by the prior slope;
         else 1 (before any round every cost is a prior relative to a step, and relative units do)."""
-        if 1 in self.verify:
-            return median(self.verify[1])
-        seen = [median(v) / (1 + PRIOR_VERIFY_SLOPE * (t - 1)) for t, v in self.verify.items()]
-        return min(seen) if seen else 1.0
+        if "step" not in self._memo:
+            seen = [median(v) / (1 + self.prior_slope * (t - 1)) for t, v in self.verify.items()]
+            self._memo["step"] = median(self.verify[1]) if 1 in self.verify else min(seen) if seen else 1.0
+        return self._memo["step"]
 
     def add_verify(self, T: int, ms: float) -> None:
         self.verify[T] = (self.verify.get(T, []) + [ms])[-WINDOW:]
+        self._table, self._memo = [], {}
 
     def add_draft(self, ms: float) -> None:
         self.draft = (self.draft + [ms])[-WINDOW:]
@@ -67,17 +76,25 @@ class Costs:
         """A size's median, with the prior counted as one more round: one noisy round does not settle it."""
         if T == 1:
             return self.step
-        return median(self.verify[T] + [self.step * (1 + PRIOR_VERIFY_SLOPE * (T - 1))])
+        return median(self.verify[T] + [self.step * (1 + self.prior_slope * (T - 1))])
 
     def slope(self) -> float:
         """Extra ms per verified position past the largest size seen: the smaller of the mean slope measured and
         the prior's. Verify passes flatten as T grows (on a CPU a matmul over a few rows re-reads the weights per
         row; past a few rows the GEMM streams them once), so the early slope would keep larger k from ever being
         tried; the first round at a new size measures it."""
-        step = self.step
-        seen = [(self.measured(t) - step) / (t - 1) for t in self.verify if t > 1]
-        prior = PRIOR_VERIFY_SLOPE * step
-        return max(0.0, min(prior, sum(seen) / len(seen))) if seen else prior
+        if "slope" not in self._memo:
+            step = self.step
+            seen = [(self.measured(t) - step) / (t - 1) for t in self.verify if t > 1]
+            prior = self.prior_slope * step
+            self._memo["slope"] = max(0.0, min(prior, sum(seen) / len(seen))) if seen else prior
+        return self._memo["slope"]
+
+    def table(self, n: int) -> list[float]:
+        """[V(1), ..., V(n)], computed once per measurement added."""
+        if len(self._table) < n:
+            self._table = [self.verify_ms(T) for T in range(1, n + 1)]
+        return self._table
 
     def verify_ms(self, T: int) -> float:
         """V(T): measured where seen, linear between the nearest sizes seen, extrapolated past the largest."""
@@ -107,7 +124,20 @@ class Acceptance:
 
     def __init__(self, prior):
         self.prior = prior  # context -> prior mean acceptance
-        self.counts: dict[Hashable, list[list[float]]] = {}  # context -> [[accepted, rejected] per position]
+        self._counts: dict[Hashable, list[list[float]]] = {}  # context -> [[accepted, rejected] per position]
+        self.unaged = 0  # rounds whose decay is not yet applied to the counts
+
+    @property
+    def counts(self) -> dict[Hashable, list[list[float]]]:
+        """The counts with every round's decay applied. Aging is deferred to the next read: a run of plain rounds
+        whose choice the schedule holds (Schedule.HOLD) reads nothing, so a round pays O(1) for it."""
+        if self.unaged:
+            f, self.unaged = DECAY ** self.unaged, 0
+            for rows in self._counts.values():
+                for row in rows:
+                    row[0] *= f
+                    row[1] *= f
+        return self._counts
 
     def observe(self, ctx: Hashable, n_drafted: int, n_accepted: int) -> None:
         rows = self.counts.setdefault(ctx, [])
@@ -117,10 +147,7 @@ class Acceptance:
             rows[p][p >= n_accepted] += 1
 
     def age(self) -> None:
-        for rows in self.counts.values():
-            for row in rows:
-                row[0] *= DECAY
-                row[1] *= DECAY
+        self.unaged += 1
 
     def _pooled(self, ctx: Hashable) -> tuple[float, float]:
         """(accepted, rejected) at positions 1.. of ctx, plus the other contexts' at POOL weight."""
@@ -183,6 +210,8 @@ class Schedule:
         self.last: tuple[Hashable, int] | None = None
         self.idle = 0  # rounds since the last one that drafted
         self.reprobe = REPROBE  # idle rounds before a drafter too costly to pay is measured again
+        self.rounds = 0  # rounds observed
+        self.held: dict[tuple[Hashable, int], int] = {}  # (context, k_max) -> the round its "plain" verdict ends
 
     def choose(self, ctx: Hashable | None, tokens_left: int) -> int:
         k_max = min(self.k_max, tokens_left - 1)  # the token after the drafts comes free: drafting more is waste
@@ -193,6 +222,17 @@ class Schedule:
         return k
 
     def _adaptive(self, ctx: Hashable, k_max: int) -> int:
+        if self.held.get((ctx, k_max), -1) < self.rounds:
+            k = self._decide(ctx, k_max)
+            if k:
+                return k
+        if self.drafter.draft_cost != 0.0 and self.idle >= self.reprobe and 1 in self.costs.verify:
+            self.reprobe *= 2  # a model's cost measurement is stale
+            self.costs.draft = []
+            return 1
+        return 0
+
+    def _decide(self, ctx: Hashable, k_max: int) -> int:
         best = self.best(self.acceptance.estimates(ctx, k_max), k_max, MIN_GAIN)
         if best:
             self.reprobe = REPROBE
@@ -201,10 +241,7 @@ class Schedule:
             return 0  # a probe is judged against a measured plain step
         if self.best(self.acceptance.estimates(ctx, k_max, z=1.0), k_max, MIN_GAIN, optimistic=True):
             return 1
-        if self.drafter.draft_cost != 0.0 and self.idle >= self.reprobe:  # a model's cost measurement is stale
-            self.reprobe *= 2
-            self.costs.draft = []
-            return 1
+        self.held[ctx, k_max] = self.rounds + HOLD
         return 0
 
     def draft_ms(self, optimistic: bool = False) -> float:
@@ -218,18 +255,29 @@ class Schedule:
     def rates(self, a: list[float], optimistic: bool = False) -> list[float]:
         """Expected tokens per ms for k = 0..len(a)."""
         d, o = self.draft_ms(optimistic), self.costs.overhead_ms()
-        e = expected_tokens(a)
-        return [e[0] / self.costs.verify_ms(1)] + [
-            e[k] / (o + k * d + self.costs.verify_ms(k + 1)) if d < math.inf else 0.0 for k in range(1, len(a) + 1)]
+        e, v = expected_tokens(a), self.costs.table(len(a) + 1)
+        return [e[0] / v[0]] + [e[k] / (o + k * d + v[k]) if d < math.inf else 0.0 for k in range(1, len(a) + 1)]
 
     def best(self, a: list[float], k_max: int, gain: float, optimistic: bool = False) -> int:
         rates = self.rates(a[:k_max], optimistic)
         k = max(range(len(rates)), key=rates.__getitem__)
         return k if rates[k] > gain * rates[0] else 0
 
+    def recall(self, engine) -> None:
+        """Start from the verify slope the engine's last run measured: this machine's, this load's."""
+        self.costs.prior_slope = SLOPES.get(engine, PRIOR_VERIFY_SLOPE)
+
+    def remember(self, engine) -> None:
+        """Keep the slope this run measured (plain steps and verify passes both seen) for the engine's next run."""
+        c = self.costs
+        if 1 in c.verify and any(t > 1 for t in c.verify):
+            slopes = [(median(v) / c.step - 1) / (t - 1) for t, v in c.verify.items() if t > 1]
+            SLOPES[engine] = max(0.0, sum(slopes) / len(slopes))
+
     def observe(self, rnd) -> None:
         """Learn from the round just run (the one the last choose() was for)."""
         ctx, _ = self.last
+        self.rounds += 1
         self.acceptance.age()
         if rnd.n_drafted == 0:
             self.costs.add_verify(1, rnd.total_ms)
@@ -238,6 +286,8 @@ class Schedule:
             self.costs.add_verify(rnd.n_drafted + 1, rnd.total_ms - rnd.draft_ms)
             self.costs.add_overhead(rnd.draft_ms - rnd.propose_ms)
             self.acceptance.observe(ctx, rnd.n_drafted, rnd.n_accepted)
+            # its own evidence changed: judged afresh; the others' pooled evidence moved less, and waits out HOLD
+            self.held = {key: end for key, end in self.held.items() if key[0] != ctx}
             if self.drafter.draft_cost != 0.0:  # a lookup's drafting is free; a model's is measured
                 self.costs.add_draft(rnd.propose_ms / rnd.n_drafted)
             self.idle = 0

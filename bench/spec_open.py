@@ -1,0 +1,181 @@
+"""Speculative decoding on open text no constant was tuned on, the cost of a round that does not draft, and
+drafting from a session's earlier outputs over a sequence of related requests; the default model (q4), the
+page's defaults (k = 5, adaptive; n-gram n <= 3; layer-skip calibrated on each prompt).
+
+Open text: prompts generated from a fixed seed, open requests (a story, an explanation, a letter) about topics
+drawn from the model's own vocabulary (whole-word tokens of 5-10 letters), so no prompt was read while any
+constant was chosen. The even-numbered prompts are the tuning half, the odd-numbered the held-out half: a
+constant fitted on this benchmark may look at the first only, and both are reported apart.
+
+Each repeat runs plain decoding and every mode back to back over a half's prompts, starting one mode later each
+repeat; ratio = a mode's decode tok/s over plain's in the same repeat, the median over repeats (lo / hi: worst
+and best). plain_round_over_step: the median round that did not draft inside the mode's runs over the median
+plain step of plain decoding's runs in the same repeat (the goal is <= 1.02); choice_us: what the drafter and
+the schedule took in those rounds (Round.draft_ms).
+
+Related requests: one rename applied to variants of a function, in order, each answer copying its prompt with
+the same edits; n-gram lookup alone, and with a SessionIndex shared by the sequence (fresh each repeat).
+
+    python -m bench.spec_open [--quick] [--repeats 3] [--out bench/results]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+from bench.common import markdown_table, run_and_save
+from engine import Engine, Tokenizer, load_model, speculative
+
+SEED = 2026
+PAGE_K = 5
+OPEN = ["Write a short story about a {a} who finds a {b}.", "Explain in a paragraph how a {a} and a {b} differ.",
+        "Write a friendly letter to a neighbour about the {a} and the {b}.", "Describe a day spent with a {a}.",
+        "Write a poem about {a} and {b}.", "Tell me what a child might think of a {a} and why."]
+CODE = '''def {fn}(items, limit={a}):
+    total = 0
+    for item in items:
+        if item > limit:
+            total += item * {b}
+    return total'''
+RENAME = "Rename the function {fn} to {new} and the variable total to {var} in this code:\n```python\n{code}\n```"
+FULL = dict(new_tokens=128, open_prompts=12, related=4, repeats=3)
+QUICK = dict(new_tokens=32, open_prompts=4, related=3, repeats=1)
+
+
+def words(tok: Tokenizer, rng: random.Random, n: int) -> list[str]:
+    """n distinct lowercase words drawn from the tokenizer's whole-word tokens."""
+    pieces = (tok.decode([i]) for i in range(tok.vocab_size))
+    vocab = sorted({w[1:] for w in pieces if w[:1] == " " and w[1:].isalpha() and w[1:].islower()
+                    and 5 <= len(w) <= 11})
+    return rng.sample(vocab, n)
+
+
+def open_prompts(tok: Tokenizer, n: int) -> list[str]:
+    rng = random.Random(SEED)
+    w = words(tok, rng, 2 * n)
+    return [rng.choice(OPEN).format(a=w[2 * i], b=w[2 * i + 1]) for i in range(n)]
+
+
+def related_prompts(tok: Tokenizer, n: int) -> list[str]:
+    rng = random.Random(SEED + 1)
+    fn, new, var = words(tok, rng, 3)
+    return [RENAME.format(fn=fn, new=new, var=var, code=CODE.format(fn=fn, a=rng.randint(1, 99),
+                                                                      b=rng.randint(2, 9))) for _ in range(n)]
+
+
+def decode_figures(stats) -> tuple[int, float, list[float], list[float]]:
+    """(tokens after the first, their ms, plain rounds' ms, plain rounds' drafter ms)."""
+    r = stats.rounds
+    plain = [x for x in r[1:] if not x.n_drafted]
+    return len(stats.ids) - 1, r[-1].t_end_ms - r[0].t_end_ms, [x.total_ms for x in plain], [x.draft_ms for x in plain]
+
+
+def alternate(modes: dict, prompts: list, run, repeats: int) -> dict:
+    """{mode: [(tokens, ms, plain round ms, drafter ms) per repeat]}, modes in rotated order each repeat."""
+    names, out = list(modes), {m: [] for m in modes}
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            tokens, ms, rounds, choice = 0, 0.0, [], []
+            state = modes[name]()  # per repeat: a session starts empty
+            for prompt in prompts:
+                t, m, r, c = decode_figures(run(name, state, prompt))
+                tokens, ms, rounds, choice = tokens + t, ms + m, rounds + r, choice + c
+            out[name].append((tokens, ms, rounds, choice))
+    return out
+
+
+def rows_of(times: dict, **key) -> list[dict]:
+    plain = times["plain"]
+    rows = []
+    for name, reps in times.items():
+        row = dict(key, mode=name, tok_s=statistics.median(1e3 * t / ms for t, ms, _, _ in reps))
+        if name != "plain":
+            ratios = [(t / ms) / (pt / pms) for (t, ms, _, _), (pt, pms, _, _) in zip(reps, plain, strict=True)]
+            costs = [statistics.median(r) / statistics.median(p[2]) for (_, _, r, _), p in zip(reps, plain,
+                                                                                                  strict=True) if r]
+            choice = [c for *_, cs in reps for c in cs]
+            row |= dict(ratio=statistics.median(ratios), lo=min(ratios), hi=max(ratios),
+                        plain_round_over_step=statistics.median(costs) if costs else None,
+                        choice_us=1e3 * statistics.median(choice) if choice else None,
+                        plain_rounds=sum(len(r) for _, _, r, _ in reps))
+        rows.append(row)
+    return rows
+
+
+def bench(args, save) -> dict:
+    grid = QUICK if args.quick else FULL
+    repeats = args.repeats or grid["repeats"]
+    model = load_model(None, device="cpu", weights="q4")
+    tok = Tokenizer(model.path)
+    texts = open_prompts(tok, grid["open_prompts"])
+    halves = {"tune": [tok.encode_chat(t) for t in texts[0::2]], "held_out": [tok.encode_chat(t) for t in texts[1::2]]}
+    related = [tok.encode_chat(t) for t in related_prompts(tok, grid["related"])]
+    n = grid["new_tokens"]
+    eng = Engine(model, max_seq_len=max(len(p) for p in related + halves["tune"] + halves["held_out"]) + n + 8)
+    layer_skip = speculative.LayerSkipDrafter(eng)  # kept between runs, as the page keeps it
+    out = dict(model="SmolLM2-135M-Instruct (embedded default), q4", kernels=eng.kernel_status, grid=grid,
+               repeats=repeats, seed=SEED, open_prompts=texts, related_prompts=related_prompts(tok, 2),
+               load_avg_start=os.getloadavg(), rows=[], related=[])
+    t0 = time.perf_counter()
+
+    def run(temperature):
+        def one(name, state, prompt):
+            if name == "plain":
+                return eng.generate(prompt, n, temperature=temperature, stop_ids=[])[1]
+            drafter = {"ngram": lambda: speculative.NgramDrafter(max_n=3), "layer_skip": lambda: layer_skip,
+                       "ngram_session": lambda: speculative.NgramDrafter(max_n=3, session=state)}[name]()
+            return speculative.generate(eng, drafter, prompt, k=PAGE_K, max_new_tokens=n, temperature=temperature,
+                                        stop_ids=[])[1]
+        return one
+
+    none = lambda: None  # noqa: E731
+    run(0.0)("layer_skip", None, halves["tune"][0])  # untimed: first calls at new shapes
+    for temperature in (0.0, 0.7):
+        for half, prompts in halves.items():
+            times = alternate(dict(plain=none, ngram=none, layer_skip=none), prompts, run(temperature), repeats)
+            out["rows"] += rows_of(times, set=half, temperature=temperature)
+            print(f"[{time.perf_counter() - t0:5.0f}s]", out["rows"][-3:], flush=True)
+            save(out)
+        times = alternate(dict(plain=none, ngram=none, ngram_session=speculative.SessionIndex), related,
+                          run(temperature), repeats)
+        out["related"] += rows_of(times, set="related", temperature=temperature)
+        save(out)
+    out["wall_s"], out["load_avg_end"] = time.perf_counter() - t0, os.getloadavg()
+    return out
+
+
+COLS = ["set", "temperature", "mode", "tok_s", "ratio", "lo", "hi", "plain_round_over_step", "choice_us",
+        "plain_rounds"]
+
+
+def markdown(result: dict) -> str:
+    g = result["grid"]
+    return "".join([
+        f"Speculative modes at the page's defaults on open text no constant was tuned on, {result['model']} "
+        f"({result['kernels']}); {g['new_tokens']} new tokens per prompt, {result['repeats']} alternating "
+        f"repeat(s), prompts from seed {result['seed']}; load average at start / end: {result['load_avg_start']} / "
+        f"{result.get('load_avg_end')}. Goal: ratio >= 0.97, plain_round_over_step <= 1.02.\n\n",
+        markdown_table(result["rows"], COLS),
+        "\nRelated requests in order (one rename over variants of a function): the lookup alone, and drafting "
+        "also from the session's earlier answers.\n\n",
+        markdown_table(result["related"], COLS),
+    ])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="speculative decoding on open text and related requests")
+    p.add_argument("--quick", action="store_true", help="32 tokens, 2 prompts a half, one repeat")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    run_and_save(args.out, "spec-open-cpu" + ("-quick" if args.quick else ""), "cpu",
+                 lambda save: bench(args, save), markdown)
+
+
+if __name__ == "__main__":
+    main()
