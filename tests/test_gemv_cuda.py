@@ -1,7 +1,8 @@
-"""The int8 and q4 products (csrc/cuda/gemv.cuh up to 17 rows, csrc/cuda/dequantize.cuh + a GEMM beyond) against
-their twin, ref.linear(x, weights.dequantize(blocks)), through the wrappers in engine/ops/cuda.py, on both backends of
-tests/cuda_backends.py; the dequantize kernel alone against weights.dequantize; on a GPU, q4 and int8 models whose
-prefill, verify pass and decode step go through both routes, against the same models on the torch twins.
+"""The int8 and q4 products (csrc/cuda/gemv.cuh up to 17 rows, csrc/cuda/dequantize.cuh + a GEMM beyond), and the
+dense fp16 / bf16 ones (the same GEMV, then a GEMM), against their twin, ref.linear(x, weights.dequantize(blocks)),
+through the wrappers in engine/ops/cuda.py, on both backends of tests/cuda_backends.py; the dequantize kernel alone
+against weights.dequantize; on a GPU, q4 and int8 models whose prefill, verify pass and decode step go through both
+routes, against the same models on the torch twins.
 
 Outputs are poisoned with NaN before each launch. Sizes are awkward on purpose: 1 and 17 output rows (a
 block's rows mostly idle), 769 (not a multiple of any block's rows), inputs 32 (one quantization block), 96
@@ -226,6 +227,11 @@ def test_errors_name_the_values(backend):
         backend.module.dequantize_int8(torch.empty(8, 40, dtype=torch.int32, device="cuda"), qs, d)
     with pytest.raises(RuntimeError, match=r"qs must be \[out, 64\] for in = 40"):  # a wrong weight, past 16 rows
         backend.fused.linear_int8(torch.randn(20, 40, device="cuda"), qs[:, :32], d)
+    w = torch.randn(8, 40, device="cuda")
+    with pytest.raises(RuntimeError, match="w must be float16 or bfloat16, got Float"):
+        backend.fused.linear_dense(x, w)
+    with pytest.raises(RuntimeError, match=r"w must be \[out, in\] with in = 40, got \[8, 32\]"):
+        backend.fused.linear_dense(x, w[:, :32].half())
 
 
 # --- a whole model on each route --------------------------------------------------------------------------
