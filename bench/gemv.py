@@ -1,5 +1,5 @@
-"""The CUDA weight-only products alone: int8 and q4 blocks (the GEMV up to 17 rows, the dequantize route past it)
-against bf16 weights through cuBLAS, at TinyLlama-1.1B's layer shapes.
+"""The CUDA weight-only products alone: int8 and q4 blocks and bf16 weights (the GEMV up to 17 rows; past it the
+blocks' dequantize route, bf16 straight to cuBLAS), at TinyLlama-1.1B's layer shapes.
 
     python -m bench.gemv [--out bench/results] [--tokens 1 6 16 17 64] [--formats q4 int8 bf16]
 
@@ -8,7 +8,7 @@ down 5632->2048), every layer its own tensors, so the sweep streams them from HB
 in q4, far past the L2). It is captured once as a CUDA graph and replayed (launched from Python, the 88 calls
 would cost more than the kernels) and timed with CUDA events, the median of --iters replays. GB/s counts the
 weight bytes a sweep reads (scales and mins included); % of the device-to-device copy bandwidth measured in this
-run. T = 1 is a decode step, 6 a verify pass, 16 the GEMV's largest token tile; 17 and 64 rows take the
+run. T = 1 is a decode step, 6 a verify pass, 16 the GEMV's largest token tile, 17 two launches; 64 rows take the
 dequantize route (a dense copy of each weight written and read again), where GB/s is still the blocks' bytes over
 the time: what that route costs against streaming them once. The JSON is rewritten after every case.
 """
@@ -24,7 +24,7 @@ import torch
 from bench.common import Telemetry, markdown_table, provenance, write_results
 from bench.steps import shape_config
 from engine import weights
-from engine.ops import ext
+from engine.ops import cuda, ext
 
 DATASHEET_GBS = {"H200": 4800.0}  # the vendor's HBM bandwidth, by a word of the device's name
 
@@ -96,7 +96,7 @@ def main(argv=None) -> None:
     from engine import ops
     from engine.observe.bandwidth import measure_gbs
 
-    products = ops.cuda_ops(status.module, status.reason).linear  # bf16: ref.matmul_t, cuBLAS
+    products = ops.cuda_ops(status.module, status.reason).linear
     name = torch.cuda.get_device_name(0)
     bw, sheet = measure_gbs("cuda"), datasheet_gbs(name)
     shapes = layer_shapes()
@@ -115,7 +115,8 @@ def main(argv=None) -> None:
                 xs = {i: torch.randn(T, i, device="cuda", dtype=torch.bfloat16, generator=g) for _, i in shapes}
                 us = time_sweep(products, ws, xs, args.iters)
                 gbs = nbytes / us / 1e3
-                route = "cuBLAS" if fmt == "bf16" else ("GEMV" if T <= 16 else "dequantize + cuBLAS")
+                route = ("GEMV" if T <= cuda.GEMV_MAX_TOKENS else "cuBLAS" if fmt == "bf16" else
+                         "dequantize + cuBLAS")
                 result["rows"].append(dict(weights=fmt, tokens=T, route=route, us=us, weight_mb=nbytes / 1e6,
                                            gb_s=gbs, pct_of_copy_bw=100 * gbs / bw,
                                            pct_of_datasheet=100 * gbs / sheet if sheet else None))

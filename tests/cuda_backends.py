@@ -130,16 +130,21 @@ class EmulatedModule:
 
     # --- csrc/cuda/gemv.cuh and dequantize.cuh ---
 
-    def _linear(self, q4: bool, out, x, qs, d, m):
+    WEIGHT_CODES = {torch.int8: 0, torch.uint8: 1, torch.float16: 2, torch.bfloat16: 3}  # emulated_gemv.cpp
+
+    def _linear(self, out, x, qs, d=None, m=None):
         ints = (ctypes.c_int * 3)(x.shape[0], x.shape[1], qs.shape[0])
-        self._call("linear", int(q4), CODES[x.dtype], ptr(out), ptr(x), ptr(qs), ptr(d),
-                   None if m is None else ptr(m), ints, ctypes.c_int64(x.stride(0)))
+        self._call("linear", self.WEIGHT_CODES[qs.dtype], CODES[x.dtype], ptr(out), ptr(x), ptr(qs),
+                   None if d is None else ptr(d), None if m is None else ptr(m), ints, ctypes.c_int64(x.stride(0)))
 
     def linear_int8(self, out, x, qs, d):
-        self._linear(False, out, x, qs, d, None)
+        self._linear(out, x, qs, d)
 
     def linear_q4(self, out, x, qs, d, m):
-        self._linear(True, out, x, qs, d, m)
+        self._linear(out, x, qs, d, m)
+
+    def linear_dense(self, out, x, w):
+        self._linear(out, x, w)
 
     def _dequantize(self, q4: bool, out, qs, d, m):
         ints = (ctypes.c_int * 2)(out.shape[0], out.shape[1])

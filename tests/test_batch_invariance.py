@@ -4,10 +4,11 @@ torch.equal, no tolerance, full and windowed attention.
 
 CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0
 and q5_0), every instruction-set path this CPU runs (amx with its tiles from one row up, and at its default
-crossover), the native block loop and Block.forward in Python. CUDA kernels (on a GPU, and on the CPU emulation of
-CUDA threads): the block formats, whose products are the GEMV at every T, and the split-KV attention at every T, in
-bf16 and fp32 activations. Dense weights on CUDA multiply with cuBLAS, which promises no fixed order across row
-counts: not covered here (engine/ops/cuda.py)."""
+crossover), the native block loop and Block.forward in Python. CUDA kernels (on a GPU, and on the CPU emulation of CUDA threads): every format the GEMV runs (int8, q8, q4
+and dense fp16 / bf16, whose products are the GEMV at every T up to 17) and the split-KV attention at every T, in
+bf16 and fp32 activations. fp32 weights on CUDA multiply with cuBLAS, which promises no fixed order across row
+counts: not covered here (engine/ops/cuda.py). A prefill (more than 17 rows) runs cuBLAS too; its logits are
+never compared with a decode step's."""
 from __future__ import annotations
 
 import pytest
@@ -106,20 +107,21 @@ def test_the_default_model_in_q4(cpu_module, default_model_dir):
     decode_then_verify(Engine(model, max_seq_len=len(prompt) + MAX_T + 8), prompt, tokens)
 
 
-CUDA_FORMATS = ["int8", "q8", "q4"]  # the formats the GEMV runs (q4 with its int8 head)
+CUDA_FORMATS = ["int8", "q8", "q4", "fp16", "bf16"]  # the formats the GEMV runs (q4 with its int8 head)
 CUDA_PROMPT = 200  # fp32 at head_dim 64: 32 keys a tile, 2 tiles a split at least, so several splits
 # The emulation runs every CUDA thread as a coroutine: one layer, and the verify lengths that reach each of the
 # GEMV's token tiles (1, 2, 4, 8, 16) and two launches (17 = 16 + 1); the GPU runs every T and four layers.
 EMULATED_LENGTHS = (1, 2, 3, 5, 9, 17)
+EMULATED_DENSE_LENGTHS = (1, 2, 9, 17)  # the dense tile shares the block formats' tiling: fewer lengths
 
 
-# On the emulation q8 adds nothing to int8 (the same kernel, activations in their dtype): two cases, one per product
-# kernel, bf16 and the fp32 that shows any change of order.
+# On the emulation q8 adds nothing to int8 (the same kernel, activations in their dtype): one case per product
+# kernel, in bf16 or the fp32 that shows any change of order.
 CUDA_CASES = [
     pytest.param(name, fmt, dtype, id=f"{name}-{fmt}-{dtype}",
                  marks=[pytest.mark.emulation] if name == "emulated" else [])
     for name, cases in [("cuda", [(f, d) for f in CUDA_FORMATS for d in ("bf16", "fp32")]),
-                        ("emulated", [("int8", "bf16"), ("q4", "fp32")])]
+                        ("emulated", [("int8", "bf16"), ("q4", "fp32"), ("fp16", "fp32"), ("bf16", "bf16")])]
     for fmt, dtype in cases
 ]
 
@@ -147,7 +149,8 @@ def test_cuda_decode_steps_and_verify_passes_give_the_same_bits(backend, fmt, dt
     prompt = torch.randint(0, model.config.vocab_size, (CUDA_PROMPT,), generator=g).tolist()
     tokens = torch.randint(0, model.config.vocab_size, (1, MAX_T), generator=g).to(backend.device)
     eng = Engine(model, max_seq_len=CUDA_PROMPT + MAX_T + 8)
-    lengths = range(1, MAX_T + 1) if backend.name == "cuda" else EMULATED_LENGTHS
+    lengths = (range(1, MAX_T + 1) if backend.name == "cuda" else
+               EMULATED_DENSE_LENGTHS if fmt in ("fp16", "bf16") else EMULATED_LENGTHS)
     for window in (None, 64):
         eng.use_window(window, sinks=4)
         try:

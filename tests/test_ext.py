@@ -144,9 +144,9 @@ def test_every_launcher_the_host_code_calls_is_instantiated(compiled):
     needed = set()
     for name in ("ops", "ops_attention"):
         needed |= launcher_symbols(assert_compiled(compiled, name), defined=False)
-    # 3 dtypes x (rmsnorm, add_rmsnorm, 2 rope position types, silu_mul, attention, its plan, int8 and q4 GEMV,
-    # int8 and q4 dequantize)
-    assert len(needed) == 33
+    # 3 dtypes x (rmsnorm, add_rmsnorm, 2 rope position types, silu_mul, attention, its plan, int8, q4, fp16 and
+    # bf16 GEMV, int8 and q4 dequantize)
+    assert len(needed) == 39
     assert needed <= defined, sorted(needed - defined)
 
 

@@ -1,7 +1,8 @@
-"""The int8 and q4 products (csrc/cuda/gemv.cuh up to 17 rows, csrc/cuda/dequantize.cuh + a GEMM beyond) against
-their twin, ref.linear(x, weights.dequantize(blocks)), through the wrappers in engine/ops/cuda.py, on both backends of
-tests/cuda_backends.py; the dequantize kernel alone against weights.dequantize; on a GPU, q4 and int8 models whose
-prefill, verify pass and decode step go through both routes, against the same models on the torch twins.
+"""The int8 and q4 products (csrc/cuda/gemv.cuh up to 17 rows, csrc/cuda/dequantize.cuh + a GEMM beyond), and the
+dense fp16 / bf16 ones (the same GEMV, then a GEMM), against their twin, ref.linear(x, weights.dequantize(blocks)),
+through the wrappers in engine/ops/cuda.py, on both backends of tests/cuda_backends.py; the dequantize kernel alone
+against weights.dequantize; on a GPU, q4 and int8 models whose prefill, verify pass and decode step go through both
+routes, against the same models on the torch twins.
 
 Outputs are poisoned with NaN before each launch. Sizes are awkward on purpose: 1 and 17 output rows (a
 block's rows mostly idle), 769 (not a multiple of any block's rows), inputs 32 (one quantization block), 96
@@ -35,17 +36,22 @@ def backend(request):
 
 
 def quantized(fmt: str, out_features: int, in_features: int, device: str, seed: int = 0):
-    """(Blocks, the kernel's arguments): int8 (qs, d); q4 (packed qs, d, m)."""
+    """(Blocks, the kernel's arguments): int8 (qs, d); q4 (packed qs, d, m); fp16 / bf16 (the weight [out, in])."""
     w = randn(out_features, in_features, dtype=torch.float32, device="cpu", scale=0.05, seed=seed)
     w[out_features // 2] += 0.3  # a row whose min is far from zero: q4's m term matters
     b = weights.quantize(w, fmt)
+    if fmt in DENSE:
+        return b, (b.q.to(device),)
     q = b.q if fmt == "int8" else weights.pack_nibbles(b.q)
     args = (q, b.d) if fmt == "int8" else (q, b.d, b.m)
     return b, tuple(t.to(device) for t in args)
 
 
+DENSE = ("fp16", "bf16")
+
+
 def run(backend, fmt: str, x: torch.Tensor, args, out=None):
-    linear = backend.fused.linear_int8 if fmt == "int8" else backend.fused.linear_q4
+    linear = {"int8": backend.fused.linear_int8, "q4": backend.fused.linear_q4}.get(fmt, backend.fused.linear_dense)
     return linear(x, *args, out=out)
 
 
@@ -99,6 +105,30 @@ def test_linear_reads_strided_rows_and_allocates(backend, fmt, T):
     assert_matches_twin(out, x, b)
 
 
+DENSE_CASES = [
+    pytest.param(name, fmt, dtype, o, i, T, id=f"{name}-{fmt}-{str(dtype)[6:]}-o{o}-i{i}-T{T}")
+    for name, sizes in [("cuda", [(1, 32), (17, 100), (769, 576), (300, 2048)]), ("emulated", [(17, 100), (9, 576)])]
+    for fmt in DENSE
+    for dtype in (DTYPES if name == "cuda" else (torch.float32, torch.bfloat16))
+    for o, i in sizes
+    for T in (1, 6, 16, 17, 40)
+    if name == "cuda" or T in (6, 17, 40)
+]
+
+
+@pytest.mark.parametrize("backend,fmt,dtype,out_features,in_features,T", DENSE_CASES, indirect=["backend"])
+def test_dense_weights(backend, fmt, dtype, out_features, in_features, T):
+    """fp16 / bf16 weights [out, in] through the same GEMV up to 17 rows (in = 100: rows not 16-byte aligned, the
+    last chunk partial; 576: aligned), cuBLAS beyond, against ref.linear; x as rows of a wider buffer too."""
+    b, args = quantized(fmt, out_features, in_features, backend.device, seed=out_features + T)
+    x = randn(T, in_features, dtype=dtype, device=backend.device, seed=T)
+    out = torch.full((T, out_features), NAN, dtype=dtype, device=backend.device)
+    assert run(backend, fmt, x, args, out=out) is out
+    assert_matches_twin(out, x, b)
+    wide = randn(T, in_features + 9, dtype=dtype, device=backend.device, seed=T + 1)[:, 5:5 + in_features]
+    assert_matches_twin(run(backend, fmt, wide, args), wide, b)
+
+
 ROUTE_CASES = [
     pytest.param(name, fmt, dtype, o, i, T, id=f"{name}-{fmt}-{str(dtype)[6:]}-o{o}-i{i}-T{T}")
     for name, sizes in [("cuda", [(17, 96), (769, 576), (1, 32)]), ("emulated", [(17, 100), (40, 576)])]
@@ -145,13 +175,14 @@ def test_dequantize_is_the_twin_bit_for_bit(backend, fmt, dtype, out_features, i
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("fmt", ["int8", "q4"])
-def test_a_row_has_the_same_bits_at_every_row_count(backend, fmt, dtype):
+@pytest.mark.parametrize("fmt,in_features", [("int8", 1100), ("q4", 1100), ("fp16", 1100), ("bf16", 1096)])
+def test_a_row_has_the_same_bits_at_every_row_count(backend, fmt, in_features, dtype):
     """A decode step's row and the same row in a verify pass of any T up to 17: every output is reduced in one
     order whatever the token tile (1, 2, 4, 8, 16, and 17 as 16 + 1), so the bits match, with no tolerance. fp32
-    shows an order change that bf16's rounding could hide."""
-    b, args = quantized(fmt, 33, 1100, backend.device, seed=8)  # three 512-column chunks, the last partial
-    x = randn(17, 1100, dtype=dtype, device=backend.device, seed=9)
+    shows an order change that bf16's rounding could hide. Three 512-column chunks, the last partial; dense rows of
+    1100 inputs are not 16-byte aligned (one load per weight), of 1096 they are (16-byte loads)."""
+    b, args = quantized(fmt, 33, in_features, backend.device, seed=8)
+    x = randn(17, in_features, dtype=dtype, device=backend.device, seed=9)
     alone = torch.cat([run(backend, fmt, x[t:t + 1], args) for t in range(17)])
     assert cuda.GEMV_MAX_TOKENS == 17
     for T in range(2, 18) if backend.name == "cuda" else (2, 3, 5, 9, 16, 17):
@@ -196,6 +227,11 @@ def test_errors_name_the_values(backend):
         backend.module.dequantize_int8(torch.empty(8, 40, dtype=torch.int32, device="cuda"), qs, d)
     with pytest.raises(RuntimeError, match=r"qs must be \[out, 64\] for in = 40"):  # a wrong weight, past 16 rows
         backend.fused.linear_int8(torch.randn(20, 40, device="cuda"), qs[:, :32], d)
+    w = torch.randn(8, 40, device="cuda")
+    with pytest.raises(RuntimeError, match="w must be float16 or bfloat16, got Float"):
+        backend.fused.linear_dense(x, w)
+    with pytest.raises(RuntimeError, match=r"w must be \[out, in\] with in = 40, got \[8, 32\]"):
+        backend.fused.linear_dense(x, w[:, :32].half())
 
 
 # --- a whole model on each route --------------------------------------------------------------------------

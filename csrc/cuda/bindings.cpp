@@ -21,6 +21,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("x"), py::arg("qs"), py::arg("d"));
   m.def("linear_q4", &decodescope::linear_q4, "out = x @ W^T for W in q4 (GGUF Q4_1) blocks", py::arg("out"),
         py::arg("x"), py::arg("qs"), py::arg("d"), py::arg("m"));
+  m.def("linear_dense", &decodescope::linear_dense, "out = x @ W^T for a dense fp16 or bf16 W [out, in]",
+        py::arg("out"), py::arg("x"), py::arg("w"));
   m.def("dequantize_int8", &decodescope::dequantize_int8, "out = dequantize(W) for W in int8 (GGUF Q8_0) blocks",
         py::arg("out"), py::arg("qs"), py::arg("d"));
   m.def("dequantize_q4", &decodescope::dequantize_q4, "out = dequantize(W) for W in q4 (GGUF Q4_1) blocks",

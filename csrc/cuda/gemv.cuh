@@ -1,6 +1,7 @@
-// Weight-only int8 (GGUF Q8_0) and q4 (GGUF Q4_1) products for a decode step and a verify pass (engine/ops/cuda.py
-// routes up to 17 rows here, more to dequantize.cuh and cuBLAS): out [T, out] = x [T, in] @ W^T, W dequantized in
-// registers, fp32 accumulation, one rounding to x's dtype. Launches take up to 16 tokens; more run as tiles of 16.
+// Weight-only int8 (GGUF Q8_0), q4 (GGUF Q4_1) and dense fp16 / bf16 products for a decode step and a verify pass
+// (engine/ops/cuda.py routes up to 17 rows here, more to cuBLAS, the block formats after dequantize.cuh):
+// out [T, out] = x [T, in] @ W^T, W converted in registers, fp32 accumulation, one rounding to x's dtype. Launches
+// take up to 16 tokens; more run as tiles of 16.
 //
 // Every output is reduced in one order whatever T: a lane owns the same columns of every 512-column chunk at
 // every token tile (kCols is fixed, only the staging of x changes with kT), adds them chunk by chunk, and the
@@ -34,15 +35,15 @@ constexpr int kThreads = 128;
 
 template <Format F, int kT>
 struct Shape {
-  static constexpr int kColsPerLane = blocks::kPerLoad<F>;  // one 16-byte load of weights
+  static constexpr int kColsPerLane = blocks::kPerLoad<F>;  // one fetch of weights: 16 bytes (dense 32)
   static constexpr int kCols = 512;                          // x chunk; fixed: it sets each output's order
   static constexpr int kBuffers = kT <= 8 ? 2 : 1;           // x staged: kBuffers x kT x kCols fp32 <= 32 KB
   static constexpr int kLanes = kCols / kColsPerLane;
   static constexpr int kSlots = 32 / kLanes;
-  static constexpr int kRows = F == Format::int8 ? 4 : 2;  // int8 holds 16 weights per row, q4 32
+  static constexpr int kRows = F == Format::int8 ? 4 : 2;  // 16 weights per row in 16 bytes, q4 32, dense 16 in 32
   static constexpr int kRowsPerBlock = kThreads / 32 * kSlots * kRows;
   static constexpr int kChunkBlocks = kCols / kBlock;
-  // Blocks per SM that registers must allow: one step's weights in flight is 64 B (int8) or 32 B (q4) per
+  // Blocks per SM that registers must allow: one step's weights in flight is 64 B (int8, dense) or 32 B (q4) per
   // thread, so a decode step (kT = 1) wants 4 blocks (>= 16 KB per SM) resident.
   static constexpr int kMinBlocks = kT == 1 ? 4 : 2;
   static_assert(kLanes >= 8 && kLanes <= 32, "a row's lanes stay within a warp");
@@ -62,23 +63,31 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
   __shared__ __align__(16) float xs[kBuffers][kT][kCols];
   __shared__ float xsums[kBuffers][kT][S::kChunkBlocks];
 
-  const int nb = ceil_div(a.in_features, kBlock), in_pad = nb * kBlock;
+  const int in_pad = blocks::padded<F>(a.in_features), nb = ceil_div(in_pad, kBlock);
   const int64_t row_bytes = blocks::row_bytes<F>(in_pad);
   const int lane = threadIdx.x % 32, lx = lane % kLanes;
   const int row0 = blockIdx.x * S::kRowsPerBlock + threadIdx.x / 32 * kSlots * kRows + lane / kLanes;
   const unsigned char* qs = static_cast<const unsigned char*>(a.qs);
 
-  Vec<uint32_t, 4> w[kRows];  // the next chunk's weights, in flight while this one computes
+  using Fetch = blocks::Fetch<F>;
+  Fetch w[kRows];  // the next chunk's weights, in flight while this one computes
   float d[kRows], m[kRows];
+  const bool w_vectors = reinterpret_cast<uintptr_t>(qs) % 16 == 0 && row_bytes % 16 == 0;
   auto fetch = [&](int chunk) {
     const int col = chunk * kCols + lx * kPerLane;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int row = row0 + i * kSlots;
       const bool live = row < a.out_features && col < in_pad;
-      w[i] = live ? load_stream16(qs + row * row_bytes + (F == Format::int8 ? col : col / 2)) : Vec<uint32_t, 4>{};
-      d[i] = live ? to_float(a.d[static_cast<int64_t>(row) * nb + col / kBlock]) : 0.f;
-      m[i] = F == Format::q4 && live ? to_float(a.m[static_cast<int64_t>(row) * nb + col / kBlock]) : 0.f;
+      if constexpr (blocks::kDense<F>) {  // no scales: the weights are the values
+        const auto* w_row = reinterpret_cast<const uint16_t*>(qs + row * row_bytes);
+        w[i] = live ? blocks::load_dense<F>(w_row, col, in_pad, w_vectors) : Fetch{};
+        d[i] = m[i] = 0.f;
+      } else {
+        w[i] = live ? Fetch{load_stream16(qs + row * row_bytes + (F == Format::int8 ? col : col / 2))} : Fetch{};
+        d[i] = live ? to_float(a.d[static_cast<int64_t>(row) * nb + col / kBlock]) : 0.f;
+        m[i] = F == Format::q4 && live ? to_float(a.m[static_cast<int64_t>(row) * nb + col / kBlock]) : 0.f;
+      }
     }
   };
   // Item (token, 8 inputs): read as 16-byte vectors where x's rows allow, converted to fp32 (zeros past `in`
@@ -128,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
   stage(0, 0);
   __syncthreads();
   for (int c = 0; c < n_chunks; ++c) {
-    Vec<uint32_t, 4> wc[kRows];
+    Fetch wc[kRows];
     float dc[kRows], mc[kRows];
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
@@ -160,7 +169,11 @@ __global__ void __launch_bounds__(kThreads, (Shape<F, kT>::kMinBlocks)) gemv_ker
         float s = 0.f;
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) s += q[i][e] * xv[e];
-        acc[i][t] += dc[i] * s;
+        if constexpr (blocks::kDense<F>) {
+          acc[i][t] += s;
+        } else {
+          acc[i][t] += dc[i] * s;
+        }
         if constexpr (F == Format::q4) acc[i][t] += mc[i] * xsum;
       }
     }
@@ -234,6 +247,16 @@ cudaError_t launch_linear_int8(const GemvArgs<T>& args, cudaStream_t stream) {
 template <typename T>
 cudaError_t launch_linear_q4(const GemvArgs<T>& args, cudaStream_t stream) {
   return gemv::launch<T, gemv::Format::q4>(args, stream);
+}
+
+template <typename T>
+cudaError_t launch_linear_fp16(const GemvArgs<T>& args, cudaStream_t stream) {
+  return gemv::launch<T, gemv::Format::fp16>(args, stream);
+}
+
+template <typename T>
+cudaError_t launch_linear_bf16(const GemvArgs<T>& args, cudaStream_t stream) {
+  return gemv::launch<T, gemv::Format::bf16>(args, stream);
 }
 
 }  // namespace decodescope

@@ -24,6 +24,8 @@ namespace decodescope {
   template cudaError_t plan_decode_attention<T>(int, int, int, int, int, DecodeAttentionPlan*);           \
   template cudaError_t launch_linear_int8<T>(const GemvArgs<T>&, cudaStream_t);                           \
   template cudaError_t launch_linear_q4<T>(const GemvArgs<T>&, cudaStream_t);                             \
+  template cudaError_t launch_linear_fp16<T>(const GemvArgs<T>&, cudaStream_t);                           \
+  template cudaError_t launch_linear_bf16<T>(const GemvArgs<T>&, cudaStream_t);                           \
   template cudaError_t launch_dequantize_int8<T>(const DequantizeArgs<T>&, cudaStream_t);                 \
   template cudaError_t launch_dequantize_q4<T>(const DequantizeArgs<T>&, cudaStream_t);
 

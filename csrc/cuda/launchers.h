@@ -67,14 +67,16 @@ template <typename T>
 cudaError_t plan_decode_attention(int batch, int n_heads, int n_kv_heads, int head_dim, int sm_count,
                                   DecodeAttentionPlan* plan);
 
-// Weight-only GEMV over GGUF blocks of 32 inputs (blocks.cuh), read in place (gemv.cuh): out = x @ dequantize(W)^T.
+// Weight-only GEMV over GGUF blocks of 32 inputs (blocks.cuh), or dense fp16 / bf16 rows, read in place (gemv.cuh):
+// out = x @ dequantize(W)^T, each output reduced in one order whatever the tokens.
 template <typename T>
 struct GemvArgs {
   T* out;          // [tokens, out_features], dense
   const T* x;      // [tokens, in_features], rows x_stride apart
-  const void* qs;  // int8: int8 [out_features, in_pad]; q4: uint8 [out_features, in_pad / 2], two nibbles a byte
-  const __half* d;  // [out_features, in_pad / 32] block scales
-  const __half* m;  // q4: [out_features, in_pad / 32] block mins (w = d * q + m); int8: unused
+  const void* qs;  // int8: int8 [out_features, in_pad]; q4: uint8 [out_features, in_pad / 2], two nibbles a byte;
+                   // fp16 / bf16: the weight [out_features, in_features]
+  const __half* d;  // [out_features, in_pad / 32] block scales; dense: unused
+  const __half* m;  // q4: [out_features, in_pad / 32] block mins (w = d * q + m); int8, dense: unused
   int tokens, in_features, out_features;  // tokens: tiles of 16 launch apart; in_pad = in_features rounded to 32
   int64_t x_stride;
 };
@@ -83,6 +85,10 @@ template <typename T>
 cudaError_t launch_linear_int8(const GemvArgs<T>& args, cudaStream_t stream);
 template <typename T>
 cudaError_t launch_linear_q4(const GemvArgs<T>& args, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_linear_fp16(const GemvArgs<T>& args, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_linear_bf16(const GemvArgs<T>& args, cudaStream_t stream);
 
 // The same blocks dequantized into a dense matrix (dequantize.cuh): out = dequantize(W), for the rows a GEMV's
 // token tiles do not take; cuBLAS multiplies it.

@@ -139,16 +139,15 @@ void check_blocks(const at::Tensor& qs, const at::Tensor& d, const at::Tensor* m
   if (m != nullptr) check_scales(*m, "m");
 }
 
-// x: [T, in] (more than 16 tokens run as tiles of 16); the blocks as check_blocks; out: [T, out] of x's dtype.
-// Returns the launcher's arguments.
-template <typename T>
-GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
-                      const at::Tensor* m, at::ScalarType qs_dtype, int per_byte) {
+// x: [T, in] (more than 16 tokens run as tiles of 16); w: the weight's rows [out, ...], checked by
+// check_weight(in); out: [T, out] of x's dtype. Returns the launcher's arguments, the scales not set.
+template <typename T, typename CheckWeight>
+GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, CheckWeight&& check_weight) {
   TORCH_CHECK(x.dim() == 2, "x must be [T, in], got ", x.sizes());
   TORCH_CHECK(x.stride(1) == 1, "x's rows must be dense, got strides ", x.strides());
   check_cuda(out, "out", x);
-  const int64_t t = x.size(0), in = x.size(1), rows = qs.size(0);
-  check_blocks(qs, d, m, in, qs_dtype, per_byte, x);
+  const int64_t t = x.size(0), in = x.size(1), rows = w.size(0);
+  check_weight(in);
   TORCH_CHECK(out.dim() == 2 && out.size(0) == t && out.size(1) == rows, "out must be [T, out] = [", t, ", ", rows,
               "], got ", out.sizes());
   check_dtype(out, "out", x.scalar_type());
@@ -156,14 +155,31 @@ GemvArgs<T> gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs
   GemvArgs<T> a{};
   a.out = ptr<T>(out);
   a.x = ptr<T>(x);
-  a.qs = qs.data_ptr();
-  a.d = ptr<__half>(d);
-  a.m = m == nullptr ? nullptr : ptr<__half>(*m);
+  a.qs = w.data_ptr();
   a.tokens = checked_int(t, "T");
   a.in_features = checked_int(in, "in");
   a.out_features = checked_int(rows, "out");
   a.x_stride = x.stride(0);
   return a;
+}
+
+template <typename T>
+GemvArgs<T> block_gemv_args(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
+                            const at::Tensor* m, at::ScalarType qs_dtype, int per_byte) {
+  GemvArgs<T> a = gemv_args<T>(out, x, qs, [&](int64_t in) { check_blocks(qs, d, m, in, qs_dtype, per_byte, x); });
+  a.d = ptr<__half>(d);
+  a.m = m == nullptr ? nullptr : ptr<__half>(*m);
+  return a;
+}
+
+// w: [out, in] float16 or bfloat16, dense, 16-byte aligned, on x's device.
+void check_dense_weight(const at::Tensor& w, int64_t in, const at::Tensor& x) {
+  check_cuda(w, "w", x);
+  TORCH_CHECK(w.scalar_type() == at::kHalf || w.scalar_type() == at::kBFloat16, "w must be float16 or bfloat16, got ",
+              w.scalar_type());
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == in, "w must be [out, in] with in = ", in, ", got ", w.sizes());
+  check_dense(w, "w");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0, "w must start 16-byte aligned");
 }
 
 // out: [out, in] dense, float32 / float16 / bfloat16; the blocks as check_blocks for that `in`.
@@ -194,7 +210,7 @@ void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, con
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
   dispatch_float(x.scalar_type(), "x", [&](auto zero) {
     using T = decltype(zero);
-    check_launch(launch_linear_int8<T>(gemv_args<T>(out, x, qs, d, nullptr, at::kChar, 1), stream), "linear_int8");
+    check_launch(launch_linear_int8<T>(block_gemv_args<T>(out, x, qs, d, nullptr, at::kChar, 1), stream), "linear_int8");
   });
 }
 
@@ -204,7 +220,19 @@ void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
   dispatch_float(x.scalar_type(), "x", [&](auto zero) {
     using T = decltype(zero);
-    check_launch(launch_linear_q4<T>(gemv_args<T>(out, x, qs, d, &m, at::kByte, 2), stream), "linear_q4");
+    check_launch(launch_linear_q4<T>(block_gemv_args<T>(out, x, qs, d, &m, at::kByte, 2), stream), "linear_q4");
+  });
+}
+
+void linear_dense(at::Tensor& out, const at::Tensor& x, const at::Tensor& w) {
+  check_cuda(x, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
+  dispatch_float(x.scalar_type(), "x", [&](auto zero) {
+    using T = decltype(zero);
+    const GemvArgs<T> a = gemv_args<T>(out, x, w, [&](int64_t in) { check_dense_weight(w, in, x); });
+    check_launch(w.scalar_type() == at::kHalf ? launch_linear_fp16<T>(a, stream) : launch_linear_bf16<T>(a, stream),
+                 "linear_dense");
   });
 }
 

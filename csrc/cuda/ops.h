@@ -35,6 +35,9 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 // a byte, engine/weights/q4_1.py pack_nibbles), d and m fp16 [out, in_pad / 32], w = d * q + m.
 void linear_int8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);
 void linear_q4(at::Tensor& out, const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m);
+// The same GEMV over a dense weight w [out, in] in float16 or bfloat16 (x in any float dtype): each output reduced
+// in the same order at every T, where cuBLAS promises none.
+void linear_dense(at::Tensor& out, const at::Tensor& x, const at::Tensor& w);
 
 // out [out_features, in] (dense; float32, float16 or bfloat16) = the same blocks dequantized, bit for bit the twin's
 // weights.dequantize(blocks) cast to out's dtype: for more than 16 rows, which a GEMM then multiplies.

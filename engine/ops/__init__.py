@@ -91,9 +91,9 @@ def cuda_ops(module, reason: str) -> OpSet:
     from engine.ops import cuda
 
     kernels = cuda.ops(module)
-    products = {name: kernels.pop(name) for name in ("linear_int8", "linear_q4")}
-    # dense: cuBLAS through torch; block formats: the format's kernel (int8 and q8 alike, activations in their
-    # dtype), the GEMV up to 17 rows and the dequantize route beyond (engine/ops/cuda.py)
+    products = {name: kernels.pop(name) for name in ("linear_int8", "linear_q4", "linear_dense")}
+    # the format's kernel (int8 and q8 alike, activations in their dtype): the GEMV up to 17 rows and cuBLAS beyond
+    # (engine/ops/cuda.py); fp32 weights: cuBLAS through torch
     linear = {name: ref.matmul_t if f.cuda_kernel is None else cuda_matmul(products[f.cuda_kernel])
               for name, f in weights.REGISTRY.items() if "cuda" in f.layouts}
     kernels.pop("decode_attention")  # the one-query form of attention, for the kernel tests

@@ -17,7 +17,7 @@ ATTN_TILE_BYTES = 8192  # K (and V) per pipeline stage
 ATTN_STAGES = 3
 ATTN_MIN_TILES_PER_SPLIT = ATTN_STAGES - 1
 # A decode step and every verify pass (speculative.K_MAX drafts + 1) run the GEMV, whose outputs have the same bits
-# at every row count; more rows take the dequantize + GEMM route
+# at every row count; more rows (a prefill, whose logits no decode step is compared with) take cuBLAS
 GEMV_MAX_TOKENS = 17
 
 
@@ -126,6 +126,21 @@ class CudaOps(RowwiseOps):
         self.module.linear_q4(out, x, qs, d, m)
         return out
 
+    # --- dense fp16 and bf16 weights [out, in]: the same GEMV up to GEMV_MAX_TOKENS rows, so their decode steps and
+    # verify passes agree bit for bit too (cuBLAS picks its kernel, and so its order of sums, by the row count);
+    # more rows, cuBLAS. Twin: ref.matmul_t on W^T.
+
+    def linear_dense(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None):
+        """x [T, in] @ w^T for w fp16 or bf16 [out, in] -> [T, out] in x's dtype, fp32 accumulation."""
+        if x.shape[0] > GEMV_MAX_TOKENS:
+            if w.dtype == x.dtype:
+                return gemm(x, w, out)
+            y = (x.float() @ w.float().t()).to(x.dtype)
+            return y if out is None else out.copy_(y)
+        out = x.new_empty(x.shape[0], w.shape[0]) if out is None else out
+        self.module.linear_dense(out, x, w)
+        return out
+
 
 def gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """x [T, in] @ w [out, in]^T in x's dtype (cuBLAS on a GPU; fp32 accumulation for bf16 and fp16)."""
@@ -135,4 +150,4 @@ def gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None) -> torch.Te
 def ops(module: ModuleType) -> dict:
     """The kernels by op name, bound to one CudaOps: engine.ops.select builds the CUDA OpSet from them."""
     f = CudaOps(module)
-    return dict(**f.opset(), linear_int8=f.linear_int8, linear_q4=f.linear_q4)
+    return dict(**f.opset(), linear_int8=f.linear_int8, linear_q4=f.linear_q4, linear_dense=f.linear_dense)

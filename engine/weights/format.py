@@ -19,7 +19,7 @@ BLOCK = 32  # inputs per quantization block, as in GGUF's Q8_0 and Q4_1
 # "torch"  the torch twins: dense formats as W^T [in, out] (on a CPU, MKL's vector-times-matrix path streams
 #          that layout about twice as fast as F.linear's [out, in]), quantized formats as canonical Blocks
 #          (the twin dequantizes them per call)
-# "cuda"   dense as "torch" (cuBLAS takes either); quantized formats as rows the GEMV kernels read
+# "cuda"   fp32 as "torch" (cuBLAS); fp16, bf16 and quantized formats as rows the GEMV kernels read
 # "cpu"    panels of 16 outputs for the SIMD kernels (csrc/cpu/gemm.h)
 LAYOUTS = ("torch", "cuda", "cpu")
 
@@ -90,7 +90,7 @@ class WeightFormat:
     # Q8_K, which the K-quants' mins fold in through)
     cpu_activations: str = "exact"
     head: str | None = None  # the format a model in this one keeps its LM head in (None: this one)
-    cuda_kernel: str | None = None  # the CUDA module's GEMV for the format (csrc/cuda/gemv.cuh); dense runs cuBLAS
+    cuda_kernel: str | None = None  # the CUDA module's GEMV for the format (csrc/cuda/gemv.cuh); None: cuBLAS
     gguf: str | None = None  # llama.cpp's name of the same type (GGMLQuantizationType): its blocks load unchanged
     # GGUF's bytes of the type <-> Blocks: (uint8 [out, bytes per row], out, in) -> Blocks, and back
     from_gguf: Callable[[torch.Tensor, int, int], Blocks] | None = None

@@ -1,6 +1,6 @@
 // The GEMV launchers of gemv.cuh and the dequantize launchers of dequantize.cuh built for the CPU runtime
-// in cuda_on_cpu.h, behind a C ABI for ctypes (tests/test_gemv_cuda.py); dtype codes as in emulated_abi.h, m null
-// for int8. Each call returns a cudaError_t; emu_last_error() says what went wrong inside a kernel.
+// in cuda_on_cpu.h, behind a C ABI for ctypes (tests/test_gemv_cuda.py); dtype codes as in emulated_abi.h; weight
+// format codes 0 int8, 1 q4, 2 fp16, 3 bf16 (d and m null where the format has none). Each call returns a cudaError_t; emu_last_error() says what went wrong inside a kernel.
 #include "../dequantize.cuh"
 #include "../gemv.cuh"
 #include "emulated_abi.h"
@@ -8,7 +8,7 @@
 extern "C" {
 
 // ints: tokens, in_features, out_features
-int emu_linear(int q4, int dtype, void* out, const void* x, const void* qs, const void* d, const void* m,
+int emu_linear(int fmt, int dtype, void* out, const void* x, const void* qs, const void* d, const void* m,
                const int* ints, int64_t x_stride) {
   return with_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
@@ -22,7 +22,13 @@ int emu_linear(int q4, int dtype, void* out, const void* x, const void* qs, cons
     a.in_features = ints[1];
     a.out_features = ints[2];
     a.x_stride = x_stride;
-    return q4 ? decodescope::launch_linear_q4<T>(a, nullptr) : decodescope::launch_linear_int8<T>(a, nullptr);
+    switch (fmt) {
+      case 0: return decodescope::launch_linear_int8<T>(a, nullptr);
+      case 1: return decodescope::launch_linear_q4<T>(a, nullptr);
+      case 2: return decodescope::launch_linear_fp16<T>(a, nullptr);
+      case 3: return decodescope::launch_linear_bf16<T>(a, nullptr);
+      default: return cudaErrorInvalidValue;
+    }
   });
 }
 
