@@ -78,6 +78,21 @@ class Linear(nn.Module):
         return y if self.bias is None else y.add_(self.bias)
 
 
+class BlockEmbedding(nn.Module):
+    """An untied embedding table [V, C] kept in its file's blocks (GGUF bytes [V, row bytes] of a weight format):
+    a lookup decodes the rows it reads, so the table never exists in floats (Qwen2.5-7B's would be 2.2 GB in fp32)."""
+
+    def __init__(self, fmt: str, raw: torch.Tensor, dim: int):
+        super().__init__()
+        self.fmt, self.num_embeddings, self.embedding_dim = fmt, raw.shape[0], dim
+        self.register_buffer("raw", raw, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        ids = tokens.reshape(-1)
+        b = weights.get(self.fmt).from_gguf(self.raw[ids], len(ids), self.embedding_dim)
+        return weights.dequantize(b).view(*tokens.shape, -1)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -219,7 +234,7 @@ class Transformer(nn.Module):
 
     @property
     def n_params(self) -> int:
-        embed = 0 if self.embed is None else self.embed.weight.numel()
+        embed = 0 if self.embed is None else self.embed.num_embeddings * self.embed.embedding_dim
         return embed + sum(m.in_features * m.out_features for m in self.linears()) + sum(
             p.numel() for n, p in self.named_parameters() if not n.startswith("embed."))
 
@@ -235,7 +250,7 @@ class Transformer(nn.Module):
         """tokens [B, T] -> [B*T, C] in the activations' dtype (Gemma scales them, by a factor rounded to that
         dtype first, as transformers does)."""
         if self.embed is not None:
-            h = self.embed(tokens).reshape(tokens.numel(), -1)
+            h = self.embed(tokens).reshape(tokens.numel(), -1).to(self.dtype)
         else:
             h = weights.rows(self.lm_head.weight, tokens.reshape(-1)).to(self.dtype)
         scale = self.config.embed_scale

@@ -68,6 +68,9 @@ class Layout:
     pack: Callable[[Blocks], tuple[torch.Tensor, ...]]
     unpack: Callable[[str, int, int, tuple[torch.Tensor, ...]], Blocks]  # (fmt, out, in, tensors) -> Blocks
     rows: Callable[[Packed, torch.Tensor], torch.Tensor]  # (packed, ids [n]) -> [n, in] fp32
+    # a fast path from a GGUF file's own bytes of the format (uint8 [out, row bytes], out, in) to this layout's
+    # tensors, where pack(from_gguf(raw)) would cost a load more than it must; None: the loader does just that
+    pack_gguf: Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]] | None = None
 
 
 @dataclass(frozen=True)
