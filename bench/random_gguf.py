@@ -38,6 +38,16 @@ SHAPES = {
                  tied=False, rope_theta=10000.0),
 }
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_1": 3, "Q8_0": 7}  # llama.cpp's LLAMA_FTYPE_* of each file
+# Qwen2.5's shapes (llama blocks without the q/k/v biases, SmolLM2's 49152-token vocabulary instead of 151936):
+# too big for four files each, so only a Q4_K_M file is made (kquant_file), from an F16 one that is then removed
+BIG_SHAPES = {
+    "1.5B": dict(like="Qwen2.5-1.5B", hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, tied=True,
+                 rope_theta=1000000.0),
+    "3B": dict(like="Qwen2.5-3B", hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2, tied=True,
+               rope_theta=1000000.0),
+    "7B": dict(like="Qwen2.5-7B", hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, tied=False,
+               rope_theta=1000000.0),
+}
 
 
 def path(folder: Path, shape: str, kind: str) -> Path:
@@ -59,6 +69,37 @@ def ensure(shape: str, cache_dir=None, progress: Progress = print) -> Path:
             store.build(folder, lambda tmp: write(tmp, shape, SHAPES[shape], tok, progress=progress),
                         {"shape": SHAPES[shape], "version": WRITER_VERSION})
     return folder
+
+
+def kquant_file(shape: str, folder: Path, kind: str = "Q4_K_M", cache_dir=None, progress: Progress = print) -> Path:
+    """random-{shape}-{kind}.gguf in `folder`, made as people's files are: a random F16 file written a tensor at a
+    time (never the model in memory), quantized by llama.cpp's own llama-quantize (its K-quant choices, its
+    Q4_K_M mix), the F16 file removed afterwards (15 GB for 7B)."""
+    import subprocess
+
+    from bench import llamacpp
+
+    s = {**SHAPES, **BIG_SHAPES}[shape]
+    out = path(folder, shape, kind)
+    if out.exists():
+        return out
+    exe = llamacpp.prefix() / "bin" / "llama-quantize"
+    if not exe.exists():
+        raise FileNotFoundError(f"{exe} is missing: scripts/build_llamacpp.sh builds it")
+    tok = tokenizer_fields(default_model.gguf_path(cache_dir, progress))
+    f16 = path(folder, shape, "F16")
+    try:
+        write(folder, shape, s, tok, kinds=("F16",), progress=progress)
+        progress(f"decodescope: llama-quantize {f16.name} -> {out.name}")
+        cmd = [str(exe), str(f16), str(out.with_suffix(".partial")), kind, "2"]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=llamacpp.clean_env(), check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+        out.with_suffix(".partial").rename(out)
+    finally:
+        f16.unlink(missing_ok=True)
+        out.with_suffix(".partial").unlink(missing_ok=True)
+    return out
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""The pieces every block is built from: Linear over a packed weight, RMSNorm, and the ForwardContext every
-module of a forward reads. Shape letters: engine/model.py's docstring.
+"""The pieces every block is built from: Linear over a packed weight, an embedding kept in its file's blocks,
+RMSNorm, and the ForwardContext every module of a forward reads. Shape letters: engine/model.py's docstring.
 """
 from __future__ import annotations
 
@@ -54,6 +54,21 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matmul(x, self.weight)  # x: [N, in] -> [N, out]
         return y if self.bias is None else y.add_(self.bias)
+
+
+class BlockEmbedding(nn.Module):
+    """An untied embedding table [V, C] kept in its file's blocks (GGUF bytes [V, row bytes] of a weight format):
+    a lookup decodes the rows it reads, so the table never exists in floats (Qwen2.5-7B's would be 2.2 GB in fp32)."""
+
+    def __init__(self, fmt: str, raw: torch.Tensor, dim: int):
+        super().__init__()
+        self.fmt, self.num_embeddings, self.embedding_dim = fmt, raw.shape[0], dim
+        self.register_buffer("raw", raw, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        ids = tokens.reshape(-1)
+        b = weights.get(self.fmt).from_gguf(self.raw[ids], len(ids), self.embedding_dim)
+        return weights.dequantize(b).view(*tokens.shape, -1)
 
 
 class RMSNorm(nn.Module):

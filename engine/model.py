@@ -36,7 +36,7 @@ from engine import weights
 from engine.ops import ref
 from engine.config import ModelConfig, Rope
 from engine.kv_cache import KVCache
-from engine.layers import ForwardContext, Linear, RMSNorm
+from engine.layers import BlockEmbedding, ForwardContext, Linear, RMSNorm
 
 
 class Attention(nn.Module):
@@ -231,7 +231,7 @@ class Transformer(nn.Module):
 
     @property
     def n_params(self) -> int:
-        embed = 0 if self.embed is None else self.embed.weight.numel()
+        embed = 0 if self.embed is None else self.embed.num_embeddings * self.embed.embedding_dim
         return embed + sum(m.in_features * m.out_features for m in self.linears()) + sum(
             p.numel() for n, p in self.named_parameters() if not n.startswith("embed."))
 
@@ -251,7 +251,7 @@ class Transformer(nn.Module):
         """tokens [B, T] -> [B*T, C] in the activations' dtype (Gemma scales them, by a factor rounded to that
         dtype first, as transformers does)."""
         if self.embed is not None:
-            h = self.embed(tokens).reshape(tokens.numel(), -1)
+            h = self.embed(tokens).reshape(tokens.numel(), -1).to(self.dtype)
         else:
             h = weights.rows(self.lm_head.weight, tokens.reshape(-1)).to(self.dtype)
         scale = self.config.embed_scale

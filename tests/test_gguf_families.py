@@ -1,6 +1,6 @@
 """GGUF files of every family we convert (written by tests/gguf_files.py as llama.cpp writes them, with a
-Q4_K_M-like mix of block types), converted and loaded against transformers on the values the file stands for;
-the file's own blocks kept where a format holds them exactly, and a note naming every tensor they are not.
+Q4_K_M-like mix of block types), read in place and run against transformers on the values the file stands for;
+the file's own blocks run where a format holds them exactly, and a note names every tensor they are not.
 
 Tolerances: the fp32 load and the reference compute the same fp32 graph on the same values (the twins give
 gguf's own dequantization bit for bit, tests/test_gguf_weights.py): 1e-4 as tests/family_checks.py. The
@@ -55,21 +55,30 @@ def test_native_load_keeps_the_files_blocks_and_names_the_rest(files):
     said = []
     model = load_model(gguf_file, cache_dir=cache, progress=said.append)
     if model.ops.name != "fused":
-        pytest.skip("the CPU kernels do not run here: a native load is dense")
-    assert model.weight_format == "int8"  # Q5_0, Q4_0 and Q8_0 blocks are int8 blocks, exactly
+        pytest.skip("the CPU kernels do not run here: a native load runs the twins")
     ref = load_file(values / "model.safetensors")
-    attn = model.layers[0].attn
+    attn, mlp = model.layers[0].attn, model.layers[0].mlp
+
+    def values_of(linear):
+        return weights.dequantize(weights.unpack(linear.weight))
+
     if family != "phi3":  # q, k (Q5_0) and v (Q8_0) as the file's blocks: their values, bit for bit
         assert attn.wqkv.weight.fmt == "int8"
         parts = [ref[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
-        assert torch.equal(weights.dequantize(weights.unpack(attn.wqkv.weight)), torch.cat(parts))
-    assert attn.wo.weight.fmt == "fp32" and model.layers[0].mlp.w_down.weight.fmt == "fp32"
+        assert torch.equal(values_of(attn.wqkv), torch.cat(parts))
+        # gate (Q4_1) and up (Q4_0: d * q is Q4_1's d * (q + 8) - 8d) in one q4 matrix, exactly
+        assert mlp.w_gate_up.weight.fmt == "q4"
+        parts = [ref[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")]
+        assert torch.equal(values_of(mlp.w_gate_up), torch.cat(parts))
+    # Q4_K as q4 blocks: only the sub-blocks' steps and offsets are rounded to fp16 (2^-11 of themselves)
+    want = ref["model.layers.0.self_attn.o_proj.weight"]
+    assert attn.wo.weight.fmt == "q4" and (values_of(attn.wo) - want).abs().max() <= 2 ** -9 * want.abs().max()
+    assert mlp.w_down.weight.fmt == "int8"  # Q6_K: re-quantized, named below
     notes = " ".join(model.load_notes)
     assert model.load_notes and all(n in said for n in model.load_notes)
     assert "blk.{0-1}.attn_output.weight (Q4_K)" in notes or "attn_output.weight (Q4_K)" in notes
-    assert "ffn_down.weight (Q6_K)" in notes and "one format (int8), which does not hold them" in notes
-    if family != "phi3":  # gate (Q4_1) and up (Q4_0) share one matrix that no one format holds exactly
-        assert "ffn_gate.weight (Q4_1)" in notes and "different block types (Q4_0, Q4_1)" in notes
+    assert "ffn_down.weight (Q6_K)" in notes and "a second rounding: the CPU kernels do not run q6_k" in notes
+    assert "runs the file's own blocks: " in notes and "converted: " in notes
     want = Engine(load_model(gguf_file, weights="fp32", cache_dir=cache, progress=lambda s: None), 128).logits(IDS)
     got = Engine(model, 128).logits(IDS)
     assert (got - want).abs().max().item() <= 0.25 * want.std().item()
@@ -80,19 +89,18 @@ def test_an_asked_format_says_what_it_rounds_again(files):
     model = load_model(gguf_file, weights="q4", cache_dir=cache, progress=lambda s: None)
     notes = " ".join(model.load_notes)
     assert "re-quantized to q4 from their dequantized values (weights='q4')" in notes
-    assert "attn_output.weight (Q4_K)" in notes and "(Q4_1)" not in notes.split("re-quantized")[0]
+    assert "ffn_down.weight (Q6_K)" in notes and "converted to q4 blocks (weights='q4')" in notes
+    assert "attn_output.weight (Q4_K)" in notes and "(Q4_1)" not in notes.split("converted")[-1]
 
 
-def test_the_converted_folder_keeps_every_block_type(files):
+def test_the_cached_folder_holds_no_weights(files):
+    """The model cache keeps the config, the tokenizer and the file's index: the weights are read from the file."""
     family, gguf_file, values, cache = files
     folder = gguf_convert.cached(gguf_file, cache, progress=lambda s: None)
-    types = json.loads((folder / "gguf.json").read_text())["tensors"]
-    assert types["model.layers.1.self_attn.o_proj.weight"] == ["blk.1.attn_output.weight", "Q4_K"]
-    blocks, dense = load_file(folder / "blocks.safetensors"), load_file(folder / "model.safetensors")
-    name = "model.layers.1.mlp.down_proj.weight"
-    fields = {k: blocks[f"{name}.q6_k.{k}"] for k in ("q", "d", "sc")}
-    b = weights.Blocks("q6_k", *dense[name].shape, **fields)
-    assert torch.equal(weights.dequantize(b), dense[name])  # the blocks are the file's values exactly
+    index = json.loads((folder / "gguf.json").read_text())
+    assert index["tensors"]["model.layers.1.self_attn.o_proj.weight"][:2] == ["blk.1.attn_output.weight", "Q4_K"]
+    assert not list(folder.glob("*.safetensors"))
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 0.2 * gguf_file.stat().st_size
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == family and config["architectures"] == [load_model(
         folder, weights="fp32").config.family.architecture]

@@ -59,7 +59,7 @@ def test_the_default_models_gguf_loads_converted_once_and_again_when_changed(tmp
     shutil.copy(default_model.gguf_path(), src)
     said = []
     folder = resolve_path(str(src), tmp_path / "cache", progress=said.append)
-    assert any("converted" in s for s in said)
+    assert any("indexed" in s for s in said)
     said.clear()
     assert resolve_path(str(src), tmp_path / "cache", progress=said.append) == folder and not said
     prompt = [1, 504, 3458, 282, 4649, 314]
@@ -74,5 +74,5 @@ def test_the_default_models_gguf_loads_converted_once_and_again_when_changed(tmp
     assert ids == want and stats.summary()["acceptance_rate"] == 1.0
     os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))  # the file changed
     again = resolve_path(str(src), tmp_path / "cache", progress=said.append)
-    assert again != folder and any("converted" in s for s in said) and not folder.exists()
+    assert again != folder and any("indexed" in s for s in said) and not folder.exists()
     assert torch.equal(load_model(again, weights="fp32").lm_head.weight.tensors[0], model.lm_head.weight.tensors[0])

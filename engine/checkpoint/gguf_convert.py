@@ -1,18 +1,17 @@
-"""A GGUF file -> an HF-format folder the loader reads like any other, plus the file's own quantized blocks.
+"""A GGUF file -> the small folder the loader reads it through: config, tokenizer and an index of its tensors.
 
 The file's general.architecture names its family (engine/families/: llama, qwen2, qwen3, gemma2, gemma3, phi3);
-its metadata becomes that family's config.json, its tensors HF-named fp32 (model.safetensors) with llama.cpp's
-conversions undone: the q/k row permutation of llama-arch files, the +1 baked into Gemma's norms. Tensors in a
-block type we have a record for (engine/weights/: Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) are also kept as
-they are (blocks.safetensors), so a weight format that holds them runs the file's own blocks, and gguf.json
-records every tensor's type, so the loader can say which it had to dequantize. The tokenizer is rebuilt from
-the metadata (gguf_tokenizer.py).
+its metadata becomes that family's config.json, its tokenizer a tokenizer.json (gguf_tokenizer.py), and gguf.json
+indexes every tensor by its HF name (its GGUF name, type, offset and shape). No weight is written: the loader
+reads each tensor from the file itself and packs its blocks straight into the kernels' layouts (sources.py,
+formats.py), so the folder costs a few MB whatever the model's size.
 
     convert(Path("model.gguf"), Path("out/"))
-    folder = cached(Path("model.gguf"))   # <cache>/gguf/model-<key>/, converted on the first call only
+    folder = cached(Path("model.gguf"))   # <cache>/gguf/model-<key>/, indexed on the first call only
 
-A file we cannot read fails before anything is written: an architecture, a tokenizer or a rope scaling we do
-not run, a truncated or corrupt file, a vocabulary that does not match the embeddings; each names the file.
+A file we cannot read fails before anything is written: an architecture, a tokenizer, a rope scaling or a tensor
+type we do not run (IQ-quants), a truncated or corrupt file, a vocabulary that does not match the embeddings;
+each names the file.
 """
 from __future__ import annotations
 
@@ -23,19 +22,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-from safetensors.numpy import save_file
 
 from engine import families
 from engine import weights as wts
 from engine.checkpoint import gguf_tokenizer, store
-from engine.checkpoint.hf import BLOCKS_FILE, TYPES_FILE
+from engine.checkpoint.sources import INDEX_FILE
 from engine.checkpoint.store import Progress
 from engine.families import Family
 
 # Bump when the conversion changes: cached folders carry it (their names, or their markers), so a new
 # converter rebuilds them and two versions of decodescope sharing a cache never rebuild each other's.
-CONVERTER_VERSION = 3  # 2: the GGUF blocks are kept; 3: every family, K-quant blocks, gguf.json
+CONVERTER_VERSION = 4  # 2: the GGUF blocks are kept; 3: every family, K-quant blocks; 4: read in place
 MISSING = object()
 
 
@@ -89,7 +86,7 @@ def family_of(meta: Meta) -> Family:
 
 
 def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
-    """Write an HF-format folder (fp32 safetensors, the kept blocks, config, tokenizer) from a GGUF file."""
+    """Write the folder a GGUF file loads through (config, tokenizer, the tensors' index) into `out`."""
     start = time.perf_counter()
     progress(f"decodescope: reading {gguf_file}")
     meta = Meta(open_gguf(gguf_file), gguf_file)
@@ -99,23 +96,21 @@ def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
     except gguf_tokenizer.TokenizerError as e:
         raise GGUFError(f"{gguf_file} has {e}") from None
     config = hf_config(meta, family)
-    tensors, blocks, types = hf_tensors(meta, family, config, progress)
-    progress(f"decodescope: writing {out / 'model.safetensors'}")
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    if blocks:
-        save_file(blocks, str(out / BLOCKS_FILE), metadata={"format": "gguf-blocks"})
-    _write_json(out / TYPES_FILE, {"source": gguf_file.name, "tensors": types})
+    index = {"file": str(gguf_file.resolve()), "size": gguf_file.stat().st_size,
+             "tensors": tensor_index(meta, family)}
+    _write_json(out / INDEX_FILE, index)
     progress("decodescope: writing the tokenizer and configs")
     gguf_tokenizer.build(meta, meta.arch).save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", tokenizer_config(meta))
     _write_json(out / "config.json", config)
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     _write_json(out / "generation_config.json", {key: config.get(key) for key in ids})
-    progress(f"decodescope: converted {len(tensors)} tensors in {time.perf_counter() - start:.1f} s")
+    progress(f"decodescope: indexed {len(index['tensors'])} tensors of {gguf_file.name} in "
+             f"{time.perf_counter() - start:.1f} s (they are read from the file itself at each load)")
 
 
 def cached(gguf_file: Path, cache_dir: Path | None = None, progress: Progress = print) -> Path:
-    """The converted folder for a GGUF file, converting it on the first call. The folder is keyed by the file's
+    """The folder of a GGUF file, writing it on the first call. The folder is keyed by the file's
     path, size and modification time and the converter's version, so a changed file is converted again (and
     the folder of its previous version removed)."""
     gguf_file = Path(gguf_file).expanduser().resolve()
@@ -223,48 +218,32 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 SKIPPED = ("rope_freqs.weight",)  # read into the config (rope_scaling), not a weight
+DENSE = ("F32", "F16", "BF16")
 
 
-def hf_tensors(meta: Meta, family: Family, config: dict, progress: Progress):
-    """(every tensor dequantized to fp32, HF-named, [out, in]; the kept blocks as '<hf name>.<format>.<field>' of
-    each format's canonical Blocks; {hf name: [gguf name, GGUF type]})."""
-    from gguf.quants import dequantize
-
-    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    out, blocks, types = {}, {}, {}
-    tensors = [t for t in meta.reader.tensors if t.name not in SKIPPED]
+def tensor_index(meta: Meta, family: Family) -> dict[str, list]:
+    """{hf name: [gguf name, GGUF type, offset of its bytes, their count, HF shape [out, in]]} for every tensor,
+    refusing a type no weight format of ours reads (IQ-quants among them) by the tensor's name and type."""
     vocab = len(meta("tokenizer.ggml.tokens"))
-    for i, t in enumerate(tensors, 1):
-        name = hf_name(t.name, family)
-        shape = tuple(reversed(t.shape.tolist()))  # GGUF lists dims fastest-first ([in, out])
+    out, unread = {}, []
+    for t in meta.reader.tensors:
+        if t.name in SKIPPED:
+            continue
+        shape = [int(n) for n in reversed(t.shape.tolist())]  # GGUF lists dims fastest-first ([in, out])
         if t.name.startswith("token_embd") and shape[0] != vocab:
             raise GGUFError(f"{meta.path}: the tokenizer lists {vocab} tokens but token_embd.weight has "
                             f"{shape[0]} rows; the file is inconsistent: download it again")
-        w = np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
-        kept = kept_blocks(t, shape)
-        kind = t.name.split(".")[2] if t.name.startswith("blk.") else None
-        if family.gguf_permute_qk and kind in heads:  # whole rows move: the blocks move with them
-            w = unpermute(w, heads[kind])
-            kept = {k: unpermute(v, heads[kind]) for k, v in kept.items()}
-        if t.name.endswith("norm.weight") and family.norm_offset:
-            w = w - np.float32(family.norm_offset)  # llama.cpp stores Gemma's (1 + w)
-        out[name] = np.ascontiguousarray(w)
-        blocks.update({f"{name}.{k}": np.ascontiguousarray(v) for k, v in kept.items()})
-        types[name] = [t.name, t.tensor_type.name]
-        if i % 32 == 0 or i == len(tensors):
-            progress(f"decodescope: dequantized {i}/{len(tensors)} tensors")
-    return out, blocks, types
-
-
-def kept_blocks(t, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """A block-type matrix's canonical Blocks (engine/weights/), '<format>.<field>' -> array; {} for others."""
-    fmt = wts.BY_GGUF.get(t.tensor_type.name)
-    if fmt is None or len(shape) != 2:
-        return {}
-    raw = torch.from_numpy(np.array(t.data, np.uint8).reshape(shape[0], -1))  # a copy: the file is mapped read-only
-    b = wts.get(fmt).from_gguf(raw, *shape)
-    fields = {"q": b.q, "d": b.d, "m": b.m, "sc": b.sc, "mn": b.mn}
-    return {f"{fmt}.{k}": v.numpy() for k, v in fields.items() if v is not None}
+        gtype = t.tensor_type.name
+        if gtype not in DENSE and gtype not in wts.BY_GGUF:
+            unread.append(f"{t.name} ({gtype})")
+        out[hf_name(t.name, family)] = [t.name, gtype, int(t.data_offset), int(t.n_bytes), shape]
+    if unread:
+        iq = " (IQ-quants are not read)" if any("(IQ" in u for u in unread) else ""
+        raise GGUFError(f"{meta.path} stores {len(unread)} tensors in types decodescope does not read{iq}: "
+                        f"{', '.join(unread[:4])}{' ...' if len(unread) > 4 else ''}. It reads "
+                        f"{', '.join((*DENSE, *wts.BY_GGUF))}: requantize the file with llama.cpp's llama-quantize "
+                        "(to Q4_K_M, Q6_K or Q8_0), or load the model's HF folder")
+    return out
 
 
 def tokenizer_config(meta: Meta) -> dict:

@@ -2,22 +2,17 @@
 
 Every tensor's presence and shape is checked from the safetensors headers before a byte is loaded, so a bad
 folder fails at once with the tensor's name and both shapes. The tensors' names come from the family's recipe
-(engine/families/). A folder converted from a GGUF file also keeps the file's own quantized blocks (BLOCKS_FILE)
-and every tensor's GGUF type (TYPES_FILE), which the loader uses where a weight format holds those blocks.
+(engine/families/). A GGUF file's folder (gguf_convert.py) has no safetensors: its index names the file whose
+tensors the loader reads in place (sources.py).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 
-from engine import weights as wts
+from engine.checkpoint import sources
 from engine.config import ConfigError, ModelConfig
-
-BLOCKS_FILE = "blocks.safetensors"
-TYPES_FILE = "gguf.json"  # {"source": file name, "tensors": {hf name: [gguf name, GGUF type]}}
 
 
 class ModelLoadError(ValueError):
@@ -75,7 +70,8 @@ def index_tensors(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
     return found
 
 
-def check_folder(folder: Path) -> tuple[ModelConfig, dict]:
+def check_folder(folder: Path):
+    """(the folder's config, the source of its tensors), every tensor the config needs present in its shape."""
     for required in ("config.json", "tokenizer.json"):
         if not (folder / required).is_file():
             raise ModelLoadError(f"{folder} has no {required}; an HF-format model folder needs config.json, "
@@ -84,57 +80,11 @@ def check_folder(folder: Path) -> tuple[ModelConfig, dict]:
         cfg = ModelConfig.from_json(folder / "config.json")
     except ConfigError as e:
         raise ModelLoadError(f"{folder}: {e}") from None
-    found = index_tensors(folder)
+    src = sources.source(folder, cfg, None if (folder / sources.INDEX_FILE).is_file() else index_tensors(folder))
     for name, shape in expected_shapes(cfg).items():
-        if name not in found:
+        if name not in src.shapes:
             raise ModelLoadError(f"{folder} is missing the tensor {name!r} (expected shape {list(shape)})")
-        if found[name][1] != shape:
-            raise ModelLoadError(f"tensor {name!r} in {found[name][0].name} has shape {list(found[name][1])}, "
+        if src.shapes[name] != shape:
+            raise ModelLoadError(f"tensor {name!r} in {src.path.name} has shape {list(src.shapes[name])}, "
                                  f"the config expects {list(shape)}")
-    return cfg, found
-
-
-class KeptBlocks:
-    """A converted GGUF folder's own blocks (BLOCKS_FILE: each format's canonical Blocks fields as
-    '<hf name>.<format>.<field>') and every tensor's GGUF type (TYPES_FILE); empty for any other folder."""
-
-    FIELDS = ("q", "d", "m", "sc", "mn")
-
-    def __init__(self, folder: Path, device):
-        types = folder / TYPES_FILE
-        self.types: dict[str, tuple[str, str]] = (
-            {k: tuple(v) for k, v in json.loads(types.read_text())["tensors"].items()} if types.is_file() else {})
-        self.file = folder / BLOCKS_FILE if (folder / BLOCKS_FILE).is_file() else None
-        self.device = device
-
-    def gguf_type(self, name: str) -> str | None:
-        return self.types.get(name, (None, None))[1]
-
-    def gguf_name(self, name: str) -> str:
-        return self.types.get(name, (name,))[0]
-
-    def block_typed(self, name: str) -> bool:
-        """Whether the file stored HF tensor `name` in blocks (any quantized GGUF type, with a record or not)."""
-        return self.gguf_type(name) not in (None, "F32", "F16", "BF16", "F64")
-
-    def stored_format(self, name: str) -> str | None:
-        """The weight format holding the file's blocks of HF tensor `name` as they are (None: not block-typed)."""
-        return wts.BY_GGUF.get(self.gguf_type(name))
-
-    def blocks(self, names: list[str], fmt: str, n_in: int) -> wts.Blocks | None:
-        """The HF tensors' own blocks as Blocks of `fmt` for a weight [out, n_in], concatenated like their weights
-        (dim 0), when every one of them is stored in a format `fmt` holds exactly (engine/weights: reblock);
-        None otherwise."""
-        stored = [self.stored_format(n) for n in names]
-        if self.file is None or fmt not in wts.QUANTIZED or None in stored:
-            return None
-        if any(s != fmt and fmt not in wts.get(s).exact_in for s in stored):
-            return None
-        parts = []
-        with safe_open(self.file, framework="pt", device=str(self.device)) as f:
-            for n, s in zip(names, stored, strict=True):
-                t = {k: f.get_tensor(f"{n}.{s}.{k}") for k in self.FIELDS if f"{n}.{s}.{k}" in f.keys()}
-                b = wts.Blocks(s, t["q"].shape[0], n_in, **t)
-                parts.append(wts.reblock(b, fmt))
-        fields = {k: torch.cat([getattr(p, k) for p in parts]) for k in self.FIELDS if getattr(parts[0], k) is not None}
-        return wts.Blocks(fmt, fields["q"].shape[0], n_in, **fields)
+    return cfg, src

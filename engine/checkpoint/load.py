@@ -1,21 +1,22 @@
 """load_model: a model folder, a GGUF file, a hub id or the embedded default, onto a device in a weight format.
 
-The folder is read through hf.py (checked before a byte is loaded); q/k/v and gate/up are concatenated into the
-model's merged projections while loading, each packed into the layout of the path that runs it.
+The folder is read through hf.py (checked before a byte is loaded), its tensors from its safetensors or the GGUF
+file it indexes (sources.py), one at a time; q/k/v and gate/up are concatenated into the model's merged
+projections while loading (a GGUF file's rows of blocks, never floats), each packed into the layout of the path
+that runs it. An untied embedding stays in its file's blocks on a CPU: a lookup decodes the rows it reads.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-
 from engine import ops
 from engine import weights as wts
-from engine.checkpoint.formats import FormatPlan, check_format_name, head_format, pick_format
-from engine.checkpoint.hf import KeptBlocks, ModelLoadError, check_folder, our_targets
+from engine.checkpoint import memory, notes
+from engine.checkpoint.formats import FormatPlan, check_format_name, head_format, pick_format, stored_format
+from engine.checkpoint.hf import ModelLoadError, check_folder, expected_shapes, our_targets
 from engine.config import ModelConfig
-from engine.layers import Linear
+from engine.layers import BlockEmbedding, Linear
 from engine.model import Transformer
 from engine.tokenizer import Tokenizer
 
@@ -24,8 +25,9 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.floa
 
 
 def resolve_path(name: str | None, cache_dir: str | Path | None = None, progress=print) -> Path:
-    """A local folder, a GGUF file (converted once into the cache), an embedded model's name (embedded.MODELS:
-    fetched and converted once), a hub id (downloaded when the hub is reachable), or None for the default."""
+    """A local folder, a GGUF file (its small folder written once into the cache: gguf_convert.py), an embedded
+    model's name (embedded.MODELS: fetched and indexed once), a hub id (downloaded when the hub is reachable), or
+    None for the default."""
     from engine.checkpoint import embedded
 
     if name is None or name in embedded.MODELS:
@@ -69,18 +71,27 @@ def pick_dtype(dtype, device: torch.device) -> torch.dtype:
 
 def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights: str | None = None,
                fused: bool = True, cache_dir=None, progress=print) -> Transformer:
-    """Load a model folder / hub id / the embedded default (None) straight onto `device`.
+    """Load a model folder / GGUF file / hub id / the embedded default (None) straight onto `device`.
 
     dtype: the activations' (default fp32 on CPU, bf16 on CUDA). weights: the projections' format, one of
-    engine/weights FORMATS (default: a converted GGUF's own blocks where the kernels run them, else dtype: see
-    checkpoint/formats.py). What the loader had to do to a file's blocks is printed and kept in load_notes."""
+    engine/weights FORMATS (default: a GGUF file's own blocks where the kernels run them, else dtype: see
+    checkpoint/formats.py). Each tensor is read once and packed; a model that would not fit in the memory this
+    machine has left is refused before a tensor is read. What the loader did to a file's blocks is printed and
+    kept in load_notes."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for but torch sees no CUDA device; use device='cpu'")
     if weights is not None:
         check_format_name(weights)  # a typo fails before any download or build
     folder = resolve_path(None if name is None else str(name), cache_dir, progress)
-    cfg, found = check_folder(folder)
+    cfg, src = check_folder(folder)
+    try:
+        return _load(folder, cfg, src, device, dtype, weights, fused, progress)
+    finally:
+        src.close()
+
+
+def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, progress) -> Transformer:
     tokenizer = Tokenizer(folder)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ModelLoadError(f"{folder / 'tokenizer.json'} has {tokenizer.vocab_size} tokens but config.json's "
@@ -88,36 +99,44 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
                              "this model's: copy the model's own tokenizer.json there")
     dt = pick_dtype(dtype, device)
     opset = ops.select(device, fused, cfg.head_dim, dt)
-    plan = FormatPlan(weights, dt, opset, KeptBlocks(folder, device))
     with torch.device("meta"):
         model = Transformer(cfg)
+    shapes = expected_shapes(cfg)
+    targets = {ours: (names, (sum(shapes[n][0] for n in names), shapes[names[0]][1]), ours == "lm_head.weight")
+               for ours, names in our_targets(cfg).items() if isinstance(linear_of(model, ours), Linear)}
+    plan = FormatPlan(weights, dt, opset, src, targets)
+    embed = our_targets(cfg).get("embed.weight")
+    blocks_embed = embed is not None and device.type == "cpu" and stored_format(src, embed[0]) is not None
+    memory.check_fits(folder, plan, targets, src, embed, blocks_embed, dt)
     model = model.to_empty(device=device).to(dt)
     params = dict(model.named_parameters())
-    handles = {f: safe_open(f, framework="pt", device=str(device)) for f, _ in set(found.values())}
     with torch.no_grad():
         for ours, names in our_targets(cfg).items():
-            owner, kind = ours.rsplit(".", 1)
-            module = model.get_submodule(owner)
-            if not (isinstance(module, Linear) and kind == "weight"):
-                value = torch.cat([handles[found[n][0]].get_tensor(n) for n in names]).float()
+            if ours in targets:
+                linear_of(model, ours).weight = plan.weight(ours, names, targets[ours][1][1])
+            elif ours == "embed.weight" and blocks_embed:
+                model.embed = BlockEmbedding(stored_format(src, names[0]), src.raw(names[0]), cfg.hidden_size)
+            else:
+                value = plan.values(names)
                 # (1 + w) norms: the model runs the weight the formula uses, summed in fp32 as transformers does
                 # (in bf16 it is then rounded once, where transformers keeps the fp32 sum)
                 if ours.endswith("norm.weight"):
                     value += cfg.norm_offset
                 params[ours].copy_(value)
-                continue
-            def dense(names=names):  # HF layout: [out, in]
-                return torch.cat([handles[found[n][0]].get_tensor(n).to(dt) for n in names])
-
-            blocks = plan.blocks(names, module.in_features, module is model.lm_head, dense)
-            module.weight = wts.pack(blocks, opset.layout)
     model.requires_grad_(False).eval()
     model.path, model.eos_ids = folder, tuple(sorted(tokenizer.eos_ids))
-    model.format, model.load_notes = plan.fmt, plan.messages()
+    model.format = plan.fmt
+    model.load_notes = notes.summary(src, plan, model) + plan.messages()
     for note in model.load_notes:
         progress(note)
     model.use_ops(opset)
     return model
+
+
+def linear_of(model: Transformer, ours: str):
+    owner, kind = ours.rsplit(".", 1)
+    module = model.get_submodule(owner)
+    return module if kind == "weight" else None
 
 
 def random_model(cfg: ModelConfig, device="cpu", dtype=None, weights: str | None = None, fused: bool = True,

@@ -1,0 +1,122 @@
+"""Where a model's tensors are read from, one tensor at a time: an HF folder's safetensors, or a GGUF file in place.
+
+A source answers, for every HF tensor name the family's recipe asks for: its shape, the GGUF type it is stored in
+(None for a safetensors tensor), its bytes as the file stores them (`raw`: uint8 [out, row bytes]) and its values
+(`dense`). Nothing is read before a tensor is asked for, and each is read once: the loader packs it and lets it go,
+so no fp32 copy of a quantized model exists anywhere.
+
+A GGUF file is read through the index its cached folder keeps (INDEX_FILE, written once by gguf_convert.py: each
+tensor's GGUF name, type, offset and shape), so a warm load parses no header. Its bytes are read with a plain
+read into a buffer of their own size, not touched through a memory map: the page cache keeps the file warm for
+the next load, and the process holds only what it packed. llama.cpp's conversions are undone as rows are read:
+the q/k row permutation of llama-arch files (whole rows of blocks move), the 1 + w of Gemma's norms.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+INDEX_FILE = "gguf.json"  # {"file", "size", "tensors": {hf name: [gguf name, GGUF type, offset, bytes, shape]}}
+DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+class SafetensorsSource:
+    """An HF folder's *.safetensors (sharded or not), opened once; `found` is hf.index_tensors'."""
+
+    def __init__(self, found: dict[str, tuple[Path, tuple[int, ...]]]):
+        self.found = found
+        self.handles = {f: safe_open(f, framework="pt") for f, _ in set(found.values())}
+        self.shapes = {name: shape for name, (_, shape) in found.items()}
+        self.path = next(iter(self.handles), None)
+
+    def gguf_type(self, name: str) -> str | None:
+        return None
+
+    def gguf_name(self, name: str) -> str:
+        return name
+
+    def dense(self, name: str) -> torch.Tensor:
+        return self.handles[self.found[name][0]].get_tensor(name)
+
+    def close(self) -> None:
+        self.handles.clear()
+
+
+def unpermute_rows(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row order (each head's two rotary halves interleaved into pairs) on rows of any
+    content: values, or a row's blocks as bytes."""
+    half = x.shape[0] // n_head // 2
+    return x.reshape(n_head, half, 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape).contiguous()
+
+
+class GGUFSource:
+    """A GGUF file's tensors by HF name, read in place through its index (see the module's docstring)."""
+
+    def __init__(self, folder: Path, cfg):
+        index = json.loads((folder / INDEX_FILE).read_text())
+        self.path = Path(index["file"])
+        if not self.path.is_file() or self.path.stat().st_size != index["size"]:
+            from engine.checkpoint.hf import ModelLoadError
+
+            raise ModelLoadError(f"{folder} reads the GGUF file {self.path}, which is gone or changed since; load "
+                                 "the GGUF file itself again (its folder in the model cache is rebuilt)")
+        self.index = {name: tuple(v) for name, v in index["tensors"].items()}
+        self.shapes = {name: tuple(v[4]) for name, v in self.index.items()}
+        family = cfg.family
+        self.heads = {}
+        if family.gguf_permute_qk:
+            for name, (gname, *_rest) in self.index.items():
+                kind = gname.split(".")[2] if gname.startswith("blk.") else None
+                if kind in ("attn_q", "attn_k"):
+                    self.heads[name] = cfg.n_heads if kind == "attn_q" else cfg.n_kv_heads
+        self.norm_offset = family.norm_offset
+        self.file = open(self.path, "rb", buffering=0)  # noqa: SIM115  (closed by close(), after the load)
+
+    def gguf_type(self, name: str) -> str:
+        return self.index[name][1]
+
+    def gguf_name(self, name: str) -> str:
+        return self.index[name][0]
+
+    def nbytes(self, name: str) -> int:
+        return self.index[name][3]
+
+    def _read(self, name: str) -> torch.Tensor:
+        _, gtype, offset, n, _ = self.index[name]
+        buf = torch.empty(n, dtype=torch.uint8)
+        self.file.seek(offset)
+        got = self.file.readinto(memoryview(buf.numpy()))
+        if got != n:
+            from engine.checkpoint.hf import ModelLoadError
+
+            raise ModelLoadError(f"{self.path} ends inside tensor {self.gguf_name(name)!r} ({got} of {n} bytes); the "
+                                 "file is truncated: download it again")
+        return buf
+
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor's blocks as the file stores them, rows in HF order: uint8 [out, row bytes]."""
+        out = self.shapes[name][0]
+        x = self._read(name).view(out, -1)
+        return unpermute_rows(x, self.heads[name]) if name in self.heads else x
+
+    def dense(self, name: str) -> torch.Tensor:
+        """The tensor's values as HF holds them ([out, in] or [n]), for the dense GGUF types."""
+        gtype = self.gguf_type(name)
+        x = self._read(name).view(DENSE_TYPES[gtype]).view(self.shapes[name])
+        if name in self.heads:
+            x = unpermute_rows(x, self.heads[name])
+        if name.endswith("norm.weight") and self.norm_offset:
+            x = x.float() - float(np.float32(self.norm_offset))  # llama.cpp stores Gemma's (1 + w)
+        return x
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def source(folder: Path, cfg, found) -> SafetensorsSource | GGUFSource:
+    """The folder's tensors: a GGUF file's in place where the folder indexes one, else its safetensors."""
+    return GGUFSource(folder, cfg) if (folder / INDEX_FILE).is_file() else SafetensorsSource(found)

@@ -1,0 +1,97 @@
+"""A GGUF file is run in place: its tensors are read from the file and packed at their own size (no fp32 copy of a
+quantized tensor, the model cache a few small files), its untied embedding stays in its blocks, a tensor type we
+do not read (an IQ-quant) is refused by name, and a model that would not fit is refused before a tensor is read,
+with the bytes it needs and the bytes there are."""
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine import Engine, ModelLoadError, load_model, weights
+from engine.checkpoint import memory, sources
+from gguf_files import family_files
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """Untied (its embedding Q8_0 and head Q5_K), q/k rows permuted as llama.cpp writes them."""
+    root = tmp_path_factory.mktemp("llama")
+    return (*family_files("llama", root), root / "cache")
+
+
+def quiet(*args, **kw):
+    return load_model(*args, progress=lambda s: None, **kw)
+
+
+def block_bytes(path) -> int:
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if t.tensor_type.name not in ("F32", "F16"))
+
+
+def test_the_packed_model_is_the_files_size(llama):
+    """Every projection in blocks (its own, or a stand-in of at most int8's 8.5 bits for the file's 6.6-bit Q6_K
+    and 5.5-bit Q5_K), the embedding in the file's bytes: no tensor in fp32 but the norms."""
+    gguf_file, values, cache = llama
+    model = quiet(gguf_file, cache_dir=cache)
+    if model.ops.name != "fused":
+        pytest.skip("the CPU kernels do not run here")
+    assert all(weights.get(m.weight.fmt).quantized for m in model.linears())
+    assert isinstance(model.embed, torch.nn.Module) and model.embed.raw.dtype == torch.uint8
+    packed = sum(m.weight.nbytes for m in model.linears()) + model.embed.raw.numel()
+    assert packed <= 1.3 * block_bytes(gguf_file)
+    fp32 = sum(4 * m.in_features * m.out_features for m in model.linears())
+    assert packed < 0.4 * fp32
+
+
+def test_the_embedding_rows_are_the_files_values(llama):
+    gguf_file, values, cache = llama
+    model = quiet(gguf_file, cache_dir=cache)
+    ids = torch.tensor([[0, 5, 257], [3, 3, 100]])
+    want = load_file(values / "model.safetensors")["model.embed_tokens.weight"][ids.reshape(-1)]
+    if isinstance(model.embed, torch.nn.Embedding):
+        pytest.skip("the embedding is dense on this path")
+    assert torch.equal(model.embed(ids).reshape(-1, want.shape[1]), want)
+
+
+def test_in_place_fp32_is_bit_equal_to_the_files_values(llama):
+    """The file read in place in fp32 and the HF folder of the values it stands for: the same logits, bit for bit."""
+    gguf_file, values, cache = llama
+    ids = list(range(3, 40))
+    want = Engine(quiet(values, weights="fp32"), 64).logits(ids)
+    got = Engine(quiet(gguf_file, weights="fp32", cache_dir=cache), 64).logits(ids)
+    assert torch.equal(got, want)
+
+
+def test_an_iq_quant_is_refused_by_name(llama, tmp_path):
+    """IQ4_NL has Q4_0's block size (18 bytes a 32): a file declaring one of its tensors IQ4_NL is otherwise sound."""
+    gguf_file, _, _ = llama
+    reader = gguf.GGUFReader(gguf_file)
+    w = gguf.GGUFWriter(str(tmp_path / "iq.gguf"), "llama")
+    for name, field in reader.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            kw = {"sub_type": field.types[-1]} if field.types[0] == gguf.GGUFValueType.ARRAY else {}
+            w.add_key_value(name, field.contents(), field.types[0], **kw)
+    for t in reader.tensors:
+        kind = gguf.GGMLQuantizationType.IQ4_NL if t.tensor_type.name == "Q4_0" else t.tensor_type
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match=r"iq.gguf stores 2 tensors in types decodescope does not read \(IQ-quants "
+                                             r"are not read\): blk.0.ffn_up.weight \(IQ4_NL\).*llama-quantize"):
+        quiet(tmp_path / "iq.gguf", cache_dir=tmp_path / "cache")
+
+
+def test_a_model_that_does_not_fit_is_refused_before_a_tensor_is_read(llama, monkeypatch):
+    gguf_file, _, cache = llama
+    quiet(gguf_file, cache_dir=cache)  # indexed; the next load reads no header
+
+    def no_reads(self, name):
+        raise AssertionError(f"{name} was read")
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 123_456)
+    monkeypatch.setattr(sources.GGUFSource, "_read", no_reads)
+    with pytest.raises(ModelLoadError, match=r"llama.gguf needs about 0.00 GiB of memory to load \([\d,]+ bytes: .* "
+                                             r"and this machine has 0.00 GiB available \(123,456 bytes\)"):
+        quiet(gguf_file, cache_dir=cache)
