@@ -36,7 +36,7 @@ from engine import weights
 from engine.ops import ref
 from engine.config import ModelConfig, Rope
 from engine.kv_cache import KVCache
-from engine.layers import BlockEmbedding, ForwardContext, Linear, RMSNorm
+from engine.layers import ForwardContext, Linear, RMSNorm
 
 
 class Attention(nn.Module):
