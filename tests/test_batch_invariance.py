@@ -2,13 +2,13 @@
 verify pass of any T = 1..17, so greedy speculative output cannot depend on the k a round chose; compared with
 torch.equal, no tolerance, full and windowed attention.
 
-CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0
-and q5_0), every instruction-set path this CPU runs (amx with its tiles from one row up, and at its default
-crossover), the native block loop and Block.forward in Python. CUDA kernels (on a GPU, and on the CPU emulation
-of CUDA threads): every format the GEMV runs (int8, q8, q4 and dense fp16 / bf16, whose products are the GEMV at every T up to 17) and the split-KV attention at every T, in
-bf16 and fp32 activations. fp32 weights on CUDA multiply with cuBLAS, which promises no fixed order across row
-counts: not covered here (engine/ops/cuda.py). A prefill (more than 17 rows) runs cuBLAS too; its logits are
-never compared with a decode step's."""
+CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0 and
+q5_0), every instruction-set path this CPU runs (amx with its tiles from one row up, and at its default crossover),
+the native block loop and Block.forward in Python. CUDA kernels (on a GPU, and on the CPU emulation of CUDA
+threads): every format the GEMV runs (int8, q8, q4 and dense fp16 / bf16, whose products are the GEMV at every T up
+to 17) and the split-KV attention at every T, in bf16 and fp32 activations. fp32 weights on CUDA multiply with
+cuBLAS, which promises no fixed order across row counts: not covered here (engine/ops/cuda.py). A prefill (more than
+17 rows) runs cuBLAS too; its logits are never compared with a decode step's."""
 from __future__ import annotations
 
 import pytest
