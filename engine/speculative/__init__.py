@@ -10,8 +10,8 @@ decoding gives with the same seed (draws keyed by output position; loop.py prove
 from engine.speculative.drafters import Draft, Drafter, ModelDrafter, self_drafter
 from engine.speculative.layerskip import LayerSkipDrafter
 from engine.speculative.lookup import NgramDrafter
-from engine.speculative.loop import K_MAX, accept, check_k, generate, stream
+from engine.speculative.loop import K_DEFAULT, K_MAX, accept, check_k, generate, stream
 from engine.speculative.schedule import Schedule
 
-__all__ = ["K_MAX", "accept", "check_k", "stream", "generate", "Draft", "Drafter", "NgramDrafter", "ModelDrafter",
-           "LayerSkipDrafter", "Schedule", "self_drafter"]
+__all__ = ["K_DEFAULT", "K_MAX", "accept", "check_k", "stream", "generate", "Draft", "Drafter", "NgramDrafter",
+           "ModelDrafter", "LayerSkipDrafter", "Schedule", "self_drafter"]
