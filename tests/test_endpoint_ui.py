@@ -14,9 +14,10 @@ import pytest
 
 from ui.models import Runtimes
 from ui import callbacks, compare, endpoint
-from ui.callbacks import Session
+from ui import run as ui_run
+from ui.run import Session, parse_settings
 from ui.startup import build_runtime
-from ui.testing import settings_values
+from ui.testing import tiny_settings
 from tests.endpoint_fake import FakeServer, chunk, sse, stall_after
 
 KEY = "sk-ui-4c2d8e71f0"
@@ -32,12 +33,12 @@ def rt():
 
 
 def values(url, **kw):
-    return settings_values(**{"backend": endpoint.ENDPOINT, "endpoint": url, "endpoint_model": "m",
-                              "server": "openai", "max_new_tokens": 8, **kw})
+    return tiny_settings(**{"backend": endpoint.ENDPOINT, "endpoint": url, "endpoint_model": "m",
+                            "server": "openai", "max_new_tokens": 8, **kw})
 
 
 def run(rt, session, url, **kw):
-    return list(callbacks.generate(Runtimes(rt), session, "hi", *values(url, **kw)))
+    return list(callbacks.generate(Runtimes(rt), session, "hi", **values(url, **kw)))
 
 
 def files_text(session) -> str:
@@ -101,17 +102,17 @@ def test_a_stalled_endpoint_leaves_the_engine_to_other_users(rt):
         holder.append(fake)
         rt.endpoints, rt.endpoint_stall_s = [fake.url], 30.0
         stalled = Session()
-        gen = callbacks.generate(Runtimes(rt), stalled, "hi", *values(fake.url))
+        gen = callbacks.generate(Runtimes(rt), stalled, "hi", **values(fake.url))
         next(gen), next(gen)  # the run started, its first chunk came: it holds its connection
         done = threading.Event()
 
         def other_user():
-            list(callbacks.generate(Runtimes(rt), Session(), "the cat", *settings_values(max_new_tokens=4)))
+            list(callbacks.generate(Runtimes(rt), Session(), "the cat", **tiny_settings(max_new_tokens=4)))
             done.set()
 
         threading.Thread(target=other_user, daemon=True).start()
         assert done.wait(60), "an engine run waited on a stalled endpoint"
-        callbacks.stop(stalled)  # Stop: the connection closes, the run is recorded as stopped
+        ui_run.stop(stalled)  # Stop: the connection closes, the run is recorded as stopped
         t = time.perf_counter()
         outs = list(gen)
         assert time.perf_counter() - t < 5 and "stopped" in outs[-1][2]
@@ -122,10 +123,10 @@ def test_compare_runs_this_engine_and_the_endpoint(rt):
     with FakeServer(sse(EVENTS, gap_s=0.01)) as fake:
         rt.endpoints = [fake.url]
         session = Session()
-        s = callbacks.parse_settings(*values(fake.url))
+        s = parse_settings(values(fake.url))
         planned = compare.plan(rt, s)
         assert [(g, b) for g, _, _, _, b in planned] == [("backend", True), ("backend", False)]
-        list(compare.compare(Runtimes(rt), session, "hi", *values(fake.url)))
+        list(compare.compare(Runtimes(rt), session, "hi", **values(fake.url)))
     entries = session.last_compare
     assert [e.group for e in entries] == ["backend", "backend"] and all(e.stats for e in entries)
     assert entries[0].stats.settings["backend"] == "engine" and entries[1].stats.settings["backend"] == "endpoint"
