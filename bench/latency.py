@@ -1,7 +1,7 @@
 """Decode latency, measured as ratios within one run.
 
 CPU:  the embedded default model, batch 1, a 128-token prompt, 128 greedy tokens: transformers (fp32), our
-      torch path (fp32), our fused kernels in every weight format, and llama.cpp on the same GGUF file in the
+      twins (fp32), our fused kernels in every weight format, and llama.cpp on the same GGUF file in the
       types of the same bytes per weight (when llama-cpp-python is installed); TTFT, ms per step, achieved
       GB/s and % of the read bandwidth measured in the same run, and a 6-token verify pass over one step.
 CUDA: weight formats x torch/fused x eager/graph at batch 1 and 8, on random weights of TinyLlama-1.1B's and
@@ -75,7 +75,7 @@ def faster(best: dict | None, r: dict) -> dict:
 
 
 def cpu_bench(args, save) -> dict:
-    """One run, side by side: transformers fp32; decodescope's torch path (fp32) and fused kernels in every
+    """One run, side by side: transformers fp32; decodescope's twins (fp32) and fused kernels in every
     format; llama.cpp on the default model's GGUF file in the types of the same bytes per weight."""
     from bench import llamacpp
     from engine import Tokenizer

@@ -44,7 +44,7 @@ FULL = dict(new_tokens=128, prompts_per_set=None, repeats=3, sampled=0.7)
 QUICK = dict(new_tokens=24, prompts_per_set=2, repeats=1, sampled=None)
 GOALS = [("q4", "edit", ">=", 2.0), ("fp32", "edit", ">=", 2.5), *[(t, s, ">=", 0.97) for t in ("q4", "fp32")
                                                                        for s in ("prose", "code")]]
-# the verify cost the CPU kernels aim at (issue 16, item 1): 6 positions <= 1.3 steps, 16 <= 2.0; an assumption
+# the verify cost the CPU kernels aim at: 6 positions <= 1.3 steps, 16 <= 2.0; an assumption
 # for the replay, not a measurement
 KERNEL_GOAL = {T: 1 + 0.06 * (T - 1) if T <= 6 else 1.3 + 0.07 * (T - 6) for T in range(1, K + 2)}
 
@@ -261,7 +261,7 @@ def markdown(result: dict) -> str:
         f"Speculative decoding on {result['device']} ({result['threads']} threads), {result['model']} ({targets}); "
         f"{g['new_tokens']} new tokens per chat prompt, the sets of bench/data/spec-*.txt, {result['repeats']} "
         f"interleaved repeat(s); load average at start / end: {load[0]} / {load[1]}.\n\n"
-        f"Goals (issue 16, item 2): n-gram lookup with the adaptive schedule, k <= {result['k']}, temperature 0.\n\n",
+        f"Goals: n-gram lookup with the adaptive schedule, k <= {result['k']}, temperature 0.\n\n",
         markdown_table(result["goals"], ["target", "set", "mode", "speedup", "goal", "met"]),
         "\nspeedup = decode tok/s over plain decoding's on the same prompts in the same repeat, the median over "
         "repeats (lo / hi: the worst and best repeat). speedup_in_run: decode tok/s over the pace of the run's own "

@@ -2,7 +2,7 @@
 speculative decoding. Public API (docs/ARCHITECTURE.md): load_model, Tokenizer, Engine, graphs, speculative."""
 import os
 
-# By default idle OpenMP threads spin. A CPU decode step on the torch path alternates MKL's matmuls with
+# By default idle OpenMP threads spin. A CPU decode step on the twins alternates MKL's matmuls with
 # ATen's elementwise ops, two thread pools on the same cores, so each spins while the other needs the core
 # (on 2 cores a step took several times longer spinning). It only takes effect when engine is imported
 # before torch, which is why the entry points import engine first. A child process inherits it: start

@@ -17,7 +17,7 @@ import argparse
 import sys
 import tempfile
 
-from engine import Engine, Tokenizer, graphs, load_model, request, speculative
+from engine import Engine, Tokenizer, load_model, request, speculative
 from engine.weights import FORMATS, QUANTIZED
 from engine.tiny import write_tiny_model
 
@@ -54,7 +54,7 @@ def draft_engine(args, req: request.Request, eng):
     else:
         return None
     if req.cuda_graphs:
-        graphs.enable(draft)
+        draft.use_graphs(True)
     return draft
 
 

@@ -47,7 +47,7 @@ class Engine:
         self.cache = KVCache(model.config, batch_size, max_seq_len, model.dtype, model.device)
         self.clock = Clock(model.device)
         self.graph = None  # graphs.DecodeGraphs: the step runs as graph replays when set (use_graphs)
-        self.graph_status = "off: not enabled (call graphs.enable)"
+        self.graph_status = "off: not enabled (call use_graphs(True))"
         self.bandwidth_gbs = float("nan")  # set by a caller that measured it (bench, app)
         self.weight_bytes = model.weight_bytes  # counted once: stats() is asked for many times a second live
 

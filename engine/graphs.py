@@ -102,14 +102,3 @@ def capture(eng) -> tuple[DecodeGraphs | None, str]:
         torch.cuda.synchronize()
         return None, f"off: capture failed ({first_line(e)}); running eager"
     return graphs, f"on: decode step captured in {graphs.capture_ms['decode']:.0f} ms"
-
-
-def enable(eng):
-    """Run eng's steps as graph replays where CUDA graphs can run; eng.graph_status says how it went."""
-    eng.use_graphs(True)
-    return eng
-
-
-def disable(eng):
-    eng.use_graphs(False)
-    return eng

@@ -22,8 +22,10 @@ prefill as well; the engine's window (StreamingLLM's) to the cached paths of lay
 """
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -34,55 +36,7 @@ from engine import weights
 from engine.ops import ref
 from engine.config import ModelConfig, Rope
 from engine.kv_cache import KVCache
-
-
-@dataclass
-class ForwardContext:
-    """What every layer needs for one forward call."""
-    mode: str  # "prefill" | "cached"
-    B: int
-    T: int
-    positions: torch.Tensor  # [B, T] long
-    start: int | None  # the first new position when the host knows it (eager calls); None in a captured graph
-    cache: KVCache
-    kv_limit: int  # keys read from the cache: S, or a host-known bound for eager calls
-    ops: ops_mod.OpSet
-    rope_tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]]  # cos, sin [max_pos, D/2] fp32 per rope
-    window: int = 0  # > 0: cached attention reads the first `sinks` keys and the last `window` only
-    sinks: int = 0
-
-    def __post_init__(self):
-        self.flat_positions = self.positions.reshape(-1)  # [N], what rope takes: once, not once a layer
-
-
-class Linear(nn.Module):
-    """y = x @ W^T (+ bias) for a weight W [out, in] held in a format and a layout (engine/weights.py).
-
-    The loader sets the weight; Transformer.use_ops repacks it into the layout the chosen path streams and
-    fixes the matmul that streams it, once: the kernel for the format where it runs, else its torch twin."""
-
-    def __init__(self, d_in: int, d_out: int, bias: bool = False):
-        super().__init__()
-        self.in_features, self.out_features = d_in, d_out
-        self.bias = nn.Parameter(torch.empty(d_out)) if bias else None
-        self.weight: weights.Packed | None = None
-        self.matmul = None
-
-    def place(self, ops: ops_mod.OpSet) -> None:
-        if self.weight.layout != ops.layout:  # exact: switching paths never changes a weight
-            self.weight = weights.pack(weights.unpack(self.weight), ops.layout)
-        self.matmul = ops.linear[self.weight.fmt]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.matmul(x, self.weight)  # x: [N, in] -> [N, out]
-        return y if self.bias is None else y.add_(self.bias)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+from engine.layers import ForwardContext, Linear, RMSNorm
 
 
 class Attention(nn.Module):
@@ -145,6 +99,39 @@ class MLP(nn.Module):
         return self.w_down(act(self.w_gate_up(x)))
 
 
+@dataclass(frozen=True)
+class LayerRecord:
+    """One block as a cached forward reads it, each field declared here once. Block.record fills it by name; a
+    native block loop takes it by name (engine/ops/cpu.py -> csrc/cpu/ops_blocks.cpp, whose LAYER_FIELDS lists the
+    same fields in this order: use_ops checks). None: a part the family lacks. A new block feature is a field
+    here, its use in Block.forward, and its line and use in the native loop."""
+    qkv: weights.Packed  # q, k and v in one matmul
+    qkv_bias: torch.Tensor | None  # [Q + 2 KV]
+    q_norm: torch.Tensor | None  # [D]: each q head's RMSNorm before rope (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None  # [D]: each k head's, present exactly when q_norm is
+    cos: torch.Tensor  # [max_pos, D/2] fp32: this layer's rope table
+    sin: torch.Tensor
+    k_cache: torch.Tensor  # [B, Hkv, S, D]: this layer's
+    v_cache: torch.Tensor
+    window: int  # this layer's own sliding window; 0: the run's window and sinks
+    n_heads: int
+    n_kv_heads: int
+    scale: float  # the attention's score scale
+    o: weights.Packed
+    post_attn_norm: torch.Tensor | None  # [C]: on the attention's output before its add (Gemma)
+    mlp_norm: torch.Tensor  # [C]
+    gate_up: weights.Packed  # [gate | up]
+    activation: str  # the gate: "silu" | "gelu_tanh"
+    intermediate: int
+    down: weights.Packed
+    post_mlp_norm: torch.Tensor | None  # [C]: on the MLP's output before its add (Gemma)
+    next_norm: torch.Tensor  # [C]: the next block's attn_norm, the final norm after the last block
+    eps: float  # every norm's
+
+
+LAYER_FIELDS = tuple(f.name for f in fields(LayerRecord))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -170,6 +157,31 @@ class Block(nn.Module):
             m = s.ops.rmsnorm(m, self.post_mlp_norm.weight, eps, out=m)
         return s.ops.add_rmsnorm(m, h, next_norm.weight, eps)
 
+    def record(self, next_norm: RMSNorm, cache: KVCache, rope_tables: dict) -> LayerRecord:
+        """This block's LayerRecord over `cache`: what Block.forward reads, for a native block loop."""
+        a, cfg = self.attn, self.attn.cfg
+        cos, sin = rope_tables[a.rope]
+        return LayerRecord(
+            qkv=a.wqkv.weight, qkv_bias=a.wqkv.bias, q_norm=_weight(a.q_norm), k_norm=_weight(a.k_norm), cos=cos,
+            sin=sin, k_cache=cache.layer_k[a.layer], v_cache=cache.layer_v[a.layer], window=a.window,
+            n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=float(a.scale), o=a.wo.weight,
+            post_attn_norm=_weight(self.post_attn_norm), mlp_norm=self.mlp_norm.weight,
+            gate_up=self.mlp.w_gate_up.weight, activation=cfg.activation, intermediate=cfg.intermediate_size,
+            down=self.mlp.w_down.weight, post_mlp_norm=_weight(self.post_mlp_norm), next_norm=next_norm.weight,
+            eps=float(self.attn_norm.eps))
+
+    def at_layer(self, j: int) -> Block:
+        """This block, its modules shared (no weight copied), writing KV cache layer j (a view's kept layer)."""
+        block = copy.copy(self)
+        block._modules = dict(self._modules)  # a copy's child table is its own; the children are shared
+        block.attn = copy.copy(self.attn)
+        block.attn.layer = j
+        return block
+
+
+def _weight(norm: RMSNorm | None) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
+
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -180,7 +192,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.ops = ops_mod.torch_ops("not yet placed on a device")
+        self.ops = ops_mod.twin_ops("not yet placed on a device")
         self.cos = self.sin = None  # the full layers' rope table; every layer's in rope_tables
         self.rope_tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]] = {}
         self.load_notes: list[str] = []  # what the loader did that a user should know (a tensor dequantized)
@@ -226,6 +238,10 @@ class Transformer(nn.Module):
     def use_ops(self, ops: ops_mod.OpSet) -> None:
         """Fix the kernel-or-twin choice (and the weights' layout with it); a captured CUDA graph notices
         (version) and is captured again."""
+        if ops.blocks is not None and ops.block_fields != LAYER_FIELDS:
+            raise RuntimeError(f"the native block loop reads the fields {ops.block_fields} but LayerRecord declares "
+                               f"{LAYER_FIELDS}: csrc/cpu/ops_blocks.cpp LAYER_FIELDS and engine/model.py LayerRecord "
+                               "must list the same fields in the same order")
         for m in self.linears():
             m.place(ops)
         self.ops = ops
@@ -266,6 +282,24 @@ class Transformer(nn.Module):
             yield self
         finally:
             self.python_blocks = saved
+
+    def layer_records(self, cache: KVCache) -> list[LayerRecord]:
+        """Every block's record over `cache`, as a native block loop takes them."""
+        next_norms = [b.attn_norm for b in self.layers[1:]] + [self.norm]
+        return [b.record(n, cache, self.rope_tables) for b, n in zip(self.layers, next_norms, strict=True)]
+
+    def view(self, keep: Sequence[int]) -> Transformer:
+        """This model over its layers `keep`, in order, then its final norm and head; every module, table and
+        setting shared, no weight copied. Kept layer j writes KV cache layer j, so the view's cache holds
+        len(keep) layers (a layer-skip drafter's model)."""
+        view = copy.copy(self)  # the settings and tables: ops, rope tables, version, path, eos ids, ...
+        nn.Module.__init__(view)  # ... but a child table and hooks of its own (a profiler hooks the target)
+        view.training = self.training
+        for name, child in self.named_children():
+            setattr(view, name, child)
+        view.config = self.config.keep_layers(keep)  # each kept layer keeps its own window and rope
+        view.layers = nn.ModuleList(self.layers[i].at_layer(j) for j, i in enumerate(keep))
+        return view
 
     def native_blocks(self, s: ForwardContext) -> bool:
         """Whether this forward runs its blocks in one native call (the CPU kernels' ops.blocks): decode

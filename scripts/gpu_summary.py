@@ -144,7 +144,7 @@ def rows(result: dict | None, **match) -> list[dict]:
 
 
 def goals(work: Path, gpu: str, tests: dict, steps: list[StepResult]) -> list[Goal]:
-    """The first GPU run's goals (issue 17) from what this run measured."""
+    """The goals of a first run on a GPU, from what this run measured."""
     out = []
     ran = [s for s in steps if s.name.startswith("test_")]
     bad = sum(c["failed"] + c["errors"] for c in tests.values())

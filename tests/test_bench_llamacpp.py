@@ -3,7 +3,7 @@ environment every llama.cpp process gets, llama-bench's command line and parsing
 llama-cpp-python / llama-bench are installed) the logits read back from a tiny GGUF against our engine's.
 
 The tiny models carry the first 512 tokens of the default model's vocabulary: reading the full tokenizer out of
-a GGUF file takes most of a minute on a busy 2-core box, and the tiny file is read once per module.
+a GGUF file takes most of a minute on a busy 2-core machine, and the tiny file is read once per module.
 """
 from __future__ import annotations
 

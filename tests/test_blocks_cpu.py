@@ -14,6 +14,7 @@ from engine.ops import ext
 from engine.kv_cache import KVCache
 from engine.checkpoint import random_model
 from engine.tiny import tiny_config
+from engine.model import LAYER_FIELDS
 
 pytestmark = pytest.mark.skipif(ext.load("cpu").module is None, reason="the CPU kernels did not build")
 
@@ -112,46 +113,57 @@ def test_hooked_blocks_run_in_python_only_when_asked():
         handle.remove()
 
 
+def test_the_native_loop_reads_the_layer_record():
+    """The module lists the record's fields in LayerRecord's order, and a model refuses an OpSet whose block loop
+    reads other fields, naming both lists."""
+    module = ext.load("cpu").module
+    assert tuple(module.block_fields()) == LAYER_FIELDS
+    model = random_model(tiny_config(), weights="fp32", seed=6)
+    stale = dataclasses.replace(model.ops, block_fields=LAYER_FIELDS[:-1])
+    with pytest.raises(RuntimeError, match="reads the fields .* but LayerRecord declares .*'eps'"):
+        model.use_ops(stale)
+
+
 def test_bad_input_is_named():
     module = ext.load("cpu").module
     model = random_model(tiny_config(), weights="fp32", seed=6)
     cache = KVCache(model.config, 1, 16, torch.float32, "cpu")
-    norm, bias = model.norm.weight, torch.empty(0)
-    code = {name: i for i, name in enumerate(module.formats())}
-    lin = model.layers[0]
-
-    def proj(linear, fmt=None, tensors=None):
-        return module.Projection(code[fmt or linear.weight.fmt], list(tensors or linear.weight.tensors))
-
     model.ensure_rope(16)
+    ops = model.ops.blocks.__self__
+    code = {name: i for i, name in enumerate(module.formats())}
+    record = model.layer_records(cache)[0]
+    fields = {f.name: ops.native(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    w = model.layers[0].attn.wqkv.weight
 
-    def block(qkv=None, v_cache=None, q_norm=bias, cos=model.cos):
-        return module.BlockWeights(mlp_norm=norm, next_norm=norm, k_cache=cache.layer_k[0],
-                                   v_cache=cache.layer_v[0] if v_cache is None else v_cache, qkv_bias=bias,
-                                   qkv=qkv or proj(lin.attn.wqkv), o=proj(lin.attn.wo), gate_up=proj(lin.mlp.w_gate_up),
-                                   down=proj(lin.mlp.w_down), q_norm=q_norm, k_norm=q_norm, post_attn_norm=bias,
-                                   post_mlp_norm=bias, cos=cos, sin=model.sin, window=0)
+    def plan(**changed):
+        return module.BlockPlan([{k: v for k, v in (fields | changed).items() if v is not None}])
 
-    cfg = model.config
-    args = (cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, 1e-5, 0.25, "silu")
     with pytest.raises(RuntimeError, match=r"qkv is int8, whose weights are 2 packed tensor\(s\), got 1"):
-        module.BlockPlan([block(qkv=proj(lin.attn.wqkv, fmt="int8"))], *args)
+        plan(qkv=module.Projection(code["int8"], list(w.tensors)))
     with pytest.raises(RuntimeError, match="unknown weight format code 7"):
-        module.BlockPlan([block(qkv=module.Projection(7, list(lin.attn.wqkv.weight.tensors)))], *args)
+        plan(qkv=module.Projection(7, list(w.tensors)))
     with pytest.raises(RuntimeError, match="k_cache and v_cache must be"):
-        module.BlockPlan([block(v_cache=cache.layer_v[0][:, :, :8])], *args)
+        plan(v_cache=cache.layer_v[0][:, :, :8])
     with pytest.raises(RuntimeError, match="at least one block"):
-        module.BlockPlan([], *args)
+        module.BlockPlan([])
     with pytest.raises(RuntimeError, match=r"q_norm must be \[D\] = \[16\] or empty, got \[64\]"):
-        module.BlockPlan([block(q_norm=norm)], *args)
+        plan(q_norm=model.norm.weight, k_norm=model.norm.weight)
     with pytest.raises(RuntimeError, match=r"cos and sin must be \[max_pos, D/2\]"):
-        module.BlockPlan([block(cos=model.cos[:, :4])], *args)
-    with pytest.raises(RuntimeError, match="activation must be 'silu' or 'gelu_tanh', got 'relu'"):
-        module.BlockPlan([block()], *args[:-1], "relu")
-    plan = module.BlockPlan([block()], *args)
-    h = torch.zeros(1, cfg.hidden_size)
+        plan(cos=model.cos[:, :4])
+    with pytest.raises(RuntimeError, match="layer 0: activation must be 'silu' or 'gelu_tanh', got 'relu'"):
+        plan(activation="relu")
+    # the record by name: a missing field, a field the loop does not read, a field of the wrong kind
+    with pytest.raises(RuntimeError, match="layer 0: the record has no field 'eps'"):
+        plan(eps=None)
+    with pytest.raises(RuntimeError, match="layer 0: the block loop reads no field 'mlp_nrom'"):
+        plan(mlp_nrom=torch.zeros(4))
+    with pytest.raises(RuntimeError, match="layer 0: window must be an int, got a tensor"):
+        plan(window=torch.zeros(1))
+    with pytest.raises(RuntimeError, match="layer 0: eps must be a float, got an int"):
+        plan(eps=1)
+    h = torch.zeros(1, model.config.hidden_size)
     with pytest.raises(RuntimeError, match="must lie below kv_limit = 20, at most the cache's 16"):
-        plan.run(h, h, torch.zeros(1, dtype=torch.long), cache.seq_lens, 3, 20, 0, 0)
+        plan().run(h, h, torch.zeros(1, dtype=torch.long), cache.seq_lens, 3, 20, 0, 0)
 
 
 def test_a_plan_lives_with_its_cache():

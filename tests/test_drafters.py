@@ -15,6 +15,7 @@ from engine.speculative.layerskip import truncated
 from engine.speculative.lookup import MATCH_CAP, MAX_CANDIDATES, NgramDrafter
 from engine.sampling import SamplingParams
 from engine.ops import ext
+from engine.checkpoint import random_model
 from engine.tiny import tiny_config, tiny_cuda_config, write_tiny_model
 
 
@@ -181,6 +182,28 @@ def test_layer_skip_shares_weights_and_matches_a_truncated_checkpoint(tiny):
             speculative.LayerSkipDrafter(eng, n_layers=bad)
 
 
+def test_a_view_shares_the_target_and_has_hooks_of_its_own():
+    """Transformer.view(keep): the target's modules, ops and tables, its kept layers renumbered into the view's
+    own cache (the target's untouched), and a hook on the target (a profiler's) that the view does not run."""
+    model = random_model(tiny_config(), weights="fp32", seed=2)
+    model.ensure_rope(16)
+    view = model.view([0, 2])
+    assert view.config.n_layers == 2 and model.config.n_layers == 4
+    assert [b.attn.layer for b in view.layers] == [0, 1] and [b.attn.layer for b in model.layers] == [0, 1, 2, 3]
+    assert view.layers[1].mlp is model.layers[2].mlp and view.layers[1].attn.wqkv is model.layers[2].attn.wqkv
+    assert view.lm_head is model.lm_head and view.norm is model.norm and view.ops is model.ops
+    assert view.rope_tables is model.rope_tables and view.version == model.version and view.path == model.path
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        Engine(view, 16).logits([1, 2, 3])
+        assert calls == []
+        Engine(model, 16).logits([1, 2, 3])
+        assert calls
+    finally:
+        handle.remove()
+
+
 def test_model_drafter_refuses_another_vocabulary_or_tokenizer(tiny):
     model, root = tiny
     eng = Engine(model, 64)
@@ -253,16 +276,15 @@ def test_graphed_speculative_matches_plain_on_cuda(kernel_sized, weights):
     """Graph replays of the draft steps, the catch-ups and the verify passes (their outputs are overwritten by the
     next replay) over the fused kernels give the plain greedy output; fp32, so the decode and chunk paths cannot
     flip a near-tie. q4: verify passes of up to 16 rows run the GEMV, k = 16's 17 rows the dequantize route."""
-    from engine import graphs
-
     model = load_model(kernel_sized, device="cuda", dtype="fp32", weights=weights)
     assert model.ops.name == "fused", model.ops.reason
-    eng = graphs.enable(Engine(model, 256))
+    eng, draft = Engine(model, 256), Engine(model, 256)
+    eng.use_graphs(True), draft.use_graphs(True)
     assert eng.graph is not None, eng.graph_status
     prompt = [72, 101, 108, 108, 111, 32, 72, 101, 108, 108, 111]
     want, _ = eng.generate(prompt, max_new_tokens=48, stop_ids=[])
     for drafter in (speculative.NgramDrafter(), speculative.LayerSkipDrafter(eng, n_layers=2),
-                    speculative.ModelDrafter(graphs.enable(Engine(model, 256)))):
+                    speculative.ModelDrafter(draft)):
         for k, adaptive in ((1, True), (4, True), (16, False)):  # fixed k = 16: 17-row verify passes
             got, _ = speculative.generate(eng, drafter, prompt, k=k, max_new_tokens=48, stop_ids=[],
                                           adaptive=adaptive)

@@ -1,5 +1,5 @@
-"""Every fault in the endpoint issue's list against a local server that misbehaves that way: each ends the run
-with a message that says what happened and what to do, keeps what had arrived, and leaves no connection open."""
+"""Every way a serving engine can misbehave, each against a local server that misbehaves that way: each ends
+the run with a message that says what happened and what to do, keeps what had arrived, and leaves no connection open."""
 from __future__ import annotations
 
 import json

@@ -212,7 +212,7 @@ def cuda_path(backend, folder, fmt: str, dtype: str):
 def twin_path(backend, folder, fmt: str, dtype: str):
     """The same model on the torch twins of the CUDA path (activations exact, as the GPU's kernels keep them)."""
     model = load_model(folder, device=backend.device, dtype=dtype, weights=fmt, fused=False)
-    model.use_ops(ops.torch_ops("the twins of the CUDA kernels", "cuda"))
+    model.use_ops(ops.twin_ops("the twins of the CUDA kernels", "cuda"))
     return model
 
 

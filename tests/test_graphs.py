@@ -21,9 +21,9 @@ def folder(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("m"), cfg)
 
 
-def test_enable_on_cpu_returns_engine_with_reason(folder):
+def test_graphs_on_cpu_stay_off_with_the_reason(folder):
     eng = Engine(load_model(folder), max_seq_len=64)
-    assert graphs.enable(eng) is eng
+    assert eng.use_graphs(True) == eng.graph_status
     assert eng.graph is None and "CUDA device" in eng.graph_status and "cpu" in eng.graph_status
 
 
@@ -111,7 +111,7 @@ def test_graphs_captured_at_the_end_of_the_cache_match_eager(folder):
         want_verify = eng.chunk(ids[None, 58:]).clone()
         eng.prefill(ids[:63].tolist())
         want_step = eng.decode(ids[63:]).clone()
-        graphs.enable(eng)  # at a full cache
+        eng.use_graphs(True)  # at a full cache
         assert eng.graph is not None, eng.graph_status
         eng.prefill(ids[:58].tolist())
         got_verify = eng.chunk(ids[None, 58:])  # captures the 6-token graph with the cache full
@@ -126,7 +126,8 @@ def test_graphs_captured_at_the_end_of_the_cache_match_eager(folder):
 @needs_cuda
 def test_a_graph_is_recaptured_when_its_inputs_are_replaced(folder):
     model = load_model(folder, device="cuda", dtype="fp32")
-    eng = graphs.enable(Engine(model, max_seq_len=64))
+    eng = Engine(model, max_seq_len=64)
+    eng.use_graphs(True)
     want, _ = eng.generate([1, 2, 3], max_new_tokens=40)
     old = eng.graph.graphs[1]
     Engine(model, max_seq_len=2048)  # replaces model.cos / model.sin
@@ -139,7 +140,7 @@ def test_a_graph_is_recaptured_when_its_inputs_are_replaced(folder):
 def test_graphed_greedy_matches_eager(folder, dtype):
     eng = Engine(load_model(folder, device="cuda", dtype=dtype), max_seq_len=1024)
     eager, _ = eng.generate([1, 2, 3, 4], max_new_tokens=100)
-    graphs.enable(eng)
+    eng.use_graphs(True)
     assert eng.graph is not None, eng.graph_status
     graphed, _ = eng.generate([1, 2, 3, 4], max_new_tokens=100)
     assert graphed == eager
@@ -149,10 +150,10 @@ def test_graphed_greedy_matches_eager(folder, dtype):
 def test_graph_captured_short_replays_across_split_boundaries(folder):
     """Captured right after a 3-token prompt, the same graph must serve lengths past 256, 512, 768."""
     eng = Engine(load_model(folder, device="cuda", dtype="fp32"), max_seq_len=1024)
-    graphs.enable(eng)
+    eng.use_graphs(True)
     prompt = [5, 6, 7]
     graphed, _ = eng.generate(prompt, max_new_tokens=900)
-    graphs.disable(eng)
+    eng.use_graphs(False)
     eager, _ = eng.generate(prompt, max_new_tokens=900)
     assert graphed == eager
 
@@ -164,7 +165,7 @@ def test_verify_graph_matches_eager_chunk(folder):
     with torch.inference_mode():
         eng.prefill(ids[:20])
         want = eng.chunk(torch.tensor([ids[20:26]], device="cuda")).clone()
-        graphs.enable(eng)
+        eng.use_graphs(True)
         eng.prefill(ids[:20])
         got = eng.chunk(torch.tensor([ids[20:26]], device="cuda"))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
@@ -179,6 +180,6 @@ def test_capture_failure_falls_back_to_eager_with_reason(folder, monkeypatch):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(torch.cuda, "graph", broken)
-    graphs.enable(eng)
+    eng.use_graphs(True)
     assert eng.graph is None and "capture failed" in eng.graph_status and "not permitted" in eng.graph_status
     assert eng.generate([1, 2], max_new_tokens=4)[0]

@@ -110,7 +110,7 @@ def test_a_context_that_does_not_fit_is_refused(eng):
 def test_default_model_profile_accounts_for_every_profiled_millisecond(default_model_dir):
     """On the embedded model every millisecond of the profiled step lands in one (layer, op class) row: the
     rows add up to the profiled step. How that step compares with an unprofiled one, and what profiling costs
-    in seconds, are timings: bench/profile.py measures them (the issue's 10 % and 5 s goals live there)."""
+    in seconds, are timings: bench/profile.py measures them against its goals (10 %, 5 s)."""
     eng = Engine(load_model(default_model_dir, device="cpu"), max_seq_len=512)
     s = profile.run(eng, profile.Config("torch"), steps=3, k=4).summary[0]
     assert s["rows_ms"] == pytest.approx(s["profiled_ms"], rel=0.02)

@@ -106,7 +106,7 @@ def test_no_cuda_touch_outside_the_gpu_function(zero, monkeypatch):
         return f
 
     monkeypatch.setattr(torch.cuda, "get_device_name", refuse("get_device_name"))
-    monkeypatch.setattr(graphs, "enable", refuse("graph capture at launch"))
+    monkeypatch.setattr(graphs, "capture", inside_only("a graph capture", graphs.capture))
     monkeypatch.setattr(bandwidth, "measure_gbs", inside_only("a bandwidth probe", lambda *a, **k: 12.5))
     rt = startup.build_runtime(tiny=True, device="cpu", bandwidth=True, progress=lambda *a: None)
     try:

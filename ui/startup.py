@@ -40,8 +40,9 @@ KNOWN_MODELS = (
 TINY = "tiny"  # --tiny: random weights, for tests and smoke runs
 # What one run asks ZeroGPU for: budgets, not measurements (no GPU run has measured these paths yet). A fresh
 # worker moves the weights onto the GPU, a format's first run loads it and a graph is captured inside the call:
-# ZERO_GPU_BASE_S. Per token: the torch path's Python and dispatch, ~15 ms a step on the 2-core CPU box
-# (README "Measured"), with headroom for a drafter's own steps. Shorter requests wait less in ZeroGPU's queue.
+# ZERO_GPU_BASE_S. Per token: the twins' Python and dispatch, ~15 ms of a step on 2 CPU cores (README
+# "Measured", bench/results/profile-cpu.json), with headroom for a drafter's own steps. Shorter requests wait
+# less in ZeroGPU's queue.
 ZERO_GPU_BASE_S = 30
 ZERO_GPU_TOKEN_S = 0.08
 ZERO_GPU_MAX_S = 120  # what the Space asked of every run before durations followed the request
@@ -118,7 +119,7 @@ def _tiny_folders(progress) -> tuple[Path, Path, Path]:
 def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
     """On ZeroGPU nothing here may touch CUDA (spaces keeps the weights aside until a GPU call): no kernel
     build, no graph capture; both would happen in the main process, which has no GPU."""
-    from engine import Engine, graphs, load_model
+    from engine import Engine, load_model
 
     zero = zero_gpu()
     t0 = time.perf_counter()
@@ -127,7 +128,7 @@ def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
     eng = Engine(model, max_seq_len=max_seq_len)
     progress(f"loaded {name} in {time.perf_counter() - t0:.1f} s ({eng.kernel_status})")
     if not zero:
-        graphs.enable(eng)  # off with the reason on CPU
+        eng.use_graphs(True)  # off with the reason on CPU
         progress(f"CUDA graphs: {eng.graph_status}")
     return eng
 
@@ -135,7 +136,7 @@ def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
 def _same_model(eng, dtype, progress, loaded: list, fmt: str):
     """The target of `eng` on a new Engine (its own cache) in weight format fmt: the weights of an engine
     already in that format (eng or one of `loaded`) shared, else loaded; the measured bandwidth copied."""
-    from engine import Engine, graphs
+    from engine import Engine
 
     have = next((e.model for e in [eng, *loaded] if e.model.weight_format == fmt), None)
     if have is None:
@@ -143,7 +144,7 @@ def _same_model(eng, dtype, progress, loaded: list, fmt: str):
     else:
         new = Engine(have, max_seq_len=eng.max_seq_len)
         if eng.graph is not None:
-            graphs.enable(new)
+            new.use_graphs(True)
     new.bandwidth_gbs = eng.bandwidth_gbs
     return new
 

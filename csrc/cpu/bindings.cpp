@@ -45,24 +45,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return c::Projection{format, std::move(tensors)};
            }),
            py::arg("format"), py::arg("tensors"));
-  py::class_<c::BlockWeights>(m, "BlockWeights", "one block's weights and KV cache, as the block loop reads them")
-      .def(py::init([](at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor k_cache, at::Tensor v_cache,
-                       at::Tensor qkv_bias, c::Projection qkv, c::Projection o, c::Projection gate_up,
-                       c::Projection down, at::Tensor q_norm, at::Tensor k_norm, at::Tensor post_attn_norm,
-                       at::Tensor post_mlp_norm, at::Tensor cos, at::Tensor sin, int64_t window) {
-             return c::BlockWeights{.mlp_norm = mlp_norm, .next_norm = next_norm, .k_cache = k_cache,
-                                    .v_cache = v_cache, .qkv_bias = qkv_bias, .qkv = qkv, .o = o, .gate_up = gate_up,
-                                    .down = down, .q_norm = q_norm, .k_norm = k_norm,
-                                    .post_attn_norm = post_attn_norm, .post_mlp_norm = post_mlp_norm, .cos = cos,
-                                    .sin = sin, .window = window};
-           }),
-           py::arg("mlp_norm"), py::arg("next_norm"), py::arg("k_cache"), py::arg("v_cache"), py::arg("qkv_bias"),
-           py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("q_norm"), py::arg("k_norm"),
-           py::arg("post_attn_norm"), py::arg("post_mlp_norm"), py::arg("cos"), py::arg("sin"), py::arg("window"));
+  m.def("block_fields", &c::block_fields, "the fields of engine/model.py's LayerRecord the block loop reads");
   py::class_<c::BlockPlan>(m, "BlockPlan", "the transformer blocks of a cached forward, planned for one call")
-      .def(py::init<std::vector<c::BlockWeights>, int64_t, int64_t, int64_t, double, double, const std::string&>(),
-           py::arg("layers"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("intermediate"), py::arg("eps"),
-           py::arg("scale"), py::arg("activation"))
+      .def(py::init<const std::vector<c::LayerRecord>&>(), py::arg("layers"))
       .def("run", &c::BlockPlan::run, "every block in one call; h updated in place, the final norm returned",
            nogil(), py::arg("x"), py::arg("h"), py::arg("positions"), py::arg("seq_lens"), py::arg("start"),
            py::arg("kv_limit"), py::arg("window"), py::arg("sinks"));

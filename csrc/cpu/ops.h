@@ -8,7 +8,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace decodescope::cpu {
@@ -50,27 +53,21 @@ struct Projection {
   std::vector<at::Tensor> tensors;
 };
 
-// One block's weights and KV cache, as the block loop reads them (engine/ops/cpu.py fills it by name).
-struct BlockWeights {
-  at::Tensor mlp_norm;   // [C]
-  at::Tensor next_norm;  // [C]: the next block's attn_norm, the final norm after the last block
-  at::Tensor k_cache, v_cache;  // [B, Hkv, S, D], the same shape in every block
-  at::Tensor qkv_bias;   // [Q + 2 KV], or an empty tensor
-  Projection qkv, o, gate_up, down;
-  // what some families add (engine/families/), each an empty tensor where the family has none
-  at::Tensor q_norm, k_norm;  // [D]: an RMSNorm of each q / k head before rope (Qwen3, Gemma 3)
-  at::Tensor post_attn_norm, post_mlp_norm;  // [C]: on the attention / MLP output before its add (Gemma)
-  at::Tensor cos, sin;  // [max_pos, D/2]: this layer's rope table (Gemma 3's local layers have their own)
-  int64_t window = 0;   // this layer's own sliding window; 0: the run's window and sinks
-};
+// One field of a layer record: a tensor (an empty one for a part the family lacks), a projection, an int, a
+// float or a name.
+using Field = std::variant<at::Tensor, Projection, int64_t, double, std::string>;
+// engine/model.py's LayerRecord, field by field by name: the one hand-off from the model to the block loop.
+using LayerRecord = std::map<std::string, Field>;
 
-// The blocks of a cached forward in one call (ops_blocks.cpp), planned once per model and KV cache: the
-// same kernels in the same order as engine/model.py's Block.forward.
+// The layer record's field names as the block loop reads them, in engine/model.py's order; the model checks
+// them against its record when it takes the CPU ops.
+std::vector<std::string> block_fields();
+
+// The blocks of a cached forward in one call (ops_blocks.cpp), planned once per model and KV cache from one
+// LayerRecord per block: the same kernels in the same order as engine/model.py's Block.forward.
 class BlockPlan {
  public:
-  // activation: the MLP's gate, "silu" or "gelu_tanh"
-  BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t n_kv_heads, int64_t intermediate, double eps,
-            double scale, const std::string& activation);
+  explicit BlockPlan(const std::vector<LayerRecord>& layers);
   // x = attn_norm_0(h) [N = B*T, C] in; the last block's output (the final norm of h) out; h, the residual
   // stream, updated in place. The new K/V go to positions start..start+T-1 of every row (positions: [N]);
   // attention reads keys below kv_limit, windowed as attention() says (a layer with its own window: that
@@ -78,11 +75,11 @@ class BlockPlan {
   at::Tensor run(const at::Tensor& x, at::Tensor& h, const at::Tensor& positions, const at::Tensor& seq_lens,
                  int64_t start, int64_t kv_limit, int64_t window, int64_t sinks) const;
 
+  struct Layer;  // a LayerRecord read into typed fields, declared beside the loop that reads it
+
  private:
-  std::vector<BlockWeights> layers_;
-  int64_t n_heads_, n_kv_heads_, intermediate_, batch_ = 0, max_len_ = 0, head_dim_ = 0;
-  double eps_, scale_;
-  bool geglu_;
+  std::shared_ptr<const std::vector<Layer>> layers_;
+  int64_t batch_ = 0, max_len_ = 0, head_dim_ = 0;
 };
 
 std::string isa();          // the kernel table in use, e.g. "avx512 (vnni)"

@@ -1,18 +1,47 @@
 // The transformer blocks of a cached forward (a decode step or a verify pass) in one call: the same kernels,
 // in the same order, as engine/model.py's Block.forward with the CPU OpSet, without ~30 Python round trips
-// per block (module calls, views, the OpSet's wrappers), which on the 2-core box cost about as much as the
-// q4 GEMMs themselves. engine/ops/cpu.py fills the BlockWeights; engine/model.py says when this path runs.
+// per block (module calls, views, the OpSet's wrappers) between the kernels. engine/model.py's LayerRecord is
+// the hand-off: one record per block, passed by field name; a new block feature is a field there, a line in
+// LAYER_FIELDS below and its use in run().
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <cstring>
-#include <utility>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
 #include "formats.h"
 #include "ops.h"
+
+// The layer record's fields, one line each in engine/model.py LayerRecord's order: (type, name). They become
+// BlockPlan::Layer's members, block_fields()' names and the reads of each record by name.
+#define LAYER_FIELDS(X)                                                                                         \
+  X(Projection, qkv)          /* q, k and v in one GEMM */                                                      \
+  X(at::Tensor, qkv_bias)     /* [Q + 2 KV], or empty */                                                        \
+  X(at::Tensor, q_norm)       /* [D]: an RMSNorm of each q head before rope (Qwen3, Gemma 3), or empty */       \
+  X(at::Tensor, k_norm)       /* [D]: the same on k, present exactly when q_norm is */                          \
+  X(at::Tensor, cos)          /* [max_pos, D/2]: this layer's rope table (Gemma 3's local layers own one) */    \
+  X(at::Tensor, sin)                                                                                            \
+  X(at::Tensor, k_cache)      /* [B, Hkv, S, D], the same shape in every block */                               \
+  X(at::Tensor, v_cache)                                                                                        \
+  X(int64_t, window)          /* this layer's own sliding window; 0: the run's window and sinks */              \
+  X(int64_t, n_heads)                                                                                           \
+  X(int64_t, n_kv_heads)                                                                                        \
+  X(double, scale)            /* the attention's score scale */                                                 \
+  X(Projection, o)                                                                                              \
+  X(at::Tensor, post_attn_norm) /* [C]: on the attention's output before its add (Gemma), or empty */           \
+  X(at::Tensor, mlp_norm)     /* [C] */                                                                         \
+  X(Projection, gate_up)      /* [gate | up] in one GEMM */                                                     \
+  X(std::string, activation)  /* the gate: "silu" or "gelu_tanh" */                                             \
+  X(int64_t, intermediate)                                                                                      \
+  X(Projection, down)                                                                                           \
+  X(at::Tensor, post_mlp_norm) /* [C]: on the MLP's output before its add (Gemma), or empty */                  \
+  X(at::Tensor, next_norm)    /* [C]: the next block's attn_norm, the final norm after the last block */        \
+  X(double, eps)              /* every norm's epsilon */
 
 namespace decodescope::cpu {
 namespace {
@@ -37,18 +66,69 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, con
 
 }  // namespace
 
-BlockPlan::BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t n_kv_heads, int64_t intermediate,
-                     double eps, double scale, const std::string& activation)
-    : layers_(std::move(layers)), n_heads_(n_heads), n_kv_heads_(n_kv_heads), intermediate_(intermediate), eps_(eps),
-      scale_(scale), geglu_(activation == "gelu_tanh") {
-  TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "activation must be 'silu' or 'gelu_tanh', got '",
-              activation, "'");
-  TORCH_CHECK(!layers_.empty(), "layers must list at least one block");
-  TORCH_CHECK(intermediate > 0, "intermediate = ", intermediate, " must be positive");
-  TORCH_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_heads = ", n_heads,
-              " must be a multiple of n_kv_heads = ", n_kv_heads);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const BlockWeights& L = layers_[i];
+struct BlockPlan::Layer {
+#define DECLARE(type, name) type name{};
+  LAYER_FIELDS(DECLARE)
+#undef DECLARE
+  bool geglu = false;  // activation == "gelu_tanh", decided once
+};
+
+std::vector<std::string> block_fields() {
+#define NAME(type, name) #name,
+  return {LAYER_FIELDS(NAME)};
+#undef NAME
+}
+
+namespace {
+
+const char* kind(const Field& f) {
+  static constexpr const char* kKinds[] = {"a tensor", "a projection", "an int", "a float", "a name"};
+  return kKinds[f.index()];
+}
+
+template <class T>
+const char* kind_of() {
+  return kind(Field{T{}});
+}
+
+// field `name` of layer i's record, which must hold a T
+template <class T>
+void read(T& out, const LayerRecord& record, const char* name, size_t i) {
+  const auto it = record.find(name);
+  TORCH_CHECK(it != record.end(), "layer ", i, ": the record has no field '", name,
+              "' (engine/model.py LayerRecord and csrc/cpu/ops_blocks.cpp LAYER_FIELDS must list the same fields)");
+  const T* value = std::get_if<T>(&it->second);
+  TORCH_CHECK(value != nullptr, "layer ", i, ": ", name, " must be ", kind_of<T>(), ", got ", kind(it->second));
+  out = *value;
+}
+
+BlockPlan::Layer read_layer(const LayerRecord& record, size_t i) {
+  BlockPlan::Layer L;
+#define READ(type, name) read(L.name, record, #name, i);
+  LAYER_FIELDS(READ)
+#undef READ
+  const std::vector<std::string> names = block_fields();
+  for (const auto& [name, value] : record)
+    TORCH_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "layer ", i,
+                ": the block loop reads no field '", name, "' (csrc/cpu/ops_blocks.cpp LAYER_FIELDS lists them)");
+  TORCH_CHECK(L.activation == "silu" || L.activation == "gelu_tanh", "layer ", i,
+              ": activation must be 'silu' or 'gelu_tanh', got '", L.activation, "'");
+  L.geglu = L.activation == "gelu_tanh";
+  return L;
+}
+
+}  // namespace
+
+BlockPlan::BlockPlan(const std::vector<LayerRecord>& records) {
+  TORCH_CHECK(!records.empty(), "layers must list at least one block");
+  auto layers = std::make_shared<std::vector<Layer>>();
+  for (size_t i = 0; i < records.size(); ++i) layers->push_back(read_layer(records[i], i));
+  const at::Tensor& first = (*layers)[0].k_cache;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const Layer& L = (*layers)[i];
+    TORCH_CHECK(L.intermediate > 0, "layer ", i, ": intermediate = ", L.intermediate, " must be positive");
+    TORCH_CHECK(L.n_heads > 0 && L.n_kv_heads > 0 && L.n_heads % L.n_kv_heads == 0, "layer ", i, ": n_heads = ",
+                L.n_heads, " must be a multiple of n_kv_heads = ", L.n_kv_heads);
     for (const auto& [name, p] : {std::pair{"qkv", &L.qkv}, {"o", &L.o}, {"gate_up", &L.gate_up}, {"down", &L.down}}) {
       const FormatRecord& f = format_record(p->format);
       TORCH_CHECK(static_cast<int>(p->tensors.size()) == f.n_tensors, "layer ", i, ": ", name, " is ", f.name,
@@ -57,18 +137,17 @@ BlockPlan::BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t 
     check_cpu(L.k_cache, "k_cache");
     check_dtype(L.k_cache, "k_cache", at::kFloat);
     check_dtype(L.v_cache, "v_cache", at::kFloat);
-    const at::Tensor& first = layers_[0].k_cache;
-    TORCH_CHECK(L.k_cache.dim() == 4 && L.k_cache.size(1) == n_kv_heads && L.k_cache.stride(3) == 1 &&
+    TORCH_CHECK(L.k_cache.dim() == 4 && L.k_cache.size(1) == L.n_kv_heads && L.k_cache.stride(3) == 1 &&
                     L.v_cache.sizes() == L.k_cache.sizes() && L.v_cache.strides() == L.k_cache.strides() &&
                     L.k_cache.sizes() == first.sizes(),
-                "layer ", i, ": k_cache and v_cache must be [B, Hkv = ", n_kv_heads, ", S, D] alike in every layer, got ",
-                L.k_cache.sizes(), " and ", L.v_cache.sizes());
+                "layer ", i, ": k_cache and v_cache must be [B, Hkv = ", L.n_kv_heads,
+                ", S, D] alike in every layer, got ", L.k_cache.sizes(), " and ", L.v_cache.sizes());
   }
-  batch_ = layers_[0].k_cache.size(0);
-  max_len_ = layers_[0].k_cache.size(2);
-  head_dim_ = layers_[0].k_cache.size(3);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const BlockWeights& L = layers_[i];
+  batch_ = first.size(0);
+  max_len_ = first.size(2);
+  head_dim_ = first.size(3);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const Layer& L = (*layers)[i];
     for (const auto& [name, t] : {std::pair{"q_norm", &L.q_norm}, {"k_norm", &L.k_norm}})
       TORCH_CHECK(t->numel() == 0 || (t->dim() == 1 && t->size(0) == head_dim_), "layer ", i, ": ", name,
                   " must be [D] = [", head_dim_, "] or empty, got ", t->sizes());
@@ -78,6 +157,7 @@ BlockPlan::BlockPlan(std::vector<BlockWeights> layers, int64_t n_heads, int64_t 
                 L.sin.sizes());
     TORCH_CHECK(L.window >= 0, "layer ", i, ": window = ", L.window, " must be >= 0");
   }
+  layers_ = std::move(layers);
 }
 
 at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tensor& positions,
@@ -92,14 +172,14 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
   const int64_t T = N / batch;
   TORCH_CHECK(start >= 0 && kv_limit >= start + T && kv_limit <= max_len_, "the new positions ", start, "..",
               start + T - 1, " must lie below kv_limit = ", kv_limit, ", at most the cache's ", max_len_);
-  const int64_t n_heads = n_heads_, n_kv_heads = n_kv_heads_, intermediate = intermediate_;
-  const int64_t Q = n_heads * D, KV = n_kv_heads * D;
-  const double eps = eps_, scale = scale_;
   const auto f32 = h.options();
   at::Tensor x = x_in.clone(at::MemoryFormat::Contiguous), next = at::empty_like(h), y, y_flat, qkv, o, gate_up, act;
-  for (size_t i = 0; i < layers_.size(); ++i) {
+  for (size_t i = 0; i < layers_->size(); ++i) {
     RECORD_FUNCTION("decodescope/layer." + std::to_string(i), std::vector<c10::IValue>());
-    const BlockWeights& L = layers_[i];
+    const Layer& L = (*layers_)[i];
+    const int64_t n_heads = L.n_heads, n_kv_heads = L.n_kv_heads, intermediate = L.intermediate;
+    const int64_t Q = n_heads * D, KV = n_kv_heads * D;
+    const double eps = L.eps;
     const at::Tensor &mlp_norm = L.mlp_norm, &next_norm = L.next_norm, &bias = L.qkv_bias;
     at::Tensor k_cache = L.k_cache, v_cache = L.v_cache;
     auto project = [&](const Projection& p, at::Tensor& out, const at::Tensor& in, int64_t n_out) {
@@ -124,7 +204,7 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
     }
     rope(q_flat, k_flat, L.cos, L.sin, positions);
     write_kv(k_cache, v_cache, k, v, start);
-    if (!y.defined()) {
+    if (!y.defined() || y.size(2) != n_heads) {
       y = at::empty({batch, T, n_heads, D}, f32);
       y_flat = y.view({N, Q});
     }
@@ -134,15 +214,15 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
       kc = k_cache.as_strided(live, k_cache.strides(), k_cache.storage_offset());
       vc = v_cache.as_strided(live, v_cache.strides(), v_cache.storage_offset());
     }
-    attention(y, q, kc, vc, seq_lens, scale, L.window > 0 ? L.window : window, L.window > 0 ? 0 : sinks);
+    attention(y, q, kc, vc, seq_lens, L.scale, L.window > 0 ? L.window : window, L.window > 0 ? 0 : sinks);
     project(L.o, o, y_flat, C);
     if (L.post_attn_norm.numel() > 0) rmsnorm(o, o, L.post_attn_norm, eps);
     add_rmsnorm(o, h, mlp_norm, eps);  // h += o; o = mlp_norm(h)
 
     // MLP: [gate | up] in one GEMM, act(gate) * up, down; the next block's norm folded into the add
     project(L.gate_up, gate_up, o, 2 * intermediate);
-    if (!act.defined()) act = at::empty({N, intermediate}, f32);
-    if (geglu_) gelu_tanh_mul(act, gate_up);
+    if (!act.defined() || act.size(1) != intermediate) act = at::empty({N, intermediate}, f32);
+    if (L.geglu) gelu_tanh_mul(act, gate_up);
     else silu_mul(act, gate_up);
     project(L.down, next, act, C);
     if (L.post_mlp_norm.numel() > 0) rmsnorm(next, next, L.post_mlp_norm, eps);

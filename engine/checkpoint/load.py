@@ -15,7 +15,8 @@ from engine import weights as wts
 from engine.checkpoint.formats import FormatPlan, check_format_name, head_format, pick_format
 from engine.checkpoint.hf import KeptBlocks, ModelLoadError, check_folder, our_targets
 from engine.config import ModelConfig
-from engine.model import Linear, Transformer
+from engine.layers import Linear
+from engine.model import Transformer
 from engine.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,

@@ -26,7 +26,7 @@ from torch._C._profiler import _RecordFunctionFast as Scope
 from torch.profiler import ProfilerActivity
 
 from engine.observe.breakdown import LAYER, MODEL, OP, SAMPLE, quiet, reduce_trace, row_order
-from engine.model import Linear, RMSNorm
+from engine.layers import Linear, RMSNorm
 from engine.sampling import SamplingParams
 
 STEP, VERIFY = "decodescope/step", "decodescope/verify"
@@ -252,7 +252,7 @@ def merge(traces: list[dict]) -> dict:
 
 
 def warm() -> None:
-    """The first profiler session in a process sets up its tracer (about a second on our 2-core box): pay
+    """The first profiler session in a process sets up its tracer (about a second on 2 cores): pay
     it at launch, not in the first Profile a user asks for."""
     with torch.profiler.profile(activities=[ProfilerActivity.CPU]):
         pass

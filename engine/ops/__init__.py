@@ -1,7 +1,8 @@
 """The math ops the model runs, and the one place the kernel-or-twin choice is made.
 
-`select(device, fused=True)` returns an OpSet; the model holds it from construction on (and packs its
-weights into the OpSet's layout), so every call and every captured CUDA graph runs one fixed path.
+`select(device, fused=True)` returns an OpSet, the fused kernels or their twins (ref.py); the model holds it from
+construction on (and packs its weights into the OpSet's layout), so every call and every captured CUDA graph runs
+one fixed path.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from engine.ops import ref
 
 @dataclass(frozen=True)
 class OpSet:
-    name: str  # "fused" or "torch"
+    name: str  # "fused", or "torch" for the twins (the name exports and the Profile tab show)
     reason: str  # why this path: "fused CUDA kernels" or why they are not in use
     rmsnorm: Callable
     add_rmsnorm: Callable
@@ -28,6 +29,7 @@ class OpSet:
     # every block of a cached forward in one native call, (model, x, h, ForwardContext) -> x; None: the
     # blocks run one by one in Python (engine/model.py)
     blocks: Callable | None = None
+    block_fields: tuple[str, ...] = ()  # the layer record's fields `blocks` reads (engine/model.py LayerRecord)
     # the ops only some families run (Gemma's GeGLU, Qwen3's and Gemma 3's q/k norms): the twins unless a
     # module has the kernel
     gelu_tanh_mul: Callable = ref.gelu_tanh_mul
@@ -47,7 +49,7 @@ def twin_matmul(fmt: weights.WeightFormat, device: torch.device) -> Callable:
     return TWIN_MATMULS[fmt.cpu_activations if device.type == "cpu" else "exact"]
 
 
-def torch_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
+def twin_ops(reason: str, device: torch.device | str = "cpu") -> OpSet:
     """The twins: every format's weights dequantized, the activations as each format's kernel treats them."""
     device = torch.device(device)
     linear = {name: twin_matmul(f, device) for name, f in weights.REGISTRY.items()}
@@ -64,21 +66,21 @@ def select(device: torch.device | str, fused: bool = True, head_dim: int | None 
     """Fused kernels where they can run, else the torch twins with the reason recorded."""
     device = torch.device(device)
     if not fused:
-        return torch_ops("fused kernels switched off", device)
+        return twin_ops("fused kernels switched off", device)
     if device.type == "cpu":
         if dtype != torch.float32:
-            return torch_ops(f"the CPU kernels compute in float32; this model's activations are {dtype}", device)
+            return twin_ops(f"the CPU kernels compute in float32; this model's activations are {dtype}", device)
         return cpu_ops()
     if device.type != "cuda":
-        return torch_ops(f"no fused kernels for {device.type} devices", device)
+        return twin_ops(f"no fused kernels for {device.type} devices", device)
     if head_dim is not None and head_dim not in FUSED_HEAD_DIMS:
-        return torch_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; "
+        return twin_ops(f"the fused decode attention is built for head_dim {FUSED_HEAD_DIMS}; "
                          f"this model has {head_dim}", device)
     from engine.ops import ext
 
     status = ext.load("cuda")
     if status.module is None:
-        return torch_ops(status.reason, device)
+        return twin_ops(status.reason, device)
     return cuda_ops(status.module, status.reason)
 
 
@@ -103,7 +105,7 @@ def cpu_ops() -> OpSet:
 
     status = ext.load("cpu")
     if status.module is None:
-        return torch_ops(status.reason, "cpu")
+        return twin_ops(status.reason, "cpu")
     from engine.ops import cpu
 
     return OpSet(name="fused", reason=status.reason, **cpu.ops(status.module))

@@ -6,6 +6,7 @@ is what engine.ops.select builds the CPU OpSet from.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from types import ModuleType
 
@@ -60,34 +61,21 @@ class CpuOps(RowwiseOps):
                                              int(s.window), int(s.sinks))
 
     def plan(self, model, cache):
-        """The native BlockPlan of (model, cache): its weights and KV layers gathered once."""
+        """The native BlockPlan of (model, cache): every block's LayerRecord, passed by field name, read once."""
         saved = self.plans.get(cache)
         if saved is not None and saved[0]() is model and saved[1] == model.version:
             return saved[2]
-        m, cfg, blocks = self.module, model.config, model.layers
-
-        def projection(linear) -> object:
-            return m.Projection(self.codes[linear.weight.fmt], list(linear.weight.tensors))
-
-        def weight(module) -> torch.Tensor:  # a family's optional norm: its weight, or none
-            return self.none if module is None else module.weight
-
-        layers = []
-        for i, b in enumerate(blocks):
-            next_norm = blocks[i + 1].attn_norm if i + 1 < len(blocks) else model.norm
-            bias, a = b.attn.wqkv.bias, b.attn
-            cos, sin = model.rope_tables[a.rope]
-            layers.append(m.BlockWeights(
-                mlp_norm=b.mlp_norm.weight, next_norm=next_norm.weight, k_cache=cache.layer_k[a.layer],
-                v_cache=cache.layer_v[a.layer], qkv_bias=self.none if bias is None else bias,
-                qkv=projection(a.wqkv), o=projection(a.wo), gate_up=projection(b.mlp.w_gate_up),
-                down=projection(b.mlp.w_down), q_norm=weight(a.q_norm), k_norm=weight(a.k_norm),
-                post_attn_norm=weight(b.post_attn_norm), post_mlp_norm=weight(b.post_mlp_norm), cos=cos, sin=sin,
-                window=a.window))
-        plan = m.BlockPlan(layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, intermediate=cfg.intermediate_size,
-                           eps=float(cfg.rms_eps), scale=float(blocks[0].attn.scale), activation=cfg.activation)
+        plan = self.module.BlockPlan([{f.name: self.native(getattr(r, f.name)) for f in dataclasses.fields(r)}
+                                      for r in model.layer_records(cache)])
         self.plans[cache] = (weakref.ref(model), model.version, plan)
         return plan
+
+    def native(self, value):
+        """A record's field as the module takes it: a packed weight as a Projection, an absent part as an
+        empty tensor."""
+        if isinstance(value, Packed):
+            return self.module.Projection(self.codes[value.fmt], list(value.tensors))
+        return self.none if value is None else value
 
     none = torch.empty(0)
 
@@ -98,4 +86,4 @@ def ops(module: ModuleType) -> dict:
     return dict(rmsnorm=c.rmsnorm, add_rmsnorm=c.add_rmsnorm, rope_=c.rope_, silu_mul=c.silu_mul,
                 gelu_tanh_mul=c.gelu_tanh_mul, rmsnorm_heads_=c.rmsnorm_heads_,
                 attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in c.codes},
-                blocks=c.blocks)
+                blocks=c.blocks, block_fields=tuple(module.block_fields()))

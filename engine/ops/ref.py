@@ -1,6 +1,7 @@
-"""Plain torch twins of the fused kernels: the CPU path and the test oracle.
+"""The twins: plain torch functions with the fused kernels' signatures, the test oracle and the path that runs
+where a kernel does not.
 
-Each twin has the signature of its kernel wrapper in fused.py and the same recipe: upcast to fp32, the
+Each twin has the signature of its kernel wrapper (cpu.py, cuda.py) and the same recipe: upcast to fp32, the
 formula, cast back. Shapes: N tokens (B*T flattened), H query heads, Hkv kv heads, D head_dim,
 S the cache's max length, I the MLP's intermediate size.
 """
@@ -125,7 +126,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y.to(x.dtype)
 
 
-# ---- the matmuls of the torch path: (x, a Packed weight in engine/weights.py's "torch" layout) -------------
+# ---- the twins' matmuls: (x, a Packed weight in engine/weights.py's "torch" layout) -------------
 
 
 def matmul_t(x: torch.Tensor, w) -> torch.Tensor:

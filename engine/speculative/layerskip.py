@@ -19,7 +19,6 @@ The schedule then measures what the chosen set really costs and accepts, and dra
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 
@@ -37,34 +36,9 @@ SKIP_FRACTIONS = (1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)  # of the layers, 
 ENGINES_KEPT = 2  # views with their own KV cache kept for reuse (a prompt often calibrates to the last set)
 
 
-def skip_view(model: nn.Module, keep: Sequence[int]) -> nn.Module:
-    """A Transformer over the target's layers `keep` (in order), its final norm and head; every module shared.
-
-    Each kept block is a shallow copy of the target's whose attention writes cache layer j (its position in
-    the view) instead of its own index, so the view's KV cache holds len(keep) layers."""
-    from engine.model import Transformer
-
-    with torch.device("meta"):
-        view = Transformer(model.config.keep_layers(keep))  # each kept layer keeps its own window and rope
-    blocks = []
-    for j, i in enumerate(keep):
-        block = copy.copy(model.layers[i])
-        block._modules = dict(block._modules)  # a copy's child table is its own; the children are shared
-        block.attn = copy.copy(block.attn)
-        block.attn.layer = j
-        blocks.append(block)
-    view.layers = nn.ModuleList(blocks)
-    view.embed, view.norm, view.lm_head = model.embed, model.norm, model.lm_head
-    view.ops, view.cos, view.sin, view.version = model.ops, model.cos, model.sin, model.version
-    view.rope_tables = model.rope_tables
-    view.path, view.eos_ids = model.path, model.eos_ids
-    assert all(p.device == model.device for p in view.parameters())
-    return view
-
-
 def truncated(model: nn.Module, n_layers: int) -> nn.Module:
-    """The first n_layers of model, its final norm and head (skip_view of a prefix)."""
-    return skip_view(model, range(n_layers))
+    """The first n_layers of model, its final norm and head (a view of a prefix)."""
+    return model.view(range(n_layers))
 
 
 @dataclasses.dataclass
@@ -127,7 +101,7 @@ def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int
     head, best, candidates = step_share(model), None, {}
     for n_skip in counts:  # fewest skipped first; acceptance falls faster than cost, so stop once it stops paying
         keep = sorted(order[n_skip:])
-        p_draft = probs(_forward(skip_view(model, keep), ids)[-window:], sampling)
+        p_draft = probs(_forward(model.view(keep), ids)[-window:], sampling)
         acc = torch.minimum(p_target, p_draft).sum(-1).mean().item()
         candidates[n_skip] = acc
         cost = head + (1 - head) * len(keep) / L
@@ -172,7 +146,7 @@ class LayerSkipDrafter(ModelDrafter):
         if key not in self.engines:
             while len(self.engines) >= ENGINES_KEPT:
                 self.engines.pop(next(iter(self.engines)))
-            self.engines[key] = Engine(skip_view(self.target.model, keep), self.target.max_seq_len)
+            self.engines[key] = Engine(self.target.model.view(keep), self.target.max_seq_len)
         return self.engines[key]
 
     def begin(self, target, prompt_ids, sampling, extra) -> None:

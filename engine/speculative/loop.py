@@ -1,43 +1,8 @@
-"""Speculative decoding: a drafter proposes k tokens, the target verifies k+1 positions in one chunk pass, and
-the text that comes out is the text plain decoding would have produced with the same seed.
-
-Every random draw is keyed by output position (sampling.Noise): the token at output position i is
-y_i = argmax p_i / E_i, with p_i the target's sampling distribution there (sampling.probs: temperature, top-k,
-top-p) and E_i a row of Exp(1) noise that depends on (seed, i) alone. Plain decoding draws exactly that. A
-verify pass computes p_i for the k+1 positions after the committed sequence, with the drafts in place of the
-tokens before each, and the acceptance step (accept) keeps the drafts while each equals the target's own y_i
-there, then emits the target's y at the first draft that differs (`resampled`) or after the last (`bonus`).
-
-Why the output is exactly the target's, and the same whatever k the schedule picks. By induction over
-positions: if the committed tokens are plain decoding's, the verify row at position i conditions on them and on
-drafts x_<i that were all kept, so equal to y_<i: it is plain decoding's p_i, and y_i is plain decoding's token.
-A kept draft is y_i itself and the emitted token after the run is y_i; either way position i holds plain
-decoding's token. The drafts only decide how many positions one pass settles, never which tokens, so any k,
-fixed, adaptive or random, gives the same text, and the text is distributed as plain sampling from the target
-because it is plain sampling from the target. Greedy decoding is the case E = 1 (the argmax).
-
-What the drafter's draws are. A one-hot drafter (n-gram) proposes x with nothing random in it: x is kept with
-probability P(y_i = x) = p_i(x), and a rejected position emits y_i, distributed as p_i conditioned on != x:
-Leviathan et al.'s (2023) rejection rule for a one-hot draft, drawn with the position's own noise. A drafter
-with a distribution q_i (a model, layer-skip) draws x_i = argmax q_i / E_i with the same keyed noise E_i as the
-target's y_i. That choice is free (the output is y whatever x is) and it is what makes drafting pay: the two
-exponential races share their noise, so x_i = y_i whenever q_i is close to p_i; the probability is at least
-(1 - TV) / (1 + TV) for TV the total variation between q_i and p_i (the Gumbel coupling bound), against 1 - TV for
-the rejection rule with fresh draws, the price of output that does not depend on k. A draft model that samples
-from a broken q loses acceptance, never exactness.
-
-The equality with plain decoding is token for token where a position's logits are the same in a verify pass and
-a decode step (the kernels' batch invariance); elsewhere a sample changes only where two candidates' p / E are
-within the logits' rounding of each other, as a greedy argmax does at a near-tie.
-
-k is the most a round drafts. The schedule (engine/speculative/schedule.py) picks each round's k from the run's
-measured costs and acceptance, 0 being a plain decode step, and never more than the tokens left less one (the
-token after the drafts comes free). The target's cache therefore never holds more than plain decoding's
-prompt + max_new_tokens - 1 positions, and a speculative run needs no slots beyond a plain one's.
-
-A round costs one host sync: the accepted count, the emitted ids and their probabilities come back in one
-read. The target cache then rolls back to the accepted prefix (a fill of seq_lens) and the drafter rolls back
-or notes the tokens in commit().
+"""Speculative decoding: a drafter proposes up to k tokens, the target verifies k+1 positions in one chunk pass,
+and the text that comes out is the text plain decoding would have produced with the same seed, whatever k each
+round drafted: every random draw is keyed by output position (sampling.Noise) and a draft is kept where it equals
+the target's own draw there. A round costs one host sync; the target's cache then rolls back to the accepted
+prefix. The proof, and what a drafter's own draws are for: docs/SPECULATIVE.md.
 """
 from __future__ import annotations
 

@@ -1,39 +1,8 @@
 """The adaptive draft length: each speculative round drafts the k (0 = a plain decode step) with the most
-expected tokens per second, judged from what the run has measured so far.
-
-The model is Leviathan et al.'s (2023, section 3.4) with measured costs in place of a fixed cost ratio:
-
-  a_i    acceptance of the draft at position i given that the drafts before it were accepted; a Beta posterior
-         over decayed counts, per drafter context (for a lookup, the kind of match: a long match is better
-         evidence than a short one)
-  E(k)   = sum_{j=0..k} prod_{i<j} a_i   tokens a round of k drafts emits (the last one resampled or a bonus)
-  C(k)   = o + k * d + V(k + 1)   its wall time: the drafter's fixed share o (catch-up, lookup), k draft tokens
-                                  of d ms, then a verify pass over k + 1 positions (sampling and host time
-                                  included); C(0) = V(1) is a plain step, its lookup included
-  k      = argmax E(k) / C(k) over 0..min(k_max, tokens left - 1), where k > 0 must beat a plain step by MIN_GAIN
-
-Every figure comes from this run's rounds: V(T) is the median of the rounds that verified T positions (plain
-rounds for T = 1), interpolated between the sizes seen and extrapolated past them; d is the proposal's time per
-drafted token, the drafting alone (Round.propose_ms: not the catch-up of tokens the drafter had not seen, nor
-the commit of the previous round, which are o). Before a size is seen, V(T) = V(1) (1 + PRIOR_VERIFY_SLOPE
-(T - 1)): the first rounds decide on priors in units of a step, so a lookup in a copy task drafts from round 1.
-Whatever the verify pass costs on this machine and weight format, the schedule drafts as far as that pays.
-
-Decided with the posterior means, a round drafts only where drafting is expected to beat a plain step. Where the
-means say "plain" but an optimistic bound (mean + one standard deviation) says drafting could clear the same bar
-against a measured plain step, the round probes with one draft (a probe held to a lower bar goes on probing a
-drafter that is never right wherever a verify pass costs little more than a step: ~25 probes before the bound
-drops under a 7% cost, ~14 under MIN_GAIN's bar): the cheapest round that measures position 0's acceptance
-and the costs (a model drafter's first drafting round is such a probe: its draft cost is unknown until then).
-Counts decay every round, so a context that turned bad is probed again after a while and one that turned good
-is trusted less as it ages. A drafter whose drafts cost too much to pay is probed again once its cost is stale
-(REPROBE rounds without a draft, then twice as many, and so on), because the machine's load moves a draft's
-cost against a step's; its stale measurements are dropped for the probe's. The choice depends only on earlier
-rounds, never on the round's own draws, and the output does not depend on k at all (loop.py).
-
-A drafter tells the schedule three things (drafters.py): context() before each round (None: nothing to
-propose), prior(context) (the acceptance it expects before any evidence) and draft_cost (ms a draft costs
-relative to a plain step where known in advance: 0 for a lookup; a recent measurement, or None, for a model).
+expected tokens per second, E(k) / C(k), judged from this run's measured verify costs, draft costs and
+per-context acceptance (decayed Beta posteriors), probing with one draft where an optimistic bound says drafting
+could pay. A drafter tells the schedule its context(), prior(context) and draft_cost (drafters.py). The model,
+its priors and when it probes: docs/SPECULATIVE.md.
 """
 from __future__ import annotations
 

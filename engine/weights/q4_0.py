@@ -4,7 +4,7 @@ largest magnitude (so it lands on the grid's longer side), q = round(w / d) clam
 
 Canonical Blocks hold q as int8 [out, in_pad] and d [out, nb]: the very shape of Q8_0's, so a file's Q4_0 / Q5_0
 tensors load as int8 (or q8) blocks exactly (`exact_in`) and run on that format's CPU kernel. Their own CPU
-layout is for later; on the torch path their twin dequantizes them.
+layout is for later; their twin dequantizes them.
 """
 from __future__ import annotations
 

@@ -1,0 +1,63 @@
+"""The pieces every block is built from: Linear over a packed weight, RMSNorm, and the ForwardContext every
+module of a forward reads. Shape letters: engine/model.py's docstring.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine import ops as ops_mod
+from engine import weights
+from engine.config import Rope
+from engine.kv_cache import KVCache
+
+
+@dataclass
+class ForwardContext:
+    """What every layer needs for one forward call."""
+    mode: str  # "prefill" | "cached"
+    B: int
+    T: int
+    positions: torch.Tensor  # [B, T] long
+    start: int | None  # the first new position when the host knows it (eager calls); None in a captured graph
+    cache: KVCache
+    kv_limit: int  # keys read from the cache: S, or a host-known bound for eager calls
+    ops: ops_mod.OpSet
+    rope_tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]]  # cos, sin [max_pos, D/2] fp32 per rope
+    window: int = 0  # > 0: cached attention reads the first `sinks` keys and the last `window` only
+    sinks: int = 0
+
+    def __post_init__(self):
+        self.flat_positions = self.positions.reshape(-1)  # [N], what rope takes: once, not once a layer
+
+
+class Linear(nn.Module):
+    """y = x @ W^T (+ bias) for a weight W [out, in] held in a format and a layout (engine/weights.py).
+
+    The loader sets the weight; Transformer.use_ops repacks it into the layout the chosen path streams and
+    fixes the matmul that streams it, once: the kernel for the format where it runs, else its torch twin."""
+
+    def __init__(self, d_in: int, d_out: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = d_in, d_out
+        self.bias = nn.Parameter(torch.empty(d_out)) if bias else None
+        self.weight: weights.Packed | None = None
+        self.matmul = None
+
+    def place(self, ops: ops_mod.OpSet) -> None:
+        if self.weight.layout != ops.layout:  # exact: switching paths never changes a weight
+            self.weight = weights.pack(weights.unpack(self.weight), ops.layout)
+        self.matmul = ops.linear[self.weight.fmt]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x, self.weight)  # x: [N, in] -> [N, out]
+        return y if self.bias is None else y.add_(self.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
