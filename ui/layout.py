@@ -1,6 +1,7 @@
 """The page: components top to bottom, then the wiring. Callbacks live in callbacks.py; CSS in style.py."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from functools import partial
 
@@ -101,6 +102,19 @@ def page_inputs(knobs: Knobs, **others) -> dict:
     return {n: widgets[n] for n in NAMES}
 
 
+def by_name(fn, *inputs: str):
+    """fn as an engine event calls it: `inputs` in order, then every setting by name. Its signature gives each
+    setting a default, so an API client may leave any out, one whose widget starts empty (no draft model, no
+    endpoint) included; the handler then keeps the record's default."""
+    def event(*args, **settings):
+        return (yield from fn(*args, **settings))
+
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in NAMES]
+    event.__signature__ = inspect.Signature(params)
+    return event
+
+
 def build(models: Runtimes) -> gr.Blocks:
     """The page over the launch's models. Runs, Compare and Profile find their model's Runtime by the picker's
     value; what every Runtime shares (the export store, the stream registry) is reached through the first."""
@@ -172,17 +186,19 @@ def build(models: Runtimes) -> gr.Blocks:
         timer = gr.Timer(rt.plot_interval_s, active=False)
         timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
         (generate_btn.click(callbacks.submit_live, [session], [timer], **quick)
-         .then(partial(callbacks.generate, models), [session, prompt], [output, stats, status],
+         .then(by_name(partial(callbacks.generate, models), "session", "prompt"), [session, prompt],
+               [output, stats, status],
                inputs_kwargs=settings, api_name="generate", **engine_event)
          .then(callbacks.live_off, None, [timer], **quick)
          .then(partial(callbacks.last_run, rt), [session],
                [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn], api_name="last_run"))
         (compare_btn.click(run.submit, [session], None, **quick)
-         .then(partial(compare.compare, models), [session, prompt], [status], inputs_kwargs=settings,
+         .then(by_name(partial(compare.compare, models), "session", "prompt"), [session, prompt], [status],
+               inputs_kwargs=settings,
                api_name="compare", **engine_event)
          .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
                api_name="last_compare"))
-        panel.profile_btn.click(partial(profile.run_profile, models),
+        panel.profile_btn.click(by_name(partial(profile.run_profile, models), "session", "prompt", "against", "steps"),
                                 [session, prompt, panel.against, panel.steps], panel.outputs,
                                 inputs_kwargs=settings, api_name="profile", **engine_event)
         stop_btn.click(run.stop, [session], None, queue=False, api_name="stop")
