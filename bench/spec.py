@@ -37,12 +37,13 @@ from bench.common import markdown_table, run_and_save
 from bench.steps import prompt_ids, shape_config, verify_costs
 from engine import Engine, Tokenizer, load_model, speculative
 from engine.checkpoint import random_model
+from engine.request import Request
 import torch
 
 DATA = Path(__file__).parent / "data"
 SETS = ("edit", "prose", "code")
 K = speculative.K_MAX
-PAGE_K = 5  # the page's default k
+PAGE_K = Request().k  # the page's default k (and the CLI's)
 FULL = dict(new_tokens=128, prompts_per_set=None, repeats=3, sampled=0.7)
 QUICK = dict(new_tokens=24, prompts_per_set=2, repeats=1, sampled=None)
 GOALS = [("q4", "edit", ">=", 2.0), ("fp32", "edit", ">=", 2.5), *[(t, s, ">=", 0.97) for t in ("q4", "fp32")

@@ -1,14 +1,15 @@
 """decodescope-generate: generate text from the command line, streaming it, then print the run's stats.
 
-    decodescope-generate -p "The capital of France is" -n 32
-    decodescope-generate --chat -p "Repeat this list: ..." --ngram -k 8
-    decodescope-generate --chat -p "..." --self-draft q4          # the model in q4 drafts for itself
-    decodescope-generate --chat -p "..." --layer-skip             # layers to skip calibrated on the prompt
-    decodescope-generate big.gguf --draft small.gguf -p "..."     # GGUF files are converted once, then cached
-    decodescope-generate MODEL_DIR --device cuda --graphs -p "..."
-    decodescope-generate --endpoint http://127.0.0.1:8080/v1 --api-key-env MY_KEY -p "..."   # a serving engine
+    decodescope-generate -p "The capital of France is" -n 32 --no-chat
+    decodescope-generate -p "Repeat this list: ..." --mode n-gram -k 8
+    decodescope-generate -p "..." --mode self-draft --self-draft q4    # the model in q4 drafts for itself
+    decodescope-generate -p "..." --mode layer-skip                    # layers to skip calibrated on the prompt
+    decodescope-generate big.gguf --mode "draft model" --draft-model small.gguf -p "..."
+    decodescope-generate MODEL_DIR --device cuda -p "..."              # CUDA graphs and fused kernels by default
+    decodescope-generate --backend endpoint --endpoint http://127.0.0.1:8080/v1 --api-key-env MY_KEY -p "..."
 
-(`python scripts/generate.py ...` runs the same from a source checkout.)
+The run's settings are the page's, under the same names (engine/request.py declares them once); the other
+flags say what to load. (`python scripts/generate.py ...` runs the same from a source checkout.)
 """
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ import sys
 import tempfile
 import unicodedata
 
-from engine import Engine, Tokenizer, load_model
-from engine.endpoint import AUTO, SERVER_CHOICES
+from engine import Engine, Tokenizer, load_model, request, speculative
 from engine.weights import FORMATS, QUANTIZED
 from engine.tiny import write_tiny_model
 
@@ -29,72 +29,42 @@ def parse_args(argv=None):
                    help="model folder, hub id, GGUF file, or an embedded model: smollm2-135m (the default), "
                         "gemma3-270m")
     p.add_argument("-p", "--prompt", required=True)
-    p.add_argument("-n", "--max-new-tokens", type=int, default=64)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--weights", choices=FORMATS, default=None,
-                   help="the projections' format (default: q4 where the model ships q4 blocks and the kernels run, "
-                        "else the dtype's)")
-    p.add_argument("--window", type=int, default=None,
-                   help="attend decode steps to the last WINDOW positions and --sinks first ones (default: full)")
-    p.add_argument("--sinks", type=int, default=4, help="attention sinks kept with --window")
-    p.add_argument("--graphs", action="store_true", help="capture the decode step as a CUDA graph")
-    p.add_argument("--no-fused", action="store_true", help="run the torch twins instead of the fused kernels")
+    p.add_argument("--sinks", type=int, default=request.SINKS, help="attention sinks kept with --window")
     p.add_argument("--tiny", action="store_true", help="a small random-weight model (smoke tests)")
-    spec = p.add_mutually_exclusive_group()
-    spec.add_argument("--ngram", action="store_true", help="speculate with n-gram prompt lookup")
-    spec.add_argument("--layer-skip", nargs="?", const="auto", metavar="N",
-                      help="speculate with the model's own layers: skipping those a calibration on the prompt "
-                           "picks (no value, or 'auto'), or running the first N")
-    spec.add_argument("--draft", metavar="MODEL", help="speculate with a smaller model of the same vocabulary "
-                                                       "(folder, hub id or GGUF file)")
-    spec.add_argument("--self-draft", choices=[f for f in FORMATS if f in QUANTIZED],
-                      help="speculate with the model itself in a cheaper weight format (a second copy of the weights)")
-    p.add_argument("-k", type=int, default=5, help="the most draft tokens a round proposes")
-    p.add_argument("--fixed-k", action="store_true",
-                   help="draft k tokens every round instead of letting the schedule pick (0..k) per round")
-    p.add_argument("--ngram-max", type=int, default=3)
-    ep = p.add_argument_group("endpoint", "profile a serving engine through its OpenAI-compatible API instead")
-    ep.add_argument("--endpoint", metavar="URL", help="the API's base URL, e.g. http://127.0.0.1:8080/v1")
-    ep.add_argument("--api-key-env", metavar="VAR", help="the environment variable that holds the API key")
-    ep.add_argument("--endpoint-model", default="", help="the served model's name (default: the first it lists)")
-    ep.add_argument("--server", choices=SERVER_CHOICES, default=AUTO,
-                    help="which server it is, for its own fields (default: probed)")
-    ep.add_argument("--stall", type=float, default=30.0, help="seconds of silence mid-stream that end a run")
+    p.add_argument("--self-draft", choices=[f for f in FORMATS if f in QUANTIZED], default="q4",
+                   help="self-draft mode: the weight format of the model's own copy that drafts (a second copy "
+                        "of the weights)")
+    p.add_argument("--api-key-env", metavar="VAR", help="endpoint backend: the environment variable that holds "
+                                                         "the API key")
+    p.add_argument("--endpoint-stall", type=float, default=30.0, metavar="S",
+                   help="endpoint backend: seconds of silence mid-stream that end a run")
+    request.add_flags(p, skip=("model",))
     return p.parse_args(argv)
 
 
-def make_drafter(args, eng):
-    from engine import speculative
-
-    if args.ngram:
-        return speculative.NgramDrafter(max_n=args.ngram_max)
-    if args.layer_skip == "auto":
-        return speculative.LayerSkipDrafter(eng)
-    if args.layer_skip:
-        try:
-            n_layers = int(args.layer_skip)
-        except ValueError:
-            raise ValueError(f"--layer-skip {args.layer_skip!r}: give a number of layers, or nothing for a "
-                             "calibrated set") from None
-        return speculative.LayerSkipDrafter(eng, n_layers=n_layers)
-    if args.self_draft:
-        drafter = speculative.self_drafter(eng, args.self_draft)
-    elif args.draft:
-        draft = load_model(args.draft, device=args.device, dtype=args.dtype, fused=not args.no_fused,
-                           progress=lambda msg: print(msg, file=sys.stderr))
-        drafter = speculative.ModelDrafter(Engine(draft, max_seq_len=args.max_seq_len))
+def draft_engine(args, req: request.Request, eng):
+    """The engine that drafts in 'self-draft' (the model again in --self-draft's format) and 'draft model' mode
+    (--draft-model loaded), its steps graph replays where the request asks for graphs; None in the other modes."""
+    if req.mode == "self-draft":
+        draft = speculative.self_drafter(eng, args.self_draft).engine
+    elif req.mode == "draft model":
+        draft = Engine(load_draft(args, req), max_seq_len=args.max_seq_len)
     else:
         return None
-    if args.graphs:
-        drafter.engine.use_graphs(True)
-    return drafter
+    if req.cuda_graphs:
+        draft.use_graphs(True)
+    return draft
+
+
+def load_draft(args, req: request.Request):
+    if not req.draft_model:
+        raise ValueError("draft model mode needs --draft-model (a folder, hub id or GGUF file of the same "
+                         "vocabulary)")
+    return load_model(req.draft_model, device=args.device, dtype=args.dtype, fused=req.fused_kernels,
+                      progress=lambda msg: print(msg, file=sys.stderr))
 
 
 def format_summary(s: dict) -> str:
@@ -115,7 +85,7 @@ def format_summary(s: dict) -> str:
     return line
 
 
-def run_endpoint(args) -> int:
+def run_endpoint(args, req: request.Request) -> int:
     """The same stream and stats line, from a serving engine's endpoint; the key only from the environment."""
     import os
 
@@ -128,10 +98,12 @@ def run_endpoint(args) -> int:
             print(f"error: --api-key-env {args.api_key_env}: that variable is not set or empty", file=sys.stderr)
             return 2
     try:
-        ep = Endpoint(args.endpoint, model=args.endpoint_model, server=args.server, api_key=key, stall_s=args.stall)
+        ep = Endpoint(req.endpoint, model=req.endpoint_model, server=req.server, api_key=key,
+                      stall_s=args.endpoint_stall)
         tok = Tokenizer(args.model) if args.model else None  # re-tokenizes only where the server gives no count
-        run = stream(ep, args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
-                     temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, tokenizer=tok)
+        s = req.sampling
+        run = stream(ep, args.prompt, chat=req.chat, max_new_tokens=req.max_new_tokens, temperature=s.temperature,
+                     top_p=s.top_p, top_k=s.top_k, seed=s.seed, tokenizer=tok)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -145,9 +117,7 @@ def run_endpoint(args) -> int:
     except KeyboardInterrupt:
         failed = "stopped"
     print()
-    settings = dict(mode="endpoint", max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                    top_p=args.top_p, top_k=args.top_k, seed=args.seed, chat=args.chat)
-    stats = endpoint_stats(rounds, run.info, settings)
+    stats = endpoint_stats(rounds, run.info, req.flat())
     if rounds:
         print(format_summary(stats.summary()), file=sys.stderr)
         print(shown(format_extra(extra_summary(stats, run.info))), file=sys.stderr)
@@ -170,31 +140,29 @@ def shown(text: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.endpoint:
-        return run_endpoint(args)
+    try:
+        req = request.from_flags(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if req.on_endpoint:
+        return run_endpoint(args, req)
     name = write_tiny_model(tempfile.mkdtemp(prefix="decodescope-tiny-")) if args.tiny else args.model
     try:
-        model = load_model(name, device=args.device, dtype=args.dtype, weights=args.weights, fused=not args.no_fused,
-                           progress=lambda msg: print(msg, file=sys.stderr))
+        model = load_model(name, device=args.device, dtype=args.dtype, weights=req.weights or None,
+                           fused=req.fused_kernels, progress=lambda msg: print(msg, file=sys.stderr))
         tok = Tokenizer(model.path)
-        eng = Engine(model, max_seq_len=args.max_seq_len, window=args.window, sinks=args.sinks)
-        if args.graphs:
-            eng.use_graphs(True)
+        eng = Engine(model, max_seq_len=args.max_seq_len, window=req.window or None, sinks=args.sinks)
+        request.configure(eng, req, args.sinks)
+        chat = req.chat and tok.chat_template is not None
         print(f"[weights {model.weight_format} | kernels {eng.kernel_status} | graphs {eng.graph_status} | "
-              f"attention {eng.attention_mode}]", file=sys.stderr)
-        ids = tok.encode_chat(args.prompt) if args.chat else tok.encode(args.prompt)
-        drafter = make_drafter(args, eng)
-        sample = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                      top_k=args.top_k, seed=args.seed)
-        if drafter:
-            from engine import speculative
-
-            rounds = speculative.stream(eng, drafter, ids, k=args.k, adaptive=not args.fixed_k, **sample)
-        else:
-            rounds = eng.stream(ids, **sample)
+              f"attention {eng.attention_mode}" + ("" if chat == req.chat else " | no chat template: the prompt "
+                                                   "goes as it is") + "]", file=sys.stderr)
+        ids = tok.encode_chat(args.prompt) if chat else tok.encode(args.prompt)
+        drafter = request.make_drafter(req, eng, draft_engine(args, req, eng))
         text = tok.stream_decoder()
         done = []
-        for rnd in rounds:
+        for rnd in request.stream(eng, req, ids, drafter):
             done.append(rnd)
             for t in rnd.emitted:
                 print(shown(text.push(t.token_id)), end="", flush=True)
@@ -202,7 +170,7 @@ def main(argv=None) -> int:
     except ValueError as e:  # bad input: the message names the value and what to do
         print(f"error: {e}", file=sys.stderr)
         return 2
-    stats = eng.stats(done, len(ids), sample)
+    stats = eng.stats(done, len(ids), req.flat())
     if stats.drafter_info:
         print("[" + " | ".join(f"{k}: {v}" for k, v in stats.drafter_info.items()) + "]", file=sys.stderr)
     print(format_summary(stats.summary()), file=sys.stderr)

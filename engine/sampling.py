@@ -9,7 +9,7 @@ same text whatever draft lengths the schedule picked (engine/speculative/loop.py
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,10 +19,16 @@ ROWS_KEPT = 20  # noise rows a run keeps: a speculative round uses at most K_MAX
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: no top-k
-    seed: int | None = 0
+    """How a run draws its tokens; a Request's `sampling` (engine/request.py reads each field's metadata: the
+    help, the page's label and the range a request accepts; the engine's own API checks only what it needs)."""
+    temperature: float = field(default=0.0, metadata=dict(
+        label="temperature (0 = greedy)", range=(0.0, 2.0), help="the logits' temperature; 0 is greedy"))
+    top_p: float = field(default=1.0, metadata=dict(
+        label="top-p", range=(0.05, 1.0), help="sample within the smallest set of this much probability (1: off)"))
+    top_k: int = field(default=0, metadata=dict(
+        label="top-k (0 = off)", range=(0, 200), help="sample among the k likeliest tokens (0: off)"))
+    seed: int | None = field(default=0, metadata=dict(
+        label="seed", help="the draws' seed: the same seed gives the same text in every mode and at any k"))
 
     def __post_init__(self):
         if not self.temperature >= 0:

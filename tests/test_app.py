@@ -9,18 +9,19 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
+from engine.request import NAMES
 from ui.models import Runtimes
 from ui import app
 from ui import layout
 from ui.startup import build_runtime
-from ui.testing import settings_values
+from ui.testing import tiny_settings
 
 MAX_NEW_TOKENS = 16
 PROMPT = "one two three, one two three, one two"
 
 
 def values(**overrides):
-    return settings_values(**{"max_new_tokens": MAX_NEW_TOKENS, **overrides})
+    return tiny_settings(**{"max_new_tokens": MAX_NEW_TOKENS, **overrides})
 
 
 def serve(rt):
@@ -49,7 +50,7 @@ def read_csv(path):
 
 def generate(c, prompt=PROMPT, **overrides):
     """/generate streams (tokens, stats, status); /last_run then gives figures, run table and files."""
-    return (*c.predict(prompt, *values(**overrides), api_name="/generate"), *c.predict(api_name="/last_run"))
+    return (*c.predict(prompt, **values(**overrides), api_name="/generate"), *c.predict(api_name="/last_run"))
 
 
 def test_parse_args_defaults_and_flags():
@@ -104,6 +105,19 @@ def test_api_exposes_only_the_user_actions(served):
     assert not names & {"/submit", "/setting_visibility"}
 
 
+def test_the_api_takes_the_request_settings_by_name(served):
+    # the parameter names are the record's, each with the page's starting value as its default, so a client
+    # that names only what it changes keeps working when a setting is added
+    _, url = served
+    c = client(url)
+    params = c.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
+    assert [p["parameter_name"] for p in params] == ["prompt", *NAMES]
+    assert all(p["parameter_has_default"] for p in params if p["parameter_name"] in ("k", "temperature", "mode"))
+    html, stats, status = c.predict(PROMPT, max_new_tokens=3, chat=False, fused_kernels=False, cuda_graphs=False,
+                                    api_name="/generate")
+    assert "done" in status and html.count('class="tok ') == 3
+
+
 @pytest.mark.parametrize("mode", ["plain", "n-gram", "draft model", "layer-skip"])
 def test_every_mode(served, mode):
     _, url = served
@@ -150,7 +164,7 @@ def wait_iterating(job, timeout=30):
 def test_cancelled_run_then_a_good_one(served):
     rt, url = served
     c = client(url)
-    job = c.submit(PROMPT, *values(max_new_tokens=1900), api_name="/generate")
+    job = c.submit(PROMPT, **values(max_new_tokens=1900), api_name="/generate")
     wait_iterating(job)
     job.cancel()
     assert rt.lock.acquire(timeout=5)  # the engine let go within a round
@@ -162,7 +176,7 @@ def test_cancelled_run_then_a_good_one(served):
 def test_stop_endpoint_ends_the_run_and_keeps_what_it_made(served):
     _, url = served
     c = client(url)
-    job = c.submit(PROMPT, *values(max_new_tokens=1900), api_name="/generate")
+    job = c.submit(PROMPT, **values(max_new_tokens=1900), api_name="/generate")
     wait_iterating(job)
     c.predict(api_name="/stop")
     out = (*job.result(timeout=10), *c.predict(api_name="/last_run"))
@@ -177,6 +191,8 @@ def test_stop_endpoint_ends_the_run_and_keeps_what_it_made(served):
     (dict(top_p=0), "top_p=0"),
     (dict(top_p=1.2), "top_p=1.2"),
     (dict(max_new_tokens=4000), "lower max new tokens"),
+    (dict(temperature=5), "temperature=5 is out of range; pick 0..2"),  # past the slider, the same range
+    (dict(max_new_tokens=0), "max_new_tokens=0 is out of range; pick 1 or more"),
 ])
 def test_bad_settings_are_errors_and_the_app_keeps_serving(served, overrides, needle):
     _, url = served
@@ -195,7 +211,7 @@ def test_prompt_longer_than_the_cache_through_the_client(served):
 def test_compare(served):
     rt, url = served
     c = client(url)
-    status = c.predict(PROMPT, *values(mode="n-gram"), api_name="/compare")
+    status = c.predict(PROMPT, **values(mode="n-gram"), api_name="/compare")
     fig, table, runs, runs_csv = c.predict(api_name="/last_compare")
     assert "Compared" in status
     notes = {row[1]: row[-1] for row in table["data"]}
@@ -246,7 +262,7 @@ def test_page_config_carries_no_runtime():
 
 def test_profile_endpoint(served):
     rt, url = served
-    status, fig, table, profile_csv, trace = client(url).predict(PROMPT, "kernels", 3, *values(), api_name="/profile")
+    status, fig, table, profile_csv, trace = client(url).predict(PROMPT, "kernels", 3, **values(), api_name="/profile")
     assert "Profiled in" in status
     if rt.fused_reason:  # the second configuration is listed with its reason
         assert [row[1] for row in table["data"]] == ["decode", "verify", None]
@@ -269,13 +285,13 @@ def test_the_page_poll_route_serves_a_live_run_and_nothing_else(served):
 
     from ui import stream
     from ui.pump import RoundPump
-    from ui.settings import RunSettings
+    from engine.request import Request
 
     rt, url = served
     base = url.rstrip("/") + stream.ROUTE
     assert httpx.get(base, params={"token": "0" * 32, "offset": "x"}).json() == dict(html="", offset=0, done=True,
                                                                                       stats="")
-    pump = RoundPump(rt, RunSettings(max_new_tokens=8, chat=False), rt.tokenizer.encode(PROMPT), threading.Event())
+    pump = RoundPump(rt, Request(max_new_tokens=8, chat=False), rt.tokenizer.encode(PROMPT), threading.Event())
     marker = stream.open_stream(pump, lambda: "the stats line")
     token = marker.removeprefix("<!--ds-live:").removesuffix("-->")
     try:

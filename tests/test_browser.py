@@ -222,6 +222,18 @@ def test_an_error_replaces_the_output_and_the_last_runs_status(page):
     assert page.locator("#output-tokens .ds-error").count() == 0
 
 
+@pytest.mark.parametrize("elem_id, typed, said", [("k", 100, "k=100 is out of range; pick 1..16"),
+                                                   ("k", 0, "k=0 is out of range; pick 1..16"),
+                                                   ("max-new-tokens", 0, "max_new_tokens=0 is out of range")])
+def test_a_number_typed_past_a_slider_is_refused_by_name_not_clamped(page, elem_id, typed, said):
+    page.fill("#prompt textarea", PROMPT)
+    set_number(page, elem_id, typed)
+    page.click("#generate-btn")  # the box loses focus here: it keeps what was typed
+    page.wait_for_selector("#output-tokens .ds-error", timeout=30_000)
+    assert said in page.inner_text("#output-tokens")
+    assert page.input_value(f"#{elem_id} input[type=number]") == str(typed)
+
+
 def test_the_output_follows_the_stream_and_hovering_names_a_token(page, served):
     from ui import render
 

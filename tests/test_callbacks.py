@@ -7,19 +7,21 @@ import time
 import gradio as gr
 import pytest
 
+from engine.request import Request
 from engine.stats import KINDS
-from ui.models import Runtimes
 from ui import callbacks, compare
-from ui.callbacks import Session
+from ui import run as ui_run
+from ui.models import Runtimes
+from ui.run import Session, parse_settings
 from ui.startup import build_runtime
-from ui.testing import settings_values
+from ui.testing import tiny_settings
 
 MAX_NEW_TOKENS = 24
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
 
 
 def values(**overrides):
-    return settings_values(**{"max_new_tokens": MAX_NEW_TOKENS, **overrides})
+    return tiny_settings(**{"max_new_tokens": MAX_NEW_TOKENS, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def rt():
 
 def run(rt, session, prompt=PROMPT, **overrides):
     """The page's chain: the streamed run, then last_run's figures, table and files, as one final tuple."""
-    outs = list(callbacks.generate(Runtimes(rt), session, prompt, *values(**overrides)))
+    outs = list(callbacks.generate(Runtimes(rt), session, prompt, **values(**overrides)))
     return outs, (*outs[-1], *callbacks.last_run(rt, session))
 
 
@@ -78,7 +80,7 @@ def test_the_stream_goes_by_its_side_channel_and_ends_with_the_whole_html(rt):
     from ui import stream
 
     session = Session()
-    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=200))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, **values(max_new_tokens=200))
     marker, first_stats, _ = next(gen)
     token = marker.removeprefix("<!--ds-live:").removesuffix("-->")
     assert marker == stream.MARKER.format(token) and stream.LIVE[token] is not None
@@ -122,12 +124,19 @@ BAD = [
     (dict(top_k=-3), "top_k=-3"),
     (dict(max_new_tokens=5000), "lower max new tokens to"),
     (dict(mode="layer-skip", layers=9), "layer-skip depth 9"),
-    (dict(mode="n-gram", ngram=0), "n-gram size 0"),
+    (dict(mode="n-gram", ngram=0), "ngram=0 is out of range; pick 1..8"),
     (dict(mode="draft model", draft_model="nope"), "'nope'"),
     (dict(mode="beam"), "mode='beam'"),
     (dict(cuda_graphs=True), "CUDA graphs are unavailable"),
     (dict(k=2.5, mode="n-gram"), "whole number"),
     (dict(temperature="hot"), "temperature='hot'"),
+    # what a slider's box or an API client sends past the page's range is refused naming the range, never clamped
+    (dict(mode="n-gram", k=100), "k=100 is out of range; pick 1..16"),
+    (dict(k=0), "k=0 is out of range; pick 1..16"),
+    (dict(max_new_tokens=0), "max_new_tokens=0 is out of range; pick 1 or more"),
+    (dict(temperature=5), "temperature=5 is out of range; pick 0..2"),
+    (dict(top_k=201), "top_k=201 is out of range; pick 0..200"),
+    (dict(window=8), "window=8 is out of range; pick 0 (full attention) or 16..8192"),
 ]
 
 
@@ -145,7 +154,7 @@ def test_bad_setting_is_a_gr_error_naming_it(rt, overrides, needle):
 def test_a_refused_run_says_why_where_the_output_goes_and_clears_the_last_runs_status(rt):
     session = Session()
     run(rt, session)
-    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(mode="n-gram", k=40))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, **values(mode="n-gram", k=40))
     html, stats_html, status = next(gen)
     assert "k=40" in html and "ds-error" in html  # in the output box, not a fading toast
     assert stats_html == "" and status == ""  # nothing of "Run 1 done" is left to read as this run's result
@@ -167,12 +176,12 @@ def test_prompt_longer_than_the_cache_names_what_to_change_on_the_page(rt):
 
 def test_a_formats_first_run_says_it_loads_the_weights(rt):
     rt.engines.pop("fp16", None)
-    gen = callbacks.generate(Runtimes(rt), Session(), PROMPT, *values(weights="fp16", max_new_tokens=4))
+    gen = callbacks.generate(Runtimes(rt), Session(), PROMPT, **values(weights="fp16", max_new_tokens=4))
     assert "Loading the fp16 weights" in next(gen)[2]
     *streaming, final = gen
     # once the weights are in and a round arrived, the status says the run is running (however fast they loaded)
     assert [o[2] for o in streaming if "Running" in str(o[2])] and "done" in final[2] and rt.loaded("fp16")
-    assert "Loading" not in next(callbacks.generate(Runtimes(rt), Session(), PROMPT, *values(weights="fp16")))[2]
+    assert "Loading" not in next(callbacks.generate(Runtimes(rt), Session(), PROMPT, **values(weights="fp16")))[2]
 
 
 def test_runs_table_lists_the_newest_first(rt):
@@ -190,11 +199,11 @@ def test_empty_prompt(rt):
 
 def test_stop_ends_the_run_within_a_round_and_keeps_it(rt):
     session = Session()
-    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=2000 - 40))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, **values(max_new_tokens=2000 - 40))
     next(gen)
     first = next(gen)  # some tokens are out
     assert first[0]
-    callbacks.stop(session)
+    ui_run.stop(session)
     t0 = time.monotonic()
     *_, final = gen
     assert time.monotonic() - t0 < 2
@@ -210,7 +219,7 @@ def test_stop_ends_the_run_within_a_round_and_keeps_it(rt):
 def test_closing_the_generator_frees_the_engine(rt):
     """What gradio does when the tab closes or the run is cancelled: close the generator at a yield."""
     session = Session()
-    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=1900))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, **values(max_new_tokens=1900))
     next(gen), next(gen)
     gen.close()
     assert rt.lock.acquire(timeout=2)
@@ -222,12 +231,12 @@ def test_closing_the_generator_frees_the_engine(rt):
 
 def test_stop_while_queued_drops_the_run(rt):
     session = Session()
-    callbacks.submit(session)
-    callbacks.stop(session)
-    outs = list(callbacks.generate(Runtimes(rt), session, PROMPT, *values()))
+    ui_run.submit(session)
+    ui_run.stop(session)
+    outs = list(callbacks.generate(Runtimes(rt), session, PROMPT, **values()))
     assert "before it started" in outs[-1][2] and session.history == []
     assert callbacks.last_run(rt, session) == (gr.skip(),) * 7
-    callbacks.submit(session)
+    ui_run.submit(session)
     _, final = run(rt, session)  # a later run is not affected
     assert "done" in final[2]
 
@@ -258,8 +267,8 @@ def test_one_run_on_the_engine_at_a_time(rt):
 
 def test_compare_lists_what_this_machine_cannot_run(rt):
     session = Session()
-    statuses = list(compare.compare(Runtimes(rt), session, PROMPT, *values(mode="n-gram")))
-    planned = compare.plan(rt, callbacks.parse_settings(*values(mode="n-gram")))
+    statuses = list(compare.compare(Runtimes(rt), session, PROMPT, **values(mode="n-gram")))
+    planned = compare.plan(rt, parse_settings(values(mode="n-gram")))
     ran = len({cfg for _, _, cfg, _, _ in planned if cfg is not None})  # a run two groups share runs once
     assert all(isinstance(x, str) for x in statuses) and f"Compared {ran} runs" in statuses[-1]
     fig, rows, table, runs_csv = compare.last_compare(rt, session)
@@ -279,7 +288,7 @@ def test_compare_runs_carry_their_speedup_into_the_runs_csv(rt):
     import pandas as pd
 
     session = Session()
-    list(compare.compare(Runtimes(rt), session, PROMPT, *values(mode="n-gram")))
+    list(compare.compare(Runtimes(rt), session, PROMPT, **values(mode="n-gram")))
     *_, runs_csv = compare.last_compare(rt, session)
     df = pd.read_csv(runs_csv).set_index("label")
     spec = df.loc["compare: n-gram n=3 k≤4 · eager · torch · fp32"]
@@ -291,7 +300,7 @@ def test_compare_runs_carry_their_speedup_into_the_runs_csv(rt):
 
 def test_a_refused_compare_says_why_in_the_status_line(rt):
     session = Session()
-    gen = compare.compare(Runtimes(rt), session, PROMPT, *values(mode="n-gram", k=40))
+    gen = compare.compare(Runtimes(rt), session, PROMPT, **values(mode="n-gram", k=40))
     assert "k=40" in next(gen)
     with pytest.raises(gr.Error):
         next(gen)
@@ -300,13 +309,13 @@ def test_a_refused_compare_says_why_in_the_status_line(rt):
 def test_live_figures_only_when_the_run_moved_on(rt):
     session = Session()
     assert callbacks.live_figures(rt, session) == (gr.skip(),) * 3  # no run
-    gen = callbacks.generate(Runtimes(rt), session, PROMPT, *values(max_new_tokens=1500))
+    gen = callbacks.generate(Runtimes(rt), session, PROMPT, **values(max_new_tokens=1500))
     next(gen), next(gen)
     itl, steps, acc = callbacks.live_figures(rt, session)
     assert hasattr(itl, "to_json") and steps == acc == gr.skip()  # the latency panel only, mid-run
     if session.live is not None and len(session.live.rounds) == session.live.drawn:
         assert callbacks.live_figures(rt, session) == (gr.skip(),) * 3
-    callbacks.stop(session)
+    ui_run.stop(session)
     list(gen)
     assert session.live is None
 
@@ -316,20 +325,33 @@ def test_end_session_removes_its_files(rt):
     *_, tokens_csv, trace, runs_csv = run(rt, session)[1]
     folder = rt.store.root / session.history[0].run_id
     assert folder.is_dir()
-    callbacks.end_session(rt, session)
+    ui_run.end_session(rt, session)
     assert not folder.exists() and session.run_stop.is_set()
 
 
 def test_parse_settings_converts_widget_values():
-    s = callbacks.parse_settings(*values(k=5.0, seed=7.0, top_p="0.5"))
-    assert (s.k, s.seed, s.top_p) == (5, 7, 0.5) and isinstance(s.k, int)
+    s = parse_settings(values(k=5.0, seed=7.0, top_p="0.5", adaptive="false"))
+    assert (s.k, s.sampling.seed, s.sampling.top_p, s.adaptive) == (5, 7, 0.5, False) and isinstance(s.k, int)
+
+
+def test_settings_go_by_name_and_an_unknown_one_is_named(rt):
+    # a setting not sent keeps the record's default: a client naming a few keeps working as settings are added
+    session = Session()
+    list(callbacks.generate(Runtimes(rt), session, PROMPT, max_new_tokens=3, chat=False, fused_kernels=False,
+                            cuda_graphs=False))
+    assert session.history[0].settings["k"] == Request().k and session.history[0].summary["tokens"] == 3
+    gen = callbacks.generate(Runtimes(rt), Session(), PROMPT, max_new_tokens=3, nonsense=1)
+    html = next(gen)[0]
+    assert "unknown setting &#x27;nonsense&#x27;" in html and "max_new_tokens" in html  # names the settings
+    with pytest.raises(gr.Error):
+        next(gen)
 
 
 def test_engine_side_takes_and_yields_plain_records(rt):
     """On ZeroGPU the arguments and every yielded record cross a process boundary by pickle."""
     import pickle
 
-    s = callbacks.parse_settings(*values(mode="n-gram", max_new_tokens=8))
+    s = parse_settings(values(mode="n-gram", max_new_tokens=8))
     ids = rt.encode(PROMPT, chat=False)
     pickle.dumps((s, ids))
     records = list(rt.rounds_fn(s, ids))

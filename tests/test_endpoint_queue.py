@@ -12,7 +12,7 @@ from gradio_client.exceptions import AppError
 from ui import endpoint, layout
 from ui.models import Runtimes
 from ui.startup import build_runtime
-from ui.testing import settings_values
+from ui.testing import tiny_settings
 from tests.endpoint_fake import FakeServer, chunk, stall_after
 
 
@@ -27,7 +27,7 @@ def served():
 
 
 def endpoint_values(url):
-    return settings_values(backend="endpoint", endpoint=url, endpoint_model="m", server="openai", max_new_tokens=8)
+    return tiny_settings(backend="endpoint", endpoint=url, endpoint_model="m", server="openai", max_new_tokens=8)
 
 
 def test_a_stalled_endpoint_holds_neither_the_engine_nor_other_endpoint_runs(served):
@@ -37,14 +37,14 @@ def test_a_stalled_endpoint_holds_neither_the_engine_nor_other_endpoint_runs(ser
         holder.append(fake)
         rt.endpoints, rt.endpoint_stall_s = [fake.url], 30.0
         first, second, engine_user = (Client(app, verbose=False) for _ in range(3))
-        a = first.submit("hi", *endpoint_values(fake.url), api_name="/generate_endpoint")
-        b = second.submit("hi", *endpoint_values(fake.url), api_name="/generate_endpoint")
+        a = first.submit("hi", **endpoint_values(fake.url), api_name="/generate_endpoint")
+        b = second.submit("hi", **endpoint_values(fake.url), api_name="/generate_endpoint")
         t = time.monotonic()
         while len(fake.requests) < 2 and time.monotonic() - t < 20:
             time.sleep(0.05)
         assert len(fake.requests) == 2, "the second endpoint run waited for the first"
         t = time.monotonic()
-        engine_user.predict("the cat", *settings_values(max_new_tokens=4), api_name="/generate")
+        engine_user.predict("the cat", **tiny_settings(max_new_tokens=4), api_name="/generate")
         assert time.monotonic() - t < 60 and not a.done(), "an engine run waited on a stalled endpoint"
         first.predict(api_name="/stop")
         t = time.monotonic()
@@ -60,9 +60,9 @@ def test_each_queue_refuses_the_other_backends_runs(served):
     c = Client(app, verbose=False)
     rt.endpoints = ["http://127.0.0.1:9/v1"]
     with pytest.raises(AppError, match="goes through /generate_endpoint"):
-        c.predict("hi", *endpoint_values(rt.endpoints[0]), api_name="/generate")
+        c.predict("hi", **endpoint_values(rt.endpoints[0]), api_name="/generate")
     with pytest.raises(AppError, match="goes through /generate"):
-        c.predict("hi", *settings_values(max_new_tokens=2), api_name="/generate_endpoint")
+        c.predict("hi", **tiny_settings(max_new_tokens=2), api_name="/generate_endpoint")
 
 
 def test_last_run_after_a_refused_run_gives_empty_figures(served):
@@ -70,7 +70,7 @@ def test_last_run_after_a_refused_run_gives_empty_figures(served):
     c = Client(app, verbose=False)
     rt.endpoints = ["http://127.0.0.1:9/v1"]
     with pytest.raises(AppError, match="not one the app was started with"):
-        c.predict("hi", *endpoint_values("http://127.0.0.1:11/v1"), api_name="/generate_endpoint")
+        c.predict("hi", **endpoint_values("http://127.0.0.1:11/v1"), api_name="/generate_endpoint")
     out = c.predict(api_name="/last_run")
     assert len(out) == 7 and out[4] is None
     assert endpoint.CONCURRENT_RUNS >= 2

@@ -13,9 +13,10 @@ import pytest
 
 from ui.models import Runtimes
 from ui import callbacks, compare, endpoint
-from ui.callbacks import Session
+from ui import run as ui_run
+from ui.run import Session, parse_settings
 from ui.startup import build_runtime
-from ui.testing import settings_values
+from ui.testing import tiny_settings
 from engine.cli import main as cli_main
 from tests.endpoint_fake import ECHOES, FakeServer, chunk, echoing, echoing_gets, sse
 
@@ -32,12 +33,12 @@ def rt():
 
 
 def values(url, **kw):
-    return settings_values(**{"backend": endpoint.ENDPOINT, "endpoint": url, "endpoint_model": "m",
-                              "server": "openai", "max_new_tokens": 8, **kw})
+    return tiny_settings(**{"backend": endpoint.ENDPOINT, "endpoint": url, "endpoint_model": "m",
+                            "server": "openai", "max_new_tokens": 8, **kw})
 
 
 def run(rt, session, url, **kw):
-    return list(callbacks.generate(Runtimes(rt), session, "hi", *values(url, **kw)))
+    return list(callbacks.generate(Runtimes(rt), session, "hi", **values(url, **kw)))
 
 
 def files_text(session) -> str:
@@ -99,10 +100,10 @@ def test_compare_runs_this_engine_and_the_endpoint(rt):
     with FakeServer(sse(EVENTS, gap_s=0.01)) as fake:
         rt.endpoints = [fake.url]
         session = Session()
-        s = callbacks.parse_settings(*values(fake.url))
+        s = parse_settings(values(fake.url))
         planned = compare.plan(rt, s)
         assert [(g, b) for g, _, _, _, b in planned] == [("backend", True), ("backend", False)]
-        list(compare.compare(Runtimes(rt), session, "hi", *values(fake.url)))
+        list(compare.compare(Runtimes(rt), session, "hi", **values(fake.url)))
     entries = session.last_compare
     assert [e.group for e in entries] == ["backend", "backend"] and all(e.stats for e in entries)
     assert entries[0].stats.settings["backend"] == "engine" and entries[1].stats.settings["backend"] == "endpoint"

@@ -5,7 +5,7 @@ import pytest
 
 from engine.stats import Stats
 from ui import compare, compare_plots, plots
-from ui.settings import RunSettings
+from engine.request import Request
 from ui.testing import synthetic_stats
 
 RUNS = {"plain": synthetic_stats(30), "spec": synthetic_stats(30, k=4, seed=3)}
@@ -108,7 +108,7 @@ def test_acceptance_for_plain_run_says_why_it_is_empty():
 
 
 def compare_entries():
-    plain, spec = RunSettings(mode="plain"), RunSettings(mode="n-gram", k=4)
+    plain, spec = Request(mode="plain"), Request(mode="n-gram", k=4)
     configs = [("speculative", "plain", plain, None, True), ("speculative", "n-gram k=4", spec, None, False),
                ("CUDA graphs", "eager", None, "needs a CUDA device", True),
                ("CUDA graphs", "graph", None, "needs a CUDA device", False)]

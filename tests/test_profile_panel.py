@@ -7,11 +7,12 @@ import pytest
 
 from engine.observe import profile as engine_profile
 from ui.models import Runtimes
-from ui import callbacks, profile
-from ui.callbacks import Session
+from ui import profile
+from ui import run as ui_run
+from ui.run import Session, parse_settings
 from ui.profile_plots import PROFILE_HEADERS, profile_figure, profile_rows
 from ui.startup import build_runtime
-from ui.testing import settings_values
+from ui.testing import tiny_settings
 
 PROMPT = "one two three, one two three"
 
@@ -30,7 +31,7 @@ def outputs(rt):
     if rt.graphs_reason is None:
         pytest.skip("checks the panel's reason for a configuration this machine cannot run (CUDA graphs here run)")
     session = Session()
-    outs = list(profile.run_profile(Runtimes(rt), session, PROMPT, "CUDA graphs", 3, *settings_values()))
+    outs = list(profile.run_profile(Runtimes(rt), session, PROMPT, "CUDA graphs", 3, **tiny_settings()))
     return session, outs
 
 
@@ -139,19 +140,19 @@ def test_compare_with_the_current_configuration_says_so():
 @pytest.mark.parametrize("against,changed", [("kernels", "fused"), ("CUDA graphs", "graphs"),
                                              ("weights q4", "weights")])
 def test_the_second_configuration_changes_one_thing(rt, against, changed):
-    s = callbacks.parse_settings(*settings_values())
+    s = parse_settings(tiny_settings())
     cur, other = profile.configs(rt, s, against)
     diff = {f for f in ("fused", "graphs", "weights") if getattr(cur, f) != getattr(other, f)}
     assert diff == {changed} and cur.label != other.label
 
 
 def test_same_weights_compare_with_itself_once(rt):
-    s = callbacks.parse_settings(*settings_values())
+    s = parse_settings(tiny_settings())
     assert len(profile.configs(rt, s, "weights fp32")) == 1
 
 
 def test_another_weight_format_loads_on_first_use_and_runs_beside(rt):
-    outs = list(profile.run_profile(Runtimes(rt), Session(), PROMPT, "weights q4", 2, *settings_values()))
+    outs = list(profile.run_profile(Runtimes(rt), Session(), PROMPT, "weights q4", 2, **tiny_settings()))
     assert "q4" in rt.engines and rt.engines["q4"].model.weight_format == "q4"
     table = outs[-1][2]
     assert {row[0] for row in table} == {"eager · torch · fp32", "eager · torch · q4"}
@@ -163,11 +164,11 @@ def test_another_weight_format_loads_on_first_use_and_runs_beside(rt):
                                                   ("kernels", 2.5, "must be a whole number")])
 def test_bad_inputs_are_errors_naming_the_value(rt, against, steps, needle):
     with pytest.raises(gr.Error, match=needle):
-        list(profile.run_profile(Runtimes(rt), Session(), PROMPT, against, steps, *settings_values()))
+        list(profile.run_profile(Runtimes(rt), Session(), PROMPT, against, steps, **tiny_settings()))
 
 
 def test_empty_prompt_profiles_a_synthetic_context(rt):
-    outs = list(profile.run_profile(Runtimes(rt), Session(), "", "kernels", 2, *settings_values()))
+    outs = list(profile.run_profile(Runtimes(rt), Session(), "", "kernels", 2, **tiny_settings()))
     assert "Profiled in" in outs[-1][0]
 
 
@@ -175,7 +176,7 @@ def test_the_session_s_files_go_with_it(rt, outputs):
     session, outs = outputs
     folder = rt.store.root / session.profile_dir
     assert folder.is_dir()
-    callbacks.end_session(rt, session)
+    ui_run.end_session(rt, session)
     assert not folder.exists()
 
 

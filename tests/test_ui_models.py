@@ -9,10 +9,11 @@ import pytest
 
 from engine.tiny import tiny_config, write_tiny_model
 from ui import callbacks, controls
-from ui.callbacks import Session
+from ui import run as ui_run
+from ui.run import Session
 from ui.models import Runtimes
 from ui.startup import build_runtime
-from ui.testing import settings_values
+from ui.testing import tiny_settings
 
 PROMPT = "the cat sat on the mat. the cat"
 GEMMA = "tiny-gemma"
@@ -62,20 +63,20 @@ def read_csv(path):
 def test_the_first_pick_loads_the_model_then_its_runs_name_it(models, first):
     session = Session()
     assert models.titles == [first.model_name, GEMMA] and not models.is_built(GEMMA)
-    outs = list(callbacks.generate(models, session, PROMPT, *settings_values(model=GEMMA, max_new_tokens=8)))
+    outs = list(callbacks.generate(models, session, PROMPT, **tiny_settings(model=GEMMA, max_new_tokens=8)))
     assert "Loading tiny-gemma (first use: reading its weights)" in outs[0][2]
     assert "done" in outs[-1][2] and models.is_built(GEMMA) and models.builds == [1]
     rt = models.get(GEMMA)
     assert rt.engine.config.model_type == "gemma3_text" and rt.store is first.store and rt.lock is first.lock
-    list(callbacks.generate(models, session, PROMPT, *settings_values(max_new_tokens=8)))  # "" is the first model
-    table = callbacks.runs_table(session)
-    model_col = callbacks.RUN_HEADERS.index("model")
+    list(callbacks.generate(models, session, PROMPT, **tiny_settings(max_new_tokens=8)))  # "" is the first model
+    table = ui_run.runs_table(session)
+    model_col = ui_run.RUN_HEADERS.index("model")
     assert [row[model_col] for row in table] == [first.model_name, GEMMA]  # newest first
     _, tokens_csv, _, runs_csv = callbacks.last_run(first, session)[3:]
     assert {r["model"] for r in read_csv(tokens_csv)} == {first.model_name}
     assert [r["model"] for r in read_csv(runs_csv)] == [GEMMA, first.model_name]
     # a second pick of a loaded model says nothing of loading, and builds nothing
-    outs = list(callbacks.generate(models, Session(), PROMPT, *settings_values(model=GEMMA, max_new_tokens=4)))
+    outs = list(callbacks.generate(models, Session(), PROMPT, **tiny_settings(model=GEMMA, max_new_tokens=4)))
     assert "Loading" not in outs[0][2] and models.builds == [1]
 
 
@@ -100,7 +101,7 @@ def test_the_knobs_follow_the_pick(models, first):
 def test_a_model_that_fails_to_load_is_named_and_the_first_keeps_serving(first, tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "no-such-family"}')
     models = picker(first, {"broken": partial(build_runtime, str(tmp_path), **QUIET)})
-    gen = callbacks.generate(models, Session(), PROMPT, *settings_values(model="broken", max_new_tokens=4))
+    gen = callbacks.generate(models, Session(), PROMPT, **tiny_settings(model="broken", max_new_tokens=4))
     assert "Loading broken" in next(gen)[2]
     html, stats, status = next(gen)
     assert "broken could not load" in html and "tiny still serves" in html and (stats, status) == ("", "")
@@ -110,12 +111,12 @@ def test_a_model_that_fails_to_load_is_named_and_the_first_keeps_serving(first, 
     status, pick, *_ = list(controls.model_picked(models, "broken", "plain", ""))[-1]
     assert "broken could not load" in status
     assert pick["value"] == first.model_name  # the picker goes back to the model that serves
-    outs = list(callbacks.generate(models, Session(), PROMPT, *settings_values(max_new_tokens=4)))
+    outs = list(callbacks.generate(models, Session(), PROMPT, **tiny_settings(max_new_tokens=4)))
     assert "done" in outs[-1][2]
 
 
 def test_an_unknown_model_is_refused_naming_the_choices(models):
-    gen = callbacks.generate(models, Session(), PROMPT, *settings_values(model="gpt-9"))
+    gen = callbacks.generate(models, Session(), PROMPT, **tiny_settings(model="gpt-9"))
     html, _, _ = next(gen)
     assert "gpt-9&#x27; is not one this app offers" in html and GEMMA in html
 

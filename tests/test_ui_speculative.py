@@ -6,11 +6,11 @@ import pytest
 
 from ui.models import Runtimes
 from ui import callbacks, controls
-from ui.callbacks import Session
+from ui.run import Session
 from ui.examples import examples
-from ui.settings import CALIBRATED, RunSettings
+from engine.request import CALIBRATED, Request
 from ui.startup import build_runtime
-from ui.testing import settings_values
+from ui.testing import tiny_settings
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
 
@@ -24,7 +24,7 @@ def rt():
 
 def run(rt, **overrides):
     session = Session()
-    list(callbacks.generate(Runtimes(rt), session, PROMPT, *settings_values(**{"max_new_tokens": 24, **overrides})))
+    list(callbacks.generate(Runtimes(rt), session, PROMPT, **tiny_settings(**{"max_new_tokens": 24, **overrides})))
     itl, steps, acc, table, tokens_csv, trace, runs_csv = callbacks.last_run(rt, session)
     with open(tokens_csv, newline="", encoding="utf-8") as f:
         tokens = list(csv.DictReader(f))
@@ -57,32 +57,32 @@ def test_csvs_carry_the_k_each_round_chose(rt):
 
 
 def test_labels_say_the_maximum_or_the_fixed_k():
-    assert RunSettings(mode="n-gram", k=4).mode_label() == "n-gram n=3 k≤4"
-    assert RunSettings(mode="n-gram", k=4, adaptive=False).mode_label() == "n-gram n=3 k=4"
-    assert RunSettings(mode="layer-skip").mode_label() == "layer-skip calibrated k≤5"
-    assert RunSettings(mode="layer-skip", layers=2).mode_label() == "layer-skip first 2 layers k≤5"
+    assert Request(mode="n-gram", k=4).mode_label() == "n-gram n=3 k≤4"
+    assert Request(mode="n-gram", k=4, adaptive=False).mode_label() == "n-gram n=3 k=4"
+    assert Request(mode="layer-skip", k=5).mode_label() == "layer-skip calibrated k≤5"
+    assert Request(mode="layer-skip", layers=2).mode_label() == "layer-skip first 2 layers k≤8"  # the default k
 
 
 def test_examples_use_each_modes_best_settings(rt):
     rows, labels = examples(rt)
     by_mode = {row[1]: row for row in rows}
     assert set(by_mode) == {"n-gram", "self-draft", "layer-skip", "draft model"} and len(labels) == len(rows)
-    assert by_mode["layer-skip"][3] == CALIBRATED and by_mode["n-gram"][2] == 8
+    assert by_mode["layer-skip"][3] == CALIBRATED and by_mode["n-gram"][2] == Request().k == 8
     assert by_mode["self-draft"][4] in rt.self_draft_targets()  # a target that costs more than its drafts
     for prompt, mode, k, layers, weights in rows:  # every example runs as it stands
-        rt.validate(RunSettings(mode=mode, k=k, layers=layers, weights=weights,
-                                draft_model=next(iter(rt.drafts), "")), rt.encode(prompt, False))
+        rt.validate(Request(cuda_graphs=False, mode=mode, k=k, layers=layers, weights=weights,
+                            draft_model=next(iter(rt.drafts), "")), rt.encode(prompt, False))
 
 
 def test_validate_takes_calibrated_and_needs_no_draft_slots(rt):
     ids = rt.encode(PROMPT, False)
-    rt.validate(RunSettings(mode="layer-skip", layers=0), ids)
+    rt.validate(Request(cuda_graphs=False, mode="layer-skip", layers=0), ids)
     with pytest.raises(ValueError, match="0 \\(calibrated on the prompt\\) or 1..3"):
-        rt.validate(RunSettings(mode="layer-skip", layers=4), ids)
+        rt.validate(Request(cuda_graphs=False, mode="layer-skip", layers=4), ids)
     room = rt.engine.max_seq_len - len(ids)
-    rt.validate(RunSettings(mode="n-gram", k=16, max_new_tokens=room), ids)  # what plain decoding may use
+    rt.validate(Request(cuda_graphs=False, mode="n-gram", k=16, max_new_tokens=room), ids)  # plain decoding may
     with pytest.raises(ValueError, match=f"lower max new tokens to {room}"):
-        rt.validate(RunSettings(mode="n-gram", k=16, max_new_tokens=room + 1), ids)
+        rt.validate(Request(cuda_graphs=False, mode="n-gram", k=16, max_new_tokens=room + 1), ids)
 
 
 def test_self_draft_is_offered_only_for_a_target_that_costs_more_than_its_drafts(rt):
@@ -99,4 +99,4 @@ def test_self_draft_is_offered_only_for_a_target_that_costs_more_than_its_drafts
     assert "pick fp32, fp16" in controls.weights_changed(rt, "self-draft", "q4")["info"]
     assert controls.mode_changed(rt, "n-gram", "q4")[-1]["info"] is None  # every mode runs on this launch
     with pytest.raises(ValueError, match="pick fp32, fp16"):
-        rt.validate(RunSettings(mode="self-draft", weights="q4"), rt.encode(PROMPT, False))
+        rt.validate(Request(cuda_graphs=False, mode="self-draft", weights="q4"), rt.encode(PROMPT, False))

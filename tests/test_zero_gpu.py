@@ -12,8 +12,9 @@ import pytest
 
 from ui.models import Runtimes
 from ui import callbacks, startup
-from ui.settings import RunSettings
-from ui.testing import settings_values
+from ui import run as ui_run
+from engine.request import Request
+from ui.testing import tiny_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "one two three, one two three, one two"
@@ -113,17 +114,17 @@ def test_no_cuda_touch_outside_the_gpu_function(zero, monkeypatch):
         assert rt.env["ZeroGPU"] == "yes" and "attached for each run" in rt.env["device"]
         clock = rt.engine.clock
         monkeypatch.setattr(clock, "peak_memory_mb", inside_only("the peak memory read", clock.peak_memory_mb))
-        session = callbacks.Session()
-        outs = list(callbacks.generate(Runtimes(rt), session, PROMPT, *settings_values(max_new_tokens=12)))
+        session = ui_run.Session()
+        outs = list(callbacks.generate(Runtimes(rt), session, PROMPT, **tiny_settings(max_new_tokens=12)))
         assert "done" in outs[-1][2] and zero.inside == 0
         stats = session.last[0]
         assert stats.bandwidth_gbs == 12.5 and stats.peak_memory_mb > 0  # measured in the call, handed back
-        assert zero.durations == [startup.zero_gpu_duration(RunSettings(max_new_tokens=12), [])]
+        assert zero.durations == [startup.zero_gpu_duration(Request(max_new_tokens=12), [])]
     finally:
         rt.close()
 
 
 def test_the_duration_follows_the_request():
-    short, long = (startup.zero_gpu_duration(RunSettings(max_new_tokens=n), [1, 2]) for n in (16, 1024))
+    short, long = (startup.zero_gpu_duration(Request(max_new_tokens=n), [1, 2]) for n in (16, 1024))
     assert startup.ZERO_GPU_BASE_S <= short < long <= startup.ZERO_GPU_MAX_S
     assert isinstance(short, int)

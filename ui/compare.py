@@ -9,88 +9,35 @@ last_compare once it ends.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import replace
 
 import gradio as gr
 
-from engine.stats import Round
-from ui import compare_plots, endpoint, render
-from ui.callbacks import (Session, begin_run, prepare, record_run, refusal, runs_table, runtime_for, starting,
-                          write_history)
+from engine.request import Request
+from ui import backends, compare_plots, render
 from ui.compare_plots import CompareEntry
 from ui.models import Runtimes
-from ui.pump import RoundPump
+from ui.run import Session, begin_run, record_run, refusal, runs_table, runtime_for, starting, write_history
 from ui.runtime import Runtime
-from ui.settings import SINKS, RunSettings
-
-IDLE_TICK_S = 0.25  # a run yields this often, so a closed tab or Stop is noticed
-COMPARE_WINDOW = 512  # the attention group's window when the run itself attends in full
 
 
-def plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None, str | None, bool]]:
-    """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared."""
-    if s.on_endpoint:  # this engine against the endpoint, one bar each
-        return endpoint.plan(rt, s)
-    s = replace(s, weights=s.weights or rt.weight_format)  # named, so equal runs in two groups run once
-    base = replace(s, mode="plain")
-    spec = s if s.speculative else replace(s, mode="n-gram")
-    out = []
-    if rt.graphs_reason:
-        out.append(("CUDA graphs", "CUDA graph", None, rt.graphs_reason, False))
-    else:
-        out += [("CUDA graphs", "eager", replace(base, cuda_graphs=False), None, True),
-                ("CUDA graphs", "CUDA graph", replace(base, cuda_graphs=True), None, False)]
-    if rt.fused_reason:
-        out.append(("kernels", "fused kernels", None, rt.fused_reason, False))
-    else:
-        out += [("kernels", "torch ops", replace(base, fused_kernels=False), None, True),
-                ("kernels", "fused kernels", replace(base, fused_kernels=True), None, False)]
-    # weight formats: fp32 against each other format, all plain (the one knob that changes is the format)
-    for fmt, why in rt.formats().items():
-        if why is not None or fmt == "bf16":
-            continue
-        label = f"{fmt} weights"
-        out.append(("weights", label, replace(base, weights=fmt), None, fmt == "fp32"))
-    # attention: full against the run's window (or COMPARE_WINDOW when the run attends in full)
-    window = base.window or COMPARE_WINDOW
-    out += [("attention", "full", replace(base, window=0), None, True),
-            ("attention", f"window {window} + {SINKS} sinks", replace(base, window=window), None, False)]
-    out += [("speculative", "plain", base, None, True), ("speculative", spec.mode_label(), spec, None, False)]
-    return out
+def plan(rt: Runtime, s: Request) -> list[tuple[str, str, Request | None, str | None, bool]]:
+    """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared: the
+    backend's plan (ui/local.py for this engine; with an endpoint, this engine against it)."""
+    return backends.of(s).plan(rt, s)
 
 
-def run_to_end(rt: Runtime, session: Session, s: RunSettings, ids: list[int], status: str, prompt: str = ""):
-    """Generator: runs s, yielding `status` now and then; returns its Stats, or None if it was stopped."""
-    if s.on_endpoint:
-        return (yield from endpoint.run_to_end(rt, session, s, prompt, status))
-    rounds: list[Round] = []
-    pump = RoundPump(rt, s, ids, session.run_stop)
-    try:
-        for batch in pump.batches(IDLE_TICK_S):
-            rounds += batch
-            yield status
-    except ValueError as e:
-        yield render.error_html(f"{s.label()}: {e}", "Compare failed")
-        raise refusal(f"Compare failed at {s.label()}: {e}") from None
-    finally:
-        pump.close()
-    if not (rounds and rounds[-1].finished):
-        return None
-    return rt.stats(rounds, len(ids), s.as_dict(rt.model_name), pump.facts)
-
-
-def compare(models: Runtimes, session: Session, prompt: str, *values):
+def compare(models: Runtimes, session: Session, prompt: str, **values):
     """Run each configuration of the plan once (shared ones once in all); yields the status html. A refused
     Compare says why in the status line, then raises (API clients get the error)."""
     session.last_compare = None
     try:
         rt = yield from runtime_for(models, values)
-        s, ids = prepare(rt, prompt, values)
+        s, ids = backends.prepare(rt, prompt, values)
         configs = plan(rt, s)
         for _, _, cfg, _, _ in configs:
             if cfg is not None:
                 try:
-                    rt.validate(cfg, ids)
+                    backends.of(cfg).check(rt, cfg, ids)
                 except ValueError as e:
                     raise refusal(f"Compare cannot run {cfg.label()}: {e}") from None
     except gr.Error as e:
@@ -103,7 +50,7 @@ def compare(models: Runtimes, session: Session, prompt: str, *values):
     done = {}
     for i, cfg in enumerate(todo, 1):
         status = render.message_html(f"Compare {i}/{len(todo)}: {starting(rt, cfg)}")
-        stats = yield from run_to_end(rt, session, cfg, ids, status, prompt)
+        stats = yield from backends.of(cfg).run_to_end(rt, session, cfg, ids, status, prompt)
         if stats is None:
             record(rt, session, configs, done)
             yield render.message_html(f"Compare stopped during {cfg.label()}.")

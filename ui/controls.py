@@ -9,7 +9,7 @@ from ui import render
 from ui.examples import FIRST_MODE
 from ui.models import Runtimes
 from ui.runtime import Runtime
-from ui.settings import CALIBRATED, either
+from engine.request import CALIBRATED, SPECS, either
 
 VISIBLE_FOR = ("k", "ngram", "layers", "draft", "adaptive")  # the outputs of setting_visibility, in order
 
@@ -82,15 +82,17 @@ def model_knobs(rt: Runtime, mode: str = FIRST_MODE, weights: str = "") -> dict[
         weights=dict(choices=formats, value=weights if weights in formats else rt.weight_format),
         layers=dict(maximum=max(1, rt.n_layers - 1), value=CALIBRATED),
         draft=dict(choices=drafts, value=drafts[0] if drafts else None, interactive=bool(drafts)),
-        graphs=dict(value=rt.graphs_reason is None, interactive=rt.graphs_reason is None,
+        graphs=dict(value=SPECS["cuda_graphs"].default and rt.graphs_reason is None,
+                    interactive=rt.graphs_reason is None,
                     info=rt.graphs_reason or "replay the captured decode step"),
-        fused=dict(value=rt.fused_reason is None, interactive=rt.fused_reason is None,
+        fused=dict(value=SPECS["fused_kernels"].default and rt.fused_reason is None,
+                   interactive=rt.fused_reason is None,
                    info=rt.fused_reason or f"our {rt.engine.device.type.upper()} kernels instead of torch ops"),
-        chat=dict(value=chat, interactive=chat, info=CHAT_INFO if chat else NO_CHAT),
+        chat=dict(value=SPECS["chat"].default and chat, interactive=chat,
+                  info=SPECS["chat"].help if chat else NO_CHAT),
     )
 
 
-CHAT_INFO = "wrap the prompt as a user turn of the model's chat template"
 NO_CHAT = "this model has no chat template: the prompt goes as it is"
 MODEL_KNOBS = ("mode", "weights", "layers", "draft", "graphs", "fused", "chat")  # model_picked's knob outputs, in order
 

@@ -13,14 +13,15 @@ import gradio as gr
 
 from engine.endpoint import (Endpoint, EndpointError, EndpointStream, check_url, endpoint_stats, extra_summary,
                              format_extra)
+from engine.request import SPECS, Request
 from engine.stats import Round
 from ui import render
-from ui.pump import _DONE, RoundPump
+from ui.pump import DONE, RoundPump
+from ui.run import LiveRun, begin_run, record_run, refusal
 from ui.runtime import Runtime
-from ui.settings import RunSettings
 
-ENGINE, ENDPOINT = "this engine", "endpoint"
-BACKENDS = (ENGINE, ENDPOINT)
+ENGINE, ENDPOINT = "engine", "endpoint"  # Request.backend's values
+BACKENDS = (("this engine", ENGINE), ("endpoint", ENDPOINT))  # the Backend radio: (shown, value)
 CONCURRENT_RUNS = 4  # endpoint runs at once: each holds a connection and a reader thread, not the engine
 
 
@@ -33,7 +34,7 @@ def allowed(rt: Runtime, url: str) -> str | None:
     return url if url in {check_url(u) for u in rt.endpoints} else None
 
 
-def check(rt: Runtime, s: RunSettings) -> None:
+def check(rt: Runtime, s: Request) -> None:
     """ValueError naming the setting at fault; the key is not looked at here."""
     if not s.endpoint:
         raise ValueError("no endpoint is chosen: pick one" + ("" if rt.endpoints or rt.allow_any_endpoint else
@@ -43,11 +44,9 @@ def check(rt: Runtime, s: RunSettings) -> None:
         raise ValueError(f"that endpoint is not one the app was started with; pick one of the list ({listed}); an "
                          "address of your own needs the app started with --allow-any-endpoint")
     Endpoint(s.endpoint, model=s.endpoint_model, server=s.server)  # raises naming the URL or server
-    if s.max_new_tokens < 1:
-        raise ValueError(f"max new tokens={s.max_new_tokens} must be at least 1")
 
 
-def endpoint_of(rt: Runtime, s: RunSettings, session) -> Endpoint:
+def endpoint_of(rt: Runtime, s: Request, session) -> Endpoint:
     """The run's endpoint with its key: the tab's own key, else the launch key, and the launch key only for an
     endpoint named at launch (a typed address, allowed by --allow-any-endpoint, gets the tab's key or none)."""
     url = allowed(rt, s.endpoint)
@@ -71,16 +70,12 @@ def gate(on_endpoint: bool):
 
 def queued(generate, on_endpoint: bool):
     """generate for one queue: an API call that names the other backend is refused, naming the right route."""
-    from ui.callbacks import SETTINGS_FIELDS, refusal
-
-    at = SETTINGS_FIELDS.index("backend")
-
-    def run(session, prompt, *values):
-        if is_endpoint(values[at]) != on_endpoint:
+    def run(session, prompt, **values):
+        if is_endpoint(values.get("backend") or ENGINE) != on_endpoint:
             route = "/generate_endpoint" if not on_endpoint else "/generate"
             raise refusal(f"{'an endpoint' if not on_endpoint else 'an engine'} run goes through {route} (endpoint "
                           "runs wait in a queue of their own)")
-        yield from generate(session, prompt, *values)
+        yield from generate(session, prompt, **values)
     return run
 
 
@@ -93,9 +88,10 @@ class EndpointPump(RoundPump):
     """RoundPump's queue and batching over an endpoint stream, without the engine's lock; Stop or a closed tab
     closes the connection within the client's poll."""
 
-    def __init__(self, rt: Runtime, s: RunSettings, prompt: str, session):
+    def __init__(self, rt: Runtime, s: Request, prompt: str, session):
+        p = s.sampling
         self.run = EndpointStream(endpoint_of(rt, s, session), prompt, chat=s.chat, max_new_tokens=s.max_new_tokens,
-                                  temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
+                                  temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
                                   tokenizer=rt.tokenizer, cancelled=lambda: self.stop.is_set() or self.closed.is_set())
         super().__init__(rt, s, [], session.run_stop)
 
@@ -107,7 +103,7 @@ class EndpointPump(RoundPump):
         except Exception as e:  # handed to the page's generator, which says what happened
             self.q.put(e)
         finally:
-            self.q.put(_DONE)
+            self.q.put(DONE)
 
 
 def run_rounds(pump: EndpointPump, interval_s: float):
@@ -125,10 +121,8 @@ def stats_of(rt: Runtime, rounds: list[Round], pump: EndpointPump, settings: dic
                           prompt_len)
 
 
-def generate(rt: Runtime, session, prompt: str, s: RunSettings, ids: list[int]):
+def generate(rt: Runtime, session, prompt: str, s: Request, ids: list[int]):
     """callbacks.generate for an endpoint run: yields (tokens html, stats html, status html)."""
-    from ui.callbacks import LiveRun, begin_run, record_run, refusal
-
     session.last = None
     if not begin_run(session):
         yield (gr.skip(), gr.skip(), render.message_html("Stopped before it started."))
@@ -169,7 +163,7 @@ def generate(rt: Runtime, session, prompt: str, s: RunSettings, ids: list[int]):
     yield (html, render.stats_line(stats), render.message_html(msg + (f"\n{note}" if note else "")))
 
 
-def run_to_end(rt: Runtime, session, s: RunSettings, prompt: str, status: str):
+def run_to_end(rt: Runtime, session, s: Request, prompt: str, status: str):
     """compare.run_to_end for the endpoint: its Stats, or None if it was stopped; a failure is named."""
     pump = EndpointPump(rt, s, prompt, session)
     rounds: list[Round] = []
@@ -186,7 +180,7 @@ def run_to_end(rt: Runtime, session, s: RunSettings, prompt: str, status: str):
     return stats_of(rt, rounds, pump, s.as_dict(rt.model_name), 0)
 
 
-def plan(rt: Runtime, s: RunSettings) -> list:
+def plan(rt: Runtime, s: Request) -> list:
     """Compare with an endpoint chosen: this engine and the endpoint, same prompt and settings, one bar each."""
     from dataclasses import replace
 
@@ -205,17 +199,20 @@ def widgets(rt: Runtime):
     from engine.endpoint import SERVER_CHOICES
 
     usable = bool(rt.endpoints) or rt.allow_any_endpoint
-    backend = gr.Radio(list(BACKENDS), value=ENGINE, label="Backend", elem_id="backend", interactive=usable,
+    backend = gr.Radio(list(BACKENDS), value=ENGINE, label=SPECS["backend"].label, elem_id="backend",
+                       interactive=usable,
                        info="this engine, or a serving engine's OpenAI-compatible endpoint (vLLM, SGLang, "
                             "llama-server): the same panels for its stream" if usable else
                             "start the app with --endpoint URL to profile a serving engine")
     with gr.Group(visible=False, elem_id="endpoint-fields") as box:
-        url = gr.Dropdown(rt.endpoints, value=rt.endpoints[0] if rt.endpoints else None, label="Endpoint",
+        url = gr.Dropdown(rt.endpoints, value=rt.endpoints[0] if rt.endpoints else None, label=SPECS["endpoint"].label,
                           elem_id="endpoint-url", allow_custom_value=rt.allow_any_endpoint,
                           info="the API's base URL" + (" (or type one)" if rt.allow_any_endpoint else ""))
         with gr.Row():
-            model = gr.Textbox("", label="Model", elem_id="endpoint-model", placeholder="the first it serves")
-            server = gr.Dropdown(list(SERVER_CHOICES), value="auto", label="Server", elem_id="endpoint-server",
+            model = gr.Textbox("", label=SPECS["endpoint_model"].label, elem_id="endpoint-model",
+                               placeholder="the first it serves")
+            server = gr.Dropdown(list(SERVER_CHOICES), value=SPECS["server"].default, label=SPECS["server"].label,
+                                 elem_id="endpoint-server",
                                  info="for its own fields; auto asks it")
         key = gr.Textbox("", label="API key", type="password", elem_id="endpoint-key",
                          placeholder="set at launch" if rt.endpoint_key else "none",

@@ -1,12 +1,12 @@
 """The prompts the page offers: one per mode where that mode does best, each at its best settings.
 
-The page opens with the first of them filled in (an edit whose answer repeats its input, n-gram lookup up to 8
-drafts a round): a first Generate shows accepted drafts streaming in, which is what the page is for.
+The page opens with the first of them filled in (an edit whose answer repeats its input, n-gram lookup at the
+default k): a first Generate shows accepted drafts streaming in, which is what the page is for.
 """
 from __future__ import annotations
 
 from ui.runtime import Runtime
-from ui.settings import CALIBRATED
+from engine.request import CALIBRATED, SPECS
 
 PROSE = "Write a short, vivid paragraph about a lighthouse keeper who finds a message in a bottle."
 CODE = "Write a Python function `is_prime(n: int) -> bool` with a docstring and a few doctest examples."
@@ -16,7 +16,7 @@ EDIT = ("Repeat the following text exactly, but fix its three spelling mistakes:
         "sailors knew that the rocks were close. The keeper climbed the stairs each evening, cleaned the "
         "glass, and wound the clockwork that turned the lens. He wrote the weather in his log book, the "
         "direction of the wind and the heigt of the waves, and he never mised a single night.")
-FIRST_MODE, FIRST_K = "n-gram", 8  # the settings the page opens with, those of the first example
+FIRST_MODE = "n-gram"  # the mode the page opens with, the first example's (at the record's default k)
 
 
 def examples(rt: Runtime) -> tuple[list[list], list[str]]:
@@ -33,7 +33,7 @@ def examples(rt: Runtime) -> tuple[list[list], list[str]]:
     dense = next((f for f in ("fp32", "bf16", "fp16") if f in formats), rt.weight_format)
     targets = rt.self_draft_targets()
     self_target = dense if dense in targets else next(iter(targets), dense)
-    rows = [[EDIT, FIRST_MODE, FIRST_K, CALIBRATED, rt.weight_format],
+    rows = [[EDIT, FIRST_MODE, SPECS["k"].default, CALIBRATED, rt.weight_format],
             [PROSE, "self-draft", 6, CALIBRATED, self_target], [CODE, "layer-skip", 4, CALIBRATED, dense]]
     labels = ["n-gram: quote and edit", f"self-draft ({rt.self_draft_format} drafts, {self_target} target): prose",
               f"layer-skip (calibrated, {dense}): code"]

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.request import NAMES
 from engine.stats import PHASES, Stats, finite
 
 TOKEN_COLUMNS = [
@@ -23,11 +24,9 @@ TOKEN_COLUMNS = [
     "latency_ms", "p_target", "p_draft", "round_ms", "draft_ms", "target_ms", "sample_ms", "t_end_ms", "inferred",
     "prompt_tokens",
 ]
-# The settings a run was asked for, repeated on every row so a CSV stands alone.
-SETTINGS_COLUMNS = [
-    "model", "mode", "k", "adaptive", "ngram", "layers", "draft_model", "cuda_graphs", "fused_kernels", "chat",
-    "temperature", "top_p", "top_k", "seed", "max_new_tokens", "weights", "window", "backend",
-]
+# The settings a run was asked for (the request record's, in its order), repeated on every row so a CSV stands
+# alone.
+SETTINGS_COLUMNS = list(NAMES)
 SUMMARY_COLUMNS = [
     "run_id", "label", "tokens", "prompt_tokens", "rounds", "ttft_ms", "itl_mean_ms", "itl_p50_ms",
     "itl_p99_ms", "decode_tok_s", "total_ms", "peak_memory_mb", "acceptance_rate", "mean_accepted_len",

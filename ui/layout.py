@@ -1,18 +1,19 @@
 """The page: components top to bottom, then the wiring. Callbacks live in callbacks.py; CSS in style.py."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from functools import partial
 
 import gradio as gr
 
-from ui import callbacks, compare, compare_plots, controls, endpoint, profile, render, stream
-from ui.examples import EDIT, FIRST_K, examples
+from engine.request import NAMES, SINKS, SPECS
+from ui import callbacks, compare, compare_plots, controls, endpoint, profile, render, run, stream
+from ui.examples import EDIT, examples
 from ui.models import Runtimes
-from ui.page_js import OUTPUT_TEMPLATE, SHOW_REJECTED_JS, output_js
+from ui.page_js import KEEP_TYPED_JS, OUTPUT_TEMPLATE, SHOW_REJECTED_JS, output_js
 from ui.profile_plots import PROFILE_COLUMN_WIDTHS, PROFILE_HEADERS
 from ui.runtime import Runtime
-from ui.settings import K_RANGE, NGRAM_RANGE, SINKS, WINDOW_RANGE
 from ui.style import page_css
 
 QUEUE_MAX_SIZE = 16  # runs waiting for the engine; past this a user is told the queue is full
@@ -26,64 +27,92 @@ WEIGHTS_INFO = ("how the projections are stored: fp32, fp16, int8 blocks or 4-bi
 PLOT_MIN_WIDTH = 480  # px: below two of these side by side, a row wraps and the plots stack
 
 
+def ranged(name: str, maximum: float | None = None) -> dict:
+    """A slider's range, start and label from the setting's record (engine.request), its top lowered to
+    `maximum` where the launch allows less (the cache, the model's layers)."""
+    spec = SPECS[name]
+    lo, hi = spec.off[0] if spec.off else spec.range[0], spec.range[1]
+    hi = maximum if hi is None else hi if maximum is None else min(hi, maximum)
+    return dict(minimum=lo, maximum=hi, value=min(spec.default, hi), label=spec.label)
+
+
 class Knobs:
     """The settings widgets, made before the page is laid out (render=False) so that the Examples near the top
-    can fill them; each is placed in the settings column by render()."""
+    can fill them; each is placed in the settings column by render(). Ranges, starting values and labels come
+    from the request record (engine.request), so the page offers exactly what a request accepts."""
 
     def __init__(self, rt: Runtime):
         knobs = controls.model_knobs(rt)  # the model's: the Model picker updates them (controls.model_picked)
-        max_tokens = min(1024, rt.engine.max_seq_len - 1)
         hidden = dict(render=False)
-        self.mode = gr.Radio(**knobs["mode"], label="Mode", elem_id="mode", **hidden)
-        self.k = gr.Slider(*K_RANGE, value=FIRST_K, step=1, label="k (the most drafts per round)", elem_id="k",
-                           **hidden)
-        self.adaptive = gr.Checkbox(True, label="Adaptive k", elem_id="adaptive",
-                                    info="each round drafts what the run's measured costs and acceptance say "
-                                         "pays (0: a plain step); off: k every round", **hidden)
-        self.ngram = gr.Slider(*NGRAM_RANGE, value=3, step=1, label="n-gram size", elem_id="ngram", **hidden)
-        self.layers = gr.Slider(minimum=0, **knobs["layers"], step=1,
-                                label="layer-skip layers (0: which to skip calibrated on each prompt; N: the "
-                                      "first N)", elem_id="layers", visible=False, **hidden)
-        self.draft = gr.Dropdown(**knobs["draft"], label="Draft model", elem_id="draft-model", visible=False,
+        label = {name: spec.label for name, spec in SPECS.items()}
+        self.mode = gr.Radio(**knobs["mode"], label=label["mode"], elem_id="mode", **hidden)
+        self.k = gr.Slider(**ranged("k"), step=1, elem_id="k", **hidden)
+        self.adaptive = gr.Checkbox(SPECS["adaptive"].default, label=label["adaptive"], elem_id="adaptive",
+                                    info=SPECS["adaptive"].help, **hidden)
+        self.ngram = gr.Slider(**ranged("ngram"), step=1, elem_id="ngram", **hidden)
+        self.layers = gr.Slider(minimum=0, **knobs["layers"], step=1, label=label["layers"], elem_id="layers",
+                                visible=False, **hidden)
+        self.draft = gr.Dropdown(**knobs["draft"], label=label["draft_model"], elem_id="draft-model", visible=False,
                                  **hidden)
-        self.graphs = gr.Checkbox(**knobs["graphs"], label="CUDA graphs", elem_id="cuda-graphs", **hidden)
-        self.fused = gr.Checkbox(**knobs["fused"], label="Fused kernels", elem_id="fused", **hidden)
-        self.weights = gr.Dropdown(**knobs["weights"], label="Weights", elem_id="weights", info=WEIGHTS_INFO,
+        self.graphs = gr.Checkbox(**knobs["graphs"], label=label["cuda_graphs"], elem_id="cuda-graphs", **hidden)
+        self.fused = gr.Checkbox(**knobs["fused"], label=label["fused_kernels"], elem_id="fused", **hidden)
+        self.weights = gr.Dropdown(**knobs["weights"], label=label["weights"], elem_id="weights", info=WEIGHTS_INFO,
                                    **hidden)
-        self.window = gr.Slider(0, min(WINDOW_RANGE[1], rt.engine.max_seq_len), value=0, step=16,
-                                label="attention window", info=f"0: full; W: the last W positions + {SINKS} sinks",
-                                elem_id="window", **hidden)
-        self.temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
-                                     elem_id="temperature", **hidden)
-        self.top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p", elem_id="top-p", **hidden)
-        self.top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)", elem_id="top-k", **hidden)
-        self.seed = gr.Number(0, precision=0, label="seed", elem_id="seed", **hidden)
-        self.max_new = gr.Slider(1, max_tokens, value=min(128, max_tokens), step=1, label="max new tokens",
+        self.window = gr.Slider(**ranged("window", rt.engine.max_seq_len), step=16,
+                                info=f"0: full; W: the last W positions + {SINKS} sinks", elem_id="window", **hidden)
+        self.temperature = gr.Slider(**ranged("temperature"), step=0.05, elem_id="temperature", **hidden)
+        self.top_p = gr.Slider(**ranged("top_p"), step=0.05, elem_id="top-p", **hidden)
+        self.top_k = gr.Slider(**ranged("top_k"), step=1, elem_id="top-k", **hidden)
+        self.seed = gr.Number(SPECS["seed"].default, precision=0, label=label["seed"], elem_id="seed", **hidden)
+        # the slider's reach; a typed number past it is judged like any other (the cache's room)
+        self.max_new = gr.Slider(**ranged("max_new_tokens", min(1024, rt.engine.max_seq_len - 1)), step=1,
                                  elem_id="max-new-tokens", **hidden)
-        self.chat = gr.Checkbox(**knobs["chat"], label="Chat template", elem_id="chat", **hidden)
+        self.chat = gr.Checkbox(**knobs["chat"], label=label["chat"], elem_id="chat", **hidden)
 
-    def settings(self) -> list:
-        """In callbacks.SETTINGS_FIELDS order: what every engine event takes after the prompt."""
-        return [self.mode, self.k, self.ngram, self.layers, self.draft, self.graphs, self.fused, self.chat,
-                self.temperature, self.top_p, self.top_k, self.seed, self.max_new, self.adaptive, self.weights,
-                self.window]
+    def settings(self) -> dict:
+        """The request's settings these widgets hold, by name (the backend's and the model's are elsewhere)."""
+        return dict(mode=self.mode, k=self.k, adaptive=self.adaptive, ngram=self.ngram, layers=self.layers,
+                    draft_model=self.draft, cuda_graphs=self.graphs, fused_kernels=self.fused, weights=self.weights,
+                    window=self.window, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    seed=self.seed, max_new_tokens=self.max_new, chat=self.chat)
 
     def render(self) -> None:
-        """The settings column."""
-        self.mode.render()
-        for knob in (self.k, self.adaptive, self.ngram, self.layers, self.draft):
-            knob.render()
-        with gr.Row():
-            self.graphs.render()
-            self.fused.render()
-        with gr.Row():
-            self.weights.render()
-            self.window.render()
-        for knob in (self.temperature, self.top_p, self.top_k):
-            knob.render()
-        with gr.Row():
-            self.seed.render()
-            self.max_new.render()
+        """The settings column, in the request's order (the chat box sits by the prompt); PAIRS share a row."""
+        column = {n: w for n, w in self.settings().items() if n != "chat"}
+        names = [n for n in NAMES if n in column]
+        while names:
+            name = names.pop(0)
+            if name in PAIRS:
+                with gr.Row():
+                    column[name].render()
+                    column[names.pop(0)].render()
+            else:
+                column[name].render()
+
+
+PAIRS = ("cuda_graphs", "weights", "seed")  # each shares a row with the setting after it
+
+
+def page_inputs(knobs: Knobs, **others) -> dict:
+    """Every setting's widget by name, in the request's order: what the engine events take by name, so the API's
+    parameter names are the request's. A setting without a widget fails the page's build, naming it."""
+    widgets = {**knobs.settings(), **others}
+    if missing := [n for n in NAMES if n not in widgets]:
+        raise KeyError(f"settings without a widget on the page: {', '.join(missing)}")
+    return {n: widgets[n] for n in NAMES}
+
+
+def by_name(fn, *inputs: str):
+    """fn as an engine event calls it: `inputs` in order, then every setting by name. Its signature gives each
+    setting a default, so an API client may leave any out, one whose widget starts empty (no draft model, no
+    endpoint) included; the handler then keeps the record's default."""
+    def event(*args, **settings):
+        return (yield from fn(*args, **settings))
+
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in NAMES]
+    event.__signature__ = inspect.Signature(params)
+    return event
 
 
 def build(models: Runtimes) -> gr.Blocks:
@@ -91,10 +120,10 @@ def build(models: Runtimes) -> gr.Blocks:
     value; what every Runtime shares (the export store, the stream registry) is reached through the first."""
     rt = models.first
 
-    def end_session(session: callbacks.Session) -> None:
+    def end_session(session: run.Session) -> None:
         # A plain closure, not a partial: gradio deep-copies component config (this callback included) on
         # every page load, and a partial would carry a copy of the runtime, model weights and all.
-        callbacks.end_session(rt, session)
+        run.end_session(rt, session)
 
     def mode_changed(title: str, mode: str, weights: str) -> tuple:
         return controls.mode_changed(models.get(title), mode, weights)
@@ -103,7 +132,7 @@ def build(models: Runtimes) -> gr.Blocks:
         return controls.weights_changed(models.get(title), mode, weights)
 
     with gr.Blocks(title=TITLE, delete_cache=(600, 3600)) as demo:
-        session = gr.State(callbacks.Session, delete_callback=end_session)
+        session = gr.State(run.Session, delete_callback=end_session)
         knobs = Knobs(rt)
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         with gr.Row(equal_height=False):
@@ -140,7 +169,7 @@ def build(models: Runtimes) -> gr.Blocks:
         plot_cmp = gr.Plot(label="Compare", elem_id="plot-compare")
         cmp_table = gr.Dataframe(headers=compare_plots.COMPARE_HEADERS, label="Compare figures",
                                  elem_id="compare-table", interactive=False, wrap=True)
-        runs = gr.Dataframe(headers=callbacks.RUN_HEADERS, label="Runs this session (newest first)", elem_id="runs",
+        runs = gr.Dataframe(headers=run.RUN_HEADERS, label="Runs this session (newest first)", elem_id="runs",
                             interactive=False, wrap=True)
         with gr.Row():
             csv_btn = gr.DownloadButton("Token CSV", elem_id="csv-download", size="sm")
@@ -148,9 +177,8 @@ def build(models: Runtimes) -> gr.Blocks:
             runs_btn = gr.DownloadButton("Runs CSV", elem_id="runs-download", size="sm")
         panel = profile_panel(rt)
 
-        # the engine's settings, then the backend's (ui/endpoint.py): SETTINGS_FIELDS order
-        settings = [*knobs.settings(), backend, endpoint_url, endpoint_model, server, picker]
-        assert len(settings) == len(callbacks.SETTINGS_FIELDS)
+        settings = page_inputs(knobs, backend=backend, endpoint=endpoint_url, endpoint_model=endpoint_model,
+                               server=server, model=picker)
         # preprocess=False: the callbacks check every value and name the setting at fault, where gradio's
         # own range check would only say "Value 40 is greater than maximum value 16".
         engine_event = dict(concurrency_limit=1, concurrency_id="engine", preprocess=False, show_progress="hidden")
@@ -163,21 +191,22 @@ def build(models: Runtimes) -> gr.Blocks:
         for on_endpoint, event, api in ((False, engine_event, "generate"), (True, endpoint_event, "generate_endpoint")):
             (generate_btn.click(endpoint.gate(on_endpoint), [backend], None, **quick)
              .success(callbacks.submit_live, [session], [timer], **quick)
-             .success(endpoint.queued(partial(callbacks.generate, models), on_endpoint), [session, prompt, *settings],
-                      [output, stats, status], api_name=api, **event)
+             .success(by_name(endpoint.queued(partial(callbacks.generate, models), on_endpoint), "session", "prompt"),
+                      [session, prompt], [output, stats, status], inputs_kwargs=settings, api_name=api, **event)
              .then(callbacks.live_off, None, [timer], **quick)
              .then(partial(callbacks.last_run, rt), [session],
                    [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn],
                    **(dict(api_visibility="private") if on_endpoint else dict(api_name="last_run"))))
-        (compare_btn.click(callbacks.submit, [session], None, **quick)
-         .then(partial(compare.compare, models), [session, prompt, *settings], [status], api_name="compare",
-               **engine_event)
+        (compare_btn.click(run.submit, [session], None, **quick)
+         .then(by_name(partial(compare.compare, models), "session", "prompt"), [session, prompt], [status],
+               inputs_kwargs=settings,
+               api_name="compare", **engine_event)
          .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
                api_name="last_compare"))
-        panel.profile_btn.click(partial(profile.run_profile, models),
-                                [session, prompt, panel.against, panel.steps, *settings], panel.outputs,
-                                api_name="profile", **engine_event)
-        stop_btn.click(callbacks.stop, [session], None, queue=False, api_name="stop")
+        panel.profile_btn.click(by_name(partial(profile.run_profile, models), "session", "prompt", "against", "steps"),
+                                [session, prompt, panel.against, panel.steps], panel.outputs,
+                                inputs_kwargs=settings, api_name="profile", **engine_event)
+        stop_btn.click(run.stop, [session], None, queue=False, api_name="stop")
         visibility = [knobs.k, knobs.ngram, knobs.layers, knobs.draft, knobs.adaptive]
         knobs.mode.change(mode_changed, [picker, knobs.mode, knobs.weights],
                           [*visibility, knobs.weights, knobs.mode], preprocess=False, **quick)
@@ -235,4 +264,5 @@ def launch_kwargs() -> dict:
     that was the page's largest script cost after rendering. The page keeps its own history (Runs this
     session, the Runs CSV). app_kwargs: the app's own route, where the page fetches a streaming run's spans
     (ui/stream.py)."""
-    return dict(css=page_css(), show_error=True, run_history=False, app_kwargs={"routes": [stream.route()]})
+    return dict(css=page_css(), js=KEEP_TYPED_JS, show_error=True, run_history=False,
+                app_kwargs={"routes": [stream.route()]})

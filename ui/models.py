@@ -17,7 +17,7 @@ SHARED = ("store", "lock", "endpoints", "allow_any_endpoint", "endpoint_key", "e
 
 
 class Runtimes:
-    """Model title (what the page's picker shows and RunSettings.model holds) -> its Runtime, built once.
+    """Model title (what the page's picker shows and Request.model holds) -> its Runtime, built once.
 
     `later` maps each other title to (a note on what its first load does, a function building its Runtime, called
     with shared=the shared fields). Building holds a lock of its own: two users picking the same model at once

@@ -1,4 +1,5 @@
-"""The page's own JavaScript: the streamed output box (a gr.HTML js_on_load) and the show-rejected toggle.
+"""The page's own JavaScript: the streamed output box (a gr.HTML js_on_load), the show-rejected toggle, and the
+sliders' number boxes left as typed (KEEP_TYPED_JS).
 
 The output box renders itself. While a run streams, its value is a marker naming the run and the box fetches the new
 spans and the stats line from the server (ui/stream.py: `poll` at stream.ROUTE, every stream interval), appending
@@ -98,3 +99,20 @@ def output_js(poll_s: float) -> str:
 
 
 SHOW_REJECTED_JS = "(show) => { document.getElementById('output-tokens').classList.toggle('hide-rejected', !show); }"
+
+
+# A slider's number box pulls a typed value back into the slider's range when it loses focus, and the run went
+# with the pulled-back value without a word (k=100 ran k<=16 while the box said 100; 0 new tokens made one). Left
+# as typed, the value reaches the app, which refuses it naming the range the request accepts (engine/request.py),
+# as it does for an API client. A capture listener runs before the box's own and stops only an out-of-range blur.
+KEEP_TYPED_JS = r"""
+() => {
+  document.addEventListener('blur', (e) => {
+    const t = e.target;
+    if (!(t instanceof HTMLInputElement) || t.type !== 'number') return;
+    if (!(t.getAttribute('aria-label') || '').startsWith('number input for ')) return;  // a slider's box
+    const v = Number(t.value);
+    if (t.value !== '' && (v < Number(t.min) || v > Number(t.max))) e.stopImmediatePropagation();
+  }, true);
+}
+"""

@@ -18,13 +18,13 @@ from engine.observe import profile as engine_profile
 from engine.observe.bandwidth import measure_gbs
 from engine.observe.provenance import Telemetry
 from engine import weights
+from engine.request import as_int
 from engine.weights import FORMATS
 from ui import render
-from ui.callbacks import Session, parse_settings, refusal, runtime_for
 from ui.models import Runtimes
 from ui.profile_plots import head_share, profile_figure, profile_rows
+from ui.run import Session, parse_settings, refusal, runtime_for
 from ui.runtime import PROBE_BYTES, PROBE_REPEATS, Runtime
-from ui.settings import as_int
 from ui.startup import zero_gpu
 
 AGAINST = ("kernels", "CUDA graphs", *(f"weights {f}" for f in FORMATS))  # what the second configuration flips
@@ -139,23 +139,23 @@ def status_line(results: list, seconds: float, telemetry: dict, note: str = "") 
     return f"Profiled in {seconds:.1f} s. {note}" + " | ".join(parts) + f". Machine: {flags}."
 
 
-def run_profile(models: Runtimes, session: Session, prompt: str, against: str, steps, *values):
+def run_profile(models: Runtimes, session: Session, prompt: str, against: str, steps, **values):
     """Yields (status html, figure, table, profile CSV, trace JSON): a status while it runs, then all five. A
     refused profile says why in its status line, then raises (API clients get the error)."""
     try:
         rt = yield from runtime_for(models, values, lambda status: (status, *(gr.skip(),) * 4))
         yield (render.message_html(f"Profiling the current settings and {against}."), *(gr.skip(),) * 4)
-        outputs = profile_outputs(rt, session, prompt, against, steps, *values)
+        outputs = profile_outputs(rt, session, prompt, against, steps, values)
     except gr.Error as e:
         yield (render.error_html(e.message), *(gr.skip(),) * 4)
         raise
     yield outputs
 
 
-def profile_outputs(rt: Runtime, session: Session, prompt: str, against: str, steps, *values) -> tuple:
+def profile_outputs(rt: Runtime, session: Session, prompt: str, against: str, steps, values: dict) -> tuple:
     t0 = time.perf_counter()
     try:
-        s = parse_settings(*values)
+        s = parse_settings(values)
         n = as_int("profile steps", steps)
         if not STEPS_RANGE[0] <= n <= STEPS_RANGE[1]:
             raise ValueError(f"profile steps={n} is out of range; pick {STEPS_RANGE[0]}..{STEPS_RANGE[1]}")

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import torch
 
 from engine.stats import Round
+from engine.request import Request
 from ui.runtime import RunFacts, Runtime
-from ui.settings import RunSettings
 
-_DONE = object()
+DONE = object()  # the end of a pump's queue (an EndpointPump's too)
 IDLE_POLL_S = 0.5  # an idle generator still yields this often, so gradio can close it
 
 
@@ -25,7 +25,7 @@ class RoundPump:
     RunFacts; batches() hands on the rounds, the facts collect in `facts`, and `arrived` holds every round
     the moment it arrives (the page's token stream reads it, ui/stream.py)."""
 
-    def __init__(self, rt: Runtime, s: RunSettings, prompt_ids: list[int], stop: threading.Event):
+    def __init__(self, rt: Runtime, s: Request, prompt_ids: list[int], stop: threading.Event):
         self.rt, self.s, self.prompt_ids, self.stop = rt, s, prompt_ids, stop
         self.facts: list[RunFacts] = []
         self.arrived: list[Round] = []  # appended here only; readers take a slice (a list append is atomic)
@@ -51,7 +51,7 @@ class RoundPump:
                 self.q.put(e)
             finally:
                 items.close()
-                self.q.put(_DONE)
+                self.q.put(DONE)
 
     def batches(self, interval_s: float) -> Iterator[list[Round]]:
         """The rounds that arrived, at most one list per interval (the first round goes out at once).
@@ -71,7 +71,7 @@ class RoundPump:
                 if not batch:
                     yield batch
                 continue
-            if item is _DONE:
+            if item is DONE:
                 if batch:
                     yield batch
                 return

@@ -13,11 +13,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from engine.sampling import SamplingParams
-from engine.speculative import check_k
+from engine import request
+from engine.request import Request, either
 from engine.stats import Round, Stats, finite
 from ui.export import ExportStore
-from ui.settings import CALIBRATED, MODES, NGRAM_RANGE, SINKS, WINDOW_RANGE, RunSettings, either
 
 LAYER_SKIP_KEEP = 2
 # The read-bandwidth probe around each run: 128 MB is 4x the largest L3 cache a CPU here has, so the reads
@@ -79,7 +78,7 @@ class Runtime:
 
     @property
     def weight_format(self) -> str:
-        """The format the app launched with: what RunSettings.weights = "" means."""
+        """The format the app launched with: what Request.weights = "" means."""
         return self.engine.model.weight_format
 
     def formats(self) -> dict[str, str | None]:
@@ -154,16 +153,11 @@ class Runtime:
             return []
         return [f for f, why in self.formats().items() if why is None and BITS[f] > BITS[fmt]]
 
-    def validate(self, s: RunSettings, prompt_ids: list[int]) -> None:
-        """Raise ValueError naming the setting to change; the engine re-checks what it owns."""
+    def validate(self, s: Request, prompt_ids: list[int]) -> None:
+        """Raise ValueError naming the setting to change: what this launch can run (the Request itself holds only
+        values in its ranges); the engine re-checks what it owns."""
         if s.on_endpoint:
-            from ui import endpoint
-
-            return endpoint.check(self, s)
-        if s.backend != "engine":
-            raise ValueError(f"backend={s.backend!r} is not one of engine, endpoint")
-        if s.mode not in MODES:
-            raise ValueError(f"mode={s.mode!r} is not one of {', '.join(MODES)}")
+            raise ValueError("an endpoint run is checked by ui/endpoint.py, not by this engine")
         if (why := self.modes()[s.mode]) is not None:
             raise ValueError(f"{s.mode} mode is unavailable: {why}")
         fmt = s.weights or self.weight_format
@@ -175,13 +169,6 @@ class Runtime:
             raise ValueError(f"self-draft drafts with {self.self_draft_format} weights, which cost as much as a "
                              f"{fmt} target step: pick {either(targets) or 'a denser format'} weights for "
                              "the target, or another mode")
-        if s.window and not WINDOW_RANGE[0] <= s.window <= WINDOW_RANGE[1]:
-            raise ValueError(f"window={s.window} is out of range; pick 0 (full attention) or "
-                             f"{WINDOW_RANGE[0]}..{WINDOW_RANGE[1]} positions")
-        if s.speculative:
-            check_k(s.k)
-        if s.mode == "n-gram" and not NGRAM_RANGE[0] <= s.ngram <= NGRAM_RANGE[1]:
-            raise ValueError(f"n-gram size {s.ngram} is out of range; pick {NGRAM_RANGE[0]}..{NGRAM_RANGE[1]}")
         if s.mode == "layer-skip" and not 0 <= s.layers < self.n_layers:
             raise ValueError(f"layer-skip depth {s.layers} must be 0 (calibrated on the prompt) or "
                              f"1..{self.n_layers - 1} (the first N; the model has {self.n_layers} layers)")
@@ -191,7 +178,6 @@ class Runtime:
             raise ValueError(f"CUDA graphs are unavailable here ({self.graphs_reason}); switch them off")
         if s.fused_kernels and self.fused_reason:
             raise ValueError(f"fused kernels are unavailable here ({self.fused_reason}); switch them off")
-        SamplingParams(s.temperature, s.top_p, s.top_k, s.seed)  # raises naming the bad setting
         self.check_room(len(prompt_ids), s.max_new_tokens)
         # a speculative run needs no cache slots beyond plain decoding's (speculative.stream caps k)
         self.engine.check_request(prompt_ids, s.max_new_tokens)
@@ -209,31 +195,28 @@ class Runtime:
                              f"lower max new tokens to {room - n_prompt} or shorten the prompt")
 
 
-def drafter_for(rt: Runtime, s: RunSettings):
-    """The run's drafter. Those with an engine are kept between runs: a layer-skip drafter owns KV caches (and
-    graphs, once captured), and a model drafter remembers what its drafts cost, so one found too slow on this
-    machine is not probed again."""
-    from engine import speculative
-
-    if s.mode == "n-gram":
-        return speculative.NgramDrafter(max_n=s.ngram)
+def drafter_for(rt: Runtime, s: Request):
+    """The run's drafter (engine.request.make_drafter decides which). Those with an engine are kept between runs:
+    a layer-skip drafter owns KV caches (and graphs, once captured), and a model drafter remembers what its
+    drafts cost, so one found too slow on this machine is not probed again."""
     if s.mode in ("draft model", "self-draft"):
         name = s.draft_model if s.mode == "draft model" else rt.self_draft_format
         key = (s.mode, name)
         if key not in rt.model_drafters:
-            engine = rt.drafts[name] if s.mode == "draft model" else rt.self_drafts[name]
-            rt.model_drafters[key] = speculative.ModelDrafter(engine)
+            draft = rt.drafts[name] if s.mode == "draft model" else rt.self_drafts[name]
+            rt.model_drafters[key] = request.make_drafter(s, rt.engine, draft)
         return rt.model_drafters[key]
+    if s.mode != "layer-skip":
+        return request.make_drafter(s, rt.engine)
     cache, key = rt.layer_skip, (s.weights or rt.weight_format, s.layers)
     if key not in cache:
         while len(cache) >= LAYER_SKIP_KEEP:
             cache.pop(next(iter(cache)))
-        n_layers = None if s.layers == CALIBRATED else s.layers
-        cache[key] = speculative.LayerSkipDrafter(rt.engine_for(s.weights), n_layers=n_layers)
+        cache[key] = request.make_drafter(s, rt.engine_for(s.weights))
     return cache[key]
 
 
-def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterator[Round | RunFacts]:
+def engine_rounds(rt: Runtime, s: Request, prompt_ids: list[int]) -> Iterator[Round | RunFacts]:
     """The one generator that touches the engine: plain records out (RunFacts before, the Round events, RunFacts
     after), nothing of the UI in it.
 
@@ -241,24 +224,10 @@ def engine_rounds(rt: Runtime, s: RunSettings, prompt_ids: list[int]) -> Iterato
     fork, the settings and ids are pickled over, and the records are pickled back. Every CUDA touch of a run
     happens here: graph capture, the bandwidth probes, the clocks, the peak memory read."""
     eng = rt.engine_for(s.weights)
-    if (eng.model.ops.name == "fused") != s.fused_kernels:
-        eng.use_fused(s.fused_kernels)
-    if (eng.graph is not None) != s.cuda_graphs:
-        eng.use_graphs(s.cuda_graphs)
-    if (eng.window or 0) != s.window:
-        eng.use_window(s.window or None, SINKS)
-    path = f"{'graph' if eng.graph is not None else 'eager'} · {eng.model.ops.name}"
-    if s.cuda_graphs and eng.graph is None:
-        path += f" (CUDA graphs requested: {eng.graph_status})"
+    path = request.configure(eng, s, request.SINKS)
     yield RunFacts("before", bandwidth_gbs=probe(rt, eng), weight_bytes=eng.weight_bytes, path=path)
-    sampling = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed)
-    if s.speculative:
-        from engine import speculative
-
-        yield from speculative.stream(eng, drafter_for(rt, s), prompt_ids, s.k, s.max_new_tokens, **sampling,
-                                      adaptive=s.adaptive)
-    else:
-        yield from eng.stream(prompt_ids, s.max_new_tokens, **sampling)
+    drafter = drafter_for(rt, s) if s.speculative else None
+    yield from request.stream(eng, s, prompt_ids, drafter)
     yield RunFacts("after", bandwidth_gbs=probe(rt, eng), peak_memory_mb=eng.clock.peak_memory_mb())
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ui.runtime import Runtime, engine_rounds
-from ui.settings import RunSettings
+from engine.request import Request
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
@@ -92,7 +92,7 @@ def zero_gpu() -> bool:
     return bool(Config.zero_gpu)
 
 
-def zero_gpu_duration(s: RunSettings, prompt_ids: list[int]) -> int:
+def zero_gpu_duration(s: Request, prompt_ids: list[int]) -> int:
     """Seconds of GPU a run asks for, from what it asks (spaces.GPU calls it with the run's arguments)."""
     return min(ZERO_GPU_MAX_S, round(ZERO_GPU_BASE_S + ZERO_GPU_TOKEN_S * s.max_new_tokens))
 

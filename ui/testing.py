@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+from engine.request import unknown
 from engine.stats import Round, Stats, Token
 
 
@@ -46,16 +47,14 @@ def text_of(token_id: int) -> str:
     return f"<t{token_id}>" if token_id % 7 == 0 else f" w{token_id}"
 
 
-# The tiny runtime's settings, in the form the page's inputs send them (tests and benchmarks).
-TINY_SETTINGS = dict(mode="plain", k=4, ngram=3, layers=2, draft_model="tiny-draft", cuda_graphs=False,
-                     fused_kernels=False, chat=False, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=16,
-                     adaptive=True, weights="", window=0, backend="this engine", endpoint="", endpoint_model="",
-                     server="auto", model="")
+# Where the tiny runtime's settings differ from the request record's defaults (engine.request): no graphs or
+# kernels to build, no chat template, the tiny draft model, short runs.
+TINY_CHANGES = dict(k=4, layers=2, draft_model="tiny-draft", cuda_graphs=False, fused_kernels=False, chat=False,
+                    max_new_tokens=16)
 
 
-def settings_values(**overrides) -> list:
-    """TINY_SETTINGS with overrides, ordered as callbacks.SETTINGS_FIELDS (the page's input order)."""
-    from ui.callbacks import SETTINGS_FIELDS
-
-    d = dict(TINY_SETTINGS, **overrides)
-    return [d[name] for name in SETTINGS_FIELDS]
+def tiny_settings(**overrides) -> dict:
+    """The settings a test sends by name, as an API client does (a setting not named keeps the record's default):
+    TINY_CHANGES with overrides, whose names must be the record's."""
+    unknown(overrides)
+    return {**TINY_CHANGES, **overrides}

@@ -11,9 +11,9 @@ decoding gives with the same seed (draws keyed by output position; loop.py prove
 from engine.speculative.drafters import Draft, Drafter, ModelDrafter, self_drafter
 from engine.speculative.layerskip import LayerSkipDrafter
 from engine.speculative.lookup import NgramDrafter
-from engine.speculative.loop import K_MAX, accept, check_k, generate, stream
+from engine.speculative.loop import K_DEFAULT, K_MAX, accept, check_k, generate, stream
 from engine.speculative.schedule import Schedule
 from engine.speculative.suffix import SessionIndex
 
-__all__ = ["K_MAX", "accept", "check_k", "stream", "generate", "Draft", "Drafter", "NgramDrafter", "ModelDrafter",
-           "LayerSkipDrafter", "Schedule", "SessionIndex", "self_drafter"]
+__all__ = ["K_DEFAULT", "K_MAX", "accept", "check_k", "stream", "generate", "Draft", "Drafter", "NgramDrafter",
+           "ModelDrafter", "LayerSkipDrafter", "Schedule", "SessionIndex", "self_drafter"]

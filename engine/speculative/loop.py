@@ -19,6 +19,7 @@ from engine.stats import EMITTED_KINDS, Round, Stats, Token
 from engine.timing import now_ms
 
 K_MAX = 16
+K_DEFAULT = 8  # the most a round drafts when nothing says (engine/request.py's default k reads it)
 
 
 def check_k(k) -> None:
@@ -76,8 +77,8 @@ def cut(tokens: list[Token], stop: set[int], budget: int) -> tuple[list[Token], 
 
 
 @torch.inference_mode()
-def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 64, temperature: float = 0.0,
-           top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None,
+def stream(eng, drafter: Drafter, prompt_ids, k: int = K_DEFAULT, max_new_tokens: int = 64,
+           temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None,
            adaptive: bool = True) -> Iterator[Round]:
     """Round 0 is the prefill (its token is the first output, as in Engine.stream), then one Round per
     draft -> verify -> accept, or a plain decode step where the schedule picks k = 0 or the drafter has
@@ -147,8 +148,8 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 
         yield rnd
 
 
-def generate(eng, drafter: Drafter, prompt_ids, k: int = 5, max_new_tokens: int = 64, temperature: float = 0.0,
-             top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None,
+def generate(eng, drafter: Drafter, prompt_ids, k: int = K_DEFAULT, max_new_tokens: int = 64,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = 0, stop_ids=None,
              adaptive: bool = True) -> tuple[list[int], Stats]:
     """-> (the new ids, Stats); Stats.baseline_tok_s is left for a caller that measured a plain run."""
     settings = dict(mode=drafter.name, k=k, adaptive=adaptive, max_new_tokens=max_new_tokens,
