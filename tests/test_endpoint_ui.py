@@ -13,7 +13,6 @@ import pytest
 
 from ui.models import Runtimes
 from ui import callbacks, compare, endpoint
-from ui import run as ui_run
 from ui.run import Session, parse_settings
 from ui.startup import build_runtime
 from ui.testing import tiny_settings
