@@ -12,6 +12,7 @@ from engine import Engine, load_model, speculative
 from engine.speculative import loop
 from engine.speculative.schedule import HOLD, Acceptance
 from engine.tiny import tiny_config, write_tiny_model
+from schedules import Modeled
 from test_schedule import CPU_TWINS, Fake, simulate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,6 +67,7 @@ class Probing(speculative.NgramDrafter):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_plain_round_does_the_work_of_a_plain_step(tiny, monkeypatch, temperature):
+    monkeypatch.setattr(loop, "Schedule", Modeled)  # drafting rounds and plain ones, whatever the box's load
     eng = Engine(tiny, max_seq_len=256)
     work = Work(eng, monkeypatch)
     steps = [w for _, w in per_round(eng.stream(PROMPT, 40, temperature=temperature, stop_ids=[]), work)]
