@@ -27,8 +27,11 @@ IDLE_TICK_S = 0.25  # a run yields this often, so a closed tab or Stop is notice
 COMPARE_WINDOW = 512  # the attention group's window when the run itself attends in full
 
 
-def plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None, str | None, bool]]:
-    """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared."""
+def plan(rt: Runtime, s: RunSettings, positions: int | None = None) -> list[tuple[str, str, RunSettings | None,
+                                                                                  str | None, bool]]:
+    """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared.
+    positions: the cache positions the run fills (prompt + new tokens); a window that covers them all changes
+    nothing, so it is named as such rather than timed as an effect."""
     if s.on_endpoint:  # this engine against the endpoint, one bar each
         return endpoint.plan(rt, s)
     s = replace(s, weights=s.weights or rt.weight_format)  # named, so equal runs in two groups run once
@@ -53,8 +56,12 @@ def plan(rt: Runtime, s: RunSettings) -> list[tuple[str, str, RunSettings | None
         out.append(("weights", label, replace(base, weights=fmt), None, fmt == "fp32"))
     # attention: full against the run's window (or COMPARE_WINDOW when the run attends in full)
     window = base.window or COMPARE_WINDOW
-    out += [("attention", "full", replace(base, window=0), None, True),
-            ("attention", f"window {window} + {SINKS} sinks", replace(base, window=window), None, False)]
+    if positions is not None and positions <= window + SINKS:
+        out.append(("attention", f"window {window} + {SINKS} sinks", None,
+                    f"same as full attention at this context ({positions} positions fit in the window)", False))
+    else:
+        out += [("attention", "full", replace(base, window=0), None, True),
+                ("attention", f"window {window} + {SINKS} sinks", replace(base, window=window), None, False)]
     out += [("speculative", "plain", base, None, True), ("speculative", spec.mode_label(), spec, None, False)]
     return out
 
@@ -86,7 +93,7 @@ def compare(models: Runtimes, session: Session, prompt: str, *values):
     try:
         rt = yield from runtime_for(models, values)
         s, ids = prepare(rt, prompt, values)
-        configs = plan(rt, s)
+        configs = plan(rt, s, len(ids) + s.max_new_tokens)
         for _, _, cfg, _, _ in configs:
             if cfg is not None:
                 try:
