@@ -244,3 +244,11 @@ def test_the_ceiling_names_the_probes_it_is_the_best_of():
         s["probes_gbs"] = [24.7, 45.8]
     texts = [a.text for a in profile_figure([r]).layout.annotations]
     assert "ceiling 45.8 GB/s (best of 2 probes around this profile)" in texts
+
+
+def test_the_ratio_column_is_named_for_what_it_holds():
+    """The column holds the profiled pass's op classes added up over the plain step's time."""
+    r = fake_result("eager · fused · q4", 1.0)
+    column = PROFILE_HEADERS.index("profiled ÷ step")
+    assert "rows / step" not in PROFILE_HEADERS
+    assert profile_rows([r])[0][column] == r.summary[0]["rows_vs_step"]

@@ -129,7 +129,7 @@ def compare_rows(entries: list[CompareEntry]) -> list[list]:
         if best is not None and e.run == best.run:
             note = "fastest" + (", baseline" if e.baseline else "")
         rows.append([e.group, e.label, round(e.tok_s, 2), round(e.token_ms(50), 3), round(e.token_ms(99), 3),
-                     None if e.speedup is None else round(e.speedup, 3), e.baseline_label or None, note])
+                     None if e.speedup is None else f"×{e.speedup:.2f}", e.baseline_label or None, note])
     return rows
 
 

@@ -40,15 +40,17 @@ PLAIN_ONLY = ("pct_of_ceiling",)
 
 
 def cell(value):
-    """A CSV cell: missing, NaN and infinite figures are empty; everything else as it is."""
+    """A CSV cell: missing, NaN and infinite figures are empty; a figure to 6 significant digits (the clocks and
+    the runs' noise leave nothing in a 15-digit float's tail); everything else as it is."""
     if isinstance(value, float):
-        return finite(value)
+        return None if (x := finite(value)) is None else float(f"{x:.6g}")
     return value
 TRACE_LANES = ("round", *PHASES)
 
 
 def _settings_columns(settings: dict) -> list[str]:
-    return SETTINGS_COLUMNS + sorted(k for k in settings if k not in SETTINGS_COLUMNS)
+    # "drafter" is the drafter's own name for what "mode" says already: one name per thing
+    return SETTINGS_COLUMNS + sorted(k for k in settings if k not in SETTINGS_COLUMNS and k != "drafter")
 
 
 def token_text(row: dict, text_of: Callable[[int], str]) -> str:

@@ -14,10 +14,11 @@ OP_COLORS = {"matmul": "#4c78a8", "attention": "#f58518", "norm": "#54a24b", "ro
              "activation": "#eeca3b", "kv_write": "#9d755d", "sampling": "#e45756", "other": "#79706e",
              "host": "#d0cbc7"}
 OP_HELP = {"host": "CPU: Python between ops · CUDA: device idle between kernels"}
-PROFILE_HEADERS = ["configuration", "pass", "step ms", "profiled ms", "rows / step", "profiler cost %",
+PROFILE_HEADERS = ["configuration", "pass", "step ms", "profiled ms", "profiled ÷ step", "profiler cost %",
                    "outside kernels %", "GB/s", "% ceiling", "note"]
-# wide enough for each header's longest word ("profiled", "kernels"); the note, a sentence, gets the most room
-PROFILE_COLUMN_WIDTHS = ["150px", "64px", "72px", "92px", "76px", "88px", "92px", "64px", "80px", "400px"]
+# wide enough for each header's longest word ("profiled", "kernels") and each cell's ("decode", "verify" in the
+# table's font with its padding); the note, a sentence, gets the most room
+PROFILE_COLUMN_WIDTHS = ["150px", "84px", "72px", "92px", "92px", "88px", "92px", "64px", "80px", "400px"]
 CONFIG_COLOR = "#17becf"  # a hue no op class uses; the second configuration is the same hue, hatched
 CAPTIONS = (
     "step → layer → op class: the tallest bars are where the time goes; grey host = time outside ops",
