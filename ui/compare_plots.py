@@ -73,7 +73,7 @@ def compare_figure(entries: list[CompareEntry]) -> go.Figure:
     best = fastest(ran)
     names = [e.name for e in ran]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.6, 0.4], horizontal_spacing=0.03,
-                        subplot_titles=("decode tok/s (log scale)", "ms per token (log scale): box p25-p75, ◆ p99"))
+                        subplot_titles=("decode tok/s (log scale)", "ms per token (log scale)<br>box p25-p75, ◆ p99"))
     for is_base, legend in ((True, "baseline"), (False, "compared")):
         sel = [e for e in ran if e.baseline == is_base]
         if not sel:
@@ -103,12 +103,12 @@ def compare_figure(entries: list[CompareEntry]) -> go.Figure:
     fig.update_layout(barmode="group", bargap=0.35, boxmode="group")
     rows = len(dict.fromkeys(names))
     subtitle = f"fastest here: {best.run} ({best.tok_s:.0f} tok/s)" if best else ""
-    fig = _base(fig, title, "cmp", height=120 + ROW_PX * rows + 18 * len(skipped), subtitle=subtitle)
+    fig = _base(fig, title, "cmp", height=140 + ROW_PX * rows + 18 * len(skipped), subtitle=subtitle)
     if notes:
         fig.add_annotation(text=notes, showarrow=False, xref="paper", yref="paper", x=0, y=0, yshift=-40,
                            xanchor="left", yanchor="top", align="left", font=dict(size=11))
     # the legend above the subplot titles, beside the figure's title
-    fig.update_layout(margin=dict(l=10, r=20, t=110, b=40 + 18 * len(skipped)),
+    fig.update_layout(margin=dict(l=10, r=20, t=130, b=40 + 18 * len(skipped)),
                       legend=dict(orientation="h", x=1, xanchor="right", y=0.98, yanchor="top", yref="container"))
     return fig
 

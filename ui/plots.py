@@ -190,4 +190,7 @@ def acceptance_figure(stats: Stats) -> go.Figure:
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=2, col=1)
     fig.update_yaxes(range=[0, k + 0.5], dtick=1 if k <= 8 else 2, row=2, col=2)
     fig.update_layout(showlegend=False, barmode="overlay")
-    return _base(fig, title, "acc", height=540, subtitle=drafter_note(stats))
+    fig = _base(fig, title, "acc", height=560, subtitle=drafter_note(stats))
+    if fig.layout.title.subtitle.text:  # room for the subtitle above the subplot titles
+        fig.update_layout(margin=dict(t=100))
+    return fig

@@ -31,8 +31,12 @@ def wrap(text: str, width: int = 60) -> list[str]:
     return textwrap.wrap(text, width) or [""]
 
 
+CAPTION_CHARS = 56  # a caption line that fits half of an 800 px window's plot at 11 px
+
+
 def _title(title: str, caption: str) -> str:
-    return f"<b>{title}</b><br><span style='font-size:11px'>{caption}</span>"
+    lines = "<br>".join(wrap(caption, CAPTION_CHARS))
+    return f"<b>{title}</b><br><span style='font-size:11px'>{lines}</span>"
 
 
 def _by_class(result, kind: str) -> dict[str, float]:
@@ -94,13 +98,13 @@ def profile_figure(results: list) -> go.Figure:
     steps = [_title(f"{r.config.label}: a decode step by layer", CAPTIONS[0]) if r.reason is None
              else f"<b>{r.config.label}: not run here</b>" for r in (first, second) if r]
     fig = make_subplots(
-        rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.08,
+        rows=2, cols=2, vertical_spacing=0.24, horizontal_spacing=0.1,
         subplot_titles=(*steps, *([""] * (2 - len(steps))), _title("Op classes per pass", CAPTIONS[1]),
                         _title("Achieved bandwidth", CAPTIONS[2])))
     for col, r in ((1, first), (2, second)):
         if r is not None and r.reason is None:
             layer_bars(fig, r, col, legend=col == 1 or first.reason is not None)
-            fig.update_xaxes(type="category", title_text="layer (embed, head, sample, engine: outside the blocks)",
+            fig.update_xaxes(type="category", title_text="layer (embed, head, sample,<br>engine: outside the blocks)",
                              row=1, col=col)
             fig.update_yaxes(title_text="ms per step", row=1, col=col)
         elif r is not None:  # the reason where the bars would be
@@ -110,10 +114,11 @@ def profile_figure(results: list) -> go.Figure:
                                y=sum(cell.yaxis.domain) / 2, font=dict(size=12), align="center")
             fig.update_xaxes(visible=False, row=1, col=col)
             fig.update_yaxes(visible=False, row=1, col=col)
-    names = [f"{r.config.label}<br>{s['pass']}" for r in ran for s in r.summary]
+    # two-level labels: the pass under each bar, its configuration once under the pair (no rotated text)
+    names = [[r.config.label for r in ran for _ in r.summary], [s["pass"] for r in ran for s in r.summary]]
     series = {cls: ys for cls in OP_CLASSES
               if any(ys := [_by_class(r, s["pass"])[cls] for r in ran for s in r.summary])}
-    for (cls, ys), base in zip(series.items(), stacked(names, list(series.values())), strict=True):
+    for (cls, ys), base in zip(series.items(), stacked(names[1], list(series.values())), strict=True):
         fig.add_trace(go.Bar(x=names, y=ys, base=base, offsetgroup="passes", name=cls, marker_color=OP_COLORS[cls],
                              legendgroup=cls, showlegend=False, hovertemplate="%{x}<br>" + cls + ": %{y:.2f} ms<extra>"
                              + OP_HELP.get(cls, "") + "</extra>"), row=2, col=1)
@@ -126,8 +131,10 @@ def profile_figure(results: list) -> go.Figure:
     fig.update_xaxes(title_text="configuration and pass", row=2, col=1)
     fig.update_yaxes(title_text="ms per pass", row=2, col=1)
     fig.update_xaxes(title_text="op class (decode step)", row=2, col=2)
-    fig = _base(fig, title, "profile", height=900)
-    fig.update_layout(margin=dict(t=110, b=60), legend=dict(y=-0.12, yanchor="top", x=0, xanchor="left"))
+    fig = _base(fig, title, "profile", height=1000)
+    # the legend in the bottom margin, under the two-level labels and the axis title, wherever the width puts them
+    fig.update_layout(margin=dict(t=150, b=150),
+                      legend=dict(y=0, yref="container", yanchor="bottom", x=0, xanchor="left"))
     return fig
 
 
@@ -151,10 +158,10 @@ def bandwidth_bars(fig: go.Figure, ran: list, first) -> None:
                              text=[_gbs(y) for y in ys], textposition="outside", cliponaxis=False,
                              hovertemplate="%{x}: %{y:.2f} GB/s<extra>" + r.config.label + "</extra>"), row=2, col=2)
     if ceiling and top > ceiling:  # a bar above the line would be a share over 100%: the probe read low
-        cell = fig.get_subplot(2, 2)
-        fig.add_annotation(text="<br>".join(wrap(under_read(ceiling, top, probes_of(ran)), 48)), showarrow=False,
-                           xref="paper", yref="paper", x=sum(cell.xaxis.domain) / 2, y=cell.yaxis.domain[1],
-                           yanchor="top", font=dict(size=11), align="center")
+        # in the room above the bars, right-aligned: clear of the axis's tick labels on the left
+        fig.add_annotation(text="<br>".join(wrap(under_read(ceiling, top, probes_of(ran)), 40)), showarrow=False,
+                           xref="x4 domain", yref="y4 domain", x=1, y=1, xanchor="right", yanchor="top",
+                           font=dict(size=11), align="right")
     elif ceiling:
         fig.add_hline(y=ceiling, line=dict(dash="dash", color="#888", width=1.5), row=2, col=2,
                       annotation=dict(text=f"ceiling {ceiling:.1f} GB/s ({ceiling_source(ran)})", font=dict(size=11)),
