@@ -95,22 +95,38 @@ def problems(m: dict) -> list[str]:
 @pytest.mark.parametrize("window", WIDTHS)
 @pytest.mark.parametrize("name", ["itl", "steps", "acceptance", "compare", "profile", "profile-under-read"])
 def test_every_panel_is_readable(browser, plotly_js, tmp_path, name, window):
-    fig = figures()[name]
+    measured = draw(browser, plotly_js, tmp_path, figures()[name], f"{name}-{window}", WIDTHS[window])
+    assert measured["texts"], "no text drawn"
+    found = problems(measured)
+    assert not found, json.dumps(found[:12], ensure_ascii=False, indent=1)
+
+
+def draw(browser, plotly_js, tmp_path, fig: go.Figure, name: str, width: int) -> dict:
+    """fig drawn by plotly.js in a div `width` px wide; its screenshot kept (DECODESCOPE_SCREENSHOTS: where), its
+    text and marker boxes measured."""
     html = tmp_path / f"{name}.html"
     html.write_text(
-        f'<html><body style="margin:0"><div id="plot" style="width:{WIDTHS[window]}px"></div>'
-        f'<script src="{plotly_js.as_uri()}"></script><script>'
-        f'Plotly.newPlot("plot", {fig.to_json()}.data, {fig.to_json()}.layout, {{responsive: true}})'
-        '.then(() => { window.drawn = true; });</script></body></html>', encoding="utf-8")
-    page = browser.new_page(viewport={"width": WIDTHS[window] + 40, "height": 1200})
+        f'<html><body style="margin:0"><div id="plot" style="width:{width}px"></div>'
+        f'<script src="{plotly_js.as_uri()}"></script><script>const fig = {fig.to_json()};'
+        'Plotly.newPlot("plot", fig.data, fig.layout, {responsive: true}).then(() => { window.drawn = true; });'
+        '</script></body></html>', encoding="utf-8")
+    page = browser.new_page(viewport={"width": width + 40, "height": 1200})
     try:
         page.goto(html.as_uri())
         page.wait_for_function("window.drawn === true", timeout=30_000)
         shots = Path(os.environ.get("DECODESCOPE_SCREENSHOTS", tmp_path))
-        page.locator("#plot").screenshot(path=str(shots / f"{name}-{window}.png"))
-        measured = page.evaluate(MEASURE)
+        page.locator("#plot").screenshot(path=str(shots / f"{name}.png"))
+        return page.evaluate(MEASURE)
     finally:
         page.close()
-    assert measured["texts"], "no text drawn"
-    found = problems(measured)
-    assert not found, json.dumps(found[:12], ensure_ascii=False, indent=1)
+
+
+def test_the_measure_sees_an_overlap_and_a_label_on_a_marker(browser, plotly_js, tmp_path):
+    """The check itself can fail: a bar label under a marker, and two annotations on one spot."""
+    fig = go.Figure([go.Bar(x=["a"], y=[10], text=["a long bar label"], textposition="outside", cliponaxis=False),
+                     go.Scatter(x=["a"], y=[10.4], mode="markers", marker=dict(size=14))])
+    fig.add_annotation(text="one caption", x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False)
+    fig.add_annotation(text="another caption", x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False)
+    fig.update_yaxes(range=[0, 14])
+    found = problems(draw(browser, plotly_js, tmp_path, fig, "broken", 400))
+    assert any("sits on a marker" in p for p in found) and any("overlaps" in p for p in found), found
