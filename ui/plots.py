@@ -82,7 +82,10 @@ def itl_figure(stats: Stats) -> go.Figure:
     setup = f", {setup_ms:.0f} ms of it the drafter's {lane}" if lane and setup_ms else ""
     fig.update_xaxes(title_text="token index")
     fig.update_yaxes(title_text="ms per token", rangemode="tozero")
-    return _base(fig, f"{title} (TTFT {ttft:.1f} ms{setup})", "itl")
+    fig = _base(fig, f"{title} (TTFT {ttft:.1f} ms{setup})", "itl", height=360)
+    # up to seven entries: under the plot, where they wrap without running into the title
+    fig.update_layout(margin=dict(b=90), legend=dict(x=0, xanchor="left", y=0, yref="container", yanchor="bottom"))
+    return fig
 
 
 def setup_lane(stats: Stats) -> str | None:
