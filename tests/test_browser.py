@@ -10,6 +10,7 @@ from ui.models import Runtimes
 from ui import layout
 from ui.startup import build_runtime
 from tests.browser import PROMPT, VIEWPORT, set_number, wait_for_runs
+from tests.test_browser_panels import MEASURE, problems
 
 HOSTILE = '<img src=x onerror="window.__xss = 1">'
 pytestmark = pytest.mark.browser
@@ -179,6 +180,20 @@ def test_profile_panel_shows_the_step_and_downloads_csv_and_trace(page, served, 
     assert page.locator("#plot-profile .barlayer .point").count() > 10  # layers x op classes, passes, GB/s
     figure_text = page.inner_text("#plot-profile")
     assert "a decode step by layer" in figure_text
+    found = problems(page.evaluate(MEASURE, "#plot-profile"))  # as drawn on the page, text boxes apart
+    assert not found, found
+    # "decode" / "verify" fit their cell in its own font (measured, so a wider font than this machine's fallback
+    # for the theme's monospace, which wraps them where this one might not, fails here too)
+    fits = page.locator("#profile-table td .cell-wrap").evaluate_all("""cells => cells
+        .filter(c => ['decode', 'verify'].includes(c.textContent.trim()))
+        .map(c => {
+            const style = getComputedStyle(c);
+            const ctx = document.createElement('canvas').getContext('2d');
+            ctx.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+            const room = c.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+            return [c.textContent.trim(), ctx.measureText(c.textContent.trim()).width, room];
+        })""")
+    assert fits and all(width <= room for _, width, room in fits), fits
     if rt.fused_reason:  # kernels are the default comparison: the panel says why they cannot run
         assert "not run here" in figure_text and rt.fused_reason in page.inner_text("#profile-table")
     else:  # both ran, side by side

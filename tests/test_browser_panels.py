@@ -25,15 +25,15 @@ CASES = [(name, w) for name in ("itl", "steps", "acceptance", "compare", "profil
          for w in ("800px", "1440px, half a row" if name in HALF_ROW else "1440px")]
 SLACK = 1.0  # px: boxes that share an edge after rounding are not overlapping
 
-MEASURE = """() => {
-  const root = document.querySelector('.main-svg').getBoundingClientRect();
+MEASURE = """(plot) => {
+  const root = document.querySelector(plot + ' .main-svg').getBoundingClientRect();
   const box = r => ({x0: r.left, y0: r.top, x1: r.right, y1: r.bottom});
-  const texts = [...document.querySelectorAll('svg text')]
+  const texts = [...document.querySelectorAll(plot + ' svg text')]
     .filter(t => t.textContent.trim() && getComputedStyle(t).display !== 'none' && t.getAttribute('opacity') !== '0')
     .map(t => Object.assign(box(t.getBoundingClientRect()), {text: t.textContent.trim(),
                                                             bar: !!t.closest('.bartext, .textpoint')}))
     .filter(b => b.x1 - b.x0 > 0 && b.y1 - b.y0 > 0);
-  const markers = [...document.querySelectorAll('.scatterlayer .points path.point')]
+  const markers = [...document.querySelectorAll(plot + ' .scatterlayer .points path.point')]
     .map(p => box(p.getBoundingClientRect()));
   return {figure: box(root), texts, markers};
 }"""
@@ -122,7 +122,7 @@ def draw(browser, plotly_js, tmp_path, fig: go.Figure, name: str, width: int) ->
         page.wait_for_function("window.drawn === true", timeout=30_000)
         shots = Path(os.environ.get("DECODESCOPE_SCREENSHOTS", tmp_path))
         page.locator("#plot").screenshot(path=str(shots / f"{name}.png"))
-        return page.evaluate(MEASURE)
+        return page.evaluate(MEASURE, "#plot")
     finally:
         page.close()
 
