@@ -189,9 +189,10 @@ def acceptance_figure(stats: Stats) -> go.Figure:
     fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=2)
     fig.update_xaxes(title_text="round", row=2, col=1)
     fig.update_xaxes(title_text="round", row=2, col=2)
-    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=2)
-    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=2, col=1)
-    fig.update_yaxes(range=[0, k + 0.5], dtick=1 if k <= 8 else 2, row=2, col=2)
+    # each y range starts a little below zero: its "0" label then sits above the x axis's first label, not on it
+    fig.update_yaxes(range=[-0.06, 1.05], tickformat=".0%", row=1, col=2)
+    fig.update_yaxes(range=[-0.06, 1.05], tickformat=".0%", row=2, col=1)
+    fig.update_yaxes(range=[-0.3, k + 0.5], dtick=1 if k <= 8 else 2, row=2, col=2)
     fig.update_layout(showlegend=False, barmode="overlay")
     fig = _base(fig, title, "acc", height=560, subtitle=drafter_note(stats))
     if fig.layout.title.subtitle.text:  # room for the subtitle above the subplot titles

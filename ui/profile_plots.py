@@ -31,7 +31,7 @@ def wrap(text: str, width: int = 60) -> list[str]:
     return textwrap.wrap(text, width) or [""]
 
 
-CAPTION_CHARS = 56  # a caption line that fits half of an 800 px window's plot at 11 px
+CAPTION_CHARS = 48  # a caption line that fits half of an 800 px window's plot (676 px there) at 11 px
 
 
 def _title(title: str, caption: str) -> str:
@@ -95,17 +95,21 @@ def profile_figure(results: list) -> go.Figure:
         notes = "<br>".join(f"{r.config.label}: {r.reason}" for r in results)
         return empty_figure(title, notes or "Press Profile to see where a step's time goes.", "profile")
     first, second = results[0], results[1] if len(results) > 1 else None
-    steps = [_title(f"{r.config.label}: a decode step by layer", CAPTIONS[0]) if r.reason is None
+    steps = [_title(f"{r.config.label}:<br>a decode step by layer", CAPTIONS[0]) if r.reason is None
              else f"<b>{r.config.label}: not run here</b>" for r in (first, second) if r]
     fig = make_subplots(
-        rows=2, cols=2, vertical_spacing=0.24, horizontal_spacing=0.1,
+        rows=2, cols=2, vertical_spacing=0.3, horizontal_spacing=0.1,
         subplot_titles=(*steps, *([""] * (2 - len(steps))), _title("Op classes per pass", CAPTIONS[1]),
                         _title("Achieved bandwidth", CAPTIONS[2])))
     for col, r in ((1, first), (2, second)):
         if r is not None and r.reason is None:
             layer_bars(fig, r, col, legend=col == 1 or first.reason is not None)
+            # upright labels, every layer named while ~16 fit half of an 800 px window, else every other block
+            layers = list(dict.fromkeys(row["layer"] for row in r.rows if row["pass"] == "decode"))
+            step = 1 if len(layers) <= 16 else 2
             fig.update_xaxes(type="category", title_text="layer (embed, head, sample,<br>engine: outside the blocks)",
-                             row=1, col=col)
+                             tickangle=-90, tickfont=dict(size=10), row=1, col=col,
+                             tickvals=[x for x in layers if not x.isdigit() or int(x) % step == 0])
             fig.update_yaxes(title_text="ms per step", row=1, col=col)
         elif r is not None:  # the reason where the bars would be
             cell = fig.get_subplot(1, col)
@@ -131,9 +135,9 @@ def profile_figure(results: list) -> go.Figure:
     fig.update_xaxes(title_text="configuration and pass", row=2, col=1)
     fig.update_yaxes(title_text="ms per pass", row=2, col=1)
     fig.update_xaxes(title_text="op class (decode step)", row=2, col=2)
-    fig = _base(fig, title, "profile", height=1000)
+    fig = _base(fig, title, "profile", height=1080)
     # the legend in the bottom margin, under the two-level labels and the axis title, wherever the width puts them
-    fig.update_layout(margin=dict(t=150, b=150),
+    fig.update_layout(margin=dict(t=180, b=150), title=dict(y=0.99, yref="container", yanchor="top"),
                       legend=dict(y=0, yref="container", yanchor="bottom", x=0, xanchor="left"))
     return fig
 
