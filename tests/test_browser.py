@@ -10,6 +10,7 @@ from ui.models import Runtimes
 from ui import layout
 from ui.startup import build_runtime
 from tests.browser import PROMPT, VIEWPORT, set_number, wait_for_runs
+from tests.test_browser_panels import MEASURE, problems
 
 HOSTILE = '<img src=x onerror="window.__xss = 1">'
 pytestmark = pytest.mark.browser
@@ -77,6 +78,8 @@ def test_generate_n_gram_shows_coloured_spans_and_plots(page):
     assert "tok/s" in page.inner_text("#stats")
     for plot in ("plot-itl", "plot-steps", "plot-acceptance"):
         page.wait_for_selector(f"#{plot} .js-plotly-plot .main-svg", timeout=10_000)
+        drawn = page.evaluate(MEASURE, f"#{plot}")  # as drawn on the page, text boxes apart
+        assert drawn["texts"] and not problems(drawn), (plot, problems(drawn))
     # hiding rejected drafts is a class on the container
     page.locator("#show-rejected input").uncheck()
     assert page.locator("#output-tokens.hide-rejected").count() == 1
@@ -107,6 +110,8 @@ def test_compare_and_csv_download(page, served, tmp_path):
     page.wait_for_function("document.querySelector('#status')?.innerText.includes('Compared')", timeout=60_000)
     wait_for_runs(page, 3)
     page.wait_for_selector("#plot-compare .js-plotly-plot .main-svg", timeout=10_000)
+    drawn = page.evaluate(MEASURE, "#plot-compare")
+    assert drawn["texts"] and not problems(drawn), problems(drawn)
     if os.environ.get("DECODESCOPE_SCREENSHOT"):  # for a person to look at
         page.screenshot(path=os.environ["DECODESCOPE_SCREENSHOT"], full_page=True)
     rt = served[0]
@@ -179,6 +184,20 @@ def test_profile_panel_shows_the_step_and_downloads_csv_and_trace(page, served, 
     assert page.locator("#plot-profile .barlayer .point").count() > 10  # layers x op classes, passes, GB/s
     figure_text = page.inner_text("#plot-profile")
     assert "a decode step by layer" in figure_text
+    drawn = page.evaluate(MEASURE, "#plot-profile")  # as drawn on the page, text boxes apart
+    assert drawn["texts"] and not problems(drawn), problems(drawn)
+    # "decode" / "verify" fit their cell in its own font (measured, so a wider font than this machine's fallback
+    # for the theme's monospace, which wraps them where this one might not, fails here too)
+    fits = page.locator("#profile-table td .cell-wrap").evaluate_all("""cells => cells
+        .filter(c => ['decode', 'verify'].includes(c.textContent.trim()))
+        .map(c => {
+            const style = getComputedStyle(c);
+            const ctx = document.createElement('canvas').getContext('2d');
+            ctx.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+            const room = c.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+            return [c.textContent.trim(), ctx.measureText(c.textContent.trim()).width, room];
+        })""")
+    assert fits and all(width <= room for _, width, room in fits), fits
     if rt.fused_reason:  # kernels are the default comparison: the panel says why they cannot run
         assert "not run here" in figure_text and rt.fused_reason in page.inner_text("#profile-table")
     else:  # both ran, side by side
@@ -307,3 +326,28 @@ def test_self_draft_switches_a_target_its_drafts_cannot_help(page):
 
 def test_a_launch_of_one_model_shows_no_picker(page):
     assert not page.locator("#model").is_visible()
+
+
+@pytest.mark.parametrize("width", [800, 1440])
+def test_every_panel_reads_at_800_and_1440_px(browser, served, width):
+    """The page at a narrow and a wide window after a run, a Compare and a Profile: in each plot no text box
+    overlaps another or runs off, and no bar label sits on a marker."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(served[1])
+        page.wait_for_selector("#generate-btn")
+        generate(page)
+        page.click("#compare-btn")
+        page.wait_for_function("document.querySelector('#status')?.innerText.includes('Compared')", timeout=60_000)
+        wait_for_runs(page, 3)
+        set_number(page, "profile-steps", 3)
+        page.click("#profile-btn")
+        page.wait_for_function("document.querySelector('#profile-status')?.innerText.includes('Profiled in')",
+                               timeout=60_000)
+        for plot in ("plot-itl", "plot-steps", "plot-acceptance", "plot-compare", "plot-profile"):
+            page.wait_for_selector(f"#{plot} .js-plotly-plot .main-svg", timeout=10_000)
+            drawn = page.evaluate(MEASURE, f"#{plot}")
+            assert drawn["texts"] and not problems(drawn), (plot, problems(drawn))
+    finally:
+        context.close()

@@ -9,7 +9,7 @@ import pytest
 
 from engine.request import Request
 from engine.stats import KINDS
-from ui import callbacks, compare
+from ui import backends, callbacks, compare
 from ui import run as ui_run
 from ui.models import Runtimes
 from ui.run import Session, parse_settings
@@ -268,7 +268,8 @@ def test_one_run_on_the_engine_at_a_time(rt):
 def test_compare_lists_what_this_machine_cannot_run(rt):
     session = Session()
     statuses = list(compare.compare(Runtimes(rt), session, PROMPT, **values(mode="n-gram")))
-    planned = compare.plan(rt, parse_settings(values(mode="n-gram")))
+    s, ids = backends.prepare(rt, PROMPT, values(mode="n-gram"))
+    planned = compare.plan(rt, s, len(ids) + s.max_new_tokens)
     ran = len({cfg for _, _, cfg, _, _ in planned if cfg is not None})  # a run two groups share runs once
     assert all(isinstance(x, str) for x in statuses) and f"Compared {ran} runs" in statuses[-1]
     fig, rows, table, runs_csv = compare.last_compare(rt, session)
@@ -276,12 +277,20 @@ def test_compare_lists_what_this_machine_cannot_run(rt):
     assert by_label[("CUDA graphs", "CUDA graph")][-1] == rt.graphs_reason
     if rt.fused_reason:
         assert by_label[("kernels", "fused kernels")][-1] == rt.fused_reason
-    assert by_label[("speculative", "plain")][2] > 0 and by_label[("speculative", "n-gram n=3 k≤4")][5] > 0
+    assert by_label[("speculative", "plain")][2] > 0 and by_label[("speculative", "n-gram n=3 k≤4")][5].startswith("×")
     assert by_label[("weights", "fp32 weights")][-1].endswith("baseline")
-    assert by_label[("weights", "q4 weights")][5] > 0
-    assert by_label[("attention", "window 512 + 4 sinks")][2] > 0
+    assert by_label[("weights", "q4 weights")][5].startswith("×")
+    assert by_label[("attention", "window 512 + 4 sinks")][-1].startswith("same as full attention at this context")
     assert len(session.history) == ran and len(read_csv(runs_csv)) == ran and len(table) == ran
     fig.to_json()
+
+
+def test_a_window_the_context_never_reaches_is_named_not_timed(rt):
+    s = parse_settings(values())
+    attention = [p for p in compare.plan(rt, s, 260) if p[0] == "attention"]
+    assert attention == [("attention", "window 512 + 4 sinks", None,
+                          "same as full attention at this context (260 positions fit in the window)", False)]
+    assert [p[1] for p in compare.plan(rt, s, 600) if p[0] == "attention"] == ["full", "window 512 + 4 sinks"]
 
 
 def test_compare_runs_carry_their_speedup_into_the_runs_csv(rt):

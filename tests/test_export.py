@@ -28,7 +28,7 @@ def test_token_csv_round_trip(tmp_path):
     assert [r["token_text"] for r in rows] == [text_of(int(r["token_id"])) for r in rows]
     assert {r["mode"] for r in rows} == {"n-gram"} and {r["k"] for r in rows} == {"4"}
     lat = [float(r["latency_ms"]) for r in emitted[1:]]
-    assert lat == pytest.approx(s.token_latencies_ms())
+    assert lat == pytest.approx(s.token_latencies_ms(), rel=1e-5)  # 6 significant digits
 
 
 def test_token_text_with_commas_quotes_and_newlines_survives(tmp_path):
@@ -154,3 +154,14 @@ def test_token_csv_every_column_read_back_with_pandas(tmp_path):
         has = df[column].notna()
         assert (has == want).all() if not isinstance(want, bool) else has.all(), column
     assert set(df["prompt_tokens"]) == {spec.prompt_len}
+
+
+def test_csv_figures_are_rounded_and_the_drafter_named_once(tmp_path):
+    s = synthetic_stats(10, k=3)
+    settings = {"drafter": "ngram", **s.settings}
+    row = export.summary_row("run-1", "n-gram", s.summary(), settings)
+    text = export.write_runs_csv(tmp_path / "runs.csv", [row]).read_text()
+    assert "drafter" not in text.splitlines()[0] and "n-gram" in text
+    numbers = [c for c in text.splitlines()[1].split(",") if "." in c and c.replace(".", "").isdigit()]
+    assert numbers and max(len(c.replace(".", "").lstrip("0")) for c in numbers) <= 6
+    assert export.cell(24.691358024691358) == 24.6914 and export.cell(float("nan")) is None

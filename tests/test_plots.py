@@ -124,11 +124,11 @@ def test_compare_figure_speedups_and_reasons():
     assert spec.baseline_tok_s is None  # the run itself is left as it was
     fig = compare_plots.compare_figure(entries)
     texts = [t for trace in fig.data if trace.type == "bar" for t in trace.text]
-    assert any(f"×{want:.2f} vs plain" in t for t in texts)
+    assert any(f"×{want:.2f}" in t for t in texts)
     notes = " ".join(a.text for a in fig.layout.annotations)
     assert "CUDA graphs: eager: needs a CUDA device" in notes
     rows = compare_plots.compare_rows(entries)
-    assert rows[2][-1] == "needs a CUDA device" and rows[1][5] == pytest.approx(want, rel=1e-3)
+    assert rows[2][-1] == "needs a CUDA device" and rows[1][5] == f"×{want:.2f}"  # as the bar says it
     assert rows[1][6] == "plain"
     assert len(compare_plots.COMPARE_HEADERS) == len(rows[0])
     fig.to_json()
@@ -139,7 +139,7 @@ def test_compare_figure_answers_which_is_fastest():
     best = max((e for e in entries if e.stats), key=lambda e: e.tok_s)
     fig = compare_plots.compare_figure(entries)
     assert f"fastest here: {best.run}" in fig.layout.title.subtitle.text
-    marked = [t for trace in fig.data if trace.type == "bar" for t in trace.text if "fastest" in t]
+    marked = [t for trace in fig.data if trace.type == "bar" for t in trace.text if t.endswith("★")]
     assert len(marked) == 1
     assert [r[-1] for r in compare_plots.compare_rows(entries)].count("fastest" if not best.baseline else
                                                                        "fastest, baseline") == 1
@@ -166,3 +166,42 @@ def test_rolling_acceptance_window():
     spec = [r for r in RUNS["spec"].rounds if r.n_drafted]
     assert ys == [r.n_accepted / r.n_drafted for r in spec]
     assert not math.isnan(sum(ys))
+
+
+def calibrated_run(n=12):
+    s = synthetic_stats(n, k=3, seed=1, mode="layer-skip")
+    s.rounds[0].draft_info = dict(drafter="layer_skip", draft_layers=28, target_layers=30, layer_set="calibrated",
+                                  skipped_layers="13 14", calibrated_acceptance=0.81)
+    s.rounds[0].draft_ms = 900.0  # the calibration, inside round 0
+    s.rounds[0].t_end_ms += 900.0
+    return s
+
+
+def test_calibration_is_its_own_lane_never_a_draft():
+    s = calibrated_run()
+    fig = plots.steps_figure(s)
+    lanes = {t.name: t for t in fig.data}
+    assert list(lanes["calibration"].x) == [900.0] and [c[0] for c in lanes["calibration"].customdata] == [0]
+    assert 0 not in [c[0] for c in lanes["draft"].customdata]
+    assert "calibration" in fig.layout.yaxis.categoryarray
+    assert "900 ms of it the drafter's calibration" in plots.itl_figure(s).layout.title.text
+    # a plain run has no setup lane
+    assert "calibration" not in {t.name for t in plots.steps_figure(RUNS["plain"]).data}
+
+
+def test_rolling_acceptance_breaks_where_no_round_drafted():
+    """Two drafting rounds 65 rounds apart are two points, not a line across rounds that drafted nothing."""
+    xs, ys = plots.with_gaps([1, 2, 3, 68], [0.0, 0.5, 0.25, 0.5])
+    assert xs == [1, 2, 3, None, 68] and ys == [0.0, 0.5, 0.25, None, 0.5]
+    s = synthetic_stats(70, k=4, seed=3)
+    for r in s.rounds[2:68]:
+        r.n_drafted, r.k = 0, 0
+    rolling = plots.acceptance_figure(s).data[2]
+    assert None in rolling.x and "markers" in rolling.mode and not rolling.connectgaps
+
+
+def test_a_count_axis_has_whole_number_ticks():
+    s = synthetic_stats(4, k=4, seed=3)  # three decode rounds: plotly alone would tick at 0.5
+    fig = plots.acceptance_figure(s)
+    assert fig.layout.yaxis.dtick == 1 and fig.layout.yaxis.title.text == "rounds"
+    assert plots.count_dtick(40) == 8 and plots.count_dtick(0) == 1

@@ -124,3 +124,22 @@ def test_merged_sessions_keep_every_span_and_each_metadata_event_once():
     merged = profile.merge([a, b])
     assert merged["schemaVersion"] == 1 and "traceName" not in merged
     assert [e["ph"] for e in merged["traceEvents"]] == ["M", "X", "X"]
+
+
+def test_the_ceiling_is_the_best_probe_taken_before_between_and_after(eng):
+    """One probe before the first configuration and one after each that ran; a low reading (another job on
+    the bus) does not set the ceiling."""
+    readings = iter([12.0, 31.0, 18.0])
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return next(readings)
+
+    out = profile.compare({"fp32": eng}, [profile.Config("a"), profile.Config("q4", weights="q4"),
+                                         profile.Config("b")], probe=probe, steps=1, k=1)
+    assert len(calls) == 3  # before, after "a", after "b"; none for the one that could not run
+    for r in (out[0], out[2]):
+        assert all(s["bandwidth_gbs"] == 31.0 and s["probes_gbs"] == [12.0, 31.0, 18.0] for s in r.summary)
+        row = next(x for x in r.rows if x["gbs"])
+        assert row["pct_of_ceiling"] == pytest.approx(100 * row["gbs"] / 31.0)

@@ -88,7 +88,7 @@ def test_figure_has_axis_titles_units_and_captions(outputs):
     assert sum("<span style='font-size:11px'>" in t for t in texts) == 3  # one caption line per panel that ran
     assert "<b>graph · torch · fp32: not run here</b>" in texts
     assert any(t.startswith("CUDA graphs unavailable:") for t in texts)
-    assert "ceiling 10.0 GB/s (measured before this profile)" in texts  # the line's value, on the line
+    assert "ceiling 10.0 GB/s (measured at launch)" in texts  # the line's value, on the line (no probe here)
     assert [s["y0"] for s in layout["shapes"]] == [10.0]
 
 
@@ -219,3 +219,37 @@ def test_the_lm_head_is_named_with_its_share_of_the_pass():
     assert head_share(r) == pytest.approx((1.25, 31.25))
     assert "(the LM head 1.2 ms, 31% of it profiled)" in status_line([r], 1.0, {"flags": []})
     assert [row[-1].endswith("LM head 1.25 ms (31% of the pass)") for row in profile_rows([r])] == [True, True]
+
+
+def test_a_probe_that_under_read_draws_no_share_above_the_ceiling():
+    """Steps that streamed faster than the probe read: no line under the bars, no "% ceiling" over 100; the
+    panel says the probe under-read and gives the raw figures."""
+    r = fake_result("eager · fused · q4", 1.0, ceiling=24.7)  # matmul at 27 GB/s, the pass at 25
+    for s in r.summary:
+        s["probes_gbs"] = [24.7, 22.0, 23.5]
+    r.summary[1]["gbs"] = 20.0  # the verify pass stayed under it
+    fig = profile_figure([r])
+    layout = fig.to_plotly_json()["layout"]
+    assert not layout.get("shapes")
+    note = next(a["text"] for a in layout["annotations"] if "under-read" in a["text"]).replace("<br>", " ")
+    assert "24.7, 22.0, 23.5 GB/s" in note and "27.0 GB/s" in note
+    assert layout["yaxis4"]["range"][1] > 27.0
+    table = profile_rows([r])
+    assert [row[8] for row in table] == [None, pytest.approx(100 * 20 / 24.7, abs=0.1)]
+    assert "25.0 GB/s achieved against a probed 24.7: the probe under-read" in table[0][-1]
+
+
+def test_the_ceiling_names_the_probes_it_is_the_best_of():
+    r = fake_result("eager · fused · q4", 1.0, ceiling=45.8)
+    for s in r.summary:
+        s["probes_gbs"] = [24.7, 45.8]
+    texts = [a.text for a in profile_figure([r]).layout.annotations]
+    assert "ceiling 45.8 GB/s (best of 2 probes around this profile)" in texts
+
+
+def test_the_ratio_column_is_named_for_what_it_holds():
+    """The column holds the profiled pass's op classes added up over the plain step's time."""
+    r = fake_result("eager · fused · q4", 1.0)
+    column = PROFILE_HEADERS.index("profiled ÷ step")
+    assert "rows / step" not in PROFILE_HEADERS
+    assert profile_rows([r])[0][column] == r.summary[0]["rows_vs_step"]

@@ -5,6 +5,7 @@ import pytest
 
 from engine.stats import KINDS, Round, Token
 from ui import render
+from ui.explain import schedule_note
 from ui.testing import synthetic_rounds, synthetic_stats, text_of
 
 
@@ -74,6 +75,8 @@ def test_tooltip_names_id_round_position_latency_and_probabilities():
     for part in ("token id 42", "round 7", "draft position 2", "latency 3.25 ms", "p_target 0.812", "p_draft 1.000"):
         assert part in title, (part, title)
     assert "\n" in title  # one fact a line
+    assert "p_target 0.812 (the target model's probability of this token)" in title
+    assert "p_draft 1.000 (the drafter's probability of the token it proposed)" in title
     assert "title" not in span[1]  # built on hover: a span carries a few numbers, not a paragraph
 
 
@@ -171,6 +174,13 @@ def test_env_card_escapes_values():
     assert "<b>m</b>" not in html and "&lt;b&gt;" in html
 
 
-def test_legend_lists_every_kind():
-    html = render.legend_html()
+def test_legend_lists_every_kind_and_the_model_s_own_end_token():
+    html = render.legend_html("<end_of_turn>")
     assert all(f"tok-{k}" in html for k in KINDS)
+    assert 'data-mark="&lt;end_of_turn&gt;"' in html and "im_end" not in html
+
+
+def test_a_run_that_drafted_every_round_is_counted_once():
+    s = synthetic_stats(14, k=3)
+    assert "drafted in</b> 13 of 13 rounds" in render.stats_line(s, notes=[schedule_note(s)])
+    assert schedule_note(s) == ""  # the stats line says it; a note would repeat it

@@ -20,10 +20,12 @@ from ui.run import Session, begin_run, record_run, refusal, runs_table, runtime_
 from ui.runtime import Runtime
 
 
-def plan(rt: Runtime, s: Request) -> list[tuple[str, str, Request | None, str | None, bool]]:
+def plan(rt: Runtime, s: Request, positions: int | None = None) -> list[tuple[str, str, Request | None, str | None,
+                                                                            bool]]:
     """(group, label, settings or None, reason it cannot run, baseline) for each configuration compared: the
-    backend's plan (ui/local.py for this engine; with an endpoint, this engine against it)."""
-    return backends.of(s).plan(rt, s)
+    backend's plan (ui/local.py for this engine; with an endpoint, this engine against it). positions: the cache
+    positions the run fills (prompt + new tokens), so a window that covers them all is named, not timed."""
+    return backends.of(s).plan(rt, s, positions)
 
 
 def compare(models: Runtimes, session: Session, prompt: str, **values):
@@ -33,7 +35,7 @@ def compare(models: Runtimes, session: Session, prompt: str, **values):
     try:
         rt = yield from runtime_for(models, values)
         s, ids = backends.prepare(rt, prompt, values)
-        configs = plan(rt, s)
+        configs = plan(rt, s, len(ids) + s.max_new_tokens)
         for _, _, cfg, _, _ in configs:
             if cfg is not None:
                 try:

@@ -99,9 +99,10 @@ MODEL_KNOBS = ("mode", "weights", "layers", "draft", "graphs", "fused", "chat") 
 
 def model_picked(models: Runtimes, title: str, mode: str, weights: str):
     """The Model picker's change: the model loads on its first pick (said first: it takes a while), then the
-    knobs follow it and the environment card describes it. Yields (status, picker, *MODEL_KNOBS, environment).
+    knobs follow it, the environment card describes it and the legend shows its end token. Yields (status, picker,
+    *MODEL_KNOBS, environment, legend).
     A model that fails to load says why in the status, and the picker goes back to the first model."""
-    skip = (gr.skip(),) * (len(MODEL_KNOBS) + 1)
+    skip = (gr.skip(),) * (len(MODEL_KNOBS) + 2)
     try:
         title = models.check(title)
         if not models.is_built(title):
@@ -110,8 +111,10 @@ def model_picked(models: Runtimes, title: str, mode: str, weights: str):
     except ValueError as e:
         first = models.first
         yield (render.error_html(str(e), "Model not loaded"), gr.update(value=first.model_name),
-               *(gr.update(**k) for k in model_knobs(first, mode, weights).values()), render.env_card(first.env))
+               *(gr.update(**k) for k in model_knobs(first, mode, weights).values()), render.env_card(first.env),
+               render.legend_html(first.tokenizer.eos_token))
         return
     knobs = model_knobs(rt, mode, weights)
     yield (render.message_html(f"{title}: ready for the next run."), gr.skip(),
-           *(gr.update(**knobs[k]) for k in MODEL_KNOBS), render.env_card(rt.env))
+           *(gr.update(**knobs[k]) for k in MODEL_KNOBS), render.env_card(rt.env),
+           render.legend_html(rt.tokenizer.eos_token))

@@ -180,7 +180,7 @@ def run_to_end(rt: Runtime, session, s: Request, prompt: str, status: str):
     return stats_of(rt, rounds, pump, s.as_dict(rt.model_name), 0)
 
 
-def plan(rt: Runtime, s: Request) -> list:
+def plan(rt: Runtime, s: Request, positions: int | None = None) -> list:
     """Compare with an endpoint chosen: this engine and the endpoint, same prompt and settings, one bar each."""
     from dataclasses import replace
 

@@ -34,8 +34,8 @@ def schedule_note(stats: Stats) -> str:
     drafted, rounds = drafting_counts(stats)
     s = stats.summary()
     head = f"Drafted in {drafted} of {rounds} rounds"
-    if drafted == rounds:
-        return head + "."
+    if drafted == rounds:  # nothing to explain, and the stats line already counts them
+        return ""
     if not stats.settings.get("adaptive", True):
         return (f"{head}: with a fixed k a round drafts whenever the drafter has a proposal, so the "
                 f"{rounds - drafted} plain steps are rounds where it had none.")

@@ -44,10 +44,11 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def cell(value):
-    """A CSV cell: missing, NaN and infinite figures are empty; text that a spreadsheet would run as a formula is
+    """A CSV cell: missing, NaN and infinite figures are empty; a figure to 6 significant digits (the clocks and
+    the runs' noise leave nothing in a 15-digit float's tail); text that a spreadsheet would run as a formula is
     quoted (FORMULA_START); everything else as it is."""
     if isinstance(value, float):
-        return finite(value)
+        return None if (x := finite(value)) is None else float(f"{x:.6g}")
     if isinstance(value, str) and value.startswith(FORMULA_START):
         return "'" + value
     return value
@@ -55,7 +56,8 @@ TRACE_LANES = ("round", *PHASES)
 
 
 def _settings_columns(settings: dict) -> list[str]:
-    return SETTINGS_COLUMNS + sorted(k for k in settings if k not in SETTINGS_COLUMNS)
+    # "drafter" is the drafter's own name for what "mode" says already: one name per thing
+    return SETTINGS_COLUMNS + sorted(k for k in settings if k not in SETTINGS_COLUMNS and k != "drafter")
 
 
 def token_text(row: dict, text_of: Callable[[int], str]) -> str:

@@ -149,7 +149,7 @@ def build(models: Runtimes) -> gr.Blocks:
                     generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
                     compare_btn = gr.Button("Compare", elem_id="compare-btn")
-                gr.HTML(render.legend_html(), elem_id="legend")
+                legend = gr.HTML(render.legend_html(rt.tokenizer.eos_token), elem_id="legend")
                 output = gr.HTML("", elem_id="output-tokens", html_template=OUTPUT_TEMPLATE,
                                  js_on_load=output_js(rt.stream_interval_s), apply_default_css=False)
                 stats = gr.HTML("", elem_id="stats")
@@ -218,7 +218,7 @@ def build(models: Runtimes) -> gr.Blocks:
         picked = [knobs.mode, knobs.weights, knobs.layers, knobs.draft, knobs.graphs, knobs.fused, knobs.chat]
         assert len(picked) == len(controls.MODEL_KNOBS)
         picker.input(partial(controls.model_picked, models), [picker, knobs.mode, knobs.weights],
-                     [status, picker, *picked, env], api_visibility="private", **engine_event)
+                     [status, picker, *picked, env, legend], api_visibility="private", **engine_event)
         backend.change(endpoint.visibility, [backend], [endpoint_box], **quick)
         api_key.change(endpoint.set_key, [session, api_key], None, **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=SHOW_REJECTED_JS)

@@ -77,8 +77,8 @@ function tooltip(span) {
   if (span.dataset.mark) lines[0] += ` · special token ${span.dataset.mark}`;
   if (pos !== '-') lines.push(`draft position ${pos}`);
   lines.push(lat !== '-' ? `latency ${lat} ms` : 'not emitted');
-  if (pTarget !== '-') lines.push(`p_target ${pTarget}`);
-  if (pDraft !== '-') lines.push(`p_draft ${pDraft}`);
+  if (pTarget !== '-') lines.push(`p_target ${pTarget} (the target model's probability of this token)`);
+  if (pDraft !== '-') lines.push(`p_draft ${pDraft} (the drafter's probability of the token it proposed)`);
   return lines.join('\n');
 }
 

@@ -2,6 +2,7 @@
 profile_plots.py). Nothing here measures anything."""
 from __future__ import annotations
 
+import math
 import textwrap
 
 import plotly.graph_objects as go
@@ -11,7 +12,8 @@ from engine.stats import EMITTED_KINDS, PHASES, Stats, percentile
 from ui.explain import drafter_note, schedule_note
 from ui.render import KIND_COLORS
 
-LANE_COLORS = {"draft": "#72b7b2", "target": "#4c78a8", "sample": "#f58518", "host": "#bab0ac"}
+LANE_COLORS = {"draft": "#72b7b2", "target": "#4c78a8", "sample": "#f58518", "host": "#bab0ac",
+               "calibration": "#b279a2", "drafter prefill": "#b279a2"}
 ROLLING_WINDOW = 8
 
 
@@ -77,9 +79,22 @@ def itl_figure(stats: Stats) -> go.Figure:
         fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[v, v], mode="lines", name=f"p{q} {v:.2f} ms",
                                  line=dict(dash=dash, color="#777", width=1), hoverinfo="skip"))
     ttft = stats.rounds[0].t_end_ms
+    lane, setup_ms = setup_lane(stats), stats.rounds[0].draft_ms
+    setup = f", {setup_ms:.0f} ms of it the drafter's {lane}" if lane and setup_ms else ""
     fig.update_xaxes(title_text="token index")
     fig.update_yaxes(title_text="ms per token", rangemode="tozero")
-    return _base(fig, f"{title} (TTFT {ttft:.1f} ms)", "itl")
+    fig = _base(fig, f"{title} (TTFT {ttft:.1f} ms{setup})", "itl", height=360)
+    # up to seven entries: under the plot, where they wrap without running into the title
+    fig.update_layout(margin=dict(b=90), legend=dict(x=0, xanchor="left", y=0, yref="container", yanchor="bottom"))
+    return fig
+
+
+def setup_lane(stats: Stats) -> str | None:
+    """What a speculative run's drafter does in round 0 (its draft_ms there): a layer-skip drafter calibrating
+    on the prompt, any other its own prefill. It drafts nothing, so it is never drawn as a draft."""
+    if stats.settings.get("mode", "plain") == "plain":
+        return None
+    return "calibration" if stats.drafter_info.get("layer_set") == "calibrated" else "drafter prefill"
 
 
 def steps_figure(stats: Stats) -> go.Figure:
@@ -87,10 +102,12 @@ def steps_figure(stats: Stats) -> go.Figure:
     title = "Step timeline"
     if not stats.rounds:
         return empty_figure(title, "The timeline appears when a run starts.", "steps")
-    segments: dict[str, list[tuple[float, float, int]]] = {lane: [] for lane in PHASES}  # (start, ms, round)
+    setup = setup_lane(stats)
+    lanes = ([setup] if setup else []) + list(PHASES)
+    segments: dict[str, list[tuple[float, float, int]]] = {lane: [] for lane in lanes}  # (start, ms, round)
     for r in stats.rounds:
         for phase, start, ms in r.phases():
-            segments[phase].append((start, ms, r.index))
+            segments[setup if setup and r.index == 0 and phase == "draft" else phase].append((start, ms, r.index))
     fig = go.Figure()
     for lane, segs in segments.items():
         if not segs:
@@ -103,7 +120,7 @@ def steps_figure(stats: Stats) -> go.Figure:
             + lane + "</extra>",
         ))
     fig.update_layout(barmode="overlay", bargap=0.3)
-    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(PHASES)))
+    fig.update_yaxes(categoryorder="array", categoryarray=[lane for lane in reversed(lanes) if segments[lane]])
     fig.update_xaxes(title_text="wall time since the prompt was handed over (ms)")
     return _base(fig, title, "steps", height=260)
 
@@ -117,6 +134,24 @@ def rolling_acceptance(stats: Stats, window: int = ROLLING_WINDOW) -> tuple[list
         xs.append(r.index)
         ys.append(sum(c.n_accepted for c in chunk) / sum(c.n_drafted for c in chunk))
     return xs, ys
+
+
+def with_gaps(xs: list[int], ys: list[float]) -> tuple[list, list]:
+    """A break (None) wherever rounds without a draft lie between two that drafted: the line joins only rounds
+    next to each other, so a stretch of plain steps is a gap, not a slope nobody measured."""
+    gx, gy = [], []
+    for x, y in zip(xs, ys, strict=True):
+        if gx and x - gx[-1] > 1:
+            gx.append(None)
+            gy.append(None)
+        gx.append(x)
+        gy.append(y)
+    return gx, gy
+
+
+def count_dtick(top: float) -> int:
+    """A whole-number tick step for an axis of counts (plotly would put ticks at 0.5 on a short one)."""
+    return max(1, math.ceil(top / 5))
 
 
 def acceptance_figure(stats: Stats) -> go.Figure:
@@ -140,8 +175,9 @@ def acceptance_figure(stats: Stats) -> go.Figure:
     pos = stats.per_position_acceptance()
     fig.add_trace(go.Bar(x=list(range(len(pos))), y=pos, marker_color=KIND_COLORS["bonus"],
                          hovertemplate="position %{x}: %{y:.0%}<extra></extra>"), row=1, col=2)
-    xs, ys = rolling_acceptance(stats)
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=KIND_COLORS["target"]),
+    xs, ys = with_gaps(*rolling_acceptance(stats))
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line=dict(color=KIND_COLORS["target"]),
+                             marker=dict(size=4), connectgaps=False,
                              hovertemplate="round %{x}: %{y:.0%}<extra></extra>"), row=2, col=1)
     accepted = {r.index: r.n_accepted for r in stats.rounds if r.n_drafted}
     fig.add_trace(go.Bar(x=[i for i, _ in chosen], y=[k for _, k in chosen], marker_color="#bab0ac", name="k",
@@ -150,11 +186,16 @@ def acceptance_figure(stats: Stats) -> go.Figure:
                              marker=dict(color=KIND_COLORS["accepted"], size=5),
                              hovertemplate="round %{x}: %{y} accepted<extra></extra>"), row=2, col=2)
     fig.update_xaxes(title_text="accepted", dtick=1, range=[-0.5, k + 0.5], row=1, col=1)
+    fig.update_yaxes(title_text="rounds", dtick=count_dtick(max(hist.values(), default=1)), tick0=0, row=1, col=1)
     fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=2)
     fig.update_xaxes(title_text="round", row=2, col=1)
     fig.update_xaxes(title_text="round", row=2, col=2)
-    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=2)
-    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=2, col=1)
-    fig.update_yaxes(range=[0, k + 0.5], dtick=1 if k <= 8 else 2, row=2, col=2)
+    # each y range starts a little below zero: its "0" label then sits above the x axis's first label, not on it
+    fig.update_yaxes(range=[-0.06, 1.05], tickformat=".0%", row=1, col=2)
+    fig.update_yaxes(range=[-0.06, 1.05], tickformat=".0%", row=2, col=1)
+    fig.update_yaxes(range=[-0.3, k + 0.5], dtick=1 if k <= 8 else 2, row=2, col=2)
     fig.update_layout(showlegend=False, barmode="overlay")
-    return _base(fig, title, "acc", height=540, subtitle=drafter_note(stats))
+    fig = _base(fig, title, "acc", height=560, subtitle=drafter_note(stats))
+    if fig.layout.title.subtitle.text:  # room for the subtitle above the subplot titles
+        fig.update_layout(margin=dict(t=100))
+    return fig

@@ -167,11 +167,9 @@ def profile_outputs(rt: Runtime, session: Session, prompt: str, against: str, st
         todo = [c for c in cfgs if not known_reasons(rt, c)]
         with rt.lock, Telemetry(rt.engine.device) as tel:
             engines = {c.weights: rt.engine_for(c.weights) for c in todo}  # a format's first use loads it
-            if rt.probe_bandwidth:  # the ceiling the profile's GB/s are set against, measured now
-                gbs = measure_gbs(rt.engine.device, PROBE_BYTES, PROBE_REPEATS)
-                for eng in engines.values():
-                    eng.bandwidth_gbs = gbs
-            results += engine_profile.compare(engines, todo, steps=n, k=s.k, context=ids)
+            # the ceiling the profile's GB/s are set against: probed before, between and after the configurations
+            probe = (lambda: measure_gbs(rt.engine.device, PROBE_BYTES, PROBE_REPEATS)) if rt.probe_bandwidth else None
+            results += engine_profile.compare(engines, todo, probe=probe, steps=n, k=s.k, context=ids)
     except ValueError as e:
         raise refusal(str(e)) from None
     results.sort(key=lambda r: cfgs.index(r.config))

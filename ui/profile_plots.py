@@ -14,10 +14,11 @@ OP_COLORS = {"matmul": "#4c78a8", "attention": "#f58518", "norm": "#54a24b", "ro
              "activation": "#eeca3b", "kv_write": "#9d755d", "sampling": "#e45756", "other": "#79706e",
              "host": "#d0cbc7"}
 OP_HELP = {"host": "CPU: Python between ops · CUDA: device idle between kernels"}
-PROFILE_HEADERS = ["configuration", "pass", "step ms", "profiled ms", "rows / step", "profiler cost %",
+PROFILE_HEADERS = ["configuration", "pass", "step ms", "profiled ms", "profiled ÷ step", "profiler cost %",
                    "outside kernels %", "GB/s", "% ceiling", "note"]
-# wide enough for each header's longest word ("profiled", "kernels"); the note, a sentence, gets the most room
-PROFILE_COLUMN_WIDTHS = ["150px", "64px", "72px", "92px", "76px", "88px", "92px", "64px", "80px", "400px"]
+# wide enough for each header's longest word ("profiled", "kernels") and each cell's ("decode", "verify" in the
+# table's font with its padding); the note, a sentence, gets the most room
+PROFILE_COLUMN_WIDTHS = ["150px", "84px", "72px", "92px", "92px", "88px", "92px", "64px", "80px", "400px"]
 CONFIG_COLOR = "#17becf"  # a hue no op class uses; the second configuration is the same hue, hatched
 CAPTIONS = (
     "step → layer → op class: the tallest bars are where the time goes; grey host = time outside ops",
@@ -30,8 +31,12 @@ def wrap(text: str, width: int = 60) -> list[str]:
     return textwrap.wrap(text, width) or [""]
 
 
+CAPTION_CHARS = 48  # a caption line that fits half of an 800 px window's plot (676 px there) at 11 px
+
+
 def _title(title: str, caption: str) -> str:
-    return f"<b>{title}</b><br><span style='font-size:11px'>{caption}</span>"
+    lines = "<br>".join(wrap(caption, CAPTION_CHARS))
+    return f"<b>{title}</b><br><span style='font-size:11px'>{lines}</span>"
 
 
 def _by_class(result, kind: str) -> dict[str, float]:
@@ -90,17 +95,21 @@ def profile_figure(results: list) -> go.Figure:
         notes = "<br>".join(f"{r.config.label}: {r.reason}" for r in results)
         return empty_figure(title, notes or "Press Profile to see where a step's time goes.", "profile")
     first, second = results[0], results[1] if len(results) > 1 else None
-    steps = [_title(f"{r.config.label}: a decode step by layer", CAPTIONS[0]) if r.reason is None
+    steps = [_title(f"{r.config.label}:<br>a decode step by layer", CAPTIONS[0]) if r.reason is None
              else f"<b>{r.config.label}: not run here</b>" for r in (first, second) if r]
     fig = make_subplots(
-        rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.08,
+        rows=2, cols=2, vertical_spacing=0.3, horizontal_spacing=0.1,
         subplot_titles=(*steps, *([""] * (2 - len(steps))), _title("Op classes per pass", CAPTIONS[1]),
                         _title("Achieved bandwidth", CAPTIONS[2])))
     for col, r in ((1, first), (2, second)):
         if r is not None and r.reason is None:
             layer_bars(fig, r, col, legend=col == 1 or first.reason is not None)
-            fig.update_xaxes(type="category", title_text="layer (embed, head, sample, engine: outside the blocks)",
-                             row=1, col=col)
+            # upright labels, every layer named while ~16 fit half of an 800 px window, else every other block
+            layers = list(dict.fromkeys(row["layer"] for row in r.rows if row["pass"] == "decode"))
+            step = 1 if len(layers) <= 16 else 2
+            fig.update_xaxes(type="category", title_text="layer (embed, head, sample,<br>engine: outside the blocks)",
+                             tickangle=-90, tickfont=dict(size=10), row=1, col=col,
+                             tickvals=[x for x in layers if not x.isdigit() or int(x) % step == 0])
             fig.update_yaxes(title_text="ms per step", row=1, col=col)
         elif r is not None:  # the reason where the bars would be
             cell = fig.get_subplot(1, col)
@@ -109,10 +118,11 @@ def profile_figure(results: list) -> go.Figure:
                                y=sum(cell.yaxis.domain) / 2, font=dict(size=12), align="center")
             fig.update_xaxes(visible=False, row=1, col=col)
             fig.update_yaxes(visible=False, row=1, col=col)
-    names = [f"{r.config.label}<br>{s['pass']}" for r in ran for s in r.summary]
+    # two-level labels: the pass under each bar, its configuration once under the pair (no rotated text)
+    names = [[r.config.label for r in ran for _ in r.summary], [s["pass"] for r in ran for s in r.summary]]
     series = {cls: ys for cls in OP_CLASSES
               if any(ys := [_by_class(r, s["pass"])[cls] for r in ran for s in r.summary])}
-    for (cls, ys), base in zip(series.items(), stacked(names, list(series.values())), strict=True):
+    for (cls, ys), base in zip(series.items(), stacked(names[1], list(series.values())), strict=True):
         fig.add_trace(go.Bar(x=names, y=ys, base=base, offsetgroup="passes", name=cls, marker_color=OP_COLORS[cls],
                              legendgroup=cls, showlegend=False, hovertemplate="%{x}<br>" + cls + ": %{y:.2f} ms<extra>"
                              + OP_HELP.get(cls, "") + "</extra>"), row=2, col=1)
@@ -125,15 +135,17 @@ def profile_figure(results: list) -> go.Figure:
     fig.update_xaxes(title_text="configuration and pass", row=2, col=1)
     fig.update_yaxes(title_text="ms per pass", row=2, col=1)
     fig.update_xaxes(title_text="op class (decode step)", row=2, col=2)
-    fig = _base(fig, title, "profile", height=900)
-    fig.update_layout(margin=dict(t=110, b=60), legend=dict(y=-0.12, yanchor="top", x=0, xanchor="left"))
+    fig = _base(fig, title, "profile", height=1080)
+    # the legend in the bottom margin, under the two-level labels and the axis title, wherever the width puts them
+    fig.update_layout(margin=dict(t=180, b=150), title=dict(y=0.99, yref="container", yanchor="top"),
+                      legend=dict(y=0, yref="container", yanchor="bottom", x=0, xanchor="left"))
     return fig
 
 
 def bandwidth_bars(fig: go.Figure, ran: list, first) -> None:
     """GB/s per op class in a decode step, one bar per configuration side by side (labelled with its value), on a
     linear axis with room above for the ceiling: a dashed line labelled with the bandwidth it stands for."""
-    top, ceiling = 0.0, None
+    top, ceiling = 0.0, ceiling_of(ran)
     for r in ran:
         gbs = {}
         for row in r.rows:
@@ -149,13 +161,39 @@ def bandwidth_bars(fig: go.Figure, ran: list, first) -> None:
                                          line=dict(color=CONFIG_COLOR, width=1)),
                              text=[_gbs(y) for y in ys], textposition="outside", cliponaxis=False,
                              hovertemplate="%{x}: %{y:.2f} GB/s<extra>" + r.config.label + "</extra>"), row=2, col=2)
-        ceiling = ceiling or finite(_pass(r, "decode")["bandwidth_gbs"])
-    if ceiling:
+    if ceiling and top > ceiling:  # a bar above the line would be a share over 100%: the probe read low
+        # in the room above the bars, right-aligned: clear of the axis's tick labels on the left
+        fig.add_annotation(text="<br>".join(wrap(under_read(ceiling, top, probes_of(ran)), 40)), showarrow=False,
+                           xref="x4 domain", yref="y4 domain", x=1, y=1, xanchor="right", yanchor="top",
+                           font=dict(size=11), align="right")
+    elif ceiling:
         fig.add_hline(y=ceiling, line=dict(dash="dash", color="#888", width=1.5), row=2, col=2,
-                      annotation=dict(text=f"ceiling {ceiling:.1f} GB/s (measured before this profile)",
-                                      font=dict(size=11)),
+                      annotation=dict(text=f"ceiling {ceiling:.1f} GB/s ({ceiling_source(ran)})", font=dict(size=11)),
                       annotation_position="top right")
-    fig.update_yaxes(title_text="achieved GB/s", range=[0, 1.25 * max(top, ceiling or 0.0) or 1.0], row=2, col=2)
+    room = 1.8 if ceiling and top > ceiling else 1.25  # above the bars: the ceiling's label, or why there is none
+    fig.update_yaxes(title_text="achieved GB/s", range=[0, room * max(top, ceiling or 0.0) or 1.0], row=2, col=2)
+
+
+def ceiling_of(ran: list) -> float | None:
+    """The bandwidth the profile is set against: the best any configuration's decode pass was given."""
+    seen = [c for r in ran if (c := finite(_pass(r, "decode")["bandwidth_gbs"])) is not None]
+    return max(seen) if seen else None
+
+
+def probes_of(ran: list) -> list[float]:
+    return next((s["probes_gbs"] for r in ran for s in r.summary if s.get("probes_gbs")), [])
+
+
+def ceiling_source(ran: list) -> str:
+    probes = probes_of(ran)
+    return f"best of {len(probes)} probes around this profile" if probes else "measured at launch"
+
+
+def under_read(ceiling: float, achieved: float, probes: list[float]) -> str:
+    """Why no ceiling is drawn: the raw figures, and that the probe, not the step, is wrong."""
+    read = ", ".join(f"{x:.1f}" for x in probes) if len(probes) > 1 else f"{ceiling:.1f}"
+    return (f"No ceiling drawn: the bandwidth probe read {read} GB/s, less than the {achieved:.1f} GB/s a step "
+            "achieved, so the probe under-read (another job on the memory bus, or a cache it fit in).")
 
 
 def _gbs(x: float) -> str:
@@ -184,8 +222,12 @@ def profile_rows(results: list) -> list[list]:
                 note += "; one pass, so noisier than the decode steps"
             head_ms, head_pct = head_share(r, s["pass"])
             note += f"; LM head {head_ms:.2f} ms ({head_pct:.0f}% of the pass)"
-            ceiling = finite(s["bandwidth_gbs"])
+            ceiling, share = finite(s["bandwidth_gbs"]), None
+            if ceiling and s["gbs"] > ceiling:  # never a share over 100%: the probe read low
+                note += f"; {s['gbs']:.1f} GB/s achieved against a probed {ceiling:.1f}: the probe under-read"
+            elif ceiling:
+                share = _num(100 * s["gbs"] / ceiling, 1)
             out.append([r.config.label, s["pass"], _num(s["step_ms"], 2), _num(s["profiled_ms"], 2),
                         _num(s["rows_vs_step"], 3), _num(s["profiler_overhead_pct"], 1), _num(outside, 1),
-                        _num(s["gbs"], 2), _num(100 * s["gbs"] / ceiling, 1) if ceiling else None, note])
+                        _num(s["gbs"], 2), share, note])
     return out

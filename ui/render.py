@@ -28,6 +28,8 @@ KIND_HELP = {
     "bonus": "extra target token after every draft was accepted",
 }
 MISSING = "-"  # a fact a token does not have, in data-t
+PROB_HELP = {"p_target": "the target model's probability of this token",
+             "p_draft": "the drafter's probability of the token it proposed"}
 
 
 def _num(x: float | None, fmt: str) -> str | None:
@@ -55,7 +57,8 @@ def token_tooltip(kind: str, round_index: int, facts: list[str], mark: str | Non
     if pos != MISSING:
         parts.append(f"draft position {pos}")
     parts.append(f"latency {lat} ms" if lat != MISSING else "not emitted")
-    parts += [f"{name} {v}" for name, v in (("p_target", p_target), ("p_draft", p_draft)) if v != MISSING]
+    parts += [f"{name} {v} ({PROB_HELP[name]})" for name, v in (("p_target", p_target), ("p_draft", p_draft))
+              if v != MISSING]
     return "\n".join(parts)
 
 
@@ -86,13 +89,15 @@ def render_rounds(rounds: Iterable[Round], text_of: Callable[[int], str], specia
     return "".join(round_spans(r, text_of, special_ids) for r in rounds)
 
 
-def legend_html() -> str:
+def legend_html(end_token: str | None) -> str:
+    """The kinds' colours and the marker a special token shows as, with the model's own end-of-turn token (Qwen's
+    <|im_end|>, Gemma's <eos> or <end_of_turn>): the legend shows what the output will."""
     items = "".join(
         f'<span class="tok tok-{k}" title="{escape(KIND_HELP[k], quote=True)}">{k}</span> ' for k in KINDS
     )
+    mark = escape(end_token or "end", quote=True)
     special = ('<span class="ds-legend-special" title="a special token (the end of a turn): shown as a marker, not '
-               'as text"><span class="tok tok-target tok-special" data-mark="&lt;|im_end|&gt;"></span> special '
-               'token</span>')
+               f'as text"><span class="tok tok-target tok-special" data-mark="{mark}"></span> special token</span>')
     return f'<div class="ds-legend">{items}{special}</div>'
 
 

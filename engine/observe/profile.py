@@ -302,8 +302,14 @@ def run(eng, cfg: Config, steps: int = 8, k: int = 4, context: list[int] | None 
     return result
 
 
-def compare(engines: dict, configs: list[Config], **kwargs) -> list[Result]:
-    """Profile each configuration (engines: weight format -> Engine); one it cannot run gets its reason."""
+def compare(engines: dict, configs: list[Config], probe=None, **kwargs) -> list[Result]:
+    """Profile each configuration (engines: weight format -> Engine); one it cannot run gets its reason.
+
+    probe: a function that measures the memory bandwidth now (GB/s). It runs before the first configuration,
+    after each one that ran and so between them, and every result is set against the best reading: a probe
+    that lost the memory bus to another job reads low, and the steps cannot have streamed faster than the
+    best. Without one, each engine's own bandwidth_gbs (measured at launch) is the ceiling."""
+    readings = [probe()] if probe else []
     out = []
     for cfg in configs:
         eng = engines.get(cfg.weights)
@@ -313,4 +319,19 @@ def compare(engines: dict, configs: list[Config], **kwargs) -> list[Result]:
             continue
         reason = apply(eng, cfg)
         out.append(Result(cfg, reason=reason) if reason else run(eng, cfg, **kwargs))
+        if probe and not reason:
+            readings.append(probe())
+    if readings:
+        for r in out:
+            set_ceiling(r, readings)
     return out
+
+
+def set_ceiling(result: Result, readings: list[float]) -> None:
+    """The best of the probes' readings as the result's ceiling; every reading kept (probes_gbs) for the panel."""
+    seen = [x for x in readings if x == x]
+    ceiling = max(seen) if seen else float("nan")
+    for s in result.summary:
+        s.update(bandwidth_gbs=ceiling, probes_gbs=list(readings))
+    for row in result.rows:
+        row["pct_of_ceiling"] = 100 * row["gbs"] / ceiling if row["gbs"] and seen else None
