@@ -13,7 +13,7 @@ from tests.browser import ARGS, CHROMIUM, sync_api  # noqa: F401  (skips this mo
 from tests.test_plots import RUNS
 from tests.test_profile_panel import fake_result
 from ui import compare, compare_plots, plots, profile_plots
-from engine.request import Request as RunSettings
+from engine.request import Request
 from ui.testing import synthetic_stats
 
 pytestmark = pytest.mark.browser
@@ -41,9 +41,9 @@ MEASURE = """(plot) => {
 
 def compare_like_entries():
     """A Compare as the page plans it: every group, the long labels included, one configuration not run."""
-    plain, spec = RunSettings(mode="plain"), RunSettings(mode="n-gram", k=4)
-    fused, q4, window = (RunSettings(mode="plain", fused_kernels=True), RunSettings(mode="plain", weights="q4"),
-                         RunSettings(mode="plain", window=512))
+    plain, spec = Request(mode="plain"), Request(mode="n-gram", k=4)
+    fused, q4, window = (Request(mode="plain", fused_kernels=True), Request(mode="plain", weights="q4"),
+                         Request(mode="plain", window=512))
     configs = [("CUDA graphs", "CUDA graph", None, "CUDA graphs need a CUDA device", False),
                ("kernels", "torch ops", plain, None, True), ("kernels", "fused kernels", fused, None, False),
                ("weights", "fp32 weights", plain, None, True), ("weights", "q4 weights", q4, None, False),
