@@ -324,3 +324,12 @@ def test_failing_build_runs_the_twins_with_the_compiler_error(fresh_load, monkey
     (name, directory, archs, csrc), = calls
     assert csrc == broken and archs == ["8.0"] and directory.parent == tmp_path / "ext"
     assert name.startswith("decodescope_cuda_") and (directory / "build.lock").exists()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None or os.environ.get("DECODESCOPE_NO_EXT") == "1",
+                    reason="needs a host C++ compiler and the kernels switched on")
+def test_the_cpu_kernels_build_wherever_a_compiler_is():
+    """Every CPU kernel test skips when the module cannot build, so a header that moved away would pass the suite
+    on the twins alone: this one fails instead, with the compiler's own words."""
+    status = ext.load("cpu")
+    assert status.module is not None, status.reason

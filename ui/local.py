@@ -21,6 +21,7 @@ STREAMED_NOTE = ("tok/s measured while this page streamed the tokens: on a CPU t
                  "cores with the engine (Compare streams nothing)")
 IDLE_TICK_S = 0.25  # a Compare run yields this often, so a closed tab or Stop is noticed
 COMPARE_WINDOW = 512  # the attention group's window when the run itself attends in full
+COMPARE_FORMATS = ("fp32", "fp16", "int8", "q4")  # the weights group's formats, beside the run's own
 
 
 def check(rt: Runtime, s: Request, ids: list[int]) -> None:
@@ -122,9 +123,10 @@ def plan(rt: Runtime, s: Request, positions: int | None = None) -> list[tuple[st
     else:
         out += [("kernels", "torch ops", replace(base, fused_kernels=False), None, True),
                 ("kernels", "fused kernels", replace(base, fused_kernels=True), None, False)]
-    # weight formats: fp32 against each other format, all plain (the one knob that changes is the format)
+    # weight formats: fp32 against each other format, all plain (the one knob that changes is the format); the
+    # GGUF block formats only where the model runs one: each format quantizes the whole model on its first use
     for fmt, why in rt.formats().items():
-        if why is not None or fmt == "bf16":
+        if why is not None or fmt not in (*COMPARE_FORMATS, s.weights):
             continue
         out.append(("weights", f"{fmt} weights", replace(base, weights=fmt), None, fmt == "fp32"))
     # attention: full against the run's window (or COMPARE_WINDOW when the run attends in full)

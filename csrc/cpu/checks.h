@@ -1,5 +1,5 @@
 // Input checks shared by the CPU torch-facing host files; messages name the offending values. The ones the
-// CUDA host code shares are in ../tensor_checks.h (csrc/checks.h adds the CUDA-only ones).
+// CUDA host code shares are in ../tensor_checks.h (csrc/cuda/checks.h adds the CUDA-only ones).
 #pragma once
 
 #include <ATen/core/Tensor.h>

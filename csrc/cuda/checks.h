@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "tensor_checks.h"  // check_dense, check_dtype, check_dense_heads, checked_int
+#include "../tensor_checks.h"  // check_dense, check_dtype, check_dense_heads, checked_int
 
 namespace decodescope {
 
