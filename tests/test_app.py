@@ -218,7 +218,7 @@ def test_compare(served):
     assert notes["CUDA graph"] == rt.graphs_reason
     groups = {row[0] for row in table["data"]}
     assert {"CUDA graphs", "kernels", "weights", "attention", "speculative"} <= groups
-    assert {"fp32 weights", "fp16 weights", "int8 weights", "q4 weights", "full", "window 512 + 4 sinks"} <= set(notes)
+    assert {"fp32 weights", "fp16 weights", "int8 weights", "q4 weights", "window 512 + 4 sinks"} <= set(notes)
     # the short prompt fits in the window, so it is named, not timed
     assert notes["window 512 + 4 sinks"].startswith("same as full attention at this context")
     # plain (also fp32 weights and full attention), fp16, int8, q4, n-gram; fused too where it runs

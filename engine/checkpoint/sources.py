@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from engine.checkpoint.errors import ModelLoadError
+
 INDEX_FILE = "gguf.json"  # {"file", "size", "tensors": {hf name: [gguf name, GGUF type, offset, bytes, shape]}}
 DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
@@ -60,7 +62,6 @@ class GGUFSource:
         index = json.loads((folder / INDEX_FILE).read_text())
         self.path = Path(index["file"])
         if not self.path.is_file() or self.path.stat().st_size != index["size"]:
-            from engine.checkpoint.hf import ModelLoadError
 
             raise ModelLoadError(f"{folder} reads the GGUF file {self.path}, which is gone or changed since; load "
                                  "the GGUF file itself again (its folder in the model cache is rebuilt)")
@@ -91,7 +92,6 @@ class GGUFSource:
         self.file.seek(offset)
         got = self.file.readinto(memoryview(buf.numpy()))
         if got != n:
-            from engine.checkpoint.hf import ModelLoadError
 
             raise ModelLoadError(f"{self.path} ends inside tensor {self.gguf_name(name)!r} ({got} of {n} bytes); the "
                                  "file is truncated: download it again")
