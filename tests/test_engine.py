@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from engine import Engine, Tokenizer, load_model
+from engine.checkpoint import default_model
 from engine.tiny import write_tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -51,7 +52,10 @@ def default(default_model_dir):
 
 @pytest.fixture(scope="module")
 def reference(default_model_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(default_model_dir, torch_dtype=torch.float32).eval()
+    """transformers on the same GGUF file, dequantized by its own loader (the model cache holds no weights)."""
+    gguf = default_model.gguf_path(default_model_dir.parent)
+    return transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                             dtype=torch.float32).eval()
 
 
 @pytest.mark.slow
