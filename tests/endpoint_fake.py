@@ -13,6 +13,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from engine.endpoint import EndpointError, stream
+
 MAX_WAIT_S = 10.0  # the longest any behaviour holds a connection open
 
 
@@ -231,3 +233,16 @@ def echoing_gets(root_path: str = "/v1") -> dict:
     def models(h, _):
         status(200, json.dumps({"data": [{"id": f"model-{key_of(h)}"}]}))(h, None)
     return {"/props": props, f"{root_path}/models": models}
+
+
+def collect(ep, **kw):
+    """Stream one run against `ep`: (rounds, the stream, the EndpointError or None); any other exception fails
+    the test."""
+    s = stream(ep, "hi", **kw)
+    rounds = []
+    try:
+        for r in s:
+            rounds.append(r)
+    except EndpointError as e:
+        return rounds, s, e
+    return rounds, s, None

@@ -8,22 +8,15 @@ import time
 
 import pytest
 
-from engine.endpoint import Endpoint, EndpointError, stream
-from tests.endpoint_fake import FakeServer, chunk, free_port, slow_stream, sse, stall_after, status
+from engine.endpoint import Endpoint, stream
+from tests.endpoint_fake import FakeServer, collect, chunk, free_port, slow_stream, sse, stall_after, status
 
 KEY = "sk-test-5e1f0c9a"
 
 
 def run(url: str, stall_s: float = 5.0, key: str | None = None, **kw):
     """(rounds, the stream, the EndpointError or None)."""
-    s = stream(Endpoint(url, model="m", server="openai", api_key=key, stall_s=stall_s), "hi", **kw)
-    rounds = []
-    try:
-        for r in s:
-            rounds.append(r)
-    except EndpointError as e:
-        return rounds, s, e
-    return rounds, s, None
+    return collect(Endpoint(url, model="m", server="openai", api_key=key, stall_s=stall_s), **kw)
 
 
 def test_a_well_behaved_stream_is_one_round_per_chunk():

@@ -10,26 +10,15 @@ import time
 
 import pytest
 
-from engine.endpoint import Endpoint, EndpointError, endpoint_stats, stream
+from engine.endpoint import Endpoint, endpoint_stats, stream
 from engine.endpoint.errors import REDACTED, redact
 from engine.stats import Round, Stats, Token
+from tests.endpoint_fake import collect as run
 from tests.endpoint_fake import (ECHOES, FakeServer, chunk, echoing, echoing_gets, sse, start_sse, status,
                                  stall_after, write_event)
 
 KEY = "sk-hostile-7d41c09be2aa"
 STOP_S = 0.5
-
-
-def run(ep: Endpoint, **kw):
-    """(rounds, the stream, the EndpointError or None): any other exception fails the test."""
-    s = stream(ep, "hi", **kw)
-    rounds = []
-    try:
-        for r in s:
-            rounds.append(r)
-    except EndpointError as e:
-        return rounds, s, e
-    return rounds, s, None
 
 
 def leaks(text: str, key: str = KEY) -> list[str]:
