@@ -1,6 +1,6 @@
 """Speculative decoding on open text no constant was tuned on, the cost of a round that does not draft, and
 drafting from a session's earlier outputs over a sequence of related requests; the default model (q4), the
-page's defaults (k = 5, adaptive; n-gram n <= 3; layer-skip calibrated on each prompt).
+page's defaults (k = Request().k, 8 today, adaptive; n-gram n <= 3; layer-skip calibrated on each prompt).
 
 Open text: prompts generated from a fixed seed, open requests (a story, an explanation, a letter) about topics
 drawn from the model's own vocabulary (whole-word tokens of 5-10 letters), so no prompt was read while any
@@ -30,9 +30,10 @@ from pathlib import Path
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import markdown_table, run_and_save
 from engine import Engine, Tokenizer, load_model, speculative
+from engine.request import Request
 
 SEED = 2026
-PAGE_K = 5
+PAGE_K = Request().k  # the page's default k (and the CLI's)
 OPEN = ["Write a short story about a {a} who finds a {b}.", "Explain in a paragraph how a {a} and a {b} differ.",
         "Write a friendly letter to a neighbour about the {a} and the {b}.", "Describe a day spent with a {a}.",
         "Write a poem about {a} and {b}.", "Tell me what a child might think of a {a} and why."]
