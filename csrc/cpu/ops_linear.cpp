@@ -118,6 +118,8 @@ const std::string& scope_name(int64_t format) {
 const FormatRecord& format_record(int64_t format) {
   TORCH_CHECK(format >= 0 && format < kNumFormats, "unknown weight format code ", format, " (0..", kNumFormats - 1,
               ": ", format_names(), ")");
+  TORCH_CHECK(kernels().linear[format] != nullptr, kFormats[format].name, " has no kernel in the ", kernels().name,
+              " table: its line in csrc/cpu/gemm.h Gemm::linears is missing");
   return kFormats[format];
 }
 
