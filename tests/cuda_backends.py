@@ -128,6 +128,14 @@ class EmulatedModule:
                    self.sm_count, plan)
         return plan[0], plan[1], plan[2]
 
+    def format_facts(self) -> dict[str, dict]:
+        """The rows of csrc/format_list.h a CUDA kernel reads, as the extension reports them."""
+        lib, facts = self.libs[1], {}
+        name, bits, block = ctypes.c_char_p(), ctypes.c_double(), ctypes.c_int()
+        while lib.emu_format(len(facts), ctypes.byref(name), ctypes.byref(bits), ctypes.byref(block)):
+            facts[name.value.decode()] = dict(bits=bits.value, block=block.value)
+        return facts
+
     # --- csrc/cuda/gemv.cuh and dequantize.cuh ---
 
     WEIGHT_CODES = {torch.int8: 0, torch.uint8: 1, torch.float16: 2, torch.bfloat16: 3}  # emulated_gemv.cpp

@@ -1,9 +1,10 @@
-// Registers the torch-facing functions of ops.h; nothing else lives here.
+// Registers the torch-facing functions of ops.h and the rows of the list of formats; nothing else lives here.
 #include <torch/python.h>  // pybind11 plus the at::Tensor casters
 
 #include <utility>
 #include <vector>
 
+#include "../format_list.h"
 #include "ops.h"
 #include "pool.h"
 
@@ -38,6 +39,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         nogil(), py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"),
         py::arg("scale"), py::arg("window") = 0, py::arg("sinks") = 0);
   m.def("formats", &c::format_names, "the weight formats' names in code order (engine/weights' records)");
+  m.def("format_facts", [] {
+    py::dict facts;
+    for (const auto& f : decodescope::kCpuFormatFacts)
+      facts[f.name] = py::dict(py::arg("bits") = f.bits, py::arg("block") = f.block,
+                               py::arg("cpu_activations") = f.cpu_activations);
+    return facts;
+  }, "each format's row of csrc/format_list.h, by WeightFormat field (engine/ops checks them at load)");
   m.def("linear", &c::linear_packed, "out = x @ W^T, W in weight format `format` (a code), packed in panels",
         nogil(), py::arg("out"), py::arg("x"), py::arg("format"), py::arg("w"));
   py::class_<c::Projection>(m, "Projection", "one projection of a block: its format code and packed tensors")

@@ -9,14 +9,18 @@
 #include <array>
 #include <cstdint>
 
+#include "../format_list.h"
+
 namespace decodescope::cpu {
 
 constexpr int kPanel = 16;  // outputs per panel: one 512-bit register of fp32
 constexpr int kBlock = 32;  // inputs per quantization block (GGUF Q8_0 / Q4_1)
 
-// The weight formats the CPU kernels run: the index of KernelTable::linear and of formats.h's records, which
-// carry the names engine/weights' records have (engine/ops/cpu.py maps names to these codes at load).
-enum Format : int { kFp32, kFp16, kInt8, kQ8, kQ4, kQ4K, kQ5K, kQ6K, kQ4_0, kQ5_0, kNumFormats };
+// The weight formats the CPU kernels run, the rows of ../format_list.h whose cpu column says yes: the index of
+// KernelTable::linear and of formats.h's records (engine/ops/cpu.py maps the records' names to these codes at load).
+#define DECODESCOPE_CPU_CODE(name_, bits_, block_, cpu_, code_, ...) DECODESCOPE_CPU_##cpu_(code_, )
+enum Format : int { DECODESCOPE_FORMATS(DECODESCOPE_CPU_CODE) kNumFormats };
+#undef DECODESCOPE_CPU_CODE
 
 // 16-bit activations, what the q4 and q8 kernels read instead of x (q16.h): per row and block of 32,
 // x16 = round_half_even(x * (32767 / amax)) in [-32767, 32767], dx = amax / 32767, split into int8 halves

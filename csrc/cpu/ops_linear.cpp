@@ -118,6 +118,8 @@ const std::string& scope_name(int64_t format) {
 const FormatRecord& format_record(int64_t format) {
   TORCH_CHECK(format >= 0 && format < kNumFormats, "unknown weight format code ", format, " (0..", kNumFormats - 1,
               ": ", format_names(), ")");
+  TORCH_CHECK(kernels().linear[format] != nullptr, kFormats[format].name, " has no kernel in the ", kernels().name,
+              " table: its line in csrc/cpu/gemm.h Gemm::linears is missing");
   return kFormats[format];
 }
 
@@ -147,17 +149,17 @@ void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tens
   a.n_out = static_cast<int>(s.n_out);
   a.nb = static_cast<int>(s.nb);
   switch (f.activations) {
-    case Activations::kAsIs: break;
-    case Activations::kInt8: quantize_int8(a, s); break;
-    case Activations::kInt16: quantize_int16(a, s); break;
-    case Activations::kQ8K: quantize_q8k(a, s); break;
+    case Activations::exact: break;
+    case Activations::int8: quantize_int8(a, s); break;
+    case Activations::int16: quantize_int16(a, s); break;
+    case Activations::q8_k: quantize_q8k(a, s); break;
   }
   a.w = w[0].data_ptr();
   if (f.n_tensors > 1) a.d = reinterpret_cast<const uint16_t*>(w[1].data_ptr());
-  const double in_streamed = f.activations == Activations::kAsIs ? s.in
-                             : f.activations == Activations::kQ8K ? s.ns * kSuper
+  const double in_streamed = f.activations == Activations::exact ? s.in
+                             : f.activations == Activations::q8_k ? s.ns * kSuper
                                                                   : s.nb * kBlock;
-  const int64_t panel_bytes = static_cast<int64_t>(in_streamed * f.bytes_per_input) + 1;
+  const int64_t panel_bytes = static_cast<int64_t>(in_streamed * f.bytes_per_input()) + 1;
   const int64_t min_chunk = (kMinChunkBytes + panel_bytes - 1) / panel_bytes;
   const LinearFn fn = kernels().linear[format];
   parallel_chunks(s.panels, min_chunk, [&](int64_t p0, int64_t p1) { fn(a, p0, p1); });

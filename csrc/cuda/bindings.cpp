@@ -1,6 +1,7 @@
-// Registers the torch-facing functions of ops.h; nothing else lives here.
+// Registers the torch-facing functions of ops.h and the rows of the list of formats; nothing else lives here.
 #include <torch/python.h>  // pybind11 plus the at::Tensor casters; lighter than torch/extension.h
 
+#include "../format_list.h"
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -27,6 +28,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("qs"), py::arg("d"));
   m.def("dequantize_q4", &decodescope::dequantize_q4, "out = dequantize(W) for W in q4 (GGUF Q4_1) blocks",
         py::arg("out"), py::arg("qs"), py::arg("d"), py::arg("m"));
+  m.def("format_facts", [] {
+    py::dict facts;
+    for (const auto& f : decodescope::kCudaFormatFacts)
+      facts[f.name] = py::dict(py::arg("bits") = f.bits, py::arg("block") = f.block);
+    return facts;
+  }, "the formats a kernel here reads: their rows of csrc/format_list.h (engine/ops checks them at load)");
   m.def("decode_attention_plan", &decodescope::decode_attention_plan,
         "(splits, groups, blocks per SM) of decode_attention's grid: one full wave of q's GPU", py::arg("q"),
         py::arg("n_kv_heads"));

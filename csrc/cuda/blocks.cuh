@@ -6,12 +6,17 @@
 
 #include <cstdint>
 
+#include "../format_list.h"
 #include "common.cuh"
 
 namespace decodescope {
 namespace blocks {
 
-enum class Format { int8, q4, fp16, bf16 };
+// The weights the GEMV reads, the rows of ../format_list.h whose cuda column says gemv (fp16, bf16, int8, q4).
+#define DECODESCOPE_CUDA_FORMAT(name_, bits_, block_, cpu_, code_, activations_, cuda_) \
+  DECODESCOPE_CUDA_GEMV_##cuda_(name_, )
+enum class Format { DECODESCOPE_FORMATS(DECODESCOPE_CUDA_FORMAT) };
+#undef DECODESCOPE_CUDA_FORMAT
 
 constexpr int kBlock = 32;  // inputs per quantization block
 

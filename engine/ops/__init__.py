@@ -90,8 +90,9 @@ def cuda_ops(module, reason: str) -> OpSet:
     run a model's CUDA path on the CPU emulation of the kernels this way."""
     from engine.ops import cuda
 
+    check_formats("cuda", module.format_facts())
     kernels = cuda.ops(module)
-    products = {name: kernels.pop(name) for name in ("linear_int8", "linear_q4", "linear_dense")}
+    products = {name: kernels.pop(name) for name in {f.cuda_kernel for f in weights.REGISTRY.values()} - {None}}
     # the format's kernel (int8 and q8 alike, activations in their dtype): the GEMV up to 17 rows and cuBLAS beyond
     # (engine/ops/cuda.py); fp32 weights: cuBLAS through torch
     linear = {name: ref.matmul_t if f.cuda_kernel is None else cuda_matmul(products[f.cuda_kernel])
@@ -109,7 +110,26 @@ def cpu_ops() -> OpSet:
         return twin_ops(status.reason, "cpu")
     from engine.ops import cpu
 
+    check_formats("cpu", status.module.format_facts())
     return OpSet(name="fused", reason=status.reason, **cpu.ops(status.module))
+
+
+def check_formats(target: str, facts: dict[str, dict]) -> None:
+    """Refuse a module whose list of formats (csrc/format_list.h, as its format_facts() reports each row by
+    WeightFormat field) disagrees with engine/weights' records: a format the records say the target's kernels run
+    (cpu: a "cpu" layout; cuda: a cuda_kernel) and the module does not, or the other way, or a fact both hold that
+    differs."""
+    runs = {"cpu": lambda f: "cpu" in f.layouts, "cuda": lambda f: f.cuda_kernel is not None}[target]
+    want = {name for name, f in weights.REGISTRY.items() if runs(f)}
+    problems = [f"{name} is in csrc/format_list.h only" for name in facts if name not in want]
+    problems += [f"{name} is in engine/weights only" for name in want if name not in facts]
+    problems += [f"{name}.{key} is {value!r} in csrc/format_list.h, {getattr(weights.REGISTRY[name], key)!r} in "
+                 "engine/weights" for name in facts if name in want for key, value in facts[name].items()
+                 if getattr(weights.REGISTRY[name], key) != value]
+    if problems:
+        raise RuntimeError(f"the {target.upper()} kernels' formats disagree with engine/weights' records: "
+                           + "; ".join(problems) + ". Make the row in csrc/format_list.h and the WeightFormat "
+                           "record say the same, then rebuild (python -m engine.ops.ext build).")
 
 
 def cuda_matmul(kernel: Callable) -> Callable:

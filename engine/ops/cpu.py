@@ -23,7 +23,7 @@ class CpuOps(RowwiseOps):
 
     def __init__(self, module: ModuleType):
         super().__init__(module)
-        # the module's format codes by the names engine/weights' records carry (csrc/cpu/formats.h)
+        # the module's format codes by the names engine/weights' records carry (csrc/format_list.h)
         self.codes = {name: code for code, name in enumerate(module.formats())}
         self.plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> (model, version, plan)
 

@@ -12,10 +12,11 @@ quantizer, its dequantize twin, its layouts and its record (WeightFormat):
     gguf_bytes.py                      what the formats' GGUF byte codecs share
 
 registry.py lists them by name; everything else (the loader, the ops, the app, the benchmarks) reads the
-records through it. A new format: its module (record, quantizer, twin, layouts), one line in registry.py,
-its CPU kernel (csrc/cpu/formats.h + gemm.h) and its tests. A GGUF type whose CPU panels are its file's bytes
-interleaved by 16 rows (panels.gguf_layout: q4_0, q5_0, the K-quants) gets pack_gguf with them: a file's tensor
-packs without Blocks.
+records through it. A new format: its record (quantizer, twin, layouts) in its module (a new module: one line
+in registry.py), its row in csrc/format_list.h (the native modules' one list, checked against the records at
+load), its CPU kernel (csrc/cpu/formats.h packed tensors + gemm.h) and its tests. A GGUF type whose CPU
+panels are its file's bytes interleaved by 16 rows (panels.gguf_layout: q4_0, q5_0, the K-quants) gets
+pack_gguf with them: a file's tensor packs without Blocks.
 """
 from engine.weights.format import BLOCK, LAYOUTS, Blocks, Layout, Packed, WeightFormat
 from engine.weights.panels import PANEL

@@ -7,6 +7,17 @@
 
 extern "C" {
 
+// The rows of csrc/format_list.h a CUDA kernel reads, as the module's format_facts() reports them: row i's name,
+// bits and block (i from 0 while it returns 1).
+int emu_format(int i, const char** name, double* bits, int* block) {
+  constexpr int n = sizeof(decodescope::kCudaFormatFacts) / sizeof(decodescope::kCudaFormatFacts[0]);
+  if (i < 0 || i >= n) return 0;
+  *name = decodescope::kCudaFormatFacts[i].name;
+  *bits = decodescope::kCudaFormatFacts[i].bits;
+  *block = decodescope::kCudaFormatFacts[i].block;
+  return 1;
+}
+
 // ints: tokens, in_features, out_features
 int emu_linear(int fmt, int dtype, void* out, const void* x, const void* qs, const void* d, const void* m,
                const int* ints, int64_t x_stride) {
