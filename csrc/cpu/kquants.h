@@ -117,25 +117,34 @@ struct KQuants {
     if constexpr (!Stored) scales_q4k(wb + 64, scd, mnd);
     const I* sc = Stored ? u->sc : scd;
     const I* mn = Stored ? u->mn : mnd;
+    // groups one Sub holds exactly: a lane's pair sums are at most 2 * wmax * 128 each
+    constexpr int kFit = S::kSubSum / (2 * (High ? 31 : 15) * 128), kG = kFit < 8 ? kFit : 8;
+    static_assert(kG >= 1 && 8 % kG == 0);
+    typename S::SubScale ss[8];
+    for (int s = 0; s < 8; ++s) ss[s] = S::sub_scale(sc[s]);
     I isum[R];
     for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
     for (int i = 0; i < 4; ++i) {
-      I lo[R], hi[R];
-      for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::i32_zero();
+#pragma GCC unroll 2
+      for (int g0 = 0; g0 < 8; g0 += kG) {
+        typename S::Sub lo[R], hi[R];
+        for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::sub_zero();
 #pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) {
-        U8 wl, wh;
-        if constexpr (Stored) wl = u->w[2 * (8 * i + g)], wh = u->w[2 * (8 * i + g) + 1];
-        else q45k_group<High>(wb, i, g, wl, wh);
+        for (int g = g0; g < g0 + kG; ++g) {
+          U8 wl, wh;
+          if constexpr (Stored) wl = u->w[2 * (8 * i + g)], wh = u->w[2 * (8 * i + g) + 1];
+          else q45k_group<High>(wb, i, g, wl, wh);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 64 * i + 4 * g;
-          lo[r] = S::dot_u8s8(lo[r], wl, x4(xr));
-          hi[r] = S::dot_u8s8(hi[r], wh, x4(xr + 32));
+          for (int r = 0; r < R; ++r) {
+            const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 64 * i + 4 * g;
+            lo[r] = S::sub_dot(lo[r], wl, x4(xr));
+            hi[r] = S::sub_dot(hi[r], wh, x4(xr + 32));
+          }
         }
+        for (int r = 0; r < R; ++r)
+          isum[r] = S::i32_add(isum[r],
+                               S::i32_add(S::sub_scaled(lo[r], ss[2 * i]), S::sub_scaled(hi[r], ss[2 * i + 1])));
       }
-      for (int r = 0; r < R; ++r)
-        isum[r] = S::i32_add(isum[r], S::i32_add(S::i32_mul(lo[r], sc[2 * i]), S::i32_mul(hi[r], sc[2 * i + 1])));
     }
     const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb));
     const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + 32));
