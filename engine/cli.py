@@ -2,6 +2,7 @@
 
     decodescope-generate -p "The capital of France is" -n 32 --no-chat
     decodescope-generate -p "Repeat this list: ..." --mode n-gram -k 8
+    decodescope-generate -p "..." --mode self-draft                    # a cheaper copy, or layers skipped: measured
     decodescope-generate -p "..." --mode self-draft --self-draft q4    # the model in q4 drafts for itself
     decodescope-generate -p "..." --mode layer-skip                    # layers to skip calibrated on the prompt
     decodescope-generate big.gguf --mode "draft model" --draft-model small.gguf -p "..."
@@ -34,9 +35,10 @@ def parse_args(argv=None):
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--sinks", type=int, default=request.SINKS, help="attention sinks kept with --window")
     p.add_argument("--tiny", action="store_true", help="a small random-weight model (smoke tests)")
-    p.add_argument("--self-draft", choices=[f for f in FORMATS if f in QUANTIZED], default="q4",
+    p.add_argument("--self-draft", choices=["auto", *[f for f in FORMATS if f in QUANTIZED]], default="auto",
                    help="self-draft mode: the weight format of the model's own copy that drafts (a second copy "
-                        "of the weights)")
+                        "of the weights); auto: such a copy where its measured step is much cheaper than the "
+                        "model's, else the model's own weights with layers skipped (a K-quant file's case)")
     p.add_argument("--api-key-env", metavar="VAR", help="endpoint backend: the environment variable that holds "
                                                          "the API key")
     p.add_argument("--endpoint-stall", type=float, default=30.0, metavar="S",
@@ -45,18 +47,23 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def draft_engine(args, req: request.Request, eng):
-    """The engine that drafts in 'self-draft' (the model again in --self-draft's format) and 'draft model' mode
-    (--draft-model loaded), its steps graph replays where the request asks for graphs; None in the other modes."""
+def make_drafter(args, req: request.Request, eng):
+    """The run's drafter: in 'self-draft' mode the model's own weights made cheaper (--self-draft), in 'draft
+    model' mode --draft-model loaded; a drafting engine of its own replays graphs where the request asks for
+    them (a layer-skip view follows the target's)."""
     if req.mode == "self-draft":
-        draft = speculative.self_drafter(eng, args.self_draft).engine
+        drafter = speculative.self_drafter(eng, None if args.self_draft == "auto" else args.self_draft)
+        if drafter.chosen:
+            print(f"[self-draft: {drafter.chosen}]", file=sys.stderr)
+        draft = None if isinstance(drafter, speculative.LayerSkipDrafter) else drafter.engine
     elif req.mode == "draft model":
         draft = Engine(load_draft(args, req), max_seq_len=args.max_seq_len)
+        drafter = request.make_drafter(req, eng, draft)
     else:
-        return None
-    if req.cuda_graphs:
+        return request.make_drafter(req, eng)
+    if req.cuda_graphs and draft is not None:
         draft.use_graphs(True)
-    return draft
+    return drafter
 
 
 def load_draft(args, req: request.Request):
@@ -159,7 +166,7 @@ def main(argv=None) -> int:
               f"attention {eng.attention_mode}" + ("" if chat == req.chat else " | no chat template: the prompt "
                                                    "goes as it is") + "]", file=sys.stderr)
         ids = tok.encode_chat(args.prompt) if chat else tok.encode(args.prompt)
-        drafter = request.make_drafter(req, eng, draft_engine(args, req, eng))
+        drafter = make_drafter(args, req, eng)
         text = tok.stream_decoder()
         done = []
         for rnd in request.stream(eng, req, ids, drafter):

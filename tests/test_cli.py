@@ -18,6 +18,7 @@ SELF_DRAFT = ["--mode", "self-draft", "--self-draft"]
 
 
 @pytest.mark.parametrize("flags", [["--mode", "n-gram", "-k", "8"], [*SELF_DRAFT, "q4"], [*SELF_DRAFT, "int8"],
+                                   ["--mode", "self-draft"],
                                    ["--mode", "layer-skip"], ["--mode", "layer-skip", "--layers", "2"],
                                    ["--mode", "layer-skip", "--layers", "2", "--no-adaptive"]])
 def test_speculative_flags_print_the_plain_text(capsys, flags):

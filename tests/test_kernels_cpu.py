@@ -220,6 +220,22 @@ def test_a_row_is_the_same_bits_at_every_row_count_and_path(cpu_module, fmt):
                 assert torch.equal(out[t], alone[t]), (name, T, t)
 
 
+@pytest.mark.parametrize("fmt", K_QUANTS)
+def test_k_quant_rows_past_a_chunk_are_a_steps_bits(cpu_module, fmt):
+    """A K-quant pass of more rows than a tile unpacks each super-block once for a chunk of 64 rows
+    (kquants.h, shared): every row of a 150-row pass (three chunks, the last short) equals the row alone."""
+    b = W.quantize(randn(40, 512, seed=23), fmt)
+    panels = W.to_panels(b)
+    x = randn(150, 512, seed=24, scale=2.0)
+    for name, mod in each_path(cpu_module):
+        out = torch.full((150, 40), NAN)
+        linear(mod, fmt, out, x, *panels)
+        for t in (0, 5, 63, 64, 65, 127, 128, 149):
+            alone = torch.full((1, 40), NAN)
+            linear(mod, fmt, alone, x[t:t + 1].contiguous(), *panels)
+            assert torch.equal(out[t], alone[0]), (name, t)
+
+
 def test_prefill_rows_and_a_large_panel_count(cpu_module):
     """128 rows (prefill, many row tiles per panel) and 300 panels split across threads."""
     for fmt in KERNEL_FORMATS:

@@ -175,9 +175,6 @@ struct Gemm {
   struct Q4 {};
   struct I8 {};
   struct Q8 {};
-  struct Q4K {};
-  struct Q5K {};
-  struct Q6K {};
   struct Q4_0 {};
   struct Q5_0 {};
 
@@ -187,9 +184,6 @@ struct Gemm {
     else if constexpr (std::is_same_v<K, F16>) dense_tile<R, 1, uint16_t>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q4>) q4_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q8>) q8_tile<R>(a, p, r0);
-    else if constexpr (std::is_same_v<K, Q4K>) KQuants<S>::template q45k_tile<R, false>(a, p, r0);
-    else if constexpr (std::is_same_v<K, Q5K>) KQuants<S>::template q45k_tile<R, true>(a, p, r0);
-    else if constexpr (std::is_same_v<K, Q6K>) KQuants<S>::template q6k_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q4_0>) Legacy<S>::template q50_tile<R, false>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q5_0>) Legacy<S>::template q50_tile<R, true>(a, p, r0);
     else i8_tile<R>(a, p, r0);
@@ -227,9 +221,10 @@ struct Gemm {
   static void linear_q4(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4, kRowsQ16>(a, p0, p1); }
   static void linear_int8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<I8, kRowsI8>(a, p0, p1); }
   static void linear_q8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q8, kRowsQ16>(a, p0, p1); }
-  static void linear_q4k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4K, KQuants<S>::kRows>(a, p0, p1); }
-  static void linear_q5k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q5K, KQuants<S>::kRows>(a, p0, p1); }
-  static void linear_q6k(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q6K, KQuants<S>::kRows>(a, p0, p1); }
+  // K-quants: their own loop (kquants.h), which unpacks a super-block once for all the rows of a verify pass
+  static constexpr LinearFn linear_q4k = KQuants<S>::template linear<4>;
+  static constexpr LinearFn linear_q5k = KQuants<S>::template linear<5>;
+  static constexpr LinearFn linear_q6k = KQuants<S>::template linear<6>;
   static void linear_q4_0(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4_0, Legacy<S>::kRows>(a, p0, p1); }
   static void linear_q5_0(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q5_0, Legacy<S>::kRows>(a, p0, p1); }
   static constexpr QuantizeRowsKFn quantize_rows_k = KQuants<S>::quantize_rows_k;

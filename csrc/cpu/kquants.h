@@ -16,6 +16,10 @@
 // activations, 8 bits per 256 with one scale, cost about 0.65% of an output's size against fp32 on Gaussian
 // inputs, as llama.cpp's; decode reads 4.5-6.6 bits a weight, so it is memory-bound and the integer work is free.
 //
+// A verify pass of more rows than a tile holds unpacks each super-block of a panel once (nibbles, high bits and
+// scales into VPDPBUSD operands, 5.5 KB in L1) and every row tile of the pass reads it: the unpacking is per
+// panel, not per tile (Q6_K's costs a row about as much as its dot products on AVX2, whose tiles are 2 rows).
+//
 // Batch invariance: the integers are exact whichever ISA, tile or thread computed them, and the fold runs per
 // (row, output) in super-block order from y = +0, so a row's outputs are the same bits at every T and path.
 #pragma once
@@ -72,114 +76,232 @@ struct KQuants {
     return S::u8_and(k <= to ? S::u8_shl(v, to - k) : S::u8_shr(v, k - to), mask);
   }
 
+  // A super-block of a panel with its quants unpacked into VPDPBUSD operands (lane j row j) and its scales (and
+  // mins) into int32 lanes: a pass of more rows than a tile holds unpacks each super-block once for all its
+  // tiles (Stored), a tile of the rows there are unpacks as it goes (Direct). Both give the tile the same
+  // operands, so the same integers. w: Q4_K / Q5_K [pair i][group g][low, high]; Q6_K [h][A, B][group g][low, high].
+  struct Unpacked {
+    U8 w[64];
+    I sc[16], mn[8];
+  };
+
   // Q4_K (High = false) and Q5_K (High = true). In the file each 32 quant bytes hold sub-block 2i in their low
   // nibbles and 2i + 1 in their high ones (inputs 64i + l and 64i + 32 + l of byte l), so a 64-byte group g of
   // pair i feeds both: inputs 64i + 4g.. and 64i + 32 + 4g... Q5_K's fifth bit of those inputs is bit 2i and
   // 2i + 1 of the high-bit group g.
-  template <int R, bool High>
-  static void q45k_tile(const LinearArgs& a, int64_t p, int r0) {
-    constexpr int kBytes = High ? kQ5KBytes : kQ4KBytes, kQh = 256, kQs = High ? 768 : 256;
+  template <bool High>
+  static void q45k_group(const uint8_t* wb, int i, int g, U8& wl, U8& wh) {
+    constexpr int kQh = 256, kQs = High ? 768 : 256;
+    const U8 q = S::u8_load(wb + kQs + (8 * i + g) * 64);
+    wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
+    if constexpr (High) {
+      const U8 h = S::u8_load(wb + kQh + g * 64);
+      wl = S::u8_or(wl, bit_to(h, 2 * i, 4, 1));
+      wh = S::u8_or(wh, bit_to(h, 2 * i + 1, 4, 1));
+    }
+  }
+
+  template <bool High>
+  static void q45k_unpack(const uint8_t* wb, Unpacked& u) {
+    scales_q4k(wb + 64, u.sc, u.mn);
+    for (int i = 0; i < 4; ++i)
+      for (int g = 0; g < 8; ++g) q45k_group<High>(wb, i, g, u.w[2 * (8 * i + g)], u.w[2 * (8 * i + g) + 1]);
+  }
+
+  // Rows r0.. (R of them) of one super-block sb, folded into y[0..R).
+  template <int R, bool High, bool Stored>
+  static void q45k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
     const int ns = (a.in + kSuper - 1) / kSuper;
     const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
-    const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * ns * kBytes;
-    F y[R];
-    for (int r = 0; r < R; ++r) y[r] = S::zero();
-    for (int sb = 0; sb < ns; ++sb) {
-      const uint8_t* wb = wp + static_cast<int64_t>(sb) * kBytes;
-      for (int line = 0; line < kBytes; line += 64) prefetch(wb + line);
-      I sc[8], mn[8], isum[R];
-      scales_q4k(wb + 64, sc, mn);
-      for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
-      for (int i = 0; i < 4; ++i) {
-        I lo[R], hi[R];
-        for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::i32_zero();
+    I scd[8], mnd[8];
+    if constexpr (!Stored) scales_q4k(wb + 64, scd, mnd);
+    const I* sc = Stored ? u->sc : scd;
+    const I* mn = Stored ? u->mn : mnd;
+    // groups one Sub holds exactly: a lane's pair sums are at most 2 * wmax * 128 each
+    constexpr int kFit = S::kSubSum / (2 * (High ? 31 : 15) * 128), kG = kFit < 8 ? kFit : 8;
+    static_assert(kG >= 1 && 8 % kG == 0);
+    typename S::SubScale ss[8];
+    for (int s = 0; s < 8; ++s) ss[s] = S::sub_scale(sc[s]);
+    I isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
+    for (int i = 0; i < 4; ++i) {
+#pragma GCC unroll 2
+      for (int g0 = 0; g0 < 8; g0 += kG) {
+        typename S::Sub lo[R], hi[R];
+        for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::sub_zero();
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) {
-          const U8 q = S::u8_load(wb + kQs + (8 * i + g) * 64);
-          U8 wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
-          if constexpr (High) {
-            const U8 h = S::u8_load(wb + kQh + g * 64);
-            wl = S::u8_or(wl, bit_to(h, 2 * i, 4, 1));
-            wh = S::u8_or(wh, bit_to(h, 2 * i + 1, 4, 1));
-          }
+        for (int g = g0; g < g0 + kG; ++g) {
+          U8 wl, wh;
+          if constexpr (Stored) wl = u->w[2 * (8 * i + g)], wh = u->w[2 * (8 * i + g) + 1];
+          else q45k_group<High>(wb, i, g, wl, wh);
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
             const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 64 * i + 4 * g;
-            lo[r] = S::dot_u8s8(lo[r], wl, x4(xr));
-            hi[r] = S::dot_u8s8(hi[r], wh, x4(xr + 32));
+            lo[r] = S::sub_dot(lo[r], wl, x4(xr));
+            hi[r] = S::sub_dot(hi[r], wh, x4(xr + 32));
           }
         }
         for (int r = 0; r < R; ++r)
-          isum[r] = S::i32_add(isum[r], S::i32_add(S::i32_mul(lo[r], sc[2 * i]), S::i32_mul(hi[r], sc[2 * i + 1])));
-      }
-      const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb));
-      const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + 32));
-      for (int r = 0; r < R; ++r) {
-        const int64_t row = r0 + r;
-        const int32_t* xs = a.xsum + (row * ns + sb) * (kSuper / 16);
-        I imin = S::i32_zero();
-        for (int s = 0; s < 8; ++s) imin = S::i32_add(imin, S::i32_mul(mn[s], S::i32_set1(xs[2 * s] + xs[2 * s + 1])));
-        const F dx = S::set1(a.dx[row * ns + sb]);
-        y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
-        y[r] = S::fnma(S::to_float(imin), S::mul(dmin, dx), y[r]);
+          isum[r] = S::i32_add(isum[r],
+                               S::i32_add(S::sub_scaled(lo[r], ss[2 * i]), S::sub_scaled(hi[r], ss[2 * i + 1])));
       }
     }
-    for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
+    const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb));
+    const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + 32));
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      const int32_t* xs = a.xsum + (row * ns + sb) * (kSuper / 16);
+      I imin = S::i32_zero();
+      for (int s = 0; s < 8; ++s) imin = S::i32_add(imin, S::i32_mul(mn[s], S::i32_set1(xs[2 * s] + xs[2 * s + 1])));
+      const F dx = S::set1(a.dx[row * ns + sb]);
+      y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
+      y[r] = S::fnma(S::to_float(imin), S::mul(dmin, dx), y[r]);
+    }
   }
 
   // Q6_K. In the file each half h of 128 inputs has 64 ql bytes (A = bytes 0-31, B = 32-63) and 32 qh bytes:
   // inputs 128h + 32k + l take A's low, B's low, A's high, B's high nibble (k = 0..3) of byte l and bits 2k, 2k+1
   // of qh[l]. So a group g of A (or B) feeds k = 0 and 2 (1 and 3) with one load, and sub-block 8h + 2k + gg
   // (16 inputs) is groups g = 4gg..4gg+3.
-  template <int R>
-  static void q6k_tile(const LinearArgs& a, int64_t p, int r0) {
-    constexpr int kQh = 2048, kScales = 3072, kD = 3328;
+  static constexpr int kQ6Qh = 2048, kQ6Scales = 3072, kQ6D = 3328;
+
+  static void q6k_group(const uint8_t* wb, int h, int ab, int g, U8& wl, U8& wh) {
+    const U8 ql = S::u8_load(wb + (16 * h + 8 * ab + g) * 64);
+    const U8 qh = S::u8_load(wb + kQ6Qh + (8 * h + g) * 64);
+    wl = S::u8_or(S::u8_and(ql, 15), bit_to(qh, 2 * ab, 4, 2));
+    wh = S::u8_or(S::u8_and(S::u8_shr(ql, 4), 15), bit_to(qh, 2 * ab + 4, 4, 2));
+  }
+
+  static void q6k_unpack(const uint8_t* wb, Unpacked& u) {
+    for (int s = 0; s < 16; ++s) u.sc[s] = S::i32_load_s8(wb + kQ6Scales + 16 * s);
+    for (int h = 0; h < 2; ++h)
+      for (int ab = 0; ab < 2; ++ab)
+        for (int g = 0; g < 8; ++g) {
+          const int at = 2 * (8 * (2 * h + ab) + g);
+          q6k_group(wb, h, ab, g, u.w[at], u.w[at + 1]);
+        }
+  }
+
+  template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
+  static void q6k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
     const int ns = (a.in + kSuper - 1) / kSuper;
     const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
-    const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * ns * kQ6KBytes;
-    F y[R];
-    for (int r = 0; r < R; ++r) y[r] = S::zero();
-    for (int sb = 0; sb < ns; ++sb) {
-      const uint8_t* wb = wp + static_cast<int64_t>(sb) * kQ6KBytes;
-      for (int line = 0; line < kQ6KBytes; line += 64) prefetch(wb + line);
-      I isum[R];
-      for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
+    I isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 2
-        for (int ab = 0; ab < 2; ++ab) {
+      for (int ab = 0; ab < 2; ++ab) {
 #pragma GCC unroll 2
-          for (int gg = 0; gg < 2; ++gg) {
-            I lo[R], hi[R];  // k = ab and k = ab + 2
-            for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::i32_zero();
+        for (int gg = 0; gg < 2; ++gg) {
+          I lo[R], hi[R];  // k = ab and k = ab + 2
+          for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::i32_zero();
 #pragma GCC unroll 4
-            for (int g = 4 * gg; g < 4 * gg + 4; ++g) {
-              const U8 ql = S::u8_load(wb + (16 * h + 8 * ab + g) * 64);
-              const U8 qh = S::u8_load(wb + kQh + (8 * h + g) * 64);
-              const U8 wl = S::u8_or(S::u8_and(ql, 15), bit_to(qh, 2 * ab, 4, 2));
-              const U8 wh = S::u8_or(S::u8_and(S::u8_shr(ql, 4), 15), bit_to(qh, 2 * ab + 4, 4, 2));
+          for (int g = 4 * gg; g < 4 * gg + 4; ++g) {
+            U8 wl, wh;
+            const int at = 2 * (8 * (2 * h + ab) + g);
+            if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
+            else q6k_group(wb, h, ab, g, wl, wh);
 #pragma GCC unroll 8
-              for (int r = 0; r < R; ++r) {
-                const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * h + 32 * ab + 4 * g;
-                lo[r] = S::dot_u8s8(lo[r], wl, x4(xr));
-                hi[r] = S::dot_u8s8(hi[r], wh, x4(xr + 64));
-              }
-            }
-            const int sub = 8 * h + 2 * ab + gg;  // k = ab; k = ab + 2 is sub + 4
-            const I sl = S::i32_load_s8(wb + kScales + 16 * sub), sh = S::i32_load_s8(wb + kScales + 16 * (sub + 4));
             for (int r = 0; r < R; ++r) {
-              const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
-              isum[r] = S::i32_add(isum[r], S::i32_add(S::i32_mul(S::i32_sub(lo[r], S::i32_set1(32 * xs[sub])), sl),
-                                                       S::i32_mul(S::i32_sub(hi[r], S::i32_set1(32 * xs[sub + 4])), sh)));
+              const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * h + 32 * ab + 4 * g;
+              lo[r] = S::dot_u8s8(lo[r], wl, x4(xr));
+              hi[r] = S::dot_u8s8(hi[r], wh, x4(xr + 64));
             }
+          }
+          const int sub = 8 * h + 2 * ab + gg;  // k = ab; k = ab + 2 is sub + 4
+          const I sl = Stored ? u->sc[sub] : S::i32_load_s8(wb + kQ6Scales + 16 * sub);
+          const I sh = Stored ? u->sc[sub + 4] : S::i32_load_s8(wb + kQ6Scales + 16 * (sub + 4));
+          for (int r = 0; r < R; ++r) {
+            const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
+            isum[r] = S::i32_add(isum[r], S::i32_add(S::i32_mul(S::i32_sub(lo[r], S::i32_set1(32 * xs[sub])), sl),
+                                                     S::i32_mul(S::i32_sub(hi[r], S::i32_set1(32 * xs[sub + 4])), sh)));
           }
         }
       }
-      const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kD));
-      for (int r = 0; r < R; ++r)
-        y[r] = S::fma(S::to_float(isum[r]), S::mul(d, S::set1(a.dx[(r0 + r) * ns + sb])), y[r]);
+    }
+    const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ6D));
+    for (int r = 0; r < R; ++r)
+      y[r] = S::fma(S::to_float(isum[r]), S::mul(d, S::set1(a.dx[(r0 + r) * ns + sb])), y[r]);
+  }
+
+  // One format's unpack and rows (Bits: 4, 5 or 6).
+  template <int Bits>
+  static void unpack(const uint8_t* wb, Unpacked& u) {
+    if constexpr (Bits == 6) q6k_unpack(wb, u);
+    else q45k_unpack<Bits == 5>(wb, u);
+  }
+  template <int Bits, int R, bool Stored>
+  static void rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
+    if constexpr (Bits == 6) q6k_rows<R, false, Stored>(a, wb, u, sb, r0, y);
+    else q45k_rows<R, Bits == 5, Stored>(a, wb, u, sb, r0, y);
+  }
+  static constexpr int bytes(int bits) { return bits == 4 ? kQ4KBytes : bits == 5 ? kQ5KBytes : kQ6KBytes; }
+
+  // A tile of R rows of panel p, unpacking as it goes: a pass of at most kRows rows (a decode step).
+  template <int Bits, int R>
+  static void tile(const LinearArgs& a, int64_t p, int r0) {
+    const int ns = (a.in + kSuper - 1) / kSuper;
+    const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * ns * bytes(Bits);
+    F y[R];
+    for (int r = 0; r < R; ++r) y[r] = S::zero();
+    for (int sb = 0; sb < ns; ++sb) {
+      const uint8_t* wb = wp + static_cast<int64_t>(sb) * bytes(Bits);
+      for (int line = 0; line < bytes(Bits); line += 64) prefetch(wb + line);
+      rows<Bits, R, false>(a, wb, nullptr, sb, r0, y);
     }
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
+  }
+
+  // rows<Bits, n, true> for the runtime n in [1, R].
+  template <int Bits, int R>
+  static void stored_rows(int n, const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0,
+                          F* y) {
+    if constexpr (R >= 1) {
+      if (n == R) return rows<Bits, R, true>(a, wb, u, sb, r0, y);
+      stored_rows<Bits, R - 1>(n, a, wb, u, sb, r0, y);
+    }
+  }
+
+  // Panels [p0, p1) for a pass of more rows than a tile holds: each super-block of a panel is unpacked once for
+  // the rows of a chunk (kChunk rows, their outputs in a buffer), then every tile of the chunk reads it. The
+  // fold of a (row, output) is the tile's, in super-block order from +0: the same bits as tile().
+  static constexpr int kChunk = 64;
+  template <int Bits>
+  static void shared(const LinearArgs& a, int64_t p0, int64_t p1) {
+    const int ns = (a.in + kSuper - 1) / kSuper;
+    Unpacked u;
+    F y[kChunk];
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * ns * bytes(Bits);
+      for (int c0 = 0; c0 < a.rows; c0 += kChunk) {
+        const int n = a.rows - c0 < kChunk ? a.rows - c0 : kChunk;
+        for (int r = 0; r < n; ++r) y[r] = S::zero();
+        for (int sb = 0; sb < ns; ++sb) {
+          const uint8_t* wb = wp + static_cast<int64_t>(sb) * bytes(Bits);
+          for (int line = 0; line < bytes(Bits); line += 64) prefetch(wb + line);
+          unpack<Bits>(wb, u);
+          for (int r0 = 0; r0 < n; r0 += kRows)
+            stored_rows<Bits, kRows>(n - r0 < kRows ? n - r0 : kRows, a, wb, &u, sb, c0 + r0, y + r0);
+        }
+        for (int r = 0; r < n; ++r) store_row(a, p, c0 + r, y[r]);
+      }
+    }
+  }
+
+  // The K-quant GEMM of panels [p0, p1): tiles that unpack as they go for a pass of at most kRows rows, else
+  // each super-block unpacked once for all the rows.
+  template <int Bits>
+  static void linear(const LinearArgs& a, int64_t p0, int64_t p1) {
+    if (a.rows > kRows) return shared<Bits>(a, p0, p1);
+    for (int64_t p = p0; p < p1; ++p) tile_n<Bits, kRows>(a.rows, a, p);
+  }
+  template <int Bits, int R>
+  static void tile_n(int n, const LinearArgs& a, int64_t p) {
+    if constexpr (R >= 1) {
+      if (n == R) return tile<Bits, R>(a, p, 0);
+      tile_n<Bits, R - 1>(n, a, p);
+    }
   }
 
   // Q8_K, the recipe of engine/ops/ref.py quantize_blocks(x, in_pad, 127, 256) bit for bit: per row and

@@ -219,6 +219,27 @@ struct Avx2 {
     return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(w.lo, x), ones)),
             _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(w.hi, x), ones))};
   }
+  // A sub-block's sums kept in 16 bits (Q4_K, Q5_K): VPMADDUBSW's pairs added as they come, widened once by
+  // VPMADDWD with the sub-block's scale, which also applies it: 5 instructions a group and row instead of 7
+  // and a multiply. Exact while a lane's sum stays in int16: a Sub holds at most kSubSum / (2 * wmax * 128)
+  // groups (kquants.h).
+  struct Sub {
+    __m256i lo, hi;
+  };
+  using SubScale = I;  // the scale in both 16-bit halves of each lane
+  static constexpr int kSubSum = 32767;
+  static Sub sub_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  static Sub sub_dot(Sub acc, U8 w, int32_t x4) {
+    const __m256i x = _mm256_set1_epi32(x4);
+    return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(w.lo, x)),
+            _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(w.hi, x))};
+  }
+  static SubScale sub_scale(I sc) {  // sc in 0..32767
+    return {_mm256_or_si256(sc.lo, _mm256_slli_epi32(sc.lo, 16)), _mm256_or_si256(sc.hi, _mm256_slli_epi32(sc.hi, 16))};
+  }
+  static I sub_scaled(Sub acc, SubScale sc) {
+    return {_mm256_madd_epi16(acc.lo, sc.lo), _mm256_madd_epi16(acc.hi, sc.hi)};
+  }
   static I i32_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
   static I i32_set1(int32_t v) { return {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; }
   static I i32_add(I a, I b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }

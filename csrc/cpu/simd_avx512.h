@@ -154,6 +154,14 @@ struct Avx512 {
   static U8 u8_shr(U8 a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
   // acc + each output's 4 weights times x4's 4 signed bytes: VPDPBUSD, exact in int32
   static I dot_u8s8(I acc, U8 w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
+  // a sub-block's sums (kquants.h): VPDPBUSD's int32 hold any number of groups, the scale a multiply
+  using Sub = I;
+  using SubScale = I;
+  static constexpr int kSubSum = 2147483647;
+  static Sub sub_zero() { return _mm512_setzero_si512(); }
+  static Sub sub_dot(Sub acc, U8 w, int32_t x4) { return dot_u8s8(acc, w, x4); }
+  static SubScale sub_scale(I sc) { return sc; }
+  static I sub_scaled(Sub acc, SubScale sc) { return _mm512_mullo_epi32(acc, sc); }
   static I i32_zero() { return _mm512_setzero_si512(); }
   static I i32_set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I i32_add(I a, I b) { return _mm512_add_epi32(a, b); }

@@ -1,5 +1,5 @@
 """The drafters behind speculative decoding: a second model (a smaller one, or the target itself in a cheaper
-weight format) here; prompt lookup in engine/speculative/lookup.py, layer skipping in layerskip.py.
+weight format: selfdraft.py) here; prompt lookup in engine/speculative/lookup.py, layer skipping in layerskip.py.
 
 Protocol (speculative.stream drives it; a test can implement it too):
   begin(target, prompt_ids, sampling, extra)  once per run, before the target's prefill; validates against
@@ -52,6 +52,7 @@ class Draft(NamedTuple):
 class Drafter:
     name = "drafter"
     draft_cost: float | None = None
+    chosen: str | None = None  # why a self-drafter is this one (engine/speculative/selfdraft.py)
 
     def begin(self, target, prompt_ids: list[int], sampling: SamplingParams, extra: int) -> None:
         pass
@@ -170,23 +171,6 @@ class ModelDrafter(Drafter):
         path = self.engine.model.path
         return {"drafter": self.name, "draft_model": str(path) if path else "in-memory",
                 "draft_layers": self.engine.config.n_layers, "draft_weights": self.engine.model.weight_format}
-
-
-def self_drafter(target, weights: str = "q4") -> ModelDrafter:
-    """Quantized self-drafting: the target's own checkpoint in a cheaper weight format drafts for it, on its own
-    engine and cache. Same tokenizer, near-target acceptance, a second copy of the weights at a fraction of the
-    bytes (for the default model q4 is its own GGUF blocks: lossless, so acceptance is ~1)."""
-    from engine.engine import Engine
-    from engine.checkpoint import load_model
-
-    m = target.model
-    if m.path is None:
-        raise ValueError("self-drafting loads the target's checkpoint again; this target has no folder")
-    if weights == m.weight_format:
-        raise ValueError(f"the target already runs {weights} weights; self-drafting needs a cheaper format")
-    draft = load_model(m.path, device=target.device, dtype=m.dtype, weights=weights, fused=m.ops.name == "fused",
-                       progress=lambda msg: None)
-    return ModelDrafter(Engine(draft, target.max_seq_len))
 
 
 def check_tokenizers(draft_path, target_path) -> None:
