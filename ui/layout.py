@@ -9,7 +9,7 @@ import gradio as gr
 
 from engine.request import NAMES, SINKS, SPECS
 from ui import callbacks, compare, compare_plots, controls, endpoint, profile, render, run, stream
-from ui.examples import EDIT, examples
+from ui.examples import EDIT, base_note, examples, offered
 from ui.models import Runtimes
 from ui.page_js import KEEP_TYPED_JS, OUTPUT_TEMPLATE, SHOW_REJECTED_JS, output_js
 from ui.profile_plots import PROFILE_COLUMN_WIDTHS, PROFILE_HEADERS
@@ -137,11 +137,16 @@ def build(models: Runtimes) -> gr.Blocks:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
-                prompt = gr.Textbox(EDIT, label="Prompt", lines=4, max_lines=8, elem_id="prompt",
-                                    placeholder=PLACEHOLDER)
-                rows, labels = examples(rt)
-                gr.Examples(rows, inputs=[prompt, knobs.mode, knobs.k, knobs.layers, knobs.weights], label="Examples",
-                            example_labels=labels, elem_id="examples")
+                rows, labels, left_out = offered(rt)
+                prompt = gr.Textbox(rows[0][0] if rows else EDIT, label="Prompt", lines=4, max_lines=8,
+                                    elem_id="prompt", placeholder=PLACEHOLDER)
+                # none offered (every one lost to plain here): the first stays as the widget's shape, hidden
+                shown = rows or examples(rt)[0][:1]
+                example_set = gr.Examples(shown, inputs=[prompt, knobs.mode, knobs.k, knobs.layers, knobs.weights],
+                                          label="Examples", example_labels=labels or None, elem_id="examples",
+                                          visible=bool(rows))
+                notes = " ".join(t for t in (base_note(rt), left_out) if t)
+                examples_note = gr.Markdown(notes, elem_id="examples-note", visible=bool(notes))
                 with gr.Row():
                     knobs.chat.render()
                     show_rejected = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rejected")
@@ -217,8 +222,9 @@ def build(models: Runtimes) -> gr.Blocks:
         # first pick loads a model, which would share the cores with a run being measured.
         picked = [knobs.mode, knobs.weights, knobs.layers, knobs.draft, knobs.graphs, knobs.fused, knobs.chat]
         assert len(picked) == len(controls.MODEL_KNOBS)
-        picker.input(partial(controls.model_picked, models), [picker, knobs.mode, knobs.weights],
-                     [status, picker, *picked, env, legend], api_visibility="private", **engine_event)
+        picker.input(partial(controls.model_picked, models), [picker, knobs.mode, knobs.weights, prompt],
+                     [status, picker, *picked, env, legend, prompt, example_set.dataset, examples_note],
+                     api_visibility="private", **engine_event)
         backend.change(endpoint.visibility, [backend], [endpoint_box], **quick)
         api_key.change(endpoint.set_key, [session, api_key], None, **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=SHOW_REJECTED_JS)

@@ -70,6 +70,7 @@ class Runtime:
     plot_interval_s: float = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
     probe_bandwidth: bool = True  # measure the bandwidth around each run (tests switch it off)
     special_ids: frozenset = frozenset()  # tokens shown as a marker, not as text (end of turn, bos)
+    example_checks: dict = field(default_factory=dict)  # example label -> ui/example_check.Check (none: unchecked)
 
     def __post_init__(self):
         self.store = self.store or ExportStore()
