@@ -94,7 +94,8 @@ def test_the_knobs_follow_the_pick(models, first):
     assert "gemma3_text" in env
     assert f'data-mark="{escape(models.get(GEMMA).tokenizer.eos_token)}"' in legend  # its own end token
     # and back: the first model's draft model is offered again
-    status, pick, *knobs, env, legend, _, _, _ = list(controls.model_picked(models, first.model_name, "draft model", ""))[-1]
+    out = list(controls.model_picked(models, first.model_name, "draft model", ""))[-1]
+    status, pick, *knobs, env, legend, _, _, _ = out
     k = dict(zip(controls.MODEL_KNOBS, knobs, strict=True))
     assert k["mode"]["value"] == "draft model" and k["draft"]["choices"] == ["tiny-draft"]
     assert k["layers"]["maximum"] == first.n_layers - 1
