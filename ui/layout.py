@@ -152,13 +152,14 @@ def build(models: Runtimes) -> gr.Blocks:
                     show_rejected = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rejected")
                 with gr.Row():
                     generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", interactive=False)
                     compare_btn = gr.Button("Compare", elem_id="compare-btn")
+                # what the buttons started, said by them (below the output it fell under the fold)
+                status = gr.HTML("", elem_id="status")
                 legend = gr.HTML(render.legend_html(rt.tokenizer.eos_token), elem_id="legend")
                 output = gr.HTML("", elem_id="output-tokens", html_template=OUTPUT_TEMPLATE,
                                  js_on_load=output_js(rt.stream_interval_s), apply_default_css=False)
                 stats = gr.HTML("", elem_id="stats")
-                status = gr.HTML("", elem_id="status")
             with gr.Column(scale=2, min_width=320):
                 with gr.Accordion("Environment", open=False):
                     env = gr.HTML(render.env_card(rt.env), elem_id="env")
@@ -191,23 +192,25 @@ def build(models: Runtimes) -> gr.Blocks:
         endpoint_event = dict(engine_event, concurrency_limit=endpoint.CONCURRENT_RUNS, concurrency_id="endpoint")
         quick = dict(queue=False, show_progress="hidden", api_visibility="private")
         timer = gr.Timer(rt.plot_interval_s, active=False)
+        run_buttons = [generate_btn, compare_btn, stop_btn]
         timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
         # Generate starts one of two chains, by the backend picked: each waits in its own queue
         for on_endpoint, event, api in ((False, engine_event, "generate"), (True, endpoint_event, "generate_endpoint")):
             (generate_btn.click(endpoint.gate(on_endpoint), [backend], None, **quick)
-             .success(callbacks.submit_live, [session], [timer], **quick)
+             .success(callbacks.submit_live, [session], [timer, *run_buttons], **quick)
              .success(by_name(endpoint.queued(partial(callbacks.generate, models), on_endpoint), "session", "prompt"),
                       [session, prompt], [output, stats, status], inputs_kwargs=settings, api_name=api, **event)
-             .then(callbacks.live_off, None, [timer], **quick)
+             .then(callbacks.live_off, None, [timer, *run_buttons], **quick)
              .then(partial(callbacks.last_run, rt), [session],
                    [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn],
                    **(dict(api_visibility="private") if on_endpoint else dict(api_name="last_run"))))
-        (compare_btn.click(run.submit, [session], None, **quick)
+        (compare_btn.click(callbacks.submit_compare, [session], run_buttons, **quick)
          .then(by_name(partial(compare.compare, models), "session", "prompt"), [session, prompt], [status],
                inputs_kwargs=settings,
                api_name="compare", **engine_event)
          .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
-               api_name="last_compare"))
+               api_name="last_compare")
+         .then(callbacks.live_off, None, [timer, *run_buttons], **quick))
         panel.profile_btn.click(by_name(partial(profile.run_profile, models), "session", "prompt", "against", "steps"),
                                 [session, prompt, panel.against, panel.steps], panel.outputs,
                                 inputs_kwargs=settings, api_name="profile", **engine_event)
