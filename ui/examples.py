@@ -19,10 +19,11 @@ EDIT = ("Repeat the following text exactly, but fix its three spelling mistakes:
         "sailors knew that the rocks were close. The keeper climbed the stairs each evening, cleaned the "
         "glass, and wound the clockwork that turned the lens. He wrote the weather in his log book, the "
         "direction of the wind and the heigt of the waves, and he never mised a single night.")
-# A base model's: text to continue. The n-gram one is a pattern its continuation repeats (the next function of
-# a family), the prose one an opening, the code one a signature and docstring to fill in.
+# A base model's: text to continue. A fact for plain decoding; the n-gram one is a pattern its continuation
+# repeats (the next function of a family), the prose one an opening, the code one a signature and docstring.
 BASE_PROSE = ("The old lighthouse stood at the edge of the cliff. Every night its lamp turned slowly, sweeping "
               "the dark water with a long beam of light. One morning the keeper found a bottle on the rocks, and")
+BASE_FACT = "The capital of France is"
 BASE_CODE = 'def is_prime(n: int) -> bool:\n    """Return True if n is a prime number.\n\n    >>> is_prime(7)\n'
 BASE_REPEAT = ('def area_of_square(side):\n    """Return the area of a square with the given side."""\n'
                "    return side * side\n\n\n"
@@ -71,6 +72,9 @@ def examples(rt: Runtime) -> tuple[list[list], list[str]]:
     if rt.drafts:
         rows.append([prose, "draft model", 5, CALIBRATED, rt.weight_format])
         labels.append(f"draft model: {say['prose']}")
+    if base:  # what a base model is for, as it is: plain decoding, nothing to beat
+        rows.append([BASE_FACT, "plain", SPECS["k"].default, CALIBRATED, rt.weight_format])
+        labels.append("plain: complete a fact")
     available = [m for m, why in rt.modes().items() if why is None]
     keep = [i for i, row in enumerate(rows) if row[1] in available]
     return [rows[i] for i in keep], [labels[i] for i in keep]
