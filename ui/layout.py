@@ -196,20 +196,23 @@ def build(models: Runtimes) -> gr.Blocks:
         timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
         # Generate starts one of two chains, by the backend picked: each waits in its own queue
         for on_endpoint, event, api in ((False, engine_event, "generate"), (True, endpoint_event, "generate_endpoint")):
-            (generate_btn.click(endpoint.gate(on_endpoint), [backend], None, **quick)
-             .success(callbacks.submit_live, [session], [timer, *run_buttons], **quick)
-             .success(by_name(endpoint.queued(partial(callbacks.generate, models), on_endpoint), "session", "prompt"),
-                      [session, prompt], [output, stats, status], inputs_kwargs=settings, api_name=api, **event)
-             .then(callbacks.live_off, None, [timer, *run_buttons], **quick)
+            ran = (generate_btn.click(endpoint.gate(on_endpoint), [backend], None, **quick)
+                   .success(callbacks.submit_live, [session], [timer, *run_buttons], **quick)
+                   .success(by_name(endpoint.queued(partial(callbacks.generate, models), on_endpoint), "session",
+                                    "prompt"),
+                            [session, prompt], [output, stats, status], inputs_kwargs=settings, api_name=api, **event))
+            # the page runs no .then after a failed event (gradio 6's frontend fires only .failure then): both
+            ran.failure(callbacks.live_off, None, [timer, *run_buttons], **quick)
+            (ran.then(callbacks.live_off, None, [timer, *run_buttons], **quick)
              .then(partial(callbacks.last_run, rt), [session],
                    [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn],
                    **(dict(api_visibility="private") if on_endpoint else dict(api_name="last_run"))))
-        (compare_btn.click(callbacks.submit_compare, [session], run_buttons, **quick)
-         .then(by_name(partial(compare.compare, models), "session", "prompt"), [session, prompt], [status],
-               inputs_kwargs=settings,
-               api_name="compare", **engine_event)
-         .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
-               api_name="last_compare")
+        compared = (compare_btn.click(callbacks.submit_compare, [session], run_buttons, **quick)
+                    .then(by_name(partial(compare.compare, models), "session", "prompt"), [session, prompt], [status],
+                          inputs_kwargs=settings, api_name="compare", **engine_event))
+        compared.failure(callbacks.live_off, None, [timer, *run_buttons], **quick)
+        (compared.then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
+                       api_name="last_compare")
          .then(callbacks.live_off, None, [timer, *run_buttons], **quick))
         panel.profile_btn.click(by_name(partial(profile.run_profile, models), "session", "prompt", "against", "steps"),
                                 [session, prompt, panel.against, panel.steps], panel.outputs,
