@@ -81,3 +81,14 @@ def test_the_baseline_ignores_only_what_a_drafter_reads():
     assert a == b and a.mode == "plain" and a.weights == "q4"
     assert baseline.plain_of(Request(mode="n-gram", weights="fp32"), "q4") != a
     assert baseline.plain_of(Request(mode="n-gram", window=64), "q4") != a
+
+
+def test_a_run_in_other_weights_is_also_measured_against_the_launchs(rt):
+    """A drafter that needs a denser target must beat plain decoding in the launch's weights too."""
+    other = next(f for f, why in rt.formats().items() if why is None and f != rt.weight_format)
+    session = Session()
+    _, line = run(rt, session, mode="n-gram", weights=other)
+    assert f"vs {other}" in line and f"vs {rt.weight_format} (the launch" in line
+    assert len(rt.baselines.kept) == 2
+    cell = speedup_cell(session)
+    assert cell.startswith("×") and f"vs plain {other} (×" in cell and f"vs plain {rt.weight_format})" in cell

@@ -99,25 +99,39 @@ def final_stats(rt: Runtime, stats, facts: list[RunFacts], vs: tuple[str, str] |
 def vs_plain(rt: Runtime, session: Session, s: Request, ids: list[int], stats):
     """Generator: a finished run against plain decoding of its prompt and settings (ui/baseline.py). A plain run
     becomes the prompt's baseline; a speculative one is compared with the kept one, measuring it first where none
-    is kept (yielding a status meanwhile). Returns (stats with the baseline, the runs table's extra columns,
-    (the stats line's figure, its tooltip)), or the stats as they were where there is nothing to compare."""
+    is kept (yielding a status meanwhile). A run whose weights are not the launch's is also compared with plain
+    decoding in the launch's (what the page runs unless told otherwise): a drafter that needs a denser target
+    must beat that too. Returns (stats with the baseline, the runs table's extra columns, (the stats line's
+    figure, its tooltip)), or the stats as they were where there is nothing to compare."""
     plain = plain_of(s, rt.weight_format)
     tok_s = finite(stats.summary()["decode_tok_s"])
     if not s.speculative:
         if tok_s is not None:
             rt.baselines.put(ids, plain, tok_s)
         return stats, {}, None
-    base = rt.baselines.get(ids, plain)
-    if base is None:
-        measured = yield from run_to_end(rt, session, plain, ids, render.message_html(MEASURING_PLAIN))
-        if measured is None or (plain_tok_s := finite(measured.summary()["decode_tok_s"])) is None:
-            return stats, {}, None
-        base = rt.baselines.put(ids, plain, plain_tok_s)
+    if tok_s is None:
+        return stats, {}, None
+    launch = plain.with_(weights=rt.weight_format)
+    bases = []
+    for p in dict.fromkeys([plain, launch]):
+        base = rt.baselines.get(ids, p)
+        if base is None:
+            measured = yield from run_to_end(rt, session, p, ids, render.message_html(MEASURING_PLAIN))
+            if measured is None or (plain_tok_s := finite(measured.summary()["decode_tok_s"])) is None:
+                return stats, {}, None
+            base = rt.baselines.put(ids, p, plain_tok_s)
+        bases.append(base)
     now = rt.baselines.clock()
-    stats = replace(stats, baseline_tok_s=base.tok_s)
-    stale = base.stale(now)
-    figure = f"×{stats.summary()['speedup']:.2f}" + (" (stale)" if stale else "")
-    return stats, dict(speedup_over="plain (stale)" if stale else "plain"), (figure, base.describe(now))
+    stats = replace(stats, baseline_tok_s=bases[0].tok_s)
+    mark = [" (stale)" if b.stale(now) else "" for b in bases]
+    figure, over = f"×{tok_s / bases[0].tok_s:.2f}{mark[0]}", f"plain{mark[0]}"
+    if len(bases) > 1:
+        figure = f"×{tok_s / bases[0].tok_s:.2f} vs {plain.weights}{mark[0]}, ×{tok_s / bases[1].tok_s:.2f} vs " \
+                 f"{launch.weights} (the launch's){mark[1]}"
+        over = f"plain {plain.weights}{mark[0]} (×{tok_s / bases[1].tok_s:.2f} vs plain {launch.weights}{mark[1]})"
+    tip = "; ".join(f"{p.weights}: {b.describe(now)}" for p, b in zip(dict.fromkeys([plain, launch]), bases,
+                                                                        strict=True))
+    return stats, dict(speedup_over=over), (figure, tip)
 
 
 def run_to_end(rt: Runtime, session: Session, s: Request, ids: list[int], status: str, prompt: str = ""):
