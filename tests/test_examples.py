@@ -81,11 +81,11 @@ def test_an_example_is_offered_only_where_it_beats_plain(instruct, tmp_path):
     verdict = {label.split(":")[0].split(" (")[0]: c for label, c in checks.items()}
     assert verdict["n-gram"].offered and verdict["draft model"].offered
     assert not verdict["self-draft"].offered and not verdict["layer-skip"].offered  # a tie is no win
-    assert verdict["self-draft"].reason.startswith(f"x0.50 vs plain {instruct.weight_format} (50 against 100")
+    assert verdict["self-draft"].reason.startswith(f"×0.50 vs plain {instruct.weight_format} (50 against 100")
     rows, labels, note = examples.offered(instruct)
     assert [r[1] for r in rows] == ["n-gram", "draft model"]
-    assert note.startswith("Not offered on this machine: self-draft") and "x0.50 vs plain" in note
-    assert "layer-skip (calibrated" in note and "x1.00 vs plain" in note
+    assert note.startswith("Not offered on this machine: self-draft") and "×0.50 vs plain" in note
+    assert "layer-skip (calibrated" in note and "×1.00 vs plain" in note
     # the reverse: every example wins, every one is offered
     instruct.example_checks = {}
     example_check.check(instruct, fake(dict.fromkeys(("n-gram", "self-draft", "layer-skip", "draft model"), 200.0)
@@ -100,7 +100,7 @@ def test_a_base_models_plain_example_is_offered_unchecked(base, tmp_path):
     assert len(checks) == 3 and not any(c.offered for c in checks.values())
     rows, labels, note = examples.offered(base)
     assert rows == [[examples.BASE_FACT, "plain", 8, 0, base.weight_format]] and labels == ["plain: complete a fact"]
-    assert note.count("x0.50 vs plain") == 3
+    assert note.count("×0.50 vs plain") == 3
     base.example_checks = {}
 
 

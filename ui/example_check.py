@@ -45,7 +45,7 @@ class Check:
 
     @property
     def reason(self) -> str:
-        return (f"x{self.ratio:.2f} vs plain {self.plain_weights} ({self.tok_s:.0f} against {self.plain_tok_s:.0f} "
+        return (f"×{self.ratio:.2f} vs plain {self.plain_weights} ({self.tok_s:.0f} against {self.plain_tok_s:.0f} "
                 f"tok/s, measured here {self.measured})")
 
 
