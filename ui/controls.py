@@ -106,6 +106,11 @@ def example_outputs(rt: Runtime, prompt: str | None = None) -> tuple:
             gr.update(value=lines, visible=bool(lines)))
 
 
+def example_picked(row: list) -> tuple:
+    """An example's click: its prompt, mode, k, layer-skip layers and weights into their widgets."""
+    return tuple(row)
+
+
 def model_picked(models: Runtimes, title: str, mode: str, weights: str, prompt: str = ""):
     """The Model picker's change: the model loads on its first pick (said first: it takes a while), then the
     knobs follow it, the environment card describes it, the legend shows its end token and the examples are its

@@ -9,7 +9,7 @@ import gradio as gr
 
 from engine.request import NAMES, SINKS, SPECS
 from ui import callbacks, compare, compare_plots, controls, endpoint, profile, render, run, stream
-from ui.examples import EDIT, base_note, examples, offered
+from ui.examples import EDIT, base_note, offered
 from ui.models import Runtimes
 from ui.page_js import KEEP_TYPED_JS, OUTPUT_TEMPLATE, SHOW_REJECTED_JS, output_js
 from ui.profile_plots import PROFILE_COLUMN_WIDTHS, PROFILE_HEADERS
@@ -140,11 +140,11 @@ def build(models: Runtimes) -> gr.Blocks:
                 rows, labels, left_out = offered(rt)
                 prompt = gr.Textbox(rows[0][0] if rows else EDIT, label="Prompt", lines=4, max_lines=8,
                                     elem_id="prompt", placeholder=PLACEHOLDER)
-                # none offered (every one lost to plain here): the first stays as the widget's shape, hidden
-                shown = rows or examples(rt)[0][:1]
-                example_set = gr.Examples(shown, inputs=[prompt, knobs.mode, knobs.k, knobs.layers, knobs.weights],
-                                          label="Examples", example_labels=labels or None, elem_id="examples",
-                                          visible=bool(rows))
+                # a Dataset of our own rather than gr.Examples: a click loads the sample the page shows (the
+                # model's own, after a pick), where gr.Examples loads from the list it was built with
+                example_inputs = [prompt, knobs.mode, knobs.k, knobs.layers, knobs.weights]
+                example_set = gr.Dataset(components=example_inputs, samples=rows, sample_labels=labels or None,
+                                         label="Examples", elem_id="examples", visible=bool(rows), type="values")
                 notes = " ".join(t for t in (base_note(rt), left_out) if t)
                 examples_note = gr.Markdown(notes, elem_id="examples-note", visible=bool(notes))
                 with gr.Row():
@@ -218,6 +218,7 @@ def build(models: Runtimes) -> gr.Blocks:
                                 [session, prompt, panel.against, panel.steps], panel.outputs,
                                 inputs_kwargs=settings, api_name="profile", **engine_event)
         stop_btn.click(run.stop, [session], None, queue=False, api_name="stop")
+        example_set.click(controls.example_picked, [example_set], example_inputs, **quick)
         visibility = [knobs.k, knobs.ngram, knobs.layers, knobs.draft, knobs.adaptive]
         knobs.mode.change(mode_changed, [picker, knobs.mode, knobs.weights],
                           [*visibility, knobs.weights, knobs.mode], preprocess=False, **quick)
@@ -229,7 +230,7 @@ def build(models: Runtimes) -> gr.Blocks:
         picked = [knobs.mode, knobs.weights, knobs.layers, knobs.draft, knobs.graphs, knobs.fused, knobs.chat]
         assert len(picked) == len(controls.MODEL_KNOBS)
         picker.input(partial(controls.model_picked, models), [picker, knobs.mode, knobs.weights, prompt],
-                     [status, picker, *picked, env, legend, prompt, example_set.dataset, examples_note],
+                     [status, picker, *picked, env, legend, prompt, example_set, examples_note],
                      api_visibility="private", **engine_event)
         backend.change(endpoint.visibility, [backend], [endpoint_box], **quick)
         api_key.change(endpoint.set_key, [session, api_key], None, **quick)
