@@ -100,7 +100,7 @@ def reference(gguf_file: Path, threads: int):
     @contextmanager
     def server():
         srv = LlamaServer(gguf_file, threads=threads, ctx=1024, exe=str(server_exe()),
-                          extra=["-ctk", "f32", "-ctv", "f32", "-fa", "off", "--no-mmap"])
+                          extra=["-ctk", "f32", "-ctv", "f32", "-fa", "off"])
         srv.args = ["env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={Path.home()}", *srv.args]
         with srv:
             yield lambda prompt, n: server_greedy(srv.root, prompt, n)
