@@ -1,22 +1,30 @@
 """Gemma 3 270M, the second embedded model, against llama.cpp on the same GGUF file (gemma-3-270m-q4_k_m.gguf).
 
-Correctness: for each of 3 chat-turn prompts, 64 greedy tokens from llama.cpp's Python loop on the file (f32 KV
-cache, no flash attention: bench/llamacpp.py) and from ours in each CPU format (the one the loader picks, fp32 as
-the exact dequantization of the file, int8 and q4 as asked for); the ids compared (identical, or the first
-divergence with both engines' top-1 margins there) and our top-1 agreement teacher-forced on llama.cpp's ids
-(one prefill pass over its continuation: how often our argmax names its next token).
+The file is the base model (no chat template in its metadata), so the prompts are text to continue: three facts
+("The capital of France is", ...) and two longer openings, as ids with <bos> first, the same on both sides.
 
-Speed: rounds alternate ours (each format), llama.cpp's loop and llama-bench tg64, the read bandwidth measured
-after every row (a row's ceiling: the larger of the two around it; this box's moves within minutes). Each row
-keeps its best round; the ratio to llama.cpp is also taken round by round. The step's weight bytes are split
-into the head and the rest, and the head's own time is measured on its own (the 262k-token head dominates).
+Correctness: for each prompt, 64 greedy tokens from llama.cpp on the file (llama-server with an f32 KV cache and
+flash attention off, or llama-cpp-python's loop where it is installed: bench/llamacpp.py) and from ours in each
+format asked for (default: the file's own blocks, as the app loads it; fp32 is the exact dequantization, int8 and
+q4 a second rounding). Reported: our top-1 agreement teacher-forced on llama.cpp's ids (one prefill pass over its
+continuation: how often our argmax names its next token; goal >= 99% on the file's own blocks), each position
+where it does not with both sides' top-1 margins there (a near-tie both engines may break either way, or a bug),
+where the free-running greedy ids first part, and the facts' completions side by side.
+
+Speed (--rounds N, where llama-cpp-python or llama-bench is installed): rounds alternate ours (each format),
+llama.cpp's loop and llama-bench tg64, the read bandwidth measured after every row (a row's ceiling: the larger of
+the two around it). Each row keeps its best round; the ratio to llama.cpp is also taken round by round. The step's
+weight bytes are split into the head and the rest, and the head's own time is measured on its own.
 
     python -m bench.gemma                       # -> bench/results/gemma-cpu.{json,md}
+    python -m bench.gemma --rounds 0            # correctness only
     python -m bench.gemma --rounds 2 --formats default fp32
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -32,21 +40,77 @@ from engine import Engine, Tokenizer, load_model
 from engine import weights as wts
 from engine.observe.bandwidth import measure_gbs
 
-# Gemma 3's turn format. The file is the base model and carries no chat template (no tokenizer.chat_template in
-# its metadata), so the turn is written out here; both engines get the same ids.
-TURN = "<bos><start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"
-PROMPTS = (
-    "Explain in a few sentences why the sky is blue during the day and red at sunset.",
-    "Write a short Python function that returns the n-th Fibonacci number, with a docstring.",
-    "List three things a traveller should pack for a week of hiking in the mountains, and say why.",
-)
+# The base model continues text: facts whose completion is one well-known answer, and two longer openings
+FACTS = ("The capital of France is", "Water boils at sea level at a temperature of", "The chemical symbol for gold is")
+PROMPTS = (*FACTS,
+           "The old lighthouse stood at the edge of the cliff. Every night its lamp turned slowly, sweeping the dark "
+           "water with a long beam of light. One morning the keeper found a bottle on the rocks, and",
+           'def is_prime(n: int) -> bool:\n    """Return True if n is a prime number.\n\n    >>> is_prime(7)\n')
+FACT_TOKENS = 16  # a fact's completion as shown side by side
+NEAR_TIE = 1.0  # logits: a split where either side's top-1 margin is below this is a near-tie, not a bug
 # default: what load_model picks for the file (the app's choice). "<base>+head-<fmt>": an experiment, the base
 # load with its head re-quantized to <fmt> from its own dequantized blocks (a second rounding; fewer bytes a step)
 FORMATS = ("default", "fp32", "int8", "q4", "default+head-q4", "q4+head-q4")
 
 
-def chat_ids(tok: Tokenizer, text: str) -> list[int]:
-    return tok.encode(TURN.format(text), add_special_tokens=False)
+def server_exe() -> Path:
+    """llama-server: $LLAMA_SERVER, else scripts/build_llamacpp.sh's folder."""
+    return Path(os.environ.get("LLAMA_SERVER") or llamacpp.prefix() / "bin" / "llama-server")
+
+
+def reference_missing() -> str | None:
+    """Why llama.cpp's greedy ids cannot be had here (None: they can)."""
+    exe = server_exe()
+    if (exe.is_file() and os.access(exe, os.X_OK)) or llamacpp.unavailable() is None:
+        return None
+    return f"neither llama-server ({exe}; set LLAMA_SERVER) nor {llamacpp.unavailable()}"
+
+
+def top_margin(entry: dict) -> float | None:
+    """llama-server's top-1 margin in logits at one generated token: the two best log-probabilities' difference
+    (a softmax shares its denominator, so it is the logits' difference), from either response shape it has used."""
+    if "top_logprobs" in entry:
+        lp = sorted((t["logprob"] for t in entry["top_logprobs"]), reverse=True)
+    else:
+        lp = sorted((math.log(max(t["prob"], 1e-45)) for t in entry.get("probs", [])), reverse=True)
+    return lp[0] - lp[1] if len(lp) >= 2 else None
+
+
+def server_greedy(root: str, prompt: list[int], new_tokens: int) -> dict:
+    """llama.cpp's greedy ids and each pick's top-1 margin, from a running llama-server (the ids as they are: no
+    <bos> added, no cached prefix, no stop at end of text)."""
+    import httpx
+
+    body = dict(prompt=prompt, n_predict=new_tokens, temperature=0.0, top_k=1, n_probs=2, cache_prompt=False,
+                ignore_eos=True, return_tokens=True, seed=0)
+    r = httpx.post(root + "/completion", json=body, trust_env=False, timeout=300)
+    r.raise_for_status()
+    probs = r.json()["completion_probabilities"]
+    return dict(ids=[int(p["id"]) for p in probs], margins=[top_margin(p) for p in probs])
+
+
+def reference(gguf_file: Path, threads: int):
+    """A context manager giving greedy(prompt, new_tokens) -> {ids, margins} from llama.cpp on the file: a
+    llama-server started with an empty environment but PATH and HOME (nothing torch or our engine set reaches it),
+    f32 KV cache, flash attention off; else llama-cpp-python's loop."""
+    from contextlib import contextmanager
+
+    from engine.endpoint.llamacpp import LlamaServer
+
+    @contextmanager
+    def server():
+        srv = LlamaServer(gguf_file, threads=threads, ctx=1024, exe=str(server_exe()),
+                          extra=["-ctk", "f32", "-ctv", "f32", "-fa", "off"])
+        srv.args = ["env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={Path.home()}", *srv.args]
+        with srv:
+            yield lambda prompt, n: server_greedy(srv.root, prompt, n)
+
+    @contextmanager
+    def loop():
+        yield lambda prompt, n: llamacpp.time_decode(gguf_file, prompt, n, threads, repeats=1)
+
+    exe = server_exe()
+    return server() if exe.is_file() and os.access(exe, os.X_OK) else loop()
 
 
 def load(name: str, fmt: str):
@@ -92,18 +156,34 @@ def head_ms(model, repeats: int = 20) -> float:
 
 
 @torch.inference_mode()
-def agreement(eng: Engine, prompt: list[int], theirs: list[int]) -> float:
-    """Teacher-forced top-1 agreement: our argmax after each prefix of llama.cpp's ids, against its next id."""
-    rows = eng.logits(prompt + theirs[:-1])[len(prompt) - 1:]
-    return float((rows.argmax(-1) == torch.tensor(theirs)).float().mean())
+def agreement(eng: Engine, prompt: list[int], theirs: dict) -> tuple[float, list[dict]]:
+    """Teacher-forced top-1 agreement: our argmax after each prefix of llama.cpp's ids, against its next id; and
+    each position where they differ, with our top-1 margin there (our top logit over our logit of llama.cpp's
+    pick) and llama.cpp's own top-1 margin there."""
+    ids = theirs["ids"]
+    rows = eng.logits(prompt + ids[:-1])[len(prompt) - 1:].float()
+    ours = rows.argmax(-1)
+    splits = []
+    for i in (ours != torch.tensor(ids)).nonzero().flatten().tolist():
+        their_margin = theirs["margins"][i] if i < len(theirs["margins"]) else None
+        splits.append(dict(at=i, ours=int(ours[i]), theirs=ids[i], our_margin=float(rows[i].max() - rows[i, ids[i]]),
+                           llamacpp_margin=their_margin))
+    return 1 - len(splits) / len(ids), splits
+
+
+def near_tie(split: dict) -> bool:
+    """A split either engine could have broken either way: one side's top-1 margin is within NEAR_TIE."""
+    margins = [m for m in (split["our_margin"], split["llamacpp_margin"]) if m is not None]
+    return bool(margins) and min(margins) < NEAR_TIE
 
 
 @torch.inference_mode()
 def compare(eng: Engine, prompt: list[int], theirs: dict, new_tokens: int) -> dict:
     ours, _ = eng.generate(prompt, new_tokens, temperature=0.0, stop_ids=[])
     cmp = llamacpp.compare_ids(eng, prompt, ours, theirs)
-    return dict(cmp, ids_vs_llamacpp=llamacpp.ids_cell(cmp), top1_agreement=agreement(eng, prompt, theirs["ids"]),
-                ours_ids=ours)
+    top1, splits = agreement(eng, prompt, theirs)
+    return dict(cmp, ids_vs_llamacpp=llamacpp.ids_cell(cmp), top1_agreement=top1, splits=splits,
+                unexplained=sum(not near_tie(x) for x in splits), ours_ids=ours)
 
 
 def run(args, save) -> dict:
@@ -113,26 +193,44 @@ def run(args, save) -> dict:
     threads = torch.get_num_threads()
     models = {fmt: load(embedded.GEMMA3_270M.name, fmt) for fmt in args.formats}
     tok = Tokenizer(next(iter(models.values())).path)
-    prompts = [chat_ids(tok, p) for p in PROMPTS]
+    prompts = [tok.encode(p) for p in PROMPTS]  # <bos> first, as llama.cpp's own tokenizer does for this file
     size = max(map(len, prompts)) + args.new_tokens + 16
     engines = {fmt: Engine(m, max_seq_len=size) for fmt, m in models.items()}
     out = dict(model=f"{embedded.GEMMA3_270M.title} ({gguf_file.name})", new_tokens=args.new_tokens,
                prompts=[dict(text=p, tokens=len(ids)) for p, ids in zip(PROMPTS, prompts, strict=True)],
                threads=threads, isa=cpu_path(), rounds=args.rounds, llamacpp_info=llamacpp.describe(),
                formats={fmt: dict(loaded_as=m.format, notes=m.load_notes, **our_split(m)) for fmt, m in models.items()},
-               llamacpp_split=gguf_split(gguf_file), ids=[], rows=[])
+               llamacpp_split=gguf_split(gguf_file), ids=[], facts=[], agreement={}, rows=[])
 
     # correctness: llama.cpp's ids once per prompt (they do not depend on our format), ours in every format
-    for i, prompt in enumerate(prompts):
-        theirs = llamacpp.time_decode(gguf_file, prompt, args.new_tokens, threads, repeats=1)
-        for fmt, eng in engines.items():
-            row = dict(prompt=i, weights=fmt, **compare(eng, prompt, theirs, args.new_tokens))
-            row["llamacpp_ids"] = theirs["ids"]
-            out["ids"].append(row)
-            print({k: v for k, v in row.items() if not k.endswith("_ids")}, flush=True)
-        save(out)
+    with reference(gguf_file, threads) as greedy:
+        out["llamacpp_reference"] = "llama-server" if server_exe().is_file() else "llama-cpp-python loop"
+        for i, prompt in enumerate(prompts):
+            theirs = greedy(prompt, args.new_tokens)
+            for fmt, eng in engines.items():
+                row = dict(prompt=i, weights=fmt, **compare(eng, prompt, theirs, args.new_tokens))
+                row["llamacpp_ids"] = theirs["ids"]
+                out["ids"].append(row)
+                print({k: v for k, v in row.items() if not k.endswith("_ids") and k != "splits"}, flush=True)
+                if PROMPTS[i] in FACTS and fmt == args.formats[0]:
+                    out["facts"].append(dict(prompt=PROMPTS[i], weights=fmt,
+                                             ours=tok.decode(row["ours_ids"][:FACT_TOKENS]),
+                                             llamacpp=tok.decode(theirs["ids"][:FACT_TOKENS])))
+            save(out)
+    for fmt in engines:
+        rows = [r for r in out["ids"] if r["weights"] == fmt]
+        tokens = len(rows) * args.new_tokens
+        splits = sum(len(r["splits"]) for r in rows)
+        out["agreement"][fmt] = dict(top1=1 - splits / tokens, tokens=tokens, splits=splits,
+                                     near_ties=splits - sum(r["unexplained"] for r in rows))
+    save(out)
+    if args.rounds:
+        speed(args, out, save, gguf_file, engines, models, prompts[0], threads)
+    return out
 
-    # speed: alternating rounds on the first prompt, the bandwidth measured after every row
+
+def speed(args, out, save, gguf_file, engines, models, prompt, threads) -> None:
+    """Alternating rounds on one prompt, the bandwidth measured after every row."""
     ceiling = [measure_gbs("cpu")]
     timed: dict[str, list[dict]] = {}
 
@@ -144,7 +242,6 @@ def run(args, save) -> dict:
         save(out)  # after every row: a run cut short keeps what it measured
         print(name, {k: v for k, v in r.items() if k in ("tok_s", "tg_tok_s")}, f"{after:.0f} GB/s", flush=True)
 
-    prompt = prompts[0]
     bench = llamacpp.bench_binary()
     for _ in range(args.rounds):
         for fmt, eng in engines.items():
@@ -152,13 +249,13 @@ def run(args, save) -> dict:
             timing = ours_decode(eng, prompt, args.new_tokens)
             timing.pop("ids")  # the ids are compared above, from the greedy runs
             add(f"ours {fmt}", dict(timing, head_ms=head_ms(models[fmt])))
-        loop = llamacpp.time_decode(gguf_file, prompt, args.new_tokens, threads, repeats=args.llamacpp_repeats)
-        add("llama.cpp loop", dict(ms_per_token=loop["ms_per_token"], tok_s=loop["tok_s"]))
+        if llamacpp.unavailable() is None:
+            loop = llamacpp.time_decode(gguf_file, prompt, args.new_tokens, threads, repeats=args.llamacpp_repeats)
+            add("llama.cpp loop", dict(ms_per_token=loop["ms_per_token"], tok_s=loop["tok_s"]))
         if bench is not None:
             b = llamacpp.llama_bench(gguf_file, threads, n_gen=args.new_tokens, depth=len(prompt), n_prompt=len(prompt),
                                      repetitions=args.llamacpp_repeats)
             add("llama-bench", dict(b, tok_s=b["tg_tok_s"], ms_per_token=1e3 / b["tg_tok_s"]))
-    return out
 
 
 def summarize(timed: dict[str, list[dict]], out: dict) -> list[dict]:
@@ -193,13 +290,28 @@ def summarize(timed: dict[str, list[dict]], out: dict) -> list[dict]:
 def markdown(result: dict) -> str:
     bw = result.get("bandwidth_range_gbs", ["?", "?"])
     prompts = ", ".join(f"{p['tokens']}" for p in result["prompts"])
+    ref = result.get("llamacpp_reference", "llama-cpp-python loop")
     head = (f"{result['model']} on CPU ({result['threads']} threads, {result['isa']}): {result['new_tokens']} greedy "
-            f"tokens after each of {len(result['prompts'])} chat-turn prompts ({prompts} tokens), ours in each format "
-            f"against llama.cpp's Python loop on the same file (f32 KV cache, no flash attention). ids: identical, or "
-            "where they part with the top-1 margins there (ours / llama.cpp); agreement: our top-1 teacher-forced on "
-            "llama.cpp's ids.\n\n")
+            f"tokens after each of {len(result['prompts'])} prompts to continue ({prompts} tokens; the file is the "
+            f"base model), ours in each format against llama.cpp ({ref}) on the same file (f32 KV cache, no flash "
+            "attention). ids: identical, or where the free-running ids part with the top-1 margins there (ours / "
+            "llama.cpp); agreement: our top-1 teacher-forced on llama.cpp's ids; unexplained: the positions where "
+            f"it differs and both sides' top-1 margins are {NEAR_TIE:g} logit or more (not a near-tie).\n\n")
     ids = [{k: v for k, v in r.items() if not k.endswith("_ids")} for r in result["ids"]]
-    out = head + markdown_table(ids, ["prompt", "weights", "ids_vs_llamacpp", "top1_agreement"])
+    out = head + markdown_table(ids, ["prompt", "weights", "ids_vs_llamacpp", "top1_agreement", "unexplained"])
+    if result.get("agreement"):
+        out += "\nTeacher-forced top-1 agreement over every prompt:\n\n"
+        out += markdown_table([dict(weights=f, **a) for f, a in result["agreement"].items()],
+                              ["weights", "top1", "tokens", "splits", "near_ties"])
+        splits = [dict(prompt=r["prompt"], weights=r["weights"], **x) for r in result["ids"] for x in r["splits"]]
+        if splits:
+            out += "\nWhere the top-1 differs (ids, and each side's top-1 margin in logits there):\n\n"
+            out += markdown_table(splits, ["prompt", "weights", "at", "ours", "theirs", "our_margin",
+                                           "llamacpp_margin"])
+    if result.get("facts"):
+        out += f"\nThe facts' greedy completions ({FACT_TOKENS} tokens), side by side:\n\n"
+        out += markdown_table([dict(f, ours=repr(f["ours"]), llamacpp=repr(f["llamacpp"])) for f in result["facts"]],
+                              ["prompt", "weights", "ours", "llamacpp"])
     out += "\nFormats as loaded (what the loader did to the file's blocks):\n\n"
     for fmt, f in result["formats"].items():
         notes = "; ".join(n.removeprefix("decodescope: ") for n in f["notes"]) or "no notes"
@@ -219,15 +331,16 @@ def markdown(result: dict) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Gemma 3 270M against llama.cpp on the same GGUF file")
-    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS,
+                   help="the first is the one whose facts are shown side by side (default: the file's own blocks)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--llamacpp-repeats", type=int, default=2, help="timed runs of llama.cpp's loop and llama-bench "
                    "per round (its spinning threads slow to a crawl on an oversubscribed box: 1 keeps a round short)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
-    if llamacpp.unavailable():
-        raise SystemExit(llamacpp.unavailable())
+    if reference_missing():
+        raise SystemExit(reference_missing())
     run_and_save(args.out, "gemma-cpu", "cpu", lambda save: run(args, save), markdown)
 
 

@@ -74,7 +74,7 @@ def test_the_default_launch_builds_smollm2_and_offers_gemma_on_first_pick(monkey
         return rt
 
     monkeypatch.setattr(startup, "build_runtime", fake_build)
-    models = app.build_models(app.parse_args(["--draft", "d", "--allow-any-model"]))
+    models = app.build_models(app.parse_args(["--draft", "d", "--allow-any-model", "--no-example-check"]))
     try:
         assert built == [("default", ["d"], None)]
         assert models.titles == ["SmolLM2-135M-Instruct (embedded)", "Gemma 3 270M (embedded)"]

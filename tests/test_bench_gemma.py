@@ -1,9 +1,11 @@
 """bench/gemma.py's comparison machinery on a tiny random GGUF (bench/random_gguf.py), so no test needs the 270M
 download: the head/rest byte split read from the file, the head-format experiment, our greedy ids against
 llama.cpp's with the teacher-forced agreement (which must fall when llama.cpp's ids are tampered with), the
-per-round ratios and the tables. The Gemma turn format is checked on the real tokenizer where it is in the cache.
+per-round ratios and the tables. The prompts are checked on the real tokenizer where it is in the cache.
 """
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -65,6 +67,19 @@ def test_compare_finds_agreement_and_a_tampered_divergence(tiny_files):
     assert parted["our_margin"] > 0 and parted["top1_agreement"] <= 11 / 12
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(gemma.reference_missing() is not None, reason=str(gemma.reference_missing()))
+def test_llamacpp_reference_gives_our_ids_on_f32_weights(tiny_files):
+    """llama.cpp (llama-server, else the binding) on the F32 file: the same greedy ids as ours, a margin a pick."""
+    path = random_gguf.path(tiny_files, "tiny", "F32")
+    eng = Engine(gemma.load(str(path), "fp32"), max_seq_len=64)
+    with gemma.reference(path, threads=1) as greedy:
+        theirs = greedy(PROMPT, 12)
+    assert len(theirs["ids"]) == len(theirs["margins"]) == 12 and all(m >= 0 for m in theirs["margins"])
+    cmp = gemma.compare(eng, PROMPT, theirs, 12)
+    assert cmp["ids_match"] and cmp["top1_agreement"] == 1.0
+
+
 def test_summarize_takes_ratios_round_by_round(tiny_files):
     model = gemma.load(str(random_gguf.path(tiny_files, "tiny", "Q4_1")), "q4")
     split = gemma.our_split(model)
@@ -90,14 +105,56 @@ def test_summarize_takes_ratios_round_by_round(tiny_files):
     assert "| 0 | q4 | same | 1 |" in md and "| ours q4 | 100 | [100.0, 60.0] |" in md and "40-50 GB/s" in md
 
 
-def test_gemma_turn_is_one_token_per_marker():
+def test_agreement_names_each_split_with_both_margins(tiny_files):
+    """Our own greedy ids stand in for llama.cpp's: full agreement; the last id changed is one split, at its place,
+    with our margin against that id (an earlier one would change the prefixes after it), and it is a near-tie or
+    not by the margins alone."""
+    eng = Engine(gemma.load(str(random_gguf.path(tiny_files, "tiny", "F32")), "fp32"), max_seq_len=64)
+    ours, _ = eng.generate(PROMPT, 12, temperature=0.0, stop_ids=[])
+    theirs = dict(ids=list(ours), margins=[5.0] * 12)
+    same = gemma.compare(eng, PROMPT, theirs, 12)
+    assert same["top1_agreement"] == 1.0 and same["splits"] == [] and same["ids_vs_llamacpp"] == "same"
+    theirs["ids"][11] = (ours[11] + 1) % TINY_VOCAB
+    parted = gemma.compare(eng, PROMPT, theirs, 12)
+    (split,) = parted["splits"]
+    assert split["at"] == 11 and split["ours"] == ours[11] and split["theirs"] == theirs["ids"][11]
+    logits = eng.logits(PROMPT + ours[:11])[-1]
+    assert split["our_margin"] == pytest.approx(float(logits.max() - logits[theirs["ids"][11]]), rel=1e-4)
+    assert parted["top1_agreement"] == pytest.approx(11 / 12) and parted["first_divergence"] == 11
+    assert gemma.near_tie(dict(split, llamacpp_margin=0.1)) and not gemma.near_tie(dict(split, our_margin=3.0))
+    assert parted["unexplained"] == (0 if gemma.near_tie(split) else 1)
+
+
+def test_server_margins_read_either_response_shape():
+    new = dict(id=5, top_logprobs=[dict(id=5, logprob=-0.1), dict(id=9, logprob=-2.6)])
+    old = dict(id=5, probs=[dict(tok_str="a", prob=0.5), dict(tok_str="b", prob=0.125)])
+    assert gemma.top_margin(new) == pytest.approx(2.5) and gemma.top_margin(old) == pytest.approx(math.log(4))
+    assert gemma.top_margin(dict(id=5, top_logprobs=[dict(id=5, logprob=0.0)])) is None
+
+
+def test_markdown_shows_agreement_splits_and_facts():
+    split = dict(at=3, ours=10, theirs=11, our_margin=0.2, llamacpp_margin=0.3)
+    result = dict(model="tiny", new_tokens=4, prompts=[dict(text="x", tokens=3)], threads=1, isa="avx2", rounds=0,
+                  formats={}, rows=[], llamacpp_reference="llama-server",
+                  ids=[dict(prompt=0, weights="default", ids_vs_llamacpp="part at 3 (margins 0.2 / 0.3)",
+                            top1_agreement=0.75, unexplained=0, splits=[split], ours_ids=[1])],
+                  agreement={"default": dict(top1=0.75, tokens=4, splits=1, near_ties=1)},
+                  facts=[dict(prompt="The capital of France is", weights="default", ours=" Paris.",
+                              llamacpp=" Paris.")])
+    md = gemma.markdown(result)
+    assert "llama.cpp (llama-server)" in md and "| default | 0.75 | 4 | 1 | 1 |" in md
+    assert "| 0 | default | 3 | 10 | 11 | 0.2 | 0.3 |" in md
+    assert "| The capital of France is | default | ' Paris.' | ' Paris.' |" in md
+
+
+def test_the_prompts_start_with_bos_and_continue_text():
     folder = store.cache_dir(None) / embedded.GEMMA3_270M.folder
     if not embedded.ready(folder):
         pytest.skip(f"Gemma 3 270M is not converted in {folder}")
     from engine import Tokenizer
 
     tok = Tokenizer(folder)
-    ids = gemma.chat_ids(tok, "Hi")
-    turn = tok.encode("<start_of_turn>", add_special_tokens=False)
-    assert ids[0] == 2 and len(turn) == 1 and ids.count(turn[0]) == 2  # <bos>, a user turn and the model's
-    assert tok.decode(ids) == gemma.TURN.format("Hi")
+    assert tok.chat_template is None  # the base model: prompts are text to continue, no turn markers
+    for text in gemma.PROMPTS:
+        ids = tok.encode(text)
+        assert ids[0] == tok.bos_id == 2 and ids.count(2) == 1 and tok.decode(ids[1:]) == text

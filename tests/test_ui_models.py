@@ -83,7 +83,7 @@ def test_the_first_pick_loads_the_model_then_its_runs_name_it(models, first):
 
 def test_the_knobs_follow_the_pick(models, first):
     outs = list(controls.model_picked(models, GEMMA, "draft model", "fp16"))
-    status, pick, *knobs, env, legend = outs[-1]
+    status, pick, *knobs, env, legend, prompt, example_set, note = outs[-1]
     assert "ready" in status and pick == gr.skip()
     k = dict(zip(controls.MODEL_KNOBS, knobs, strict=True))
     assert "draft model" not in k["mode"]["choices"] and k["mode"]["value"] == "n-gram"  # no draft for this model
@@ -94,7 +94,8 @@ def test_the_knobs_follow_the_pick(models, first):
     assert "gemma3_text" in env
     assert f'data-mark="{escape(models.get(GEMMA).tokenizer.eos_token)}"' in legend  # its own end token
     # and back: the first model's draft model is offered again
-    status, pick, *knobs, env, legend = list(controls.model_picked(models, first.model_name, "draft model", ""))[-1]
+    out = list(controls.model_picked(models, first.model_name, "draft model", ""))[-1]
+    status, pick, *knobs, env, legend, _, _, _ = out
     k = dict(zip(controls.MODEL_KNOBS, knobs, strict=True))
     assert k["mode"]["value"] == "draft model" and k["draft"]["choices"] == ["tiny-draft"]
     assert k["layers"]["maximum"] == first.n_layers - 1

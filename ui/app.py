@@ -41,6 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--allow-any-model", action="store_true",
                    help="accept any folder or hub id for --model / --draft, not only the launch list")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight models (tests, smoke runs)")
+    p.add_argument("--no-example-check", action="store_true",
+                   help="offer every example without first timing it against plain decoding on this machine (the "
+                        "check runs once per machine and model, its verdicts kept in the model cache)")
     p.add_argument("--endpoint", action="append", default=[], metavar="URL",
                    help="a serving engine's OpenAI-compatible API the page may profile "
                         "(e.g. http://127.0.0.1:8080/v1); "
@@ -89,7 +92,7 @@ def build_models(args):
     from functools import partial
 
     from ui.models import Runtimes
-    from ui.startup import OFFERED, build_runtime, check_allowed, first_load, title
+    from ui.startup import OFFERED, build_runtime, check_allowed, first_load, title, zero_gpu
 
     names = list(dict.fromkeys(args.model or OFFERED))
     if not args.tiny:
@@ -97,12 +100,24 @@ def build_models(args):
     options = endpoint_options(args)
     common = dict(device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len, weights=args.weights,
                   self_draft=None if args.self_draft == "none" else args.self_draft)
-    first = build_runtime(names[0], args.draft, tiny=args.tiny, **common)
+    check = not (args.tiny or args.no_example_check or zero_gpu())  # ZeroGPU: no GPU here to time them on
+    first = checked(build_runtime, check, names[0], args.draft, tiny=args.tiny, **common)
     for name, value in options.items():
         setattr(first, name, value)
-    later = {} if args.tiny else {title(n): (first_load(n), partial(build_runtime, n, **common))
+    timed = ", then times its examples against plain decoding on this machine (once)" if check else ""
+    later = {} if args.tiny else {title(n): (first_load(n) + timed, partial(checked, build_runtime, check, n, **common))
                                   for n in names[1:]}
     return Runtimes(first, later)
+
+
+def checked(build, check: bool, *args, **kwargs):
+    """build(*args, **kwargs), then its examples timed against plain decoding here (ui/example_check.py)."""
+    from ui import example_check
+
+    rt = build(*args, **kwargs)
+    if check:
+        example_check.check(rt)
+    return rt
 
 
 if __name__ == "__main__":

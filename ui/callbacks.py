@@ -51,12 +51,26 @@ def last_run(rt: Runtime, session: Session) -> tuple:
     return (*figures(stats), runs_table(session), *files)
 
 
-def submit_live(session: Session) -> gr.Timer:
-    """run.submit, for Generate: and the live figures' timer on, in the same event (one event fewer at the start
-    of a run, each a few milliseconds of the browser's script that the engine's cores pay for)."""
+def buttons(running: bool) -> tuple:
+    """(Generate, Compare, Stop) as they should be: one run at a time per page, so the buttons that start one are
+    off while one runs, and Stop is on only then."""
+    return gr.update(interactive=not running), gr.update(interactive=not running), gr.update(interactive=running)
+
+
+def submit_live(session: Session) -> tuple:
+    """run.submit, for Generate: and the live figures' timer on and the buttons set for a run, in the same event
+    (one event fewer at the start of a run, each a few milliseconds of the browser's script that the engine's
+    cores pay for)."""
     submit(session)
-    return gr.Timer(active=True)
+    return gr.Timer(active=True), *buttons(True)
 
 
-def live_off() -> gr.Timer:
-    return gr.Timer(active=False)
+def submit_compare(session: Session) -> tuple:
+    """run.submit, for Compare, and the buttons set for a run."""
+    submit(session)
+    return buttons(True)
+
+
+def live_off() -> tuple:
+    """After a run: the live figures' timer off and the buttons back."""
+    return gr.Timer(active=False), *buttons(False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ui import render
-from ui.examples import FIRST_MODE
+from ui.examples import FIRST_MODE, base_note, examples, offered
 from ui.models import Runtimes
 from ui.runtime import Runtime
 from engine.request import CALIBRATED, SPECS, either
@@ -89,20 +89,38 @@ def model_knobs(rt: Runtime, mode: str = FIRST_MODE, weights: str = "") -> dict[
                    interactive=rt.fused_reason is None,
                    info=rt.fused_reason or f"our {rt.engine.device.type.upper()} kernels instead of torch ops"),
         chat=dict(value=SPECS["chat"].default and chat, interactive=chat,
-                  info=SPECS["chat"].help if chat else NO_CHAT),
+                  info=SPECS["chat"].help if chat else base_note(rt)),
     )
 
 
-NO_CHAT = "this model has no chat template: the prompt goes as it is"
 MODEL_KNOBS = ("mode", "weights", "layers", "draft", "graphs", "fused", "chat")  # model_picked's knob outputs, in order
 
 
-def model_picked(models: Runtimes, title: str, mode: str, weights: str):
+def example_outputs(rt: Runtime, prompt: str | None = None) -> tuple:
+    """(prompt, examples, the note under them) for the model: its own examples, those that beat plain decoding
+    here; the prompt becomes its first example unless the user wrote one of their own (prompt None: keep it)."""
+    rows, labels, note = offered(rt)
+    lines = " ".join(t for t in (base_note(rt), note) if t)
+    new_prompt = gr.skip() if prompt is None or not rows else gr.update(value=rows[0][0])
+    return (new_prompt, gr.Dataset(samples=rows, sample_labels=labels, visible=bool(rows)),
+            gr.update(value=lines, visible=bool(lines)))
+
+
+def example_picked(row: list) -> tuple:
+    """An example's click: its prompt, mode, k, layer-skip layers and weights into their widgets."""
+    return tuple(row)
+
+
+def model_picked(models: Runtimes, title: str, mode: str, weights: str, prompt: str = ""):
     """The Model picker's change: the model loads on its first pick (said first: it takes a while), then the
-    knobs follow it, the environment card describes it and the legend shows its end token. Yields (status, picker,
-    *MODEL_KNOBS, environment, legend).
+    knobs follow it, the environment card describes it, the legend shows its end token and the examples are its
+    own (the prompt too, unless the user typed their own). Yields (status, picker, *MODEL_KNOBS, environment,
+    legend, prompt, examples, examples note).
     A model that fails to load says why in the status, and the picker goes back to the first model."""
-    skip = (gr.skip(),) * (len(MODEL_KNOBS) + 2)
+    skip = (gr.skip(),) * (len(MODEL_KNOBS) + 5)
+    # a prompt that is one of the examples (or none) is the page's, not the user's: it follows the model
+    own = bool((prompt or "").strip()) and all(prompt != row[0] for rt in models.built.values()
+                                                for row in examples(rt)[0])
     try:
         title = models.check(title)
         if not models.is_built(title):
@@ -112,9 +130,10 @@ def model_picked(models: Runtimes, title: str, mode: str, weights: str):
         first = models.first
         yield (render.error_html(str(e), "Model not loaded"), gr.update(value=first.model_name),
                *(gr.update(**k) for k in model_knobs(first, mode, weights).values()), render.env_card(first.env),
-               render.legend_html(first.tokenizer.eos_token))
+               render.legend_html(first.tokenizer.eos_token), *example_outputs(first, None if own else prompt))
         return
     knobs = model_knobs(rt, mode, weights)
-    yield (render.message_html(f"{title}: ready for the next run."), gr.skip(),
-           *(gr.update(**knobs[k]) for k in MODEL_KNOBS), render.env_card(rt.env),
-           render.legend_html(rt.tokenizer.eos_token))
+    ready = " ".join(t for t in (f"{title}: ready for the next run.", base_note(rt)) if t)
+    yield (render.message_html(ready), gr.skip(), *(gr.update(**knobs[k]) for k in MODEL_KNOBS),
+           render.env_card(rt.env), render.legend_html(rt.tokenizer.eos_token),
+           *example_outputs(rt, None if own else prompt))

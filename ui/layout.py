@@ -9,7 +9,7 @@ import gradio as gr
 
 from engine.request import NAMES, SINKS, SPECS
 from ui import callbacks, compare, compare_plots, controls, endpoint, profile, render, run, stream
-from ui.examples import EDIT, examples
+from ui.examples import EDIT, base_note, offered
 from ui.models import Runtimes
 from ui.page_js import KEEP_TYPED_JS, OUTPUT_TEMPLATE, SHOW_REJECTED_JS, output_js
 from ui.profile_plots import PROFILE_COLUMN_WIDTHS, PROFILE_HEADERS
@@ -137,23 +137,29 @@ def build(models: Runtimes) -> gr.Blocks:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
-                prompt = gr.Textbox(EDIT, label="Prompt", lines=4, max_lines=8, elem_id="prompt",
-                                    placeholder=PLACEHOLDER)
-                rows, labels = examples(rt)
-                gr.Examples(rows, inputs=[prompt, knobs.mode, knobs.k, knobs.layers, knobs.weights], label="Examples",
-                            example_labels=labels, elem_id="examples")
+                rows, labels, left_out = offered(rt)
+                prompt = gr.Textbox(rows[0][0] if rows else EDIT, label="Prompt", lines=4, max_lines=8,
+                                    elem_id="prompt", placeholder=PLACEHOLDER)
+                # a Dataset of our own rather than gr.Examples: a click loads the sample the page shows (the
+                # model's own, after a pick), where gr.Examples loads from the list it was built with
+                example_inputs = [prompt, knobs.mode, knobs.k, knobs.layers, knobs.weights]
+                example_set = gr.Dataset(components=example_inputs, samples=rows, sample_labels=labels or None,
+                                         label="Examples", elem_id="examples", visible=bool(rows), type="values")
+                notes = " ".join(t for t in (base_note(rt), left_out) if t)
+                examples_note = gr.Markdown(notes, elem_id="examples-note", visible=bool(notes))
                 with gr.Row():
                     knobs.chat.render()
                     show_rejected = gr.Checkbox(True, label="Show rejected drafts", elem_id="show-rejected")
                 with gr.Row():
                     generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", interactive=False)
                     compare_btn = gr.Button("Compare", elem_id="compare-btn")
+                # what the buttons started, said by them (below the output it fell under the fold)
+                status = gr.HTML("", elem_id="status")
                 legend = gr.HTML(render.legend_html(rt.tokenizer.eos_token), elem_id="legend")
                 output = gr.HTML("", elem_id="output-tokens", html_template=OUTPUT_TEMPLATE,
                                  js_on_load=output_js(rt.stream_interval_s), apply_default_css=False)
                 stats = gr.HTML("", elem_id="stats")
-                status = gr.HTML("", elem_id="status")
             with gr.Column(scale=2, min_width=320):
                 with gr.Accordion("Environment", open=False):
                     env = gr.HTML(render.env_card(rt.env), elem_id="env")
@@ -186,27 +192,33 @@ def build(models: Runtimes) -> gr.Blocks:
         endpoint_event = dict(engine_event, concurrency_limit=endpoint.CONCURRENT_RUNS, concurrency_id="endpoint")
         quick = dict(queue=False, show_progress="hidden", api_visibility="private")
         timer = gr.Timer(rt.plot_interval_s, active=False)
+        run_buttons = [generate_btn, compare_btn, stop_btn]
         timer.tick(partial(callbacks.live_figures, rt), [session], [plot_itl, plot_steps, plot_acc], **quick)
         # Generate starts one of two chains, by the backend picked: each waits in its own queue
         for on_endpoint, event, api in ((False, engine_event, "generate"), (True, endpoint_event, "generate_endpoint")):
-            (generate_btn.click(endpoint.gate(on_endpoint), [backend], None, **quick)
-             .success(callbacks.submit_live, [session], [timer], **quick)
-             .success(by_name(endpoint.queued(partial(callbacks.generate, models), on_endpoint), "session", "prompt"),
-                      [session, prompt], [output, stats, status], inputs_kwargs=settings, api_name=api, **event)
-             .then(callbacks.live_off, None, [timer], **quick)
+            ran = (generate_btn.click(endpoint.gate(on_endpoint), [backend], None, **quick)
+                   .success(callbacks.submit_live, [session], [timer, *run_buttons], **quick)
+                   .success(by_name(endpoint.queued(partial(callbacks.generate, models), on_endpoint), "session",
+                                    "prompt"),
+                            [session, prompt], [output, stats, status], inputs_kwargs=settings, api_name=api, **event))
+            # the page runs no .then after a failed event (gradio 6's frontend fires only .failure then): both
+            ran.failure(callbacks.live_off, None, [timer, *run_buttons], **quick)
+            (ran.then(callbacks.live_off, None, [timer, *run_buttons], **quick)
              .then(partial(callbacks.last_run, rt), [session],
                    [plot_itl, plot_steps, plot_acc, runs, csv_btn, trace_btn, runs_btn],
                    **(dict(api_visibility="private") if on_endpoint else dict(api_name="last_run"))))
-        (compare_btn.click(run.submit, [session], None, **quick)
-         .then(by_name(partial(compare.compare, models), "session", "prompt"), [session, prompt], [status],
-               inputs_kwargs=settings,
-               api_name="compare", **engine_event)
-         .then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
-               api_name="last_compare"))
+        compared = (compare_btn.click(callbacks.submit_compare, [session], run_buttons, **quick)
+                    .then(by_name(partial(compare.compare, models), "session", "prompt"), [session, prompt], [status],
+                          inputs_kwargs=settings, api_name="compare", **engine_event))
+        compared.failure(callbacks.live_off, None, [timer, *run_buttons], **quick)
+        (compared.then(partial(compare.last_compare, rt), [session], [plot_cmp, cmp_table, runs, runs_btn],
+                       api_name="last_compare")
+         .then(callbacks.live_off, None, [timer, *run_buttons], **quick))
         panel.profile_btn.click(by_name(partial(profile.run_profile, models), "session", "prompt", "against", "steps"),
                                 [session, prompt, panel.against, panel.steps], panel.outputs,
                                 inputs_kwargs=settings, api_name="profile", **engine_event)
         stop_btn.click(run.stop, [session], None, queue=False, api_name="stop")
+        example_set.click(controls.example_picked, [example_set], example_inputs, **quick)
         visibility = [knobs.k, knobs.ngram, knobs.layers, knobs.draft, knobs.adaptive]
         knobs.mode.change(mode_changed, [picker, knobs.mode, knobs.weights],
                           [*visibility, knobs.weights, knobs.mode], preprocess=False, **quick)
@@ -217,8 +229,9 @@ def build(models: Runtimes) -> gr.Blocks:
         # first pick loads a model, which would share the cores with a run being measured.
         picked = [knobs.mode, knobs.weights, knobs.layers, knobs.draft, knobs.graphs, knobs.fused, knobs.chat]
         assert len(picked) == len(controls.MODEL_KNOBS)
-        picker.input(partial(controls.model_picked, models), [picker, knobs.mode, knobs.weights],
-                     [status, picker, *picked, env, legend], api_visibility="private", **engine_event)
+        picker.input(partial(controls.model_picked, models), [picker, knobs.mode, knobs.weights, prompt],
+                     [status, picker, *picked, env, legend, prompt, example_set, examples_note],
+                     api_visibility="private", **engine_event)
         backend.change(endpoint.visibility, [backend], [endpoint_box], **quick)
         api_key.change(endpoint.set_key, [session, api_key], None, **quick)
         show_rejected.change(None, [show_rejected], None, api_visibility="private", js=SHOW_REJECTED_JS)

@@ -9,8 +9,9 @@ from dataclasses import replace
 import gradio as gr
 
 from engine.request import SINKS, Request
-from engine.stats import Round
+from engine.stats import Round, finite
 from ui import render, stream
+from ui.baseline import plain_of
 from ui.explain import schedule_note
 from ui.pump import RoundPump
 from ui.run import LiveRun, Session, begin_run, ceiling_note, record_run, refusal, starting
@@ -22,6 +23,8 @@ STREAMED_NOTE = ("tok/s measured while this page streamed the tokens: on a CPU t
 IDLE_TICK_S = 0.25  # a Compare run yields this often, so a closed tab or Stop is noticed
 COMPARE_WINDOW = 512  # the attention group's window when the run itself attends in full
 COMPARE_FORMATS = ("fp32", "fp16", "int8", "q4")  # the weights group's formats, beside the run's own
+MEASURING_PLAIN = ("Measuring plain decoding of this prompt with the same settings, once (kept for the next runs): "
+                   "the run's × vs plain figure.")
 
 
 def check(rt: Runtime, s: Request, ids: list[int]) -> None:
@@ -66,7 +69,16 @@ def generate(rt: Runtime, session: Session, prompt: str, s: Request, ids: list[i
     rounds = list(pump.arrived)
     stopped = not (rounds and rounds[-1].finished)
     stats = rt.stats(rounds, len(ids), settings, pump.facts)
-    files = record_run(rt, session, stats, s.label(), stopped)
+    vs, extra = None, {}
+    if not stopped:
+        measure = vs_plain(rt, session, s, ids, stats)
+        while True:  # its yields are statuses; its return, the figure
+            try:
+                yield (gr.skip(), gr.skip(), next(measure))
+            except StopIteration as done:
+                stats, extra, vs = done.value
+                break
+    files = record_run(rt, session, stats, s.label(), stopped, extra)
     session.last = (stats, files)
     n = len(session.history)
     note = f"Run {n} stopped after {len(stats.ids)} tokens." if stopped else f"Run {n} done: {s.label()}."
@@ -74,14 +86,52 @@ def generate(rt: Runtime, session: Session, prompt: str, s: Request, ids: list[i
     if "requested" in path:  # graphs were asked for and did not capture: the run says what ran instead
         note += f" It ran {path}."
     html = render.render_rounds(rounds, rt.text_of, rt.special_ids)
-    yield (html, final_stats(rt, stats, pump.facts), render.message_html(note))
+    yield (html, final_stats(rt, stats, pump.facts, vs), render.message_html(note))
 
 
-def final_stats(rt: Runtime, stats, facts: list[RunFacts]) -> str:
+def final_stats(rt: Runtime, stats, facts: list[RunFacts], vs: tuple[str, str] | None = None) -> str:
     """The stats line of a finished run, with what its figures rest on: the ceiling's probes, how many rounds
-    drafted and why, and on a CPU that the page shared the cores while it streamed."""
+    drafted and why, the plain baseline, and on a CPU that the page shared the cores while it streamed."""
     notes = [n for n in (schedule_note(stats), STREAMED_NOTE if rt.engine.device.type == "cpu" else "") if n]
-    return render.stats_line(stats, ceiling=ceiling_note(facts), notes=notes)
+    return render.stats_line(stats, ceiling=ceiling_note(facts), notes=notes, vs_plain=vs)
+
+
+def vs_plain(rt: Runtime, session: Session, s: Request, ids: list[int], stats):
+    """Generator: a finished run against plain decoding of its prompt and settings (ui/baseline.py). A plain run
+    becomes the prompt's baseline; a speculative one is compared with the kept one, measuring it first where none
+    is kept (yielding a status meanwhile). A run whose weights are not the launch's is also compared with plain
+    decoding in the launch's (what the page runs unless told otherwise): a drafter that needs a denser target
+    must beat that too. Returns (stats with the baseline, the runs table's extra columns, (the stats line's
+    figure, its tooltip)), or the stats as they were where there is nothing to compare."""
+    plain = plain_of(s, rt.weight_format)
+    tok_s = finite(stats.summary()["decode_tok_s"])
+    if not s.speculative:
+        if tok_s is not None:
+            rt.baselines.put(ids, plain, tok_s)
+        return stats, {}, None
+    if tok_s is None:
+        return stats, {}, None
+    launch = plain.with_(weights=rt.weight_format)
+    bases = []
+    for p in dict.fromkeys([plain, launch]):
+        base = rt.baselines.get(ids, p)
+        if base is None:
+            measured = yield from run_to_end(rt, session, p, ids, render.message_html(MEASURING_PLAIN))
+            if measured is None or (plain_tok_s := finite(measured.summary()["decode_tok_s"])) is None:
+                return stats, {}, None
+            base = rt.baselines.put(ids, p, plain_tok_s)
+        bases.append(base)
+    now = rt.baselines.clock()
+    stats = replace(stats, baseline_tok_s=bases[0].tok_s)
+    mark = [" (stale)" if b.stale(now) else "" for b in bases]
+    figure, over = f"×{tok_s / bases[0].tok_s:.2f}{mark[0]}", f"plain{mark[0]}"
+    if len(bases) > 1:
+        figure = f"×{tok_s / bases[0].tok_s:.2f} vs {plain.weights}{mark[0]}, ×{tok_s / bases[1].tok_s:.2f} vs " \
+                 f"{launch.weights} (the launch's){mark[1]}"
+        over = f"plain {plain.weights}{mark[0]} (×{tok_s / bases[1].tok_s:.2f} vs plain {launch.weights}{mark[1]})"
+    tip = "; ".join(f"{p.weights}: {b.describe(now)}" for p, b in zip(dict.fromkeys([plain, launch]), bases,
+                                                                        strict=True))
+    return stats, dict(speedup_over=over), (figure, tip)
 
 
 def run_to_end(rt: Runtime, session: Session, s: Request, ids: list[int], status: str, prompt: str = ""):

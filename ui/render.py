@@ -109,11 +109,12 @@ def _stat(label: str, value: str | None, title: str | None = None) -> str:
 
 
 def stats_line(stats: Stats | None, *, running: bool = False, ceiling: str | None = None,
-               notes: Sequence[str] = ()) -> str:
+               notes: Sequence[str] = (), vs_plain: tuple[str, str] | None = None) -> str:
     """The headline figures of a run (or of the run so far); figures a run does not have are left out.
 
     ceiling: how the bandwidth ceiling was measured (the tooltip of "of bandwidth ceiling"); notes: sentences
-    shown under the figures (how many rounds drafted and why, what streaming to the page costs the engine)."""
+    shown under the figures (how many rounds drafted and why, what streaming to the page costs the engine);
+    vs_plain: (the run's "× N" over its plain baseline, how that baseline was measured), in place of a speedup."""
     s = stats.summary() if stats is not None else {}
     # an endpoint's run: the server decides how it decodes, whatever the page's mode says
     speculative = (stats is not None and stats.settings.get("mode", "plain") != "plain"
@@ -137,7 +138,7 @@ def stats_line(stats: Stats | None, *, running: bool = False, ceiling: str | Non
         _stat("drafted in", drafted),
         _stat("acceptance", None if acc is None else f"{100 * acc:.0f}%"),
         _stat("mean accepted length", _num(s.get("mean_accepted_len"), ".2f")),
-        _stat("speedup", speedup + "×" if speedup else None),
+        _stat("vs plain", *vs_plain) if vs_plain else _stat("speedup", speedup + "×" if speedup else None),
         _stat("of bandwidth ceiling", ceiling_pct + "%" if ceiling_pct else None, ceiling),
         _stat("peak memory", (v + " MB") if (v := _num(s.get("peak_memory_mb"), ".0f")) else None),
     ]

@@ -19,8 +19,8 @@ from ui import export, render
 from ui.models import Runtimes
 from ui.runtime import RunFacts, Runtime, ceiling_gbs
 
-RUN_HEADERS = ["run", "label", "model", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "acceptance",
-               "mean accepted", "stopped"]
+RUN_HEADERS = ["run", "label", "model", "tokens", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "speedup",
+               "acceptance", "mean accepted", "stopped"]
 
 
 @dataclass
@@ -126,10 +126,16 @@ def runs_table(session: Session) -> list[list]:
         acc = finite(s.get("acceptance_rate"))
         rows.append([
             i, r.label, r.settings.get("model"), s["tokens"], num(s["ttft_ms"], 1), num(s["itl_p50_ms"], 2),
-            num(s["itl_p99_ms"], 2), num(s["decode_tok_s"], 1), None if acc is None else f"{acc:.0%}",
+            num(s["itl_p99_ms"], 2), num(s["decode_tok_s"], 1), speedup(s), None if acc is None else f"{acc:.0%}",
             num(s["mean_accepted_len"], 2), "yes" if r.stopped else "",
         ])
     return rows
+
+
+def speedup(summary: dict) -> str | None:
+    """The runs table's speedup cell: "×1.80 vs plain", against the baseline the run names (Compare's group's)."""
+    x = finite(summary.get("speedup"))
+    return None if x is None else f"×{x:.2f} vs {summary.get('speedup_over') or 'baseline'}"
 
 
 def record_run(rt: Runtime, session: Session, stats, label: str, stopped: bool,

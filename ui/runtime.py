@@ -16,6 +16,7 @@ from functools import partial
 from engine import request
 from engine.request import Request, either
 from engine.stats import Round, Stats, finite
+from ui.baseline import Baselines
 from ui.export import ExportStore
 
 LAYER_SKIP_KEEP = 2
@@ -70,6 +71,8 @@ class Runtime:
     plot_interval_s: float = 5.0  # the latency figure mid-run (a figure costs far more to build, send and draw)
     probe_bandwidth: bool = True  # measure the bandwidth around each run (tests switch it off)
     special_ids: frozenset = frozenset()  # tokens shown as a marker, not as text (end of turn, bos)
+    baselines: Baselines = field(default_factory=Baselines)  # plain runs a speculative one is compared with
+    example_checks: dict = field(default_factory=dict)  # example label -> ui/example_check.Check (none: unchecked)
 
     def __post_init__(self):
         self.store = self.store or ExportStore()

