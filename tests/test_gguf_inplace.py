@@ -95,3 +95,26 @@ def test_a_model_that_does_not_fit_is_refused_before_a_tensor_is_read(llama, mon
     with pytest.raises(ModelLoadError, match=r"llama.gguf needs about 0.00 GiB of memory to load \([\d,]+ bytes: .* "
                                              r"and this machine has 0.00 GiB available \(123,456 bytes\)"):
         quiet(gguf_file, cache_dir=cache)
+
+
+def test_a_tensor_read_in_chunks_is_its_rows(llama):
+    """raw_chunks reads a tensor into one reused buffer a few rows at a time (whole heads of the q/k rows it puts
+    back in HF order): the chunks, copied as they come, are raw(name)'s rows, at any chunk size."""
+    from engine.checkpoint import gguf_convert
+    from engine.checkpoint.hf import check_folder
+
+    gguf_file, _, cache = llama
+    cfg, src = check_folder(gguf_convert.cached(gguf_file, cache, progress=lambda s: None))
+    try:
+        assert src.heads  # the q/k tensors' rows are reordered as they are read
+        for name in src.index:
+            if len(src.shapes[name]) != 2:
+                continue
+            whole = src.raw(name)
+            for chunk_bytes in (1, whole.shape[1] * 3, 1 << 20):
+                chunks = [c.clone() for c in src.raw_chunks(name, chunk_bytes)]
+                assert torch.equal(torch.cat(chunks), whole), (name, chunk_bytes)
+                step = src.shapes[name][0] // src.heads[name] if name in src.heads else 1
+                assert all(len(c) % step == 0 for c in chunks)
+    finally:
+        src.close()
