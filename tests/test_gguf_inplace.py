@@ -118,3 +118,30 @@ def test_a_tensor_read_in_chunks_is_its_rows(llama):
                 assert all(len(c) % step == 0 for c in chunks)
     finally:
         src.close()
+
+
+def test_a_warm_start_reads_no_header_and_a_rewritten_header_is_indexed_again(llama, tmp_path, monkeypatch):
+    """The cache key holds a hash of the file's first MiB besides its size and time: a warm start parses nothing
+    (GGUFReader is not called), and a file rewritten in place, its size and time kept, is indexed again."""
+    import os
+    import shutil
+
+    from engine.checkpoint import gguf_convert
+
+    gguf_file, _, _ = llama
+    f = tmp_path / "m.gguf"
+    shutil.copyfile(gguf_file, f)
+    first = gguf_convert.cached(f, tmp_path / "cache", progress=lambda s: None)
+    opened = []
+    monkeypatch.setattr(gguf_convert, "open_gguf", lambda path, real=gguf_convert.open_gguf: opened.append(path)
+                        or real(path))
+    assert gguf_convert.cached(f, tmp_path / "cache", progress=lambda s: None) == first and not opened
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    at = data.index(b"llama.context_length") + len(b"llama.context_length") + 4  # its uint32 value
+    data[at:at + 4] = (int.from_bytes(data[at:at + 4], "little") + 1).to_bytes(4, "little")
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    again = gguf_convert.cached(f, tmp_path / "cache", progress=lambda s: None)
+    assert again != first and opened == [f.resolve()]
