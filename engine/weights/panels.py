@@ -83,8 +83,10 @@ def interleave(raw: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...],
         part = x[..., at:at + n]
         if (at % w, size % w, x.storage_offset() % w) != (0, 0, 0):
             part = part.contiguous()
-        part = part.view(WIDE[w]).reshape(P, PANEL, nb, n // unit, unit // w).permute(0, 2, 3, 1, 4)
-        into[..., PANEL * at:PANEL * (at + n)].view(WIDE[w]).view(P, nb, n // unit, PANEL, unit // w).copy_(part)
+        tail = (unit // w,) if unit > w else ()  # a unit of one element has no dim: a trailing 1 slows copy_ 4x
+        part = part.view(WIDE[w]).reshape(P, PANEL, nb, n // unit, *tail)
+        part = part.permute(0, 2, 3, 1, *range(4, part.dim()))
+        into[..., PANEL * at:PANEL * (at + n)].view(WIDE[w]).view(P, nb, n // unit, PANEL, *tail).copy_(part)
         at += n
     return into
 
