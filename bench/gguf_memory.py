@@ -1,22 +1,28 @@
 """What a real-sized K-quant file costs us against llama.cpp: peak RSS, model-cache disk, load time and decode tok/s
-against the file's size, on random-weight Q4_K_M files of Qwen2.5's shapes made by llama.cpp's own llama-quantize
-(bench/random_gguf.py kquant_file: from a random F16 file written a tensor at a time, removed afterwards).
+against the file's size, on random-weight Q4_K_M files of Qwen2.5's shapes (1.5B, 3B, 7B) made by llama.cpp's own
+llama-quantize (bench/random_gguf.py kquant_file: from a random F16 file written a tensor at a time, removed
+afterwards).
 
-Each measurement runs in a process of its own, so its peak RSS (getrusage's ru_maxrss) is that measurement's
-alone: ours a cold load (the file indexed into a fresh model cache; the CPU kernels loaded before the clock
-starts), then a warm one (as a second start finds it), then greedy decoding through Engine.stream; llama-bench tg
-on the same file, its RSS read the same way (it memory-maps the file: its RSS counts the file's pages it
-touched). The KV cache ours allocates is reported beside its RSS (the goal: peak RSS <= 1.3x the file plus that
-cache).
+Every measurement runs in a fresh process of its own, so its peak RSS (getrusage's ru_maxrss) is that
+measurement's alone and each start is a user's start: first ours on a fresh model cache (the cold start: the file
+indexed), then ours (a warm start: load, then greedy decoding through Engine.stream) and llama-bench tg on the same
+file, alternating, `--repeats` times each (median of each; llama-bench from a bare environment, PATH and HOME only,
+with ours' thread count). The read bandwidth is probed in a process of its own (its 512 MB buffer in no measured
+process) before the first and after every run; the best probe is the ceiling a step is set against: bytes a step
+reads (every projection and norm, the KV cache it attends over) / step time / ceiling. The KV cache ours allocates
+is reported beside its RSS (the goal: peak RSS <= 1.3x the file plus that cache), and the RSS of a process that
+only imported engine and loaded the CPU kernels (`baseline`), the share of that figure no model brings.
 
     python -m bench.gguf_memory --shapes 1.5B 3B --folder /tmp/kq   # -> bench/results/gguf-memory-cpu.{json,md}
-    nice -n 5 python -m bench.gguf_memory --shapes 7B --folder /tmp/kq --delete-files
+    nice -n 5 python -m bench.gguf_memory --shapes 7B --folder /tmp/kq --delete-files --name gguf-memory-7b-cpu
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,39 +32,63 @@ from pathlib import Path
 from bench import random_gguf
 
 
-def child_ours(path: Path, cache: Path, prompt_len: int, new_tokens: int) -> dict:
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def child_baseline() -> dict:
     import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+    from engine import ops
+
+    ops.select("cpu", True, 128)
+    return dict(peak_rss=peak_rss())
+
+
+def child_ours(path: Path, cache: Path, prompt_len: int, new_tokens: int, decode: bool) -> dict:
+    import engine  # noqa: F401
     from bench.scaling import ours_decode
     from bench.steps import prompt_ids
     from engine import Engine, load_model, ops
 
     ops.select("cpu", True, 128)  # the CPU kernels built or loaded before the clock starts: a build is no load
-    out = {}
-    for when in ("cold", "warm"):
-        start = time.perf_counter()
-        model = load_model(path, cache_dir=cache, progress=lambda s: None)
-        out[f"{when}_load_s"] = time.perf_counter() - start
-        if when == "cold":
-            del model
-    out["notes"] = model.load_notes
+    start = time.perf_counter()
+    model = load_model(path, cache_dir=cache, progress=lambda s: None)
+    out = dict(load_s=time.perf_counter() - start, notes=model.load_notes, rss_after_load=peak_rss(),
+               cache_bytes=sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()))
     out["packed_bytes"] = sum(m.weight.nbytes for m in model.linears()) + sum(
         b.numel() * b.element_size() for b in model.buffers())
-    out["rss_after_load"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    eng = Engine(model, max_seq_len=prompt_len + new_tokens + 64)
-    out["kv_bytes"] = sum(t.numel() * t.element_size() for t in (eng.cache.k, eng.cache.v))
-    r = ours_decode(eng, prompt_ids(random_gguf.VOCAB, prompt_len), new_tokens, repeats=1)
-    out["tok_s"] = r["tok_s"]
-    out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out["cache_bytes"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    if decode:
+        eng = Engine(model, max_seq_len=prompt_len + new_tokens + 64)
+        out["kv_bytes"] = sum(t.numel() * t.element_size() for t in (eng.cache.k, eng.cache.v))
+        r = ours_decode(eng, prompt_ids(random_gguf.VOCAB, prompt_len), new_tokens, repeats=1)
+        # a step's reads: every weight it streams, and the K/V of the positions it attends over (mid-run)
+        out["step_bytes"] = eng.weight_bytes + eng.cache.bytes_per_token * (prompt_len + new_tokens // 2)
+        out["tok_s"] = r["tok_s"]
+    out["peak_rss"] = peak_rss()
     return out
+
+
+def child_probe() -> dict:
+    from engine.observe.bandwidth import measure_gbs
+
+    return dict(gbs=measure_gbs("cpu"))
 
 
 def child_bench(path: Path, threads: int, prompt_len: int, new_tokens: int) -> dict:
     from bench import llamacpp
 
-    r = llamacpp.llama_bench(path, threads, n_gen=new_tokens, depth=prompt_len, n_prompt=prompt_len, repetitions=2)
-    r["peak_rss"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    return r
+    exe = llamacpp.bench_binary()
+    if exe is None:
+        raise FileNotFoundError(llamacpp.bench_missing())
+    cmd = [str(exe), "-m", str(path), "-t", str(threads), "-r", "2", "-o", "json", "-lm", "none",
+           "-fa", llamacpp.SETTINGS["llama_bench_flash_attn"], "-p", "0", "-n", str(new_tokens), "-d", str(prompt_len)]
+    bare = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=bare, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    (test,) = json.loads(done.stdout)
+    return dict(tg_tok_s=test["avg_ts"], tg_test=f"tg{new_tokens}@d{prompt_len}", threads=threads,
+                peak_rss=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
 
 
 def in_child(*args: str) -> dict:
@@ -69,60 +99,79 @@ def in_child(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def row(shape: str, args) -> dict:
-    import torch
-
+def row(shape: str, args, baseline: int) -> dict:
     path = random_gguf.kquant_file(shape, Path(args.folder))
     size = path.stat().st_size
+    run = (str(args.prompt_len), str(args.new_tokens))
+    probes, ours, bench = [in_child("probe")["gbs"]], [], []
     with tempfile.TemporaryDirectory(prefix="gguf-memory-cache-") as cache:
-        ours = in_child("ours", str(path), cache, str(args.prompt_len), str(args.new_tokens))
-    bench = in_child("bench", str(path), str(torch.get_num_threads()), str(args.prompt_len), str(args.new_tokens))
+        cold = in_child("ours", str(path), cache, *run, "cold")
+        for _ in range(args.repeats):
+            ours.append(in_child("ours", str(path), cache, *run, "decode"))
+            probes.append(in_child("probe")["gbs"])
+            bench.append(in_child("bench", str(path), str(args.threads), *run))
+            probes.append(in_child("probe")["gbs"])
     if args.delete_files:
         path.unlink()
-    gb = 1e9
-    return dict(shape=shape, like=random_gguf.BIG_SHAPES.get(shape, random_gguf.SHAPES.get(shape, {})).get("like"),
-                file_gb=size / gb, ours_peak_rss_gb=ours["peak_rss"] / gb, kv_gb=ours["kv_bytes"] / gb,
-                rss_over_file_plus_kv=ours["peak_rss"] / (size + ours["kv_bytes"]),
-                bench_peak_rss_gb=bench["peak_rss"] / gb, cache_mb=ours["cache_bytes"] / 1e6,
-                cache_over_file=ours["cache_bytes"] / size, packed_gb=ours["packed_bytes"] / gb,
-                cold_load_s=ours["cold_load_s"], warm_load_s=ours["warm_load_s"], ours_tok_s=ours["tok_s"],
-                bench_tg_tok_s=bench["tg_tok_s"], ours_over_bench=ours["tok_s"] / bench["tg_tok_s"],
-                bench_test=bench["tg_test"], notes=ours["notes"])
+    gb, med = 1e9, statistics.median
+    peak, kv, ceiling = max(r["peak_rss"] for r in ours), ours[0]["kv_bytes"], max(probes)
+    tok_s, bench_tok_s = med(r["tok_s"] for r in ours), med(r["tg_tok_s"] for r in bench)
+    step_bytes = ours[0]["step_bytes"]
+    return dict(shape=shape, like=random_gguf.BIG_SHAPES[shape]["like"], file_gb=size / gb,
+                ours_peak_rss_gb=peak / gb, kv_gb=kv / gb, rss_over_file_plus_kv=peak / (size + kv),
+                baseline_rss_gb=baseline / gb, baseline_over_file_plus_kv=baseline / (size + kv),
+                cold_peak_rss_gb=cold["peak_rss"] / gb, bench_peak_rss_gb=max(r["peak_rss"] for r in bench) / gb,
+                cache_mb=cold["cache_bytes"] / 1e6, cache_over_file=cold["cache_bytes"] / size,
+                packed_gb=ours[0]["packed_bytes"] / gb, cold_load_s=cold["load_s"],
+                warm_load_s=med(r["load_s"] for r in ours), ours_tok_s=tok_s, bench_tg_tok_s=bench_tok_s,
+                ours_over_bench=tok_s / bench_tok_s, step_gb=step_bytes / gb, bandwidth_gbs=ceiling,
+                ours_pct_of_bandwidth=100 * step_bytes * tok_s / ceiling / gb,
+                bench_pct_of_bandwidth=100 * step_bytes * bench_tok_s / ceiling / gb, probes_gbs=probes,
+                ours_tok_s_runs=[r["tok_s"] for r in ours], bench_tok_s_runs=[r["tg_tok_s"] for r in bench],
+                warm_load_s_runs=[r["load_s"] for r in ours], bench_test=bench[0]["tg_test"], threads=args.threads,
+                notes=ours[0]["notes"])
 
 
 def markdown(result: dict) -> str:
     from bench.common import markdown_table
 
     head = (f"Random-weight Q4_K_M files (llama-quantize from a random F16 file) of the shapes named, SmolLM2's "
-            f"{random_gguf.VOCAB}-token vocabulary; ours: load_model on the file (cold: a fresh model cache; warm: "
-            f"again), then Engine.stream's median step over {result['new_tokens']} greedy tokens after a "
-            f"{result['prompt_tokens']}-token prompt, peak RSS of that whole process (ru_maxrss); llama-bench: "
-            "its tg on the same file (mmap, as it ships), peak RSS of its processes. cache: the model cache's "
-            "bytes after the load. The load notes say which tensors ran as stand-ins.\n\n")
-    cols = ["shape", "like", "file_gb", "ours_peak_rss_gb", "kv_gb", "rss_over_file_plus_kv", "bench_peak_rss_gb",
-            "cache_mb", "cache_over_file", "packed_gb", "cold_load_s", "warm_load_s", "ours_tok_s", "bench_tg_tok_s",
-            "ours_over_bench"]
+            f"{random_gguf.VOCAB}-token vocabulary. Each figure from a fresh process: ours cold (a fresh model "
+            f"cache) once, then ours warm and llama-bench alternating, {result['repeats']} of each (medians; peak "
+            f"RSS the largest, ru_maxrss). Ours: load_model, then Engine.stream's median step over "
+            f"{result['new_tokens']} greedy tokens after a {result['prompt_tokens']}-token prompt; llama-bench: tg "
+            f"at that depth, {result['threads']} threads, a bare environment. baseline: a process that only "
+            "imported engine and loaded its CPU kernels. % of bandwidth: bytes a step reads / step time / the best "
+            "read-bandwidth probe around the runs. cache: the model cache's bytes after the cold load.\n\n")
+    cols = ["shape", "like", "file_gb", "ours_peak_rss_gb", "kv_gb", "rss_over_file_plus_kv", "baseline_rss_gb",
+            "baseline_over_file_plus_kv", "bench_peak_rss_gb", "cache_mb", "cache_over_file", "cold_load_s",
+            "warm_load_s", "ours_tok_s", "bench_tg_tok_s", "ours_over_bench", "bandwidth_gbs",
+            "ours_pct_of_bandwidth", "bench_pct_of_bandwidth"]
     return head + markdown_table(result["rows"], cols)
+
+
+CHILDREN = {"baseline": child_baseline, "probe": child_probe,
+            "ours": lambda path, cache, n, m, mode: child_ours(Path(path), Path(cache), int(n), int(m),
+                                                                mode == "decode"),
+            "bench": lambda path, threads, n, m: child_bench(Path(path), int(threads), int(n), int(m))}
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        kind, path, *rest = argv[1:]
-        if kind == "ours":
-            r = child_ours(Path(path), Path(rest[0]), int(rest[1]), int(rest[2]))
-        else:
-            r = child_bench(Path(path), int(rest[0]), int(rest[1]), int(rest[2]))
-        print(json.dumps(r))
+        print(json.dumps(CHILDREN[argv[1]](*argv[2:])))
         return
+    import torch
+
     from bench.common import run_and_save
 
-    shapes = [*random_gguf.BIG_SHAPES, *random_gguf.SHAPES]
     p = argparse.ArgumentParser(description="RSS, disk, load time and tok/s on K-quant files against llama.cpp")
-    p.add_argument("--shapes", nargs="+", default=["1.5B", "3B"], choices=shapes)
+    p.add_argument("--shapes", nargs="+", default=["1.5B"], choices=list(random_gguf.BIG_SHAPES))
     p.add_argument("--folder", default=str(Path(tempfile.gettempdir()) / "decodescope-kquant"),
                    help="where the random files are made (the F16 one is removed once quantized)")
     p.add_argument("--delete-files", action="store_true", help="remove each Q4_K_M file after its row")
+    p.add_argument("--repeats", type=int, default=3, help="warm runs of ours and of llama-bench, alternating")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="llama-bench's (ours: torch's)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--name", default="gguf-memory-cpu")
@@ -131,9 +180,11 @@ def main(argv=None):
     Path(args.folder).mkdir(parents=True, exist_ok=True)
 
     def run(save):
-        out = dict(prompt_tokens=args.prompt_len, new_tokens=args.new_tokens, rows=[])
+        out = dict(prompt_tokens=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
+                   threads=args.threads, rows=[])
+        baseline = in_child("baseline")["peak_rss"]
         for shape in args.shapes:
-            out["rows"].append(row(shape, args))
+            out["rows"].append(row(shape, args, baseline))
             print({k: v for k, v in out["rows"][-1].items() if k != "notes"}, flush=True)
             save(out)
         return out

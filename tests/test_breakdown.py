@@ -51,6 +51,29 @@ def test_cpu_step_cells_add_up_to_the_window():
     assert pb.split == pytest.approx(dict(python=0.460, dispatch=0.055, kernel=0.485))
 
 
+def native_step(t0, dur=1000):
+    """A step of the CPU kernels' block loop: each projection one call named after its weight format."""
+    return [
+        X("decodescope/step", t0, dur),
+        X("decodescope/model", t0 + 10, 800),
+        X("decodescope/layer.0", t0 + 50, 500),
+        X("decodescope::linear_q4_k", t0 + 60, 100), X("decodescope::attention", t0 + 170, 50),
+        X("decodescope::linear_q4_k", t0 + 230, 40), X("decodescope::linear_q6_k", t0 + 280, 150),
+        X("decodescope::linear_q6_k", t0 + 600, 200),  # the head
+    ]
+
+
+def test_cpu_kernels_time_per_weight_format():
+    trace = dict(traceEvents=native_step(0) + native_step(2000) + native_step(4000, dur=5000))
+    pb = reduce_trace(trace)["decode"]
+    got = {f: (round(c.ms, 6), c.calls) for f, c in pb.formats.items()}
+    assert got == {"q4_k": (pytest.approx(0.140), 2), "q6_k": (pytest.approx(0.350), 2)}
+    # the formats' time is the matmul cells' time, split another way
+    assert sum(c.ms for c in pb.formats.values()) == pytest.approx(
+        sum(c.ms for (_, cls), c in pb.cells.items() if cls == "matmul"))
+    assert reduce_trace(dict(traceEvents=cpu_step(0)))["decode"].formats == {}  # the twins name no format
+
+
 def test_events_outside_windows_other_threads_and_metadata_are_ignored():
     noise = [X("aten::mm", -500, 100), X("aten::mm", 100, 50, tid=2), dict(ph="M", name="process_name", pid=1),
              dict(ph="i", name="Iteration Start", ts=0, pid="Traces")]

@@ -95,3 +95,53 @@ def test_a_model_that_does_not_fit_is_refused_before_a_tensor_is_read(llama, mon
     with pytest.raises(ModelLoadError, match=r"llama.gguf needs about 0.00 GiB of memory to load \([\d,]+ bytes: .* "
                                              r"and this machine has 0.00 GiB available \(123,456 bytes\)"):
         quiet(gguf_file, cache_dir=cache)
+
+
+def test_a_tensor_read_in_chunks_is_its_rows(llama):
+    """raw_chunks reads a tensor into one reused buffer a few rows at a time (whole heads of the q/k rows it puts
+    back in HF order): the chunks, copied as they come, are raw(name)'s rows, at any chunk size."""
+    from engine.checkpoint import gguf_convert
+    from engine.checkpoint.hf import check_folder
+
+    gguf_file, _, cache = llama
+    cfg, src = check_folder(gguf_convert.cached(gguf_file, cache, progress=lambda s: None))
+    try:
+        assert src.heads  # the q/k tensors' rows are reordered as they are read
+        for name in src.index:
+            if len(src.shapes[name]) != 2:
+                continue
+            whole = src.raw(name)
+            for chunk_bytes in (1, whole.shape[1] * 3, 1 << 20):
+                chunks = [c.clone() for c in src.raw_chunks(name, chunk_bytes)]
+                assert torch.equal(torch.cat(chunks), whole), (name, chunk_bytes)
+                step = src.shapes[name][0] // src.heads[name] if name in src.heads else 1
+                assert all(len(c) % step == 0 for c in chunks)
+    finally:
+        src.close()
+
+
+def test_a_warm_start_reads_no_header_and_a_rewritten_header_is_indexed_again(llama, tmp_path, monkeypatch):
+    """The cache key holds a hash of the file's first MiB besides its size and time: a warm start parses nothing
+    (GGUFReader is not called), and a file rewritten in place, its size and time kept, is indexed again."""
+    import os
+    import shutil
+
+    from engine.checkpoint import gguf_convert
+
+    gguf_file, _, _ = llama
+    f = tmp_path / "m.gguf"
+    shutil.copyfile(gguf_file, f)
+    first = gguf_convert.cached(f, tmp_path / "cache", progress=lambda s: None)
+    opened = []
+    monkeypatch.setattr(gguf_convert, "open_gguf", lambda path, real=gguf_convert.open_gguf: opened.append(path)
+                        or real(path))
+    assert gguf_convert.cached(f, tmp_path / "cache", progress=lambda s: None) == first and not opened
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    at = data.index(b"llama.context_length") + len(b"llama.context_length") + 4  # its uint32 value
+    data[at:at + 4] = (int.from_bytes(data[at:at + 4], "little") + 1).to_bytes(4, "little")
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    again = gguf_convert.cached(f, tmp_path / "cache", progress=lambda s: None)
+    assert again != first and opened == [f.resolve()]

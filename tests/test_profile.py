@@ -143,3 +143,29 @@ def test_the_ceiling_is_the_best_probe_taken_before_between_and_after(eng):
         assert all(s["bandwidth_gbs"] == 31.0 and s["probes_gbs"] == [12.0, 31.0, 18.0] for s in r.summary)
         row = next(x for x in r.rows if x["gbs"])
         assert row["pct_of_ceiling"] == pytest.approx(100 * row["gbs"] / 31.0)
+
+
+def test_bytes_and_time_per_weight_format_with_the_cpu_kernels(tmp_path, one_thread):
+    """The CPU kernels name each projection's call after its format: every format the model holds gets its bytes
+    (each projection once a pass) and its calls' time, which are the matmul rows' time split another way."""
+    from engine.ops import ext
+
+    if ext.load("cpu").module is None:
+        pytest.skip("the CPU kernels did not build")
+    folder = write_tiny_model(tmp_path / "m", tiny_config(), seed=0)
+    e = Engine(load_model(folder, device="cpu", weights="q4", fused=True), max_seq_len=256)
+    e.bandwidth_gbs = 20.0
+    r = profile.run(e, profile.Config("fused", fused=True, weights="q4"), steps=STEPS, k=K)
+    held = profile.format_bytes(e.model)
+    assert set(held) == {"q4", e.model.lm_head.weight.fmt} and len(held) == 2  # the head keeps 8-bit blocks
+    for kind in ("decode", "verify"):
+        mine = [f for f in r.formats if f["pass"] == kind]
+        assert {f["format"]: f["bytes"] for f in mine} == held
+        assert sum(f["bytes"] for f in mine) == sum(x["bytes"] for x in rows(r, kind) if x["op_class"] == "matmul")
+        assert sum(f["ms"] for f in mine) == pytest.approx(
+            sum(x["ms"] for x in rows(r, kind) if x["op_class"] == "matmul"), rel=1e-6)
+        calls = {f["format"]: f["calls"] for f in mine}
+        assert calls["q4"] == 4 * e.config.n_layers and calls[e.model.lm_head.weight.fmt] == 1
+        for f in mine:
+            assert f["gbs"] == pytest.approx(f["bytes"] / f["ms"] / 1e6)
+            assert f["pct_of_ceiling"] == pytest.approx(100 * f["gbs"] / 20.0)

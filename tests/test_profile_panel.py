@@ -253,3 +253,17 @@ def test_the_ratio_column_is_named_for_what_it_holds():
     column = PROFILE_HEADERS.index("profiled ÷ step")
     assert "rows / step" not in PROFILE_HEADERS
     assert profile_rows([r])[0][column] == r.summary[0]["rows_vs_step"]
+
+
+def test_the_table_gives_bytes_and_time_per_weight_format():
+    """A GGUF file mixes formats: the note of each pass names each format's bytes and its projections' time."""
+    r = fake_result("eager · fused · q4_k", 1.0)
+    for kind in ("decode", "verify"):
+        r.formats += [dict({"pass": kind}, format="q4_k", bytes=742e6, ms=20.1, calls=112, gbs=742e6 / 20.1 / 1e6),
+                      dict({"pass": kind}, format="q6_k", bytes=121.5e6, ms=4.0, calls=29, gbs=121.5e6 / 4.0 / 1e6)]
+    notes = [row[-1] for row in profile_rows([r])]
+    assert all(n.endswith("; by weight format: q4_k 742.0 MB in 20.10 ms (37 GB/s), q6_k 121.5 MB in 4.00 ms "
+                          "(30 GB/s)") for n in notes)
+    untimed = fake_result("eager · torch · fp32", 1.0)  # the torch twins name no format; one format says nothing
+    untimed.formats = [dict({"pass": "decode"}, format="fp32", bytes=1e6, ms=None, calls=None, gbs=None)]
+    assert "by weight format" not in profile_rows([untimed])[0][-1]

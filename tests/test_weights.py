@@ -99,6 +99,31 @@ def test_pack_gguf_is_pack_of_the_files_blocks(fmt):
         pack_gguf(raw, 37, 768)
 
 
+@pytest.mark.parametrize("fmt", [f for f in W.PANEL_FORMATS if W.get(f).layouts["cpu"].pack_gguf])
+def test_pack_gguf_takes_the_rows_in_chunks_of_any_size(fmt):
+    """A loader reads a tensor a chunk of rows at a time into one reused buffer: chunks that split panels (5 + 16 +
+    11 + 5 rows of 37) pack to the same panels, even when the buffer is overwritten after each; a short tensor is
+    refused."""
+    raw = W.get(fmt).to_gguf(blocks(fmt, 37, 512))
+    pack_gguf = W.get(fmt).layouts["cpu"].pack_gguf
+    buf = torch.empty_like(raw)
+
+    def chunks(sizes):
+        at = 0
+        for n in sizes:
+            buf[:n] = raw[at:at + n]
+            yield buf[:n]
+            buf.fill_(0xFF)  # what the next read would leave there
+            at += n
+
+    want = pack_gguf(raw, 37, 512)
+    for sizes in ([5, 16, 11, 5], [37], [16, 16, 5], [1] * 37):
+        got = pack_gguf(chunks(sizes), 37, 512)
+        assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True)), sizes
+    with pytest.raises(ValueError, match=r"is 37 rows, got 32"):
+        pack_gguf(chunks([16, 16]), 37, 512)
+
+
 @pytest.mark.parametrize("fmt", W.PANEL_FORMATS)
 def test_padded_outputs_are_zero(fmt):
     panels = W.to_panels(blocks(fmt, 17, 64))

@@ -204,6 +204,17 @@ def _num(x, nd):
     return None if (x := finite(x)) is None else round(x, nd)
 
 
+def formats_note(result, kind: str) -> str:
+    """'by weight format: q4_k 742 MB in 20.1 ms (37 GB/s), q6_k ...' for one pass: each format's bytes a pass
+    reads and, where the kernels name their format, its projections' time; empty for one dense format."""
+    rows = [f for f in result.formats if f["pass"] == kind]
+    if not rows or (len(rows) == 1 and rows[0]["ms"] is None):
+        return ""
+    parts = [f"{f['format']} {f['bytes'] / 1e6:,.1f} MB" + (f" in {f['ms']:.2f} ms ({_gbs(f['gbs'])} GB/s)"
+                                                            if f["ms"] else "") for f in rows]
+    return "; by weight format: " + ", ".join(parts)
+
+
 def profile_rows(results: list) -> list[list]:
     """One row per configuration and pass for the page's table; a configuration that could not run, its reason."""
     out = []
@@ -221,7 +232,7 @@ def profile_rows(results: list) -> list[list]:
             if s["pass"] == "verify":
                 note += "; one pass, so noisier than the decode steps"
             head_ms, head_pct = head_share(r, s["pass"])
-            note += f"; LM head {head_ms:.2f} ms ({head_pct:.0f}% of the pass)"
+            note += f"; LM head {head_ms:.2f} ms ({head_pct:.0f}% of the pass)" + formats_note(r, s["pass"])
             ceiling, share = finite(s["bandwidth_gbs"]), None
             if ceiling and s["gbs"] > ceiling:  # never a share over 100%: the probe read low
                 note += f"; {s['gbs']:.1f} GB/s achieved against a probed {ceiling:.1f}: the probe under-read"

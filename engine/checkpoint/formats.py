@@ -138,14 +138,16 @@ class FormatPlan:
 
     def weight(self, ours: str, names: list[str], n_in: int) -> wts.Packed:
         """The weight made of HF tensors `names` (concatenated, dim 0) packed in its format's layout for this path:
-        a layout that packs GGUF bytes itself takes the file's rows as they are, else the canonical Blocks of every
-        part (its blocks, reblocked or re-quantized) are concatenated and packed."""
+        a layout that packs GGUF bytes itself takes the file's rows as they are, a chunk at a time (the packed
+        weight is the only copy made), else the canonical Blocks of every part (its blocks, reblocked or
+        re-quantized) are concatenated and packed."""
         fmt, src = self.choice[ours], self.src
         layout = wts.get(fmt).layouts[self.opset.layout]
         gguf = wts.get(fmt).gguf
         if gguf and layout.pack_gguf is not None and all(src.gguf_type(n) == gguf for n in names):
-            raw = torch.cat([src.raw(n) for n in names]) if len(names) > 1 else src.raw(names[0])
-            return wts.Packed(fmt, self.opset.layout, raw.shape[0], n_in, layout.pack_gguf(raw, raw.shape[0], n_in))
+            rows = sum(src.shapes[n][0] for n in names)
+            chunks = (chunk for n in names for chunk in src.raw_chunks(n))
+            return wts.Packed(fmt, self.opset.layout, rows, n_in, layout.pack_gguf(chunks, rows, n_in))
         parts = [self.part(n, fmt, n_in) for n in names]
         return wts.pack(parts[0] if len(parts) == 1 else concat(parts), self.opset.layout)
 

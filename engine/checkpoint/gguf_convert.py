@@ -34,6 +34,7 @@ from engine.families import Family
 # converter rebuilds them and two versions of decodescope sharing a cache never rebuild each other's.
 CONVERTER_VERSION = 4  # 2: the GGUF blocks are kept; 3: every family, K-quant blocks; 4: read in place
 MISSING = object()
+HEAD_BYTES = 1 << 20  # hashed into a file's cache key: its header (metadata, then the tensors' index) starts there
 
 
 class GGUFError(ValueError):
@@ -111,11 +112,14 @@ def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
 
 def cached(gguf_file: Path, cache_dir: Path | None = None, progress: Progress = print) -> Path:
     """The folder of a GGUF file, writing it on the first call. The folder is keyed by the file's
-    path, size and modification time and the converter's version, so a changed file is converted again (and
-    the folder of its previous version removed)."""
+    path, size, modification time and a hash of its first MiB, and the converter's version, so a changed file is
+    converted again (and the folder of its previous version removed); a warm start reads that MiB and the
+    folder's index, never the file's header through GGUFReader."""
     gguf_file = Path(gguf_file).expanduser().resolve()
     st = gguf_file.stat()
-    source = f"{gguf_file}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}"
+    with gguf_file.open("rb") as f:  # a file rewritten in place with its size and time kept is still another file
+        head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()[:16]
+    source = f"{gguf_file}|{st.st_size}|{st.st_mtime_ns}|{head}|{CONVERTER_VERSION}"
     root = store.cache_dir(cache_dir) / "gguf"
     folder = root / f"{gguf_file.stem}-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
     if store.marker(folder) is not None:

@@ -108,7 +108,8 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
     embed = our_targets(cfg).get("embed.weight")
     blocks_embed = embed is not None and device.type == "cpu" and stored_format(src, embed[0]) is not None
     memory.check_fits(folder, plan, targets, src, embed, blocks_embed, dt)
-    model = model.to_empty(device=device).to(dt)
+    # torch.empty, not to_empty: empty_like of a meta tensor imports sympy (seconds, at every start)
+    model = model._apply(lambda t: torch.empty(t.shape, dtype=dt if t.is_floating_point() else t.dtype, device=device))
     params = dict(model.named_parameters())
     with torch.no_grad():
         for ours, names in our_targets(cfg).items():

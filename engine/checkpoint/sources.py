@@ -23,6 +23,7 @@ from safetensors import safe_open
 from engine.checkpoint.errors import ModelLoadError
 
 INDEX_FILE = "gguf.json"  # {"file", "size", "tensors": {hf name: [gguf name, GGUF type, offset, bytes, shape]}}
+CHUNK_BYTES = 4 << 20  # a tensor read a chunk at a time (raw_chunks): the one buffer a load holds besides its weights
 DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
@@ -48,11 +49,15 @@ class SafetensorsSource:
         self.handles.clear()
 
 
-def unpermute_rows(x: torch.Tensor, n_head: int) -> torch.Tensor:
+def unpermuted(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's q/k row order (each head's two rotary halves interleaved into pairs) on rows of any
-    content: values, or a row's blocks as bytes."""
+    content (values, or a row's blocks as bytes): a view [n_head, 2, half, ...] of x in HF's order."""
     half = x.shape[0] // n_head // 2
-    return x.reshape(n_head, half, 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape).contiguous()
+    return x.reshape(n_head, half, 2, *x.shape[1:]).transpose(1, 2)
+
+
+def unpermute_rows(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    return unpermuted(x, n_head).reshape(x.shape).contiguous()
 
 
 class GGUFSource:
@@ -86,16 +91,36 @@ class GGUFSource:
     def nbytes(self, name: str) -> int:
         return self.index[name][3]
 
-    def _read(self, name: str) -> torch.Tensor:
+    def _read(self, name: str, start: int = 0, buf: torch.Tensor | None = None) -> torch.Tensor:
+        """The tensor's bytes from `start` on, into `buf` (as many as it holds) or a buffer of their own."""
         _, gtype, offset, n, _ = self.index[name]
-        buf = torch.empty(n, dtype=torch.uint8)
-        self.file.seek(offset)
+        buf = torch.empty(n - start, dtype=torch.uint8) if buf is None else buf
+        self.file.seek(offset + start)
         got = self.file.readinto(memoryview(buf.numpy()))
-        if got != n:
+        if got != len(buf):
 
-            raise ModelLoadError(f"{self.path} ends inside tensor {self.gguf_name(name)!r} ({got} of {n} bytes); the "
-                                 "file is truncated: download it again")
+            raise ModelLoadError(f"{self.path} ends inside tensor {self.gguf_name(name)!r} ({start + got} of {n} "
+                                 "bytes); the file is truncated: download it again")
         return buf
+
+    def raw_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES):
+        """raw(name) as chunks of whole rows (whole heads where q/k rows are reordered) of about chunk_bytes, each
+        read into the same buffer: valid until the next is asked for. A packer that takes them holds one chunk
+        besides what it packed, never the tensor's bytes twice."""
+        _, _, _, n, shape = self.index[name]
+        out, row_bytes = shape[0], n // shape[0]
+        heads = self.heads.get(name)
+        step = out // heads if heads else 1
+        rows = min(out, max(step, chunk_bytes // row_bytes // step * step))
+        buf = torch.empty(rows * row_bytes, dtype=torch.uint8)
+        order = torch.empty_like(buf) if heads else None
+        for r0 in range(0, out, rows):
+            r = min(rows, out - r0)
+            x = self._read(name, r0 * row_bytes, buf[:r * row_bytes]).view(r, row_bytes)
+            if heads:
+                hf = unpermuted(x, r // step)
+                x = order[:r * row_bytes].view(hf.shape).copy_(hf).view(r, row_bytes)
+            yield x
 
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's blocks as the file stores them, rows in HF order: uint8 [out, row bytes]."""

@@ -13,11 +13,13 @@ CPU: every microsecond of a window goes to one (layer, class) cell by self time 
 its children's), so a window's cells add up to the window. Self time of the structural scopes (window,
 model, layer) is Python between ops: the class "host". The same self times split the window into python
 (our scopes), dispatch (ops that hand their work to an inner op, and ops that only make views) and kernel
-(ops that do the arithmetic). CUDA: the cells hold device time: a kernel is classed by the CPU scope that
-launched it (matched by correlation id), or by its name when a CUDA graph launched it (a replay runs no
-Python, so its kernels land in the one layer "graph"). The gaps between kernels in a window are the cell
-("idle", "host"): the device waiting for the host. Ideas from HolisticTraceAnalysis (merged kernel intervals
-for idle time, kernel classes by name), reduced to one window per step.
+(ops that do the arithmetic). The CPU kernels name a projection's call after its weight format
+("decodescope::linear_q4_k"), so a pass also gets the time per format (`formats`, whole calls). CUDA: the
+cells hold device time: a kernel is classed by the CPU scope that launched it (matched by correlation id), or
+by its name when a CUDA graph launched it (a replay runs no Python, so its kernels land in the one layer
+"graph"). The gaps between kernels in a window are the cell ("idle", "host"): the device waiting for the host.
+Ideas from HolisticTraceAnalysis (merged kernel intervals for idle time, kernel classes by name), reduced to one
+window per step.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ PASSES = {"decodescope/step": "decode", "decodescope/verify": "verify"}
 SCOPE = "decodescope/"  # our scopes: Python between the ops they hold
 MODEL, LAYER, SAMPLE, OP = SCOPE + "model", SCOPE + "layer.", SCOPE + "sample", SCOPE + "op:"
 KERNEL = "decodescope::"  # what our compiled kernels record
+LINEAR = KERNEL + "linear_"  # a projection's kernel, named after its weight format
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 # the OpSet's ops (scopes "decodescope/op:<op>") and our kernels' RECORD_FUNCTION names ("decodescope::<op>");
 # linear_<format> -> matmul
@@ -96,6 +99,7 @@ class Window:
     cells: dict = field(default_factory=dict)  # (layer, class) -> Cell, ms within this window
     split: dict = field(default_factory=dict)  # python / dispatch / kernel ms (CPU); device figures (CUDA)
     device: dict = field(default_factory=dict)  # (layer, class) -> Cell from device events
+    formats: dict = field(default_factory=dict)  # weight format -> Cell: its projections' kernels, whole calls
     host_ms: float = 0.0  # CUDA: start of the window to the end of its last kernel or graph launch
 
     def add(self, cells: dict, key, ms: float, calls: float = 0.0) -> None:
@@ -127,6 +131,7 @@ class PassBreakdown:
     cells: dict  # (layer, class) -> Cell
     split: dict  # CPU: python_ms, dispatch_ms, kernel_ms; CUDA: host_ms, device_ms, idle_ms
     on_device: bool
+    formats: dict = field(default_factory=dict)  # weight format -> Cell (CPU kernels' linear_<format> calls)
 
 
 def _child_context(parent: Frame, ev: dict) -> tuple[str, str | None, bool]:
@@ -164,6 +169,8 @@ def _walk(events: list[dict], kinds: dict) -> tuple[list[Window], dict]:
         kind = ("python" if ev.get("cat") == "user_annotation" or name.startswith(SCOPE) else
                 "dispatch" if f.delegated or name in METADATA or ev.get("cat") != "cpu_op" else "kernel")
         w.split[kind] = w.split.get(kind, 0.0) + self_ms
+        if name.startswith(LINEAR):  # whole calls (they nest nothing of another format)
+            w.add(w.formats, name[len(LINEAR):], ev["dur"] / 1e3, 1.0)
         if parent is not None and parent.ev.get("name") == MODEL and ev.get("name", "").startswith(LAYER):
             parent.seen_layer = True
 
@@ -253,13 +260,16 @@ def _average(kind: str, windows: list[Window], on_device: bool) -> PassBreakdown
     n = len(used)
     cells: dict = {}
     split: dict = {}
+    formats: dict = {}
     for w in used:
         for key, c in (w.device if on_device else w.cells).items():
             w.add(cells, key, c.ms / n, c.calls / n)
+        for fmt, c in w.formats.items():
+            w.add(formats, fmt, c.ms / n, c.calls / n)
         for k, v in w.split.items():
             split[k] = split.get(k, 0.0) + v / n
     step_ms = sum(w.dur for w in used) / n / 1e3
-    return PassBreakdown(kind, len(windows), n, step_ms, cells, split, on_device)
+    return PassBreakdown(kind, len(windows), n, step_ms, cells, split, on_device, formats)
 
 
 def reduce_trace(trace: dict) -> dict[str, PassBreakdown]:

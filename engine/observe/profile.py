@@ -5,6 +5,7 @@ op class with the bytes each moved and the GB/s it achieved against the measured
     configs = [profile.Config("torch", fused=False), profile.Config("fused", fused=True)]
     results = profile.compare({"fp32": eng}, configs, steps=8, k=4)   # weight format -> Engine
     results[0].rows, results[0].summary, results[0].trace              # rows, per-pass figures, Trace Event JSON
+    results[0].formats                                                 # bytes and time per weight format
 
 Each step runs twice at the same cache position, plainly (the reference step time) and under the profiler
 with scopes on the model's forward and each Block (forward hooks) and on the OpSet's ops, installed for the
@@ -52,6 +53,7 @@ class Result:
     rows: list[dict] = field(default_factory=list)
     summary: list[dict] = field(default_factory=list)  # one dict per pass
     trace: dict | None = None  # the Trace Event JSON torch.profiler exported
+    formats: list[dict] = field(default_factory=list)  # per pass and weight format: bytes a pass reads, its time
 
 
 def apply(eng, cfg: Config) -> str | None:
@@ -94,6 +96,28 @@ def bytes_moved(eng, T: int, kv_len: float) -> dict[tuple[str, str], float]:
         out[(layer, "attention")] = kv_row * kv_len
         out[(layer, "kv_write")] = kv_row * T
     return out
+
+
+def format_bytes(model) -> dict[str, int]:
+    """Weight format -> the bytes its projections hold, each read once by a pass of any length."""
+    out: dict[str, int] = {}
+    for m in model.linears():
+        out[m.weight.fmt] = out.get(m.weight.fmt, 0) + m.weight.nbytes
+    return out
+
+
+def format_rows(base: dict, kind: str, held: dict[str, int], timed: dict, ceiling: float) -> list[dict]:
+    """One row per weight format of a pass: its bytes, and where the kernels name their format (the CPU
+    kernels do), its projections' time per pass and the GB/s that makes; the heaviest format first."""
+    rows = []
+    for fmt in sorted(held, key=held.get, reverse=True):
+        cell = timed.get(fmt)
+        ms = cell.ms if cell else None
+        gbs = held[fmt] / ms / 1e6 if ms else None
+        rows.append(dict(base, **{"pass": kind}, format=fmt, bytes=held[fmt], ms=ms,
+                         calls=cell.calls if cell else None, gbs=gbs,
+                         pct_of_ceiling=100 * gbs / ceiling if gbs and ceiling else None))
+    return rows
 
 
 def scoped(name: str, fn, *args, **kwargs):
@@ -276,7 +300,9 @@ def run(eng, cfg: Config, steps: int = 8, k: int = 4, context: list[int] | None 
     base = dict(configuration=cfg.label, device=eng.device.type, kernels=eng.model.ops.name,
                 graphs=eng.graph is not None, weights=cfg.weights, k=k, context=len(context))
     lengths = dict(decode=(1, len(context) + (steps + 1) / 2), verify=(rec.T, len(context) + rec.T))
+    held = format_bytes(eng.model)
     for kind, pb in passes.items():
+        result.formats += format_rows(base, kind, held, pb.formats, eng.bandwidth_gbs)
         T, kv_len = lengths[kind]
         moved = bytes_moved(eng, T, kv_len)
         step_ms = quiet_mean(plain[kind])
@@ -333,5 +359,5 @@ def set_ceiling(result: Result, readings: list[float]) -> None:
     ceiling = max(seen) if seen else float("nan")
     for s in result.summary:
         s.update(bandwidth_gbs=ceiling, probes_gbs=list(readings))
-    for row in result.rows:
+    for row in (*result.rows, *result.formats):
         row["pct_of_ceiling"] = 100 * row["gbs"] / ceiling if row["gbs"] and seen else None

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from engine.weights.format import BLOCK
 
 PANEL = 16
+WIDE = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
 def pad_blocks(w: torch.Tensor) -> torch.Tensor:
@@ -61,20 +62,33 @@ def check(fmt: str, out: int, n_in: int, tensors: tuple[torch.Tensor, ...], lead
 # unit 2 an fp16 scale of 16 outputs in one vector. Packing at load is a reorder of the file's bytes.
 
 
-def interleave(raw: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...]) -> torch.Tensor:
-    """GGUF bytes uint8 [out, nb * B] (B = the block's bytes) -> panels [P, nb, 16 * B], padded rows zero."""
+def interleave(raw: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...],
+               into: torch.Tensor | None = None) -> torch.Tensor:
+    """GGUF bytes uint8 [out, nb * B] (B = the block's bytes) -> panels [P, nb, 16 * B], padded rows zero; written
+    into `into` where given (a slice of a larger tensor's panels), one strided copy per field."""
     size = sum(n for n, _ in fields)
     if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[0] != out or raw.shape[1] % size:
         raise ValueError(f"{list(raw.shape)} {raw.dtype} is not {out} rows of whole {size}-byte blocks (uint8)")
     x = pad_outputs(raw)
     P, nb = x.shape[0] // PANEL, x.shape[1] // size
     x = x.view(P, PANEL, nb, size)
-    parts, at = [], 0
+    into = torch.empty(P, nb, PANEL * size, dtype=torch.uint8) if into is None else into
+    if P == 0:
+        return into
+    at = 0
     for n, unit in fields:
-        part = x[..., at:at + n].reshape(P, PANEL, nb, n // unit, unit).permute(0, 2, 3, 1, 4)
-        parts.append(part.reshape(P, nb, PANEL * n))
+        # a unit moves as one element of the widest integer it is made of (4x fewer for 4-byte units): a field
+        # whose offsets are not aligned to it (Q6_K's 210-byte blocks) is first gathered, a run of bytes a row
+        w = next(w for w in (4, 2, 1) if unit % w == 0)
+        part = x[..., at:at + n]
+        if (at % w, size % w, x.storage_offset() % w) != (0, 0, 0):
+            part = part.contiguous()
+        tail = (unit // w,) if unit > w else ()  # a unit of one element has no dim: a trailing 1 slows copy_ 4x
+        part = part.view(WIDE[w]).reshape(P, PANEL, nb, n // unit, *tail)
+        part = part.permute(0, 2, 3, 1, *range(4, part.dim()))
+        into[..., PANEL * at:PANEL * (at + n)].view(WIDE[w]).view(P, nb, n // unit, PANEL, *tail).copy_(part)
         at += n
-    return torch.cat(parts, -1).contiguous()
+    return into
 
 
 def deinterleave(w: torch.Tensor, fields: tuple[tuple[int, int], ...]) -> torch.Tensor:
@@ -108,12 +122,27 @@ def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_g
 
     size = sum(n for n, _ in fields)
 
-    def pack_gguf(raw: torch.Tensor, out: int, n_in: int) -> tuple[torch.Tensor, ...]:
+    def pack_gguf(raw, out: int, n_in: int) -> tuple[torch.Tensor, ...]:
+        """raw: the tensor's bytes uint8 [out, row bytes], or its rows in order as chunks of any sizes (read into a
+        reused buffer: each is packed before the next is asked for), so a tensor never needs its bytes twice."""
         nb = -(-n_in // block)
-        if raw.dim() != 2 or tuple(raw.shape) != (out, nb * size):
-            raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows of "
-                             f"{nb * size} bytes, got {list(raw.shape)}")
-        return (interleave(raw, out, fields),)
+        into = torch.empty(-(-out // PANEL), nb, PANEL * size, dtype=torch.uint8)
+        row, carry = 0, None  # carry: a chunk's rows past its last whole panel, packed with the next chunk's
+        for chunk in [raw] if isinstance(raw, torch.Tensor) else raw:
+            if chunk.dim() != 2 or chunk.shape[1] != nb * size or row + chunk.shape[0] > out:
+                raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows of "
+                                 f"{nb * size} bytes, got {list(chunk.shape)} after {row} rows")
+            chunk = chunk if carry is None else torch.cat((carry, chunk))
+            whole = chunk.shape[0] // PANEL * PANEL
+            carry = chunk[whole:].clone() if whole < chunk.shape[0] else None
+            interleave(chunk[:whole], whole, fields, into[row // PANEL:(row + whole) // PANEL])
+            row += whole
+        if carry is not None:
+            interleave(carry, len(carry), fields, into[row // PANEL:])
+            row += len(carry)
+        if row != out:
+            raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows, got {row}")
+        return (into,)
 
     def pack(b) -> tuple[torch.Tensor, ...]:
         return (interleave(to_gguf(b), b.out_features, fields),)
