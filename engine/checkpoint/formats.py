@@ -5,7 +5,8 @@ A load asks for a format (weights="q4"), or leaves it to the file: then each pro
 a kernel of this path runs their format (Q4_1: q4; Q8_0: int8), else in a format that holds them exactly (Q5_0 /
 Q4_0 are int8 blocks), else in a stand-in: the smallest format this path runs with at least their bits per weight
 (Q4_K -> q4, Q6_K -> int8), re-quantized from one tensor's dequantized rows at a time: a second rounding, and a
-note names the tensors, their type and the choice. Merged projections (q/k/v, gate/up) take one format for all
+note names the tensors, their type and the choice (a stand-in the file's own mix forces is rounded once and kept in
+the model cache: kept.py). Merged projections (q/k/v, gate/up) take one format for all
 their parts. Dense tensors (F32, F16, an HF folder's) run in the activations' dtype. Every choice is made before a
 byte is read, so the memory a load needs is known before it starts (load.py checks it).
 """
@@ -18,6 +19,7 @@ import torch
 from engine import ops
 from engine import weights as wts
 from engine.checkpoint.hf import ModelLoadError
+from engine.checkpoint.kept import Kept
 
 DENSE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -102,8 +104,11 @@ class FormatPlan:
     """The format of every projection of one load, chosen before a byte is read, and the notes on what the
     loader had to do to a file's blocks. targets: {our parameter: (its HF tensors, [out, in], is the head)}."""
 
-    def __init__(self, weights: str | None, dtype: torch.dtype, opset: ops.OpSet, src, targets: dict):
+    def __init__(self, weights: str | None, dtype: torch.dtype, opset: ops.OpSet, src, targets: dict,
+                 kept: Kept | None = None):
         self.asked, self.dense, self.opset, self.src = weights, DENSE[dtype], opset, src
+        # stand-ins the file's own mix forces are rounded once and kept (kept.py); an asked format is not kept
+        self.kept = kept if kept is not None and weights is None else Kept(None, 0)
         self.noted: dict[str, list[str]] = defaultdict(list)  # why -> the GGUF tensors it applies to
         self.here = [f for f in wts.QUANTIZED if runs(f, opset)]
         self.targets = targets
@@ -176,7 +181,11 @@ class FormatPlan:
             why = None
         if why:
             self.note([name], why)
-        return concat([wts.quantize(w, fmt) for w in dequantized_rows(raw, stored, n_in)])
+
+        def rounded() -> wts.Blocks:
+            return concat([wts.quantize(w, fmt) for w in dequantized_rows(raw, stored, n_in)])
+
+        return self.kept.get(name, fmt, rounded) if wts.get(fmt).quantized else rounded()
 
     def values(self, names: list[str]) -> torch.Tensor:
         """The fp32 values of HF tensors `names`, concatenated (norms, biases, a dense embedding)."""

@@ -1,0 +1,71 @@
+"""Stand-in blocks kept in the model cache: what a GGUF file's own mix forces the loader to re-quantize (a Q4_K_M
+file's Q4_K q and k merged with a Q6_K v run as q6_k) is rounded once, on the first start, and read back on the next.
+
+Only the file's own choice is kept (a load that asks for a format re-quantizes as asked, every start), and only
+while the kept blocks stay under KEEP_SHARE of the file: the model cache stays small (for a 1.5B Q4_K_M file, 28
+tensors, ~40 MB). The blocks are the ones the first start made, bit for bit (safetensors, one entry per tensor and
+field); the file lives in the GGUF file's own cache folder, whose name already changes when the file does.
+
+    kept = Kept(folder, budget)             # reads what an earlier start wrote
+    blocks = kept.get(name, fmt, make)      # the kept Blocks, or make() once and keep them
+    kept.save()                             # after the load: written beside, renamed into place
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import weights as wts
+
+FILE = "requantized.safetensors"
+KEEP_SHARE = 0.1  # of the GGUF file's size: past it, blocks are rounded again at each start instead
+FIELDS = ("q", "d", "m", "sc", "mn")
+
+
+class Kept:
+    def __init__(self, folder: Path | None, budget: int):
+        self.path = None if folder is None else Path(folder) / FILE
+        self.budget = budget
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.new = False
+        if self.path is not None and self.path.is_file():
+            try:
+                self.tensors = load_file(self.path)
+            except Exception:  # a damaged file is rounded again and rewritten, never trusted
+                self.tensors, self.new = {}, True
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def get(self, name: str, fmt: str, make) -> wts.Blocks:
+        """Tensor `name`'s Blocks in `fmt` as kept, else make() (kept if the budget allows)."""
+        key = f"{name}:{fmt}"
+        if f"{key}:q" in self.tensors:
+            shape = self.tensors[f"{key}:shape"].tolist()
+            fields = {f: self.tensors.get(f"{key}:{f}") for f in FIELDS}
+            return wts.Blocks(fmt, shape[0], shape[1], **fields)
+        blocks = make()
+        size = sum(t.numel() * t.element_size() for t in blocks.tensors)
+        if self.path is not None and self.nbytes() + size <= self.budget:
+            for f in FIELDS:
+                if getattr(blocks, f) is not None:
+                    self.tensors[f"{key}:{f}"] = getattr(blocks, f).contiguous()
+            self.tensors[f"{key}:shape"] = torch.tensor([blocks.out_features, blocks.in_features])
+            self.new = True
+        return blocks
+
+    def save(self) -> None:
+        """Write what this start rounded (a folder that cannot be written to is left as it is: the next start
+        rounds again)."""
+        if not self.new or self.path is None:
+            return
+        part = self.path.with_name(f"{FILE}.{os.getpid()}.part")
+        try:
+            save_file(self.tensors, part)
+            os.replace(part, self.path)
+        except OSError:
+            part.unlink(missing_ok=True)
+        self.new = False
