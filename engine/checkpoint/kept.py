@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from engine import weights as wts
 
@@ -29,43 +30,47 @@ class Kept:
     def __init__(self, folder: Path | None, budget: int):
         self.path = None if folder is None else Path(folder) / FILE
         self.budget = budget
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.new = False
+        self.stored, self.keys = None, set()  # what an earlier start wrote, read a tensor at a time when asked
+        self.added: dict[str, torch.Tensor] = {}
         if self.path is not None and self.path.is_file():
             try:
-                self.tensors = load_file(self.path)
+                self.stored = safe_open(self.path, framework="pt")
+                self.keys = set(self.stored.keys())
             except Exception:  # a damaged file is rounded again and rewritten, never trusted
-                self.tensors, self.new = {}, True
+                self.stored, self.keys = None, set()
+        self.size = self.path.stat().st_size if self.stored is not None else 0
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+    def tensor(self, key: str) -> torch.Tensor | None:
+        if key in self.added:
+            return self.added[key]
+        return self.stored.get_tensor(key) if key in self.keys else None
 
     def get(self, name: str, fmt: str, make) -> wts.Blocks:
         """Tensor `name`'s Blocks in `fmt` as kept, else make() (kept if the budget allows)."""
         key = f"{name}:{fmt}"
-        if f"{key}:q" in self.tensors:
-            shape = self.tensors[f"{key}:shape"].tolist()
-            fields = {f: self.tensors.get(f"{key}:{f}") for f in FIELDS}
-            return wts.Blocks(fmt, shape[0], shape[1], **fields)
+        if f"{key}:q" in self.keys or f"{key}:q" in self.added:
+            shape = self.tensor(f"{key}:shape").tolist()
+            return wts.Blocks(fmt, shape[0], shape[1], **{f: self.tensor(f"{key}:{f}") for f in FIELDS})
         blocks = make()
         size = sum(t.numel() * t.element_size() for t in blocks.tensors)
-        if self.path is not None and self.nbytes() + size <= self.budget:
+        if self.path is not None and self.size + size <= self.budget:
             for f in FIELDS:
                 if getattr(blocks, f) is not None:
-                    self.tensors[f"{key}:{f}"] = getattr(blocks, f).contiguous()
-            self.tensors[f"{key}:shape"] = torch.tensor([blocks.out_features, blocks.in_features])
-            self.new = True
+                    self.added[f"{key}:{f}"] = getattr(blocks, f).contiguous()
+            self.added[f"{key}:shape"] = torch.tensor([blocks.out_features, blocks.in_features])
+            self.size += size
         return blocks
 
     def save(self) -> None:
         """Write what this start rounded (a folder that cannot be written to is left as it is: the next start
         rounds again)."""
-        if not self.new or self.path is None:
+        if not self.added or self.path is None:
             return
+        everything = {k: self.stored.get_tensor(k) for k in self.keys} | self.added
         part = self.path.with_name(f"{FILE}.{os.getpid()}.part")
         try:
-            save_file(self.tensors, part)
+            save_file(everything, part)
             os.replace(part, self.path)
         except OSError:
             part.unlink(missing_ok=True)
-        self.new = False
+        self.added = {}
