@@ -73,7 +73,7 @@ def interleave(raw: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...],
     P, nb = x.shape[0] // PANEL, x.shape[1] // size
     x = x.view(P, PANEL, nb, size)
     into = torch.empty(P, nb, PANEL * size, dtype=torch.uint8) if into is None else into
-    if P == 0:
+    if P == 0 or nb == 0:  # no rows or no inputs: nothing to move (an empty slice keeps its offset)
         return into
     at = 0
     for n, unit in fields:
