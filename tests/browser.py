@@ -7,12 +7,15 @@ import shutil
 import pytest
 
 from ui import layout
+from ui.models import Runtimes
+from ui.startup import build_runtime
 
 CHROMIUM = os.environ.get("DECODESCOPE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 PROMPT = "one two three, one two three, one two three, one two"
 VIEWPORT = {"width": 1400, "height": 1000}
+QUIET = dict(device="cpu", bandwidth=False, progress=lambda *a: None)
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install playwright)")
 if not shutil.which(CHROMIUM):
@@ -32,6 +35,16 @@ def serving(browser, models):
     finally:
         context.close()
         demo.close()
+
+
+def tiny_and(folder, name: str) -> Runtimes:
+    """The tiny launch model, and the model in `folder` offered in the picker as `name` (built on its first pick)."""
+    def build(shared):
+        rt = build_runtime(str(folder), **QUIET, shared=shared)
+        rt.model_name = name
+        return rt
+
+    return Runtimes(build_runtime(tiny=True, **QUIET), {name: ("reading its weights", build)})
 
 
 def set_number(page, elem_id, value):

@@ -4,7 +4,7 @@ import pytest
 
 from ui.models import Runtimes
 from ui.startup import build_runtime
-from tests.browser import PROMPT, serving, set_number, wait_for_runs
+from tests.browser import PROMPT, QUIET, serving, set_number, tiny_and, wait_for_runs
 
 pytestmark = pytest.mark.browser
 
@@ -16,7 +16,7 @@ def test_an_endpoint_run_streams_its_text_into_the_page(browser):
 
     events = [chunk(None), chunk("Hello"), chunk(" wor"), chunk("ld", finish="stop"),
               {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}]
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt = build_runtime(tiny=True, **QUIET)
     try:
         with FakeServer(sse(events, gap_s=0.05)) as fake:
             rt.endpoints = [fake.url]
@@ -42,15 +42,7 @@ def test_the_model_picker_loads_the_second_model_and_its_runs_name_it(browser, t
     from engine.tiny import tiny_config, write_tiny_model
 
     folder = write_tiny_model(tmp_path / "gemma", tiny_config("gemma3_text", num_hidden_layers=3))
-    quiet = dict(device="cpu", bandwidth=False, progress=lambda *a: None)
-
-    def build(shared):
-        rt = build_runtime(str(folder), **quiet, shared=shared)
-        rt.model_name = "tiny-gemma"
-        return rt
-
-    first = build_runtime(tiny=True, **quiet)
-    models = Runtimes(first, {"tiny-gemma": ("reading its weights", build)})
+    models = tiny_and(folder, "tiny-gemma")
     try:
         with serving(browser, models) as page:
             page.locator("#model input").click()

@@ -4,13 +4,10 @@ import json
 
 import pytest
 
-from tests.browser import serving
+from tests.browser import serving, tiny_and
 from ui import examples
-from ui.models import Runtimes
-from ui.startup import build_runtime
 
 pytestmark = pytest.mark.browser
-QUIET = dict(device="cpu", bandwidth=False, progress=lambda *a: None)
 
 
 def test_a_base_model_gets_its_own_examples_and_the_chat_box_off(browser, tmp_path):
@@ -20,14 +17,8 @@ def test_a_base_model_gets_its_own_examples_and_the_chat_box_off(browser, tmp_pa
     config = json.loads((folder / "tokenizer_config.json").read_text())
     del config["chat_template"]  # a base model's file has none
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-
-    def build(shared):
-        rt = build_runtime(str(folder), **QUIET, shared=shared)
-        rt.model_name = "tiny-base"
-        return rt
-
-    first = build_runtime(tiny=True, **QUIET)
-    models = Runtimes(first, {"tiny-base": ("reading its weights", build)})
+    models = tiny_and(folder, "tiny-base")
+    first = models.first
     try:
         with serving(browser, models) as page:
             page.wait_for_selector("#generate-btn")
