@@ -160,8 +160,8 @@ class FormatPlan:
         stored = stored_format(self.src, name)
         if stored is None:
             return wts.quantize(self.src.dense(name), fmt)
-        raw = self.src.raw(name)
         if holds(fmt, stored):
+            raw = self.src.raw(name)
             return wts.reblock(wts.get(stored).from_gguf(raw, raw.shape[0], n_in), fmt)
         if (stored, fmt) in CONVERSIONS:
             convert, rounds = CONVERSIONS[stored, fmt]
@@ -170,6 +170,7 @@ class FormatPlan:
             elif rounds:
                 self.note([name], f"run as {fmt} blocks, {rounds}: the {self.opset.layout.upper()} kernels do not "
                                   f"run {stored} blocks yet")
+            raw = self.src.raw(name)
             return convert(wts.get(stored).from_gguf(raw, raw.shape[0], n_in))
         if wts.get(fmt).quantized:
             why = (f"re-quantized to {fmt} from their dequantized values (weights={self.asked!r}): a second rounding"
@@ -182,8 +183,8 @@ class FormatPlan:
         if why:
             self.note([name], why)
 
-        def rounded() -> wts.Blocks:
-            return concat([wts.quantize(w, fmt) for w in dequantized_rows(raw, stored, n_in)])
+        def rounded() -> wts.Blocks:  # the file's bytes are read only where nothing kept holds the result
+            return concat([wts.quantize(w, fmt) for w in dequantized_rows(self.src.raw(name), stored, n_in)])
 
         return self.kept.get(name, fmt, rounded) if wts.get(fmt).quantized else rounded()
 
