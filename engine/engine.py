@@ -37,14 +37,15 @@ class Engine:
     put them; the quality cost is measured by bench/long.py, not assumed."""
 
     def __init__(self, model: Transformer, max_seq_len: int = 2048, batch_size: int = 1, window: int | None = None,
-                 sinks: int = 4):
+                 sinks: int = 4, cache: KVCache | None = None):
         if max_seq_len < 2:
             raise ValueError(f"max_seq_len={max_seq_len} must be at least 2")
         self.window, self.sinks = check_window(window, sinks)
         self.model, self.config = model, model.config
         self.device, self.max_seq_len = model.device, max_seq_len
         model.ensure_rope(max_seq_len)
-        self.cache = KVCache(model.config, batch_size, max_seq_len, model.dtype, model.device)
+        # cache: one given (a layer-skip view's, over its target's layers: KVCache.layers), else its own
+        self.cache = cache or KVCache(model.config, batch_size, max_seq_len, model.dtype, model.device)
         self.clock = Clock(model.device)
         self.graph = None  # graphs.DecodeGraphs: the step runs as graph replays when set (use_graphs)
         self.graph_status = "off: not enabled (call use_graphs(True))"

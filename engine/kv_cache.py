@@ -8,6 +8,8 @@ with the device copy, so nothing ever reads the device to learn it.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from engine.config import ModelConfig
@@ -29,8 +31,19 @@ class KVCache:
     @property
     def bytes_per_token(self) -> int:
         """K and V bytes one position adds, over all layers (what a decode step reads per cached token)."""
-        L, B, Hkv, S, D = self.k.shape
-        return 2 * L * Hkv * D * self.k.element_size()
+        B, Hkv, S, D = self.layer_k[0].shape
+        return 2 * len(self.layer_k) * Hkv * D * self.k.element_size()
+
+    def layers(self, keep, cfg: ModelConfig) -> KVCache:
+        """A cache over this one's layers `keep` (its layer j is layer keep[j] here), sharing their storage, with
+        a length of its own: a layer-skip drafter's view reads the K/V the target wrote for the layers it runs,
+        and writes its drafts past the target's length, where the verify pass overwrites them."""
+        view = copy.copy(self)
+        view.cfg = cfg
+        view.layer_k, view.layer_v = [self.layer_k[i] for i in keep], [self.layer_v[i] for i in keep]
+        view.seq_lens = torch.zeros_like(self.seq_lens)
+        view.length = 0
+        return view
 
     def advance(self, n: int) -> None:
         """n new positions per row, whose K/V the next forward writes (a device add: no sync)."""

@@ -125,11 +125,16 @@ class ModelDrafter(Drafter):
         if self.checked is not target:  # reading two tokenizer.json files costs tens of ms: once per target
             check_tokenizers(e.model.path, target.model.path)
             self.checked = target
-        self.cost_key = (id(target), target.kernel_status, target.graph_status, e.kernel_status, e.graph_status,
-                         e.config.n_layers)
         e.check_prompt(prompt_ids, extra, f" + {extra} generated and draft slots (draft model)")
         e.prefill(list(prompt_ids))
-        self.cached, self.pending, self.written = len(prompt_ids), [], 0
+        self.start(target, len(prompt_ids))
+
+    def start(self, target, n_prompt: int) -> None:
+        """A run's bookkeeping, once the draft cache holds the prompt's n_prompt tokens."""
+        e = self.engine
+        self.cost_key = (id(target), target.kernel_status, target.graph_status, e.kernel_status, e.graph_status,
+                         e.config.n_layers)
+        self.cached, self.pending, self.written = n_prompt, [], 0
 
     def prepare(self) -> None:
         e = self.engine

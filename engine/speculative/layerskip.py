@@ -1,21 +1,25 @@
 """Self-speculation by layer skipping: the target with some of its layers left out drafts for itself.
 
-The drafter runs a Transformer whose modules *are* the target's (no weight copy) over its own KV cache, on its
-own Engine, so it drafts with the same decode path and graphs. Which layers it runs is either given (the first
-N, the old truncation, or any set) or calibrated on each prompt before the target's prefill:
+The drafter runs a Transformer whose modules *are* the target's (no weight copy), on its own Engine over the
+target's own KV cache: its layer j reads and writes the target's layer keep[j] (KVCache.layers), as SWIFT
+(Xia et al. 2024) and Draft & Verify (Zhang et al. 2023) draft. So it has no cache or prefill of its own and
+nothing to catch up after plain rounds: a proposal starts at the target's length, and its drafts' entries lie
+past it, where the verify pass writes the target's own. Which layers it runs is either given (the first N, the
+old truncation, or any set) or calibrated on each prompt before the target's prefill:
 
   1. one forward of the target over the prompt's last CONTEXT tokens records, at the last WINDOW positions,
      how much each layer turns the residual stream (1 - cos(h_in, h_out), ShortGPT's block influence) and the
      target's next-token distributions;
   2. for a few skip counts, the layers that turn the stream least are left out and the view's distributions at
-     the same positions are compared with the target's: sum_x min(p_t(x), p_d(x)) is the probability that
-     speculative sampling accepts a draft there (at temperature 0: the argmaxes agree), under the run's sampling;
+     the same positions, over the target's K/V of the positions before them, are compared with the target's:
+     sum_x min(p_t(x), p_d(x)) is the probability that speculative sampling accepts a draft there (at
+     temperature 0: the argmaxes agree), under the run's sampling;
   3. the count with the most modeled tokens per second wins (schedule.py's formula, a draft step costing
      its share of the layers plus the head, and the schedule's prior verify cost).
 
-This is the spirit of SWIFT (Xia et al. 2024) and Draft & Verify (Zhang et al. 2023), who search skip sets by
-Bayesian optimization against the same agreement; a ranking and a handful of candidates fit a CPU's budget.
-The schedule then measures what the chosen set really costs and accepts, and drafts only where that pays.
+SWIFT and Draft & Verify search skip sets by Bayesian optimization against the same agreement; a ranking and a
+handful of candidates fit a CPU's budget. The schedule then measures what the chosen set really costs and
+accepts, and drafts only where that pays.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from engine.sampling import SamplingParams, probs
 CONTEXT = 64  # prompt tokens the calibration runs over (its last ones)
 WINDOW = 16  # positions whose next-token distributions are compared
 SKIP_FRACTIONS = (1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)  # of the layers, the candidate skip counts
-ENGINES_KEPT = 2  # views with their own KV cache kept for reuse (a prompt often calibrates to the last set)
+ENGINES_KEPT = 2  # view engines kept for reuse (a prompt often calibrates to the last set; a graph each)
 
 
 def truncated(model: nn.Module, n_layers: int) -> nn.Module:
@@ -49,15 +53,26 @@ class Calibration:
     candidates: dict[int, float]  # layers skipped -> expected acceptance
 
 
-def _forward(model, ids: list[int]) -> torch.Tensor:
-    """All-position logits [T, V] of a fresh forward over ids (its own throwaway cache)."""
+def _prefill(model, ids: list[int]) -> tuple[torch.Tensor, KVCache]:
+    """All-position logits [T, V] of a fresh forward over ids, and the cache it filled (its own, throwaway)."""
     cache = KVCache(model.config, 1, len(ids), model.dtype, model.device)
     cache.set_length(len(ids))
-    return model(torch.tensor([ids], device=model.device), cache, "prefill")[0]
+    return model(torch.tensor([ids], device=model.device), cache, "prefill")[0], cache
 
 
-def influence(model, ids: list[int], window: int) -> tuple[list[float], torch.Tensor]:
-    """(1 - cos(h_in, h_out) per layer at the last `window` positions, the target's logits there [W, V])."""
+def drafted(model, keep: list[int], ids: list[int], window: int, cache: KVCache) -> torch.Tensor:
+    """The view over `keep`: its logits [W, V] at the last `window` positions of ids, over the target's K/V of
+    the positions before them in `cache` (as the drafter runs); it writes only its layers' window positions."""
+    view = model.view(keep)
+    shared = cache.layers(keep, view.config)
+    shared.set_length(len(ids))
+    tokens = torch.tensor([ids[-window:]], device=model.device)
+    return view(tokens, shared, "cached", start=len(ids) - window)[0]
+
+
+def influence(model, ids: list[int], window: int) -> tuple[list[float], torch.Tensor, KVCache]:
+    """(1 - cos(h_in, h_out) per layer at the last `window` positions, the target's logits there [W, V], the
+    target's cache over ids)."""
     saved, scores = {}, []
 
     def before(block, args):  # Block.forward(x, h, next_norm, s): h is the residual stream, updated in place
@@ -69,12 +84,12 @@ def influence(model, ids: list[int], window: int) -> tuple[list[float], torch.Te
     hooks = [h for b in model.layers for h in (b.register_forward_pre_hook(before), b.register_forward_hook(after))]
     try:
         with model.blocks_in_python():
-            logits = _forward(model, ids)[-window:]
+            logits, cache = _prefill(model, ids)
     finally:
         for h in hooks:
             h.remove()
     assert len(scores) == model.config.n_layers
-    return scores, logits
+    return scores, logits[-window:], cache
 
 
 def step_share(model) -> float:
@@ -94,14 +109,14 @@ def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int
     window = min(WINDOW, len(ids))
     model.ensure_rope(len(ids))
     L = model.config.n_layers
-    scores, logits = influence(model, ids, window)
+    scores, logits, cache = influence(model, ids, window)
     p_target = probs(logits, sampling)
     order = sorted(range(L), key=scores.__getitem__)  # least influence first
     counts = sorted({min(L - 1, max(1, round(f * L))) for f in SKIP_FRACTIONS})
     head, best, candidates = step_share(model), None, {}
     for n_skip in counts:  # fewest skipped first; acceptance falls faster than cost, so stop once it stops paying
         keep = sorted(order[n_skip:])
-        p_draft = probs(_forward(model.view(keep), ids)[-window:], sampling)
+        p_draft = probs(drafted(model, keep, ids, window, cache), sampling)
         acc = torch.minimum(p_target, p_draft).sum(-1).mean().item()
         candidates[n_skip] = acc
         cost = head + (1 - head) * len(keep) / L
@@ -146,7 +161,8 @@ class LayerSkipDrafter(ModelDrafter):
         if key not in self.engines:
             while len(self.engines) >= ENGINES_KEPT:
                 self.engines.pop(next(iter(self.engines)))
-            self.engines[key] = Engine(self.target.model.view(keep), self.target.max_seq_len)
+            view = self.target.model.view(keep)
+            self.engines[key] = Engine(view, self.target.max_seq_len, cache=self.target.cache.layers(keep, view.config))
         return self.engines[key]
 
     def begin(self, target, prompt_ids, sampling, extra) -> None:
@@ -165,7 +181,15 @@ class LayerSkipDrafter(ModelDrafter):
             self.engine.use_graphs(True)
         elif target.graph is None and self.engine.graph is not None:
             self.engine.use_graphs(False)
-        super().begin(target, prompt_ids, sampling, extra)
+        self.start(target, len(prompt_ids))  # no prefill: the target's own fills the cache the view reads
+
+    def prepare(self) -> None:
+        """Nothing to catch up: the view starts where the target's cache ends (its last emitted token is next)."""
+        self.engine.rollback(self.target.length)
+        self.cached = self.target.length
+
+    def commit(self, n_accepted, emitted) -> None:
+        self.pending, self.written = (self.pending + list(emitted))[-1:], 0
 
     def describe(self) -> dict:
         total = self.target.config.n_layers

@@ -1,0 +1,73 @@
+"""The layer-skip drafter over its target's own KV cache: no cache of its own, no catch-up after plain rounds,
+and never a write into a position the target has committed."""
+from collections import Counter
+
+import pytest
+import torch
+
+from engine import Engine, speculative
+from engine.checkpoint import random_model
+from engine.speculative import loop
+from engine.speculative.layerskip import calibrate, drafted, influence
+from engine.sampling import SamplingParams
+from engine.stats import EMITTED_KINDS
+from engine.tiny import tiny_config
+from schedules import RandomK
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 44, 32, 104, 101, 108, 108, 111, 32]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(tiny_config(), weights="fp32", seed=3)
+
+
+def test_the_view_runs_on_the_targets_cache(model):
+    eng = Engine(model, 128)
+    drafter = speculative.LayerSkipDrafter(eng, layers=[0, 2])
+    view = drafter.engine.cache
+    assert [t.data_ptr() for t in view.layer_k] == [eng.cache.layer_k[i].data_ptr() for i in (0, 2)]
+    assert [t.data_ptr() for t in view.layer_v] == [eng.cache.layer_v[i].data_ptr() for i in (0, 2)]
+    assert view.seq_lens.data_ptr() != eng.cache.seq_lens.data_ptr()
+    assert view.bytes_per_token == eng.cache.bytes_per_token // 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_proposal_is_k_steps_whatever_came_before(model, monkeypatch, temperature):
+    """Rounds of random k, plain ones among them: each proposal is k view steps (no catch-up of the tokens the
+    plain rounds emitted), the output is plain decoding's, and the target's cache over the committed positions
+    holds what plain decoding wrote there (a draft written below the target's length would differ wildly)."""
+    monkeypatch.setattr(loop, "Schedule", RandomK)
+    eng = Engine(model, 128)
+    want, _ = eng.generate(PROMPT, 48, temperature=temperature, seed=5, stop_ids=[])
+    n = eng.length
+    plain_k, plain_v = eng.cache.k[:, :, :, :n].clone(), eng.cache.v[:, :, :, :n].clone()
+    eng.cache.k.normal_(), eng.cache.v.normal_()  # whatever a last run left
+    drafter = speculative.LayerSkipDrafter(eng, layers=[1, 3])
+    steps = Counter()
+    for name in ("decode", "chunk"):
+        fn = getattr(drafter.engine, name)
+        monkeypatch.setattr(drafter.engine, name, lambda *a, _fn=fn, _name=name: steps.update([_name]) or _fn(*a))
+    rounds = list(loop.stream(eng, drafter, PROMPT, k=6, max_new_tokens=48, temperature=temperature, seed=5,
+                              stop_ids=[]))
+    got = [t.token_id for r in rounds for t in r.tokens if t.kind in EMITTED_KINDS]
+    assert got == want
+    drafting = [r for r in rounds[1:] if r.n_drafted]
+    assert drafting and len(drafting) < len(rounds) - 1, "random k drew no plain rounds, or no drafting ones"
+    assert steps == Counter(decode=sum(r.n_drafted for r in drafting))
+    assert eng.length == n
+    torch.testing.assert_close(eng.cache.k[:, :, :, :n], plain_k, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(eng.cache.v[:, :, :, :n], plain_v, rtol=1e-4, atol=1e-5)
+
+
+def test_calibration_drafts_over_the_targets_cache(model):
+    """A candidate's distributions are the view's over the target's K/V of the positions before the window;
+    keeping every layer gives the target's own, and a view that ran over its own K/V would not."""
+    ids = PROMPT * 2
+    scores, logits, cache = influence(model, ids, 8)
+    all_layers = list(range(model.config.n_layers))
+    torch.testing.assert_close(drafted(model, all_layers, ids, 8, cache), logits, rtol=1e-4, atol=1e-4)
+    cal = calibrate(model, ids, SamplingParams(0.0))
+    assert 1 <= len(cal.keep) < model.config.n_layers and len(scores) == model.config.n_layers
+    assert set(cal.candidates) and all(0 <= a <= 1 for a in cal.candidates.values())
