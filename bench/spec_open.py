@@ -130,8 +130,11 @@ def bench(args, save) -> dict:
                 return eng.generate(prompt, n, temperature=temperature, stop_ids=[])[1]
             drafter = {"ngram": lambda: speculative.NgramDrafter(max_n=3), "layer_skip": lambda: layer_skip,
                        "ngram_session": lambda: speculative.NgramDrafter(max_n=3, session=state)}[name]()
-            return speculative.generate(eng, drafter, prompt, k=PAGE_K, max_new_tokens=n, temperature=temperature,
-                                        stop_ids=[])[1]
+            stats = speculative.generate(eng, drafter, prompt, k=PAGE_K, max_new_tokens=n, temperature=temperature,
+                                         stop_ids=[])[1]
+            if state is not None:  # the session's owner adds each answer, as the page does
+                state.add(stats.ids)
+            return stats
         return one
 
     none = lambda: None  # noqa: E731

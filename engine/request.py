@@ -280,13 +280,14 @@ def configure(eng, req: Request, sinks: int = SINKS) -> str:
     return path
 
 
-def make_drafter(req: Request, eng, draft=None):
+def make_drafter(req: Request, eng, draft=None, earlier: speculative.SessionIndex | None = None):
     """The request's drafter (None for plain decoding): the one place a mode becomes a drafter. draft: the
-    Engine that drafts in 'draft model' and 'self-draft' modes (the caller loads or keeps it)."""
+    Engine that drafts in 'draft model' and 'self-draft' modes (the caller loads or keeps it); earlier: the
+    session's earlier answers, which n-gram mode also drafts from (engine/speculative/suffix.py)."""
     if req.mode == "plain":
         return None
     if req.mode == "n-gram":
-        return speculative.NgramDrafter(max_n=req.ngram)
+        return speculative.NgramDrafter(max_n=req.ngram, session=earlier)
     if req.mode == "layer-skip":
         return speculative.LayerSkipDrafter(eng, n_layers=None if req.layers == CALIBRATED else req.layers)
     if draft is None:

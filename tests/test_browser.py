@@ -126,8 +126,8 @@ def slow_engine(served, monkeypatch):
     rt = served[0]
     real = rt.rounds_fn
 
-    def slow(s, ids):
-        for rnd in real(s, ids):
+    def slow(s, ids, *earlier):
+        for rnd in real(s, ids, *earlier):
             time.sleep(0.02)
             yield rnd
 

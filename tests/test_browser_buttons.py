@@ -16,8 +16,8 @@ def rt():
     rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
     real = rt.rounds_fn
 
-    def slow(s, ids):  # rounds of at least 20 ms: a run lasts long enough to look at the buttons meanwhile
-        for rnd in real(s, ids):
+    def slow(s, ids, *earlier):  # rounds of at least 20 ms: a run lasts long enough to look at the buttons meanwhile
+        for rnd in real(s, ids, *earlier):
             time.sleep(0.02)
             yield rnd
 

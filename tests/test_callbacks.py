@@ -255,11 +255,11 @@ def test_one_run_on_the_engine_at_a_time(rt):
     results, active, overlap = {}, [0], [False]
     real = rt.rounds_fn
 
-    def watched(s, ids):
+    def watched(s, ids, *earlier):
         active[0] += 1
         overlap[0] |= active[0] > 1
         try:
-            yield from real(s, ids)
+            yield from real(s, ids, *earlier)
         finally:
             active[0] -= 1
 

@@ -5,7 +5,7 @@ import csv
 import pytest
 
 from ui.models import Runtimes
-from ui import callbacks, controls
+from ui import callbacks, compare, controls, explain
 from ui.run import Session
 from ui.examples import examples
 from engine.request import CALIBRATED, Request
@@ -100,3 +100,19 @@ def test_self_draft_is_offered_only_for_a_target_that_costs_more_than_its_drafts
     assert controls.mode_changed(rt, "n-gram", "q4")[-1]["info"] is None  # every mode runs on this launch
     with pytest.raises(ValueError, match="pick fp32, fp16"):
         rt.validate(Request(cuda_graphs=False, mode="self-draft", weights="q4"), rt.encode(PROMPT, False))
+
+
+def test_a_tab_drafts_from_its_own_earlier_answers(rt):
+    """Each answer a tab's Generate finished goes into its index, which its later n-gram runs draft from (the
+    run's own settings say how many tokens it held); another tab starts empty; Compare neither reads nor adds."""
+    a, b = Session(), Session()
+    settings = tiny_settings(mode="n-gram", max_new_tokens=24, adaptive=False)
+    for i in range(2):
+        list(callbacks.generate(Runtimes(rt), a, PROMPT, **settings))
+        assert len(a.earlier) == 25 * (i + 1)  # each answer and the separator before it
+        assert a.last[0].settings["session_tokens"] == 25 * i
+    assert explain.drafter_note(a.last[0]) == "drafts from this tab's earlier answers too (25 tokens)"
+    list(callbacks.generate(Runtimes(rt), b, PROMPT, **tiny_settings(max_new_tokens=24)))
+    assert len(b.earlier) == 25 and len(a.earlier) == 50
+    list(compare.compare(Runtimes(rt), a, PROMPT, **settings))
+    assert len(a.earlier) == 50

@@ -18,6 +18,8 @@ def drafter_note(stats: Stats) -> str:
         return note + ")"
     if info.get("draft_weights"):
         return f"drafts with {info['draft_layers']} layers in {info['draft_weights']} weights"
+    if info.get("session_tokens"):
+        return f"drafts from this tab's earlier answers too ({info['session_tokens']} tokens)"
     return ""
 
 

@@ -47,7 +47,7 @@ def generate(rt: Runtime, session: Session, prompt: str, s: Request, ids: list[i
     settings = s.as_dict(rt.model_name)
     # said before the pump starts: once it runs, the weights it loads would make starting() say "Running"
     said, running = starting(rt, s), f"Running {s.label()}."
-    pump = RoundPump(rt, s, ids, session.run_stop)
+    pump = RoundPump(rt, s, ids, session.run_stop, earlier=session.earlier)
     live = stream.open_stream(pump, lambda: render.stats_line(
         rt.stats(list(pump.arrived), len(ids), settings, pump.facts) if pump.arrived else None, running=True))
     session.live = LiveRun(pump.arrived, len(ids), settings, pump.facts)
@@ -69,6 +69,7 @@ def generate(rt: Runtime, session: Session, prompt: str, s: Request, ids: list[i
     rounds = list(pump.arrived)
     stopped = not (rounds and rounds[-1].finished)
     stats = rt.stats(rounds, len(ids), settings, pump.facts)
+    session.earlier.add(stats.ids)
     vs, extra = None, {}
     if not stopped:
         measure = vs_plain(rt, session, s, ids, stats)

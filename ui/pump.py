@@ -11,6 +11,7 @@ import torch
 
 from engine.stats import Round
 from engine.request import Request
+from engine.speculative import SessionIndex
 from ui.runtime import RunFacts, Runtime
 
 DONE = object()  # the end of a pump's queue (an EndpointPump's too)
@@ -25,8 +26,9 @@ class RoundPump:
     RunFacts; batches() hands on the rounds, the facts collect in `facts`, and `arrived` holds every round
     the moment it arrives (the page's token stream reads it, ui/stream.py)."""
 
-    def __init__(self, rt: Runtime, s: Request, prompt_ids: list[int], stop: threading.Event):
-        self.rt, self.s, self.prompt_ids, self.stop = rt, s, prompt_ids, stop
+    def __init__(self, rt: Runtime, s: Request, prompt_ids: list[int], stop: threading.Event,
+                 earlier: SessionIndex | None = None):
+        self.rt, self.s, self.prompt_ids, self.stop, self.earlier = rt, s, prompt_ids, stop, earlier
         self.facts: list[RunFacts] = []
         self.arrived: list[Round] = []  # appended here only; readers take a slice (a list append is atomic)
         self.closed = threading.Event()  # the page's generator went away (closed tab, cancelled event)
@@ -37,7 +39,7 @@ class RoundPump:
 
     def _run(self) -> None:
         with self.rt.lock, torch.inference_mode():
-            items = self.rt.rounds_fn(self.s, self.prompt_ids)
+            items = self.rt.rounds_fn(self.s, self.prompt_ids, self.earlier)
             try:
                 for item in items:
                     if isinstance(item, RunFacts):

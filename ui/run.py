@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.request import Request
+from engine.speculative import SessionIndex
 from engine.stats import Round, finite
 from ui import export, render
 from ui.models import Runtimes
@@ -55,6 +56,10 @@ class Session:
         self.live: LiveRun | None = None  # the streaming run, for the figures' own refresh
         self.last: tuple | None = None  # (Stats, (token CSV, trace, runs CSV)) of the last finished run
         self.last_compare: list | None = None  # CompareEntry list of the last Compare
+        # this tab's answers, which its later n-gram runs draft from too: a stranger's answers never (a rejected
+        # draft is shown); Compare's and the baselines' runs neither read nor add to it, so their figures stay
+        # what one request alone gives
+        self.earlier = SessionIndex()
 
     def __deepcopy__(self, memo):
         # gradio deep-copies each session's fresh value (an Event cannot be copied); it is already fresh

@@ -15,6 +15,7 @@ from functools import partial
 
 from engine import request
 from engine.request import Request, either
+from engine.speculative import SessionIndex
 from engine.stats import Round, Stats, finite
 from ui.baseline import Baselines
 from ui.export import ExportStore
@@ -58,7 +59,7 @@ class Runtime:
     graphs_reason: str | None = None  # None: CUDA graphs can run here; else why not
     env: dict = field(default_factory=dict)  # the environment card
     store: ExportStore | None = None
-    rounds_fn: Callable | None = None  # (settings, prompt_ids) -> Round iterator; engine_rounds bound to this runtime
+    rounds_fn: Callable | None = None  # (settings, prompt_ids, earlier) -> Round iterator: engine_rounds, bound
     lock: threading.Lock = field(default_factory=threading.Lock)
     layer_skip: dict = field(default_factory=dict)  # depth (0: calibrated) -> LayerSkipDrafter, see drafter_for
     model_drafters: dict = field(default_factory=dict)  # (mode, name) -> ModelDrafter: keeps its measured cost
@@ -198,7 +199,7 @@ class Runtime:
                              f"lower max new tokens to {room - n_prompt} or shorten the prompt")
 
 
-def drafter_for(rt: Runtime, s: Request):
+def drafter_for(rt: Runtime, s: Request, earlier: SessionIndex | None = None):
     """The run's drafter (engine.request.make_drafter decides which). Those with an engine are kept between runs:
     a layer-skip drafter owns KV caches (and graphs, once captured), and a model drafter remembers what its
     drafts cost, so one found too slow on this machine is not probed again."""
@@ -210,7 +211,7 @@ def drafter_for(rt: Runtime, s: Request):
             rt.model_drafters[key] = request.make_drafter(s, rt.engine, draft)
         return rt.model_drafters[key]
     if s.mode != "layer-skip":
-        return request.make_drafter(s, rt.engine)
+        return request.make_drafter(s, rt.engine, earlier=earlier)
     cache, key = rt.layer_skip, (s.weights or rt.weight_format, s.layers)
     if key not in cache:
         while len(cache) >= LAYER_SKIP_KEEP:
@@ -219,9 +220,11 @@ def drafter_for(rt: Runtime, s: Request):
     return cache[key]
 
 
-def engine_rounds(rt: Runtime, s: Request, prompt_ids: list[int]) -> Iterator[Round | RunFacts]:
+def engine_rounds(rt: Runtime, s: Request, prompt_ids: list[int],
+                  earlier: SessionIndex | None = None) -> Iterator[Round | RunFacts]:
     """The one generator that touches the engine: plain records out (RunFacts before, the Round events, RunFacts
-    after), nothing of the UI in it.
+    after), nothing of the UI in it. earlier: the browser session's earlier answers (n-gram mode drafts from
+    them too; the run only reads them).
 
     On a ZeroGPU Space this runs under spaces.GPU in a forked worker: the runtime is bound in before the
     fork, the settings and ids are pickled over, and the records are pickled back. Every CUDA touch of a run
@@ -229,7 +232,7 @@ def engine_rounds(rt: Runtime, s: Request, prompt_ids: list[int]) -> Iterator[Ro
     eng = rt.engine_for(s.weights)
     path = request.configure(eng, s, request.SINKS)
     yield RunFacts("before", bandwidth_gbs=probe(rt, eng), weight_bytes=eng.weight_bytes, path=path)
-    drafter = drafter_for(rt, s) if s.speculative else None
+    drafter = drafter_for(rt, s, earlier) if s.speculative else None
     yield from request.stream(eng, s, prompt_ids, drafter)
     yield RunFacts("after", bandwidth_gbs=probe(rt, eng), peak_memory_mb=eng.clock.peak_memory_mb())
 

@@ -92,7 +92,7 @@ def zero_gpu() -> bool:
     return bool(Config.zero_gpu)
 
 
-def zero_gpu_duration(s: Request, prompt_ids: list[int]) -> int:
+def zero_gpu_duration(s: Request, prompt_ids: list[int], earlier=None) -> int:
     """Seconds of GPU a run asks for, from what it asks (spaces.GPU calls it with the run's arguments)."""
     return min(ZERO_GPU_MAX_S, round(ZERO_GPU_BASE_S + ZERO_GPU_TOKEN_S * s.max_new_tokens))
 

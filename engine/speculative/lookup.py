@@ -21,8 +21,8 @@ had reached: after an edit the answer resumes its source a few tokens on, not at
 further back), then the latest.
 The context handed to the schedule is (match length bucket, whether the longest occurrences agree), with
 "session" before it where the copy comes from a session's earlier outputs (engine/speculative/suffix.py): a
-SessionIndex given to the drafter is searched too, and its match is copied where it is longer than any in the
-prompt and the output.
+SessionIndex given to the drafter is searched too (it only reads it: its owner adds each finished output), and its
+match is copied where it is longer than any in the prompt and the output.
 """
 from __future__ import annotations
 
@@ -82,8 +82,6 @@ class NgramDrafter(Drafter):
     def begin(self, target, prompt_ids, sampling=None, extra=0) -> None:
         self.device = target.device if target is not None else torch.device("cpu")
         self.reset(prompt_ids)
-        if self.session is not None:
-            self.session.start()
 
     def extend(self, ids) -> None:
         for tok in ids:
@@ -168,8 +166,6 @@ class NgramDrafter(Drafter):
             if self.since > ANCHOR_SPAN:
                 self.anchor, self.since = None, 0
         self.extend(emitted)
-        if self.session is not None:
-            self.session.extend(emitted)
 
     def describe(self) -> dict:
         out = {"drafter": self.name, "max_n": self.max_n, "min_n": self.min_n}

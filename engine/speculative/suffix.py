@@ -8,9 +8,10 @@ A SessionIndex maps every n-gram of the outputs it has seen to where each occurs
 on a tie (it is this request's own text). The schedule keeps a session match's acceptance apart from a prompt
 match's, so a session whose earlier answers do not fit the new one costs a few probes, like any bad context.
 
-Memory is bounded: at most `cap` tokens are indexed, the oldest outputs dropped first, whole. An output is
-indexed as it is produced, so a run's own earlier tokens are matches too (the prompt lookup finds those first).
-The drafts never change the text (loop.py): a session only moves how many tokens a round settles.
+Memory is bounded: at most `cap` tokens are indexed, the oldest outputs dropped first, whole. Its owner adds each
+finished output (add); a drafter only reads it, so a run in another process (a ZeroGPU worker, handed a pickled
+copy) drafts from it as well as one in-process, and a run's own tokens are the prompt lookup's to find. The
+drafts never change the text (loop.py): a session only moves how many tokens a round settles.
 
 What a stranger can see: a rejected draft is shown on the page, so a session index must hold only outputs its
 user may read (one per browser session, never one shared by every visitor).
@@ -49,6 +50,11 @@ class SessionIndex:
     def at(self, p: int) -> int:
         """The token at absolute position p; SEPARATOR outside what is kept."""
         return self.tokens[p - self.offset] if self.base <= p < self.end else SEPARATOR
+
+    def add(self, ids) -> None:
+        """One finished output."""
+        self.start()
+        self.extend(ids)
 
     def start(self) -> None:
         """A new output begins: nothing written from now on continues the previous one."""
