@@ -27,6 +27,7 @@ class KVCache:
         self.max_seq_len = max_seq_len
         self.rows = torch.arange(batch_size, device=device)  # [B], for index_put
         self.layer_k, self.layer_v = list(self.k.unbind(0)), list(self.v.unbind(0))  # views: [B, Hkv, S, D] each
+        self.source: KVCache | None = None  # the cache whose layers this one runs on (layers())
 
     @property
     def bytes_per_token(self) -> int:
@@ -42,7 +43,7 @@ class KVCache:
         view.cfg = cfg
         view.layer_k, view.layer_v = [self.layer_k[i] for i in keep], [self.layer_v[i] for i in keep]
         view.seq_lens = torch.zeros_like(self.seq_lens)
-        view.length = 0
+        view.length, view.source = 0, self
         return view
 
     def advance(self, n: int) -> None:

@@ -115,14 +115,17 @@ def tiny(tmp_path_factory):
 
 
 def test_model_drafter_cache_follows_rollbacks_and_catch_ups(tiny):
-    """After any pattern of accepted counts, and after plain rounds that never asked it for drafts, the
-    drafter's next distribution is what a fresh prefill of the whole committed sequence gives."""
-    model, _ = tiny
-    target = Engine(model, 128)
+    """A drafter on a cache of its own (another checkpoint): after any pattern of accepted counts, and after plain
+    rounds that never asked it for drafts, its next distribution is what a fresh prefill of the whole committed
+    sequence gives."""
+    target, _ = tiny
+    target = Engine(target, 128)
+    model = random_model(tiny_config(), weights="fp32", seed=4)  # not the target's checkpoint
     d = speculative.ModelDrafter(Engine(model, 128))
     sp, rng = SamplingParams(1.0), random.Random(0)
     seq = [10, 20, 30, 40, 50]
     d.begin(target, seq, sp, 60)
+    assert d.engine.cache.source is None and d.engine.length == len(seq)
     n, emitted = 0, [7]
     for k in (1, 4, 4, 2, 3, 3, 1):
         d.commit(n, emitted)

@@ -106,9 +106,16 @@ def test_the_cli_runs_both_on_a_gguf_target(files, capsys, monkeypatch, flags):
         assert "[self-draft: the target's blocks with layers skipped" in out.err
 
 
-def test_an_explicit_copy_format_is_loaded_as_asked(target):
+def test_an_explicit_copy_format_is_loaded_as_asked(target, plain, monkeypatch):
+    """The copy drafts over the target's KV cache: no cache, prefill or catch-up of its own."""
     drafter = speculative.self_drafter(target, "q4")
     assert type(drafter) is speculative.ModelDrafter and drafter.engine.model.weight_format == "q4"
+    assert drafter.engine.cache.source is target.cache
+    calls = []
+    monkeypatch.setattr(drafter.engine, "prefill", lambda *a: calls.append("prefill"))
+    monkeypatch.setattr(drafter.engine, "chunk", lambda *a: calls.append("chunk"))
+    ids, stats = speculative.generate(target, drafter, PROMPT, k=4, max_new_tokens=N, stop_ids=[], adaptive=False)
+    assert ids == plain and stats.summary()["mean_k"] > 0 and calls == []
     own = target.model.weight_format  # a K-quant: the file's own blocks
     assert own in ("q4_k", "q6_k")
     with pytest.raises(ValueError, match=f"already runs {own} weights"):

@@ -164,8 +164,9 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
         temp_dirs.append(root)
     eng = _load_engine(paths.get(model, model), device, dtype, max_seq_len, progress, weights)
     draft_engines = {n: _load_engine(paths.get(n, n), device, dtype, max_seq_len, progress) for n in draft_names}
-    # quantized self-drafting: the target's own checkpoint in a cheaper format, on an Engine of its own (its
-    # own cache); the weights are shared with the target when the target already runs that format
+    # quantized self-drafting: the target's own checkpoint in a cheaper format, on an Engine of its own (which
+    # drafts over the target's cache: ModelDrafter); the weights are shared with the target when the target
+    # already runs that format
     self_drafts = {}
     if self_draft:
         self_drafts[self_draft] = _same_model(eng, dtype, progress, [], self_draft)

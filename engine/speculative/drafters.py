@@ -80,14 +80,17 @@ class Drafter:
 
 
 class ModelDrafter(Drafter):
-    """A second model with the same vocabulary, on its own Engine and KV cache: a smaller model, or the target
-    itself in a cheaper weight format (quantized self-drafting, see self_drafter).
+    """A second model with the same vocabulary on its own Engine: a smaller model, or the target itself in a
+    cheaper weight format (quantized self-drafting, see self_drafter).
 
-    Its cache holds the committed sequence except `pending` (normally just the last emitted token; after a round
-    that accepted every draft, that draft and the bonus; after plain rounds the schedule chose, what they
-    emitted). prepare() feeds all of pending but the last two tokens (the catch-up), and a proposal of k tokens
-    is k forwards: the rest of pending (one token, or a chunk of two costing about a step), then k-1 decode
-    steps, graph replays when the draft engine has graphs.
+    The target's own checkpoint in another format (same config, dtype and folder) drafts over the target's KV
+    cache, as a layer-skip view does (KVCache.layers): no cache, prefill or catch-up of its own; a proposal
+    starts at the target's length and writes past it, where the verify pass writes the target's own entries.
+    Another model keeps its own cache, holding the committed sequence except `pending` (normally just the last
+    emitted token; after a round that accepted every draft, that draft and the bonus; after plain rounds the
+    schedule chose, what they emitted). prepare() feeds all of pending but the last two tokens (the catch-up),
+    and a proposal of k tokens is k forwards: the rest of pending (one token, or a chunk of two costing about a
+    step), then k-1 decode steps, graph replays when the draft engine has graphs.
     commit() keeps the accepted drafts' entries by rolling back to the end of them. The cost of a draft over a
     target step, once measured, is kept for later runs against the same target and kernels for COST_TTL_S
     seconds: a drafter found too slow skips the probe for a while, and is measured again once the machine's
@@ -97,6 +100,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, draft_engine):
         self.engine = draft_engine
+        self.target = None  # the target whose cache the draft engine runs on, while it does
         self.pending: list[int] = []
         self.cached = 0  # sequence tokens whose K/V is in the draft cache
         self.written = 0  # drafts written into the cache by the last proposal
@@ -125,9 +129,28 @@ class ModelDrafter(Drafter):
         if self.checked is not target:  # reading two tokenizer.json files costs tens of ms: once per target
             check_tokenizers(e.model.path, target.model.path)
             self.checked = target
+        if self.on_cache_of(target):
+            self.start(target, len(prompt_ids))  # no prefill: the target's own fills the cache the draft reads
+            return
         e.check_prompt(prompt_ids, extra, f" + {extra} generated and draft slots (draft model)")
         e.prefill(list(prompt_ids))
         self.start(target, len(prompt_ids))
+
+    def on_cache_of(self, target) -> bool:
+        """Whether the draft runs on the target's KV cache: it does where it is the target's own checkpoint (its
+        K/V then mean what the draft's would), switched over here the first time (a captured graph recaptured)."""
+        e = self.engine
+        if e.cache.source is target.cache:
+            self.target = target
+            return True
+        same = (e.config == target.config and e.model.dtype == target.model.dtype and e.model.path is not None
+                and e.model.path == target.model.path)
+        self.target = target if same else None
+        if same:
+            e.cache = target.cache.layers(range(e.config.n_layers), e.config)
+            if e.graph is not None:
+                e.use_graphs(True)
+        return same
 
     def start(self, target, n_prompt: int) -> None:
         """A run's bookkeeping, once the draft cache holds the prompt's n_prompt tokens."""
@@ -138,6 +161,10 @@ class ModelDrafter(Drafter):
 
     def prepare(self) -> None:
         e = self.engine
+        if self.target is not None:  # on the target's cache: nothing to catch up, it starts where that ends
+            e.rollback(self.target.length)
+            self.cached, self.pending = self.target.length, self.pending[-1:]
+            return
         feed = torch.tensor(self.pending[:-2], dtype=torch.long, device=e.device)
         # graphs are captured per token count: catch up in blocks of at most GRAPHED_CATCH_UP so the plain rounds
         # before a proposal (any number of them) never capture a graph per count
@@ -166,6 +193,9 @@ class ModelDrafter(Drafter):
         return Draft(torch.cat(ids), torch.cat(rows) if rows else None, torch.cat(ps))
 
     def commit(self, n_accepted, emitted) -> None:
+        if self.target is not None:
+            self.pending, self.written = (self.pending + list(emitted))[-1:], 0
+            return
         keep = min(n_accepted, self.written)
         self.cached += keep
         self.engine.rollback(self.cached)

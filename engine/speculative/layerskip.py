@@ -148,11 +148,12 @@ class LayerSkipDrafter(ModelDrafter):
             layers = sorted(set(layers))
             if not (1 <= len(layers) < total and all(isinstance(i, int) and 0 <= i < total for i in layers)):
                 raise ValueError(f"layers={layers} must be 1..{total - 1} distinct indices in 0..{total - 1}")
-        self.target, self.fixed = engine, layers
+        super().__init__(None)
+        self.target, self.fixed = engine, layers  # target: always on its cache (ModelDrafter's prepare, commit)
         self.keep: list[int] = layers or []
         self.calibration: Calibration | None = None
         self.engines: dict[tuple[int, ...], object] = {}
-        super().__init__(self._engine(layers) if layers else None)
+        self.engine = self._engine(layers) if layers else None
 
     def _engine(self, keep):
         from engine.engine import Engine
@@ -182,14 +183,6 @@ class LayerSkipDrafter(ModelDrafter):
         elif target.graph is None and self.engine.graph is not None:
             self.engine.use_graphs(False)
         self.start(target, len(prompt_ids))  # no prefill: the target's own fills the cache the view reads
-
-    def prepare(self) -> None:
-        """Nothing to catch up: the view starts where the target's cache ends (its last emitted token is next)."""
-        self.engine.rollback(self.target.length)
-        self.cached = self.target.length
-
-    def commit(self, n_accepted, emitted) -> None:
-        self.pending, self.written = (self.pending + list(emitted))[-1:], 0
 
     def describe(self) -> dict:
         total = self.target.config.n_layers

@@ -67,7 +67,8 @@ def copy_cost(target, draft, rounds: int = 3) -> float:
 
 
 def load_copy(target, weights: str):
-    """An Engine over the target's checkpoint loaded again with its projections in `weights`."""
+    """An Engine over the target's checkpoint loaded again with its projections in `weights`, on the target's KV
+    cache (ModelDrafter: the same checkpoint drafts over it; no second cache)."""
     from engine.checkpoint import load_model
     from engine.engine import Engine
 
@@ -78,7 +79,7 @@ def load_copy(target, weights: str):
         raise ValueError(f"the target already runs {weights} weights; self-drafting needs a cheaper format")
     draft = load_model(m.path, device=target.device, dtype=m.dtype, weights=weights, fused=m.ops.name == "fused",
                        progress=lambda msg: None)
-    return Engine(draft, target.max_seq_len)
+    return Engine(draft, target.max_seq_len, cache=target.cache.layers(range(m.config.n_layers), draft.config))
 
 
 def self_drafter(target, weights: str | None = None, measure=copy_cost):
