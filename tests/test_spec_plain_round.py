@@ -57,6 +57,14 @@ def tiny(tmp_path_factory):
     return load_model(write_tiny_model(tmp_path_factory.mktemp("plain-round") / "m", tiny_config(), seed=1))
 
 
+class EveryOther(Modeled):
+    """Drafts as much as it may every other round, and makes the rounds between plain steps."""
+
+    def _adaptive(self, ctx, k_max):
+        self.turn = not getattr(self, "turn", False)
+        return k_max if self.turn else 0
+
+
 class Probing(speculative.NgramDrafter):
     """The lookup with a device op in its context(): the kind of work a plain round must not carry."""
 
@@ -75,18 +83,24 @@ def test_a_plain_round_does_the_work_of_a_plain_step(tiny, monkeypatch, temperat
     step = steps[0]
     assert step["engine.decode"] == 1 and step["engine.pick"] == 1 and len(step) > 3
 
-    def plain_rounds(drafter):
-        rounds = per_round(speculative.stream(eng, drafter, PROMPT, k=8, max_new_tokens=40, temperature=temperature,
+    def plain_rounds(drafter, k=8):
+        rounds = per_round(speculative.stream(eng, drafter, PROMPT, k=k, max_new_tokens=40, temperature=temperature,
                                               stop_ids=[]), work)
         assert any(r.n_drafted for r, _ in rounds), "the run never drafted: the check says nothing"
         return [w for r, w in rounds if not r.n_drafted]
 
-    plain = plain_rounds(speculative.NgramDrafter())
-    assert len(plain) >= 10
-    # a noise row drawn ahead by a verify pass is kept: a plain round after it may draw less, never more
-    assert all(w <= step for w in plain), [w - step for w in plain if not w <= step]
-    if temperature == 0:
-        assert all(w == step for w in plain)
+    # the lookup; then the drafters over the target's own cache (layer skipping, a copy of the checkpoint), which
+    # the modeled schedule would have draft every round: they draft 2 every other round
+    for drafter in (speculative.NgramDrafter(), speculative.LayerSkipDrafter(eng, layers=[0, 2]),
+                    speculative.ModelDrafter(Engine(tiny, max_seq_len=256))):
+        if drafter.name != "ngram":
+            monkeypatch.setattr(loop, "Schedule", EveryOther)
+        plain = plain_rounds(drafter, k=2)
+        assert len(plain) >= 8, drafter.name
+        # a noise row drawn ahead by a verify pass is kept: a plain round after it may draw less, never more
+        assert all(w <= step for w in plain), (drafter.name, [w - step for w in plain if not w <= step])
+        if temperature == 0:
+            assert all(w == step for w in plain), drafter.name
     assert not all(w <= step for w in plain_rounds(Probing()))
 
 
