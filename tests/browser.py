@@ -1,6 +1,8 @@
 """What the browser tests share: Debian's headless Chromium driven by Playwright (the modules that import this
-skip without either; their `browser` fixture is in conftest.py), an app of a test's own, and the page's inputs."""
+skip without either; their `browser` fixture is in conftest.py), an app of a test's own, the page's inputs, and
+the check that a text reads against its background."""
 import contextlib
+import json
 import os
 import shutil
 
@@ -23,18 +25,33 @@ if not shutil.which(CHROMIUM):
 
 
 @contextlib.contextmanager
-def serving(browser, models):
-    """A page on an app of its own over `models` (a Runtimes); the app and the page close after."""
+def app(models):
+    """An app of its own over `models` (a Runtimes), served while the block runs; yields its URL."""
     demo = layout.build(models)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
-    context = browser.new_context(viewport=VIEWPORT)
+    try:
+        yield demo.local_url
+    finally:
+        demo.close()
+
+
+@contextlib.contextmanager
+def page_at(browser, url, viewport=VIEWPORT):
+    """A page of its own (a fresh context: a session of the app's own) at `url`."""
+    context = browser.new_context(viewport=viewport)
     try:
         page = context.new_page()
-        page.goto(demo.local_url)
+        page.goto(url)
         yield page
     finally:
         context.close()
-        demo.close()
+
+
+@contextlib.contextmanager
+def serving(browser, models):
+    """A page on an app of its own over `models`; the app and the page close after."""
+    with app(models) as url, page_at(browser, url) as page:
+        yield page
 
 
 def tiny_and(folder, name: str) -> Runtimes:
@@ -58,3 +75,42 @@ def wait_for_runs(page, n):
     page.wait_for_function(
         f"(document.querySelector('#runs')?.innerText.match(/ · (eager|graph) · /g) || []).length >= {n}",
         timeout=30_000)
+
+
+READABLE = 4.5  # WCAG 2 AA for body text
+
+# Each element's own text against the colour behind it: the backgrounds of it and its ancestors laid over the white
+# canvas, its colour over that at the product of the opacities up the tree (exact where the elements with an
+# opacity below 1 have no background of their own, as the page's notes and messages).
+CONTRAST = """(sel) => {
+  const rgba = c => { const v = c.match(/[\\d.]+/g).map(Number); return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1]; };
+  const over = (top, under) => [0, 1, 2].map(i => top[i] * top[3] + under[i] * (1 - top[3])).concat([1]);
+  const lum = c => c.slice(0, 3).map(v => v / 255).map(v => v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4)
+    .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const own = e => [...e.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent).join('').trim();
+  return [...document.querySelectorAll(sel)].filter(e => own(e) && e.getClientRects().length).map(e => {
+    const chain = [];
+    for (let a = e; a; a = a.parentElement) chain.unshift(a);
+    let bg = [255, 255, 255, 1], opacity = 1;
+    for (const a of chain) {
+      bg = over(rgba(getComputedStyle(a).backgroundColor), bg);
+      opacity *= parseFloat(getComputedStyle(a).opacity);
+    }
+    const ink = rgba(getComputedStyle(e).color);
+    ink[3] *= opacity;
+    const [hi, lo] = [lum(over(ink, bg)), lum(bg)].sort((x, y) => y - x);
+    return [own(e).slice(0, 40), Math.round((hi + 0.05) / (lo + 0.05) * 100) / 100];
+  });
+}"""
+# an element whose content is wider than its box (scrolled or cut off)
+OVERFLOWING = """(sel) => [...document.querySelectorAll(sel)]
+  .filter(e => e.getClientRects().length && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.slice(0, 40))"""
+
+
+def readable(page, sel: str, want: int = 1) -> list:
+    """The texts under `sel`, each checked readable against its background; at least `want` of them."""
+    found = page.evaluate(CONTRAST, sel)
+    assert len(found) >= want, (sel, found)
+    assert all(ratio >= READABLE for _, ratio in found), json.dumps([sel, found], ensure_ascii=False)
+    assert not page.evaluate(OVERFLOWING, sel), (sel, page.evaluate(OVERFLOWING, sel))
+    return found

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.browser import PROMPT, serving, set_number
+from tests.browser import PROMPT, readable, serving, set_number
 from ui.models import Runtimes
 from ui.startup import build_runtime
 
@@ -46,6 +46,9 @@ def test_stop_is_on_only_while_a_run_streams_and_the_status_sits_by_the_buttons(
         page.wait_for_selector("#output-tokens span.tok")
         wait_enabled(page, "stop-btn", True)
         assert not enabled(page, "generate-btn") and not enabled(page, "compare-btn")
+        page.wait_for_function("document.querySelector('#output-tokens .ds-live-stats')?.innerText.includes('tok/s')",
+                               polling=100, timeout=10_000)
+        readable(page, "#status *, #output-tokens .ds-live-stats *", want=3)  # "running" too; dark: test_browser_dark
         buttons = page.locator("#generate-btn").bounding_box()
         status = page.locator("#status").bounding_box()
         assert 0 <= status["y"] - (buttons["y"] + buttons["height"]) < 40  # right under the buttons
