@@ -33,8 +33,8 @@ def models(tmp_path_factory):
     rt = models.first
     real = rt.rounds_fn
 
-    def slow(s, ids):
-        for rnd in real(s, ids):
+    def slow(s, ids, *earlier):
+        for rnd in real(s, ids, *earlier):
             time.sleep(0.015)
             yield rnd
 
