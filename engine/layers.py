@@ -34,7 +34,8 @@ class ForwardContext:
 
 
 class Linear(nn.Module):
-    """y = x @ W^T (+ bias) for a weight W [out, in] held in a format and a layout (engine/weights.py).
+    """y = x @ W^T (+ bias) for a weight W [out, in] held in a format and a layout (engine/weights.py), or in row
+    segments of several formats (weights.Stacked: a merged projection whose parts a file stores in different types).
 
     The loader sets the weight; Transformer.use_ops repacks it into the layout the chosen path streams and
     fixes the matmul that streams it, once: the kernel for the format where it runs, else its torch twin."""
@@ -43,13 +44,12 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = d_in, d_out
         self.bias = nn.Parameter(torch.empty(d_out)) if bias else None
-        self.weight: weights.Packed | None = None
+        self.weight: weights.Packed | weights.Stacked | None = None
         self.matmul = None
 
     def place(self, ops: ops_mod.OpSet) -> None:
-        if self.weight.layout != ops.layout:  # exact: switching paths never changes a weight
-            self.weight = weights.pack(weights.unpack(self.weight), ops.layout)
-        self.matmul = ops.linear[self.weight.fmt]
+        self.weight = weights.place(self.weight, ops.layout)  # exact: switching paths never changes a weight
+        self.matmul = ops.matmul(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matmul(x, self.weight)  # x: [N, in] -> [N, out]

@@ -105,7 +105,7 @@ class LayerRecord:
     native block loop takes it by name (engine/ops/cpu.py -> csrc/cpu/ops_blocks.cpp, whose LAYER_FIELDS lists the
     same fields in this order: use_ops checks). None: a part the family lacks. A new block feature is a field
     here, its use in Block.forward, and its line and use in the native loop."""
-    qkv: weights.Packed  # q, k and v in one matmul
+    qkv: weights.Packed | weights.Stacked  # q, k and v in one matmul (Stacked: in row segments of their formats)
     qkv_bias: torch.Tensor | None  # [Q + 2 KV]
     q_norm: torch.Tensor | None  # [D]: each q head's RMSNorm before rope (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None  # [D]: each k head's, present exactly when q_norm is
@@ -117,13 +117,13 @@ class LayerRecord:
     n_heads: int
     n_kv_heads: int
     scale: float  # the attention's score scale
-    o: weights.Packed
+    o: weights.Packed | weights.Stacked
     post_attn_norm: torch.Tensor | None  # [C]: on the attention's output before its add (Gemma)
     mlp_norm: torch.Tensor  # [C]
-    gate_up: weights.Packed  # [gate | up]
+    gate_up: weights.Packed | weights.Stacked  # [gate | up]
     activation: str  # the gate: "silu" | "gelu_tanh"
     intermediate: int
-    down: weights.Packed
+    down: weights.Packed | weights.Stacked
     post_mlp_norm: torch.Tensor | None  # [C]: on the MLP's output before its add (Gemma)
     next_norm: torch.Tensor  # [C]: the next block's attn_norm, the final norm after the last block
     eps: float  # every norm's

@@ -3,12 +3,13 @@ verify pass of any T = 1..17, so greedy speculative output cannot depend on the 
 torch.equal, no tolerance, full and windowed attention.
 
 CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0 and
-q5_0), every instruction-set path this CPU runs (amx with its tiles from one row up, and at its default crossover),
-the native block loop and Block.forward in Python. CUDA kernels (on a GPU, and on the CPU emulation of CUDA
-threads): every format the GEMV runs (int8, q8, q4 and dense fp16 / bf16, whose products are the GEMV at every T up
-to 17) and the split-KV attention at every T, in bf16 and fp32 activations. fp32 weights on CUDA multiply with
-cuBLAS, which promises no fixed order across row counts: not covered here (engine/ops/cuda.py). A prefill (more than
-17 rows) runs cuBLAS too; its logits are never compared with a decode step's."""
+q5_0) and merged weights stacked in segments of two formats, every instruction-set path this CPU runs (amx with its
+tiles from one row up, and at its default crossover), the native block loop and Block.forward in Python. CUDA
+kernels (on a GPU, and on the CPU emulation of CUDA threads): every format the GEMV runs (int8, q8, q4 and dense
+fp16 / bf16, whose products are the GEMV at every T up to 17, and q4 and int8 segments of one stacked weight) and
+the split-KV attention at every T, in bf16 and fp32 activations. fp32 weights on CUDA multiply with cuBLAS, which
+promises no fixed order across row counts: not covered here (engine/ops/cuda.py). A prefill (more than 17 rows) runs
+cuBLAS too; its logits are never compared with a decode step's."""
 from __future__ import annotations
 
 import pytest
@@ -19,6 +20,7 @@ from engine import Engine, ops
 from engine.checkpoint import random_model
 from engine.ops import ext
 from engine.tiny import tiny_config, tiny_cuda_config
+from stacked import PAIRS, restack, stacked_model
 
 
 
@@ -92,6 +94,25 @@ def test_decode_steps_and_verify_passes_give_the_same_bits(cpu_module, fmt, shap
                 raise AssertionError(f"{fmt} {shape} on {path}, window {window}: {e}") from None
 
 
+@pytest.mark.parametrize("pair", PAIRS, ids="+".join)
+def test_stacked_weights_give_the_same_bits(cpu_module, pair):
+    """q/k and v, gate and up in two formats (a GGUF file's mix, each part in its own blocks): each segment's kernel
+    is batch-invariant, and so is the weight they make, natively and in Python, on every path."""
+    # "wide"'s heads, with up's segment starting inside a panel (stacked.SHAPE)
+    model = stacked_model(*pair, hidden_size=128, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, model.config.vocab_size, (PROMPT,), generator=g).tolist()
+    tokens = torch.randint(0, model.config.vocab_size, (1, MAX_T), generator=g)
+    eng = Engine(model, max_seq_len=PROMPT + MAX_T + 8)
+    for path in paths(cpu_module):
+        try:
+            decode_then_verify(eng, prompt, tokens)
+            with model.blocks_in_python():
+                decode_then_verify(eng, prompt, tokens)
+        except AssertionError as e:
+            raise AssertionError(f"{pair} on {path}: {e}") from None
+
+
 @pytest.mark.slow
 def test_the_default_model_in_q4(cpu_module, default_model_dir):
     """The launch most users get: the default model in q4 (its q8 head on 16-bit activations too), on the path
@@ -157,3 +178,16 @@ def test_cuda_decode_steps_and_verify_passes_give_the_same_bits(backend, fmt, dt
             decode_then_verify(eng, prompt, tokens, lengths)
         except AssertionError as e:
             raise AssertionError(f"{fmt} {dtype} on {backend.name}, window {window}: {e}") from None
+
+
+@pytest.mark.parametrize("backend", ["cuda", pytest.param("emulated", marks=pytest.mark.emulation)], indirect=True)
+def test_cuda_stacked_weights_give_the_same_bits(backend):
+    """q/k and v, gate and up in q4 and int8 segments, each on its own GEMV, their outputs joined: a decode step
+    and a verify pass still agree bit for bit."""
+    model = restack(cuda_model(backend, "q4", "fp32"), "q4", "int8")
+    assert type(model.layers[0].attn.wqkv.weight).__name__ == "Stacked" and model.ops.layout == "cuda"
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, model.config.vocab_size, (CUDA_PROMPT,), generator=g).tolist()
+    tokens = torch.randint(0, model.config.vocab_size, (1, MAX_T), generator=g).to(backend.device)
+    eng = Engine(model, max_seq_len=CUDA_PROMPT + MAX_T + 8)
+    decode_then_verify(eng, prompt, tokens, range(1, MAX_T + 1) if backend.name == "cuda" else EMULATED_LENGTHS)

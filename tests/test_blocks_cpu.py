@@ -1,7 +1,7 @@
 """The native block loop (csrc/cpu/ops_blocks.cpp, ops.blocks) against Block.forward in Python on the same CPU
 kernels: the same kernels in the same order, so logits, the residual stream and the KV cache must be equal
 bit for bit, in every weight format, for decode steps and verify passes, batched rows, a bounded kv_limit,
-windowed attention and a model with q/k/v biases."""
+windowed attention, a model with q/k/v biases and merged projections stacked in segments of two formats."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,6 +15,7 @@ from engine.kv_cache import KVCache
 from engine.checkpoint import random_model
 from engine.tiny import tiny_config
 from engine.model import LAYER_FIELDS
+from stacked import PAIRS, stacked_model
 
 pytestmark = pytest.mark.skipif(ext.load("cpu").module is None, reason="the CPU kernels did not build")
 
@@ -54,6 +55,25 @@ def test_native_blocks_equal_the_python_loop(fmt, B, T):
         want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
         assert torch.isfinite(want).all()
         assert torch.equal(got, want), (fmt, kw, (got - want).abs().max())
+        assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids="+".join)
+def test_stacked_weights_equal_the_python_loop(pair):
+    """A merged projection in row segments of two formats (q/k and v, gate and up): the native loop runs each
+    segment's kernel into its slice of the output, Block.forward each segment's matmul and joins them: bit for
+    bit."""
+    model = stacked_model(*pair)
+    qkv = model.layers[0].attn.wqkv.weight
+    assert tuple(s.fmt for s in qkv.segments) == pair
+    g = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 37), generator=g)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 3), generator=g)
+    for kw in (dict(), dict(window=8, sinks=2)):
+        got, got_cache = run(model, model.ops, tokens, prompt, **kw)
+        want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
+        assert torch.isfinite(want).all()
+        assert torch.equal(got, want), (pair, kw, (got - want).abs().max())
         assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
 
 
@@ -138,10 +158,16 @@ def test_bad_input_is_named():
     def plan(**changed):
         return module.BlockPlan([{k: v for k, v in (fields | changed).items() if v is not None}])
 
+    rows = w.out_features
     with pytest.raises(RuntimeError, match=r"qkv is int8, whose weights are 2 packed tensor\(s\), got 1"):
-        plan(qkv=module.Projection(code["int8"], list(w.tensors)))
+        plan(qkv=[module.Projection(code["int8"], list(w.tensors), rows)])
     with pytest.raises(RuntimeError, match="unknown weight format code 99"):
-        plan(qkv=module.Projection(99, list(w.tensors)))
+        plan(qkv=[module.Projection(99, list(w.tensors), rows)])
+    with pytest.raises(RuntimeError, match=f"layer 0: qkv's segments cover {rows + 1} output rows, not its {rows}"):
+        plan(qkv=[module.Projection(code["fp32"], list(w.tensors), rows), module.Projection(code["fp32"], list(
+            w.tensors), 1)])
+    with pytest.raises(RuntimeError, match="layer 0: qkv has no segments"):
+        plan(qkv=[])
     with pytest.raises(RuntimeError, match="k_cache and v_cache must be"):
         plan(v_cache=cache.layer_v[0][:, :, :8])
     with pytest.raises(RuntimeError, match="at least one block"):

@@ -1,6 +1,7 @@
 """GGUF files of every family we convert (written by tests/gguf_files.py as llama.cpp writes them, with a
 Q4_K_M-like mix of block types), read in place and run against transformers on the values the file stands for;
-the file's own blocks run where a format holds them exactly, and a note names every tensor they are not.
+every tensor runs its own blocks (a merged projection whose parts differ in type in a segment each), and a note
+names every tensor that does not.
 
 Tolerances: the fp32 load and the reference compute the same fp32 graph on the same values (the twins give
 gguf's own dequantization bit for bit, tests/test_gguf_weights.py): 1e-4 as tests/family_checks.py. The
@@ -14,10 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine import Engine, load_model, weights
+from engine import Engine, load_model
 from engine.checkpoint import gguf_convert
 from family_checks import ref_logits, reference
 from gguf_files import CONFIGS, family_files
+from stacked import dequantized
 
 FAMILIES = list(CONFIGS)
 # transformers' own GGUF loader reads these files as llama.cpp does (it ignores Llama 3's rope_freqs, and its Phi-3
@@ -60,14 +62,17 @@ def test_native_load_keeps_the_files_blocks_and_names_the_rest(files):
     attn, mlp = model.layers[0].attn, model.layers[0].mlp
 
     def values_of(linear):
-        return weights.dequantize(weights.unpack(linear.weight))
+        return dequantized(linear.weight)
 
-    if family != "phi3":  # q, k (Q5_0) and v (Q8_0) as the file's blocks: their values, bit for bit
-        assert attn.wqkv.weight.fmt == "int8"
+    def formats(linear):
+        return tuple(s.fmt for s in linear.weight.segments)
+
+    if family != "phi3":  # q, k (Q5_0) and v (Q8_0) each in the file's blocks: their values, bit for bit
+        assert formats(attn.wqkv) == ("q5_0", "int8")
         parts = [ref[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
         assert torch.equal(values_of(attn.wqkv), torch.cat(parts))
-        # gate (Q4_1) and up (Q4_0: d * q is Q4_1's d * (q + 8) - 8d) in one q4 matrix, exactly
-        assert mlp.w_gate_up.weight.fmt == "q4"
+        # gate (Q4_1) and up (Q4_0): a segment each, in its own blocks, exactly
+        assert formats(mlp.w_gate_up) == ("q4", "q4_0")
         parts = [ref[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")]
         assert torch.equal(values_of(mlp.w_gate_up), torch.cat(parts))
     # Q4_K and Q6_K run as themselves on the CPU kernels: the file's blocks, their values bit for bit

@@ -82,11 +82,13 @@ def test_the_default_load_runs_the_files_blocks_and_names_the_rest(fp32, folder)
         pytest.skip("the CPU kernels do not run here: a native load is dense")
     assert model.lm_head.weight.fmt == "int8"  # the Q8_0 embedding, tied
     layer = model.layers[0]
-    assert (layer.attn.wqkv.weight.fmt, layer.attn.wo.weight.fmt) == ("int8", "q4_k")  # Q5_0 q/k beside a Q8_0 v
+    # Q5_0 q/k beside a Q8_0 v: a segment each, in its own blocks
+    assert tuple(s.fmt for s in layer.attn.wqkv.weight.segments) == ("q5_0", "int8")
+    assert layer.attn.wo.weight.fmt == "q4_k" and model.layers[2].attn.wqkv.weight.fmt == "q5_0"  # all Q5_0
     assert layer.mlp.w_gate_up.weight.fmt == "q5_0"
     assert {m.mlp.w_down.weight.fmt for m in model.layers} == {"q4_k", "q6_k"}  # Q4_K_M's mix, each as itself
     notes = " ".join(model.load_notes)
-    assert "Q4_K as q4_k" in notes and "Q6_K as q6_k" in notes and "Q5_0 as q5_0" in notes
+    assert "Q4_K as q4_k" in notes and "Q6_K as q6_k" in notes and "Q5_0 as q5_0" in notes and "Q8_0 as int8" in notes
     assert "second rounding" not in notes and all(n in said for n in model.load_notes)
     eng = Engine(model, 256)
     for prompt in PROMPTS:

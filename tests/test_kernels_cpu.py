@@ -251,6 +251,22 @@ def test_tied_head_in_8_bit_blocks(cpu_module, fmt):
     check_linear(cpu_module, fmt, b, randn(12, 576, seed=8), f"{fmt} head")
 
 
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS)
+def test_a_slice_of_a_wider_output_gets_the_same_bits(cpu_module, fmt):
+    """A stacked weight's segment writes its columns of the projection's output (rows 90 floats apart), starting
+    and ending inside a panel of 16: the bits of a call into its own output, and not a column outside the slice."""
+    b = W.quantize(randn(37, 576, seed=25), fmt)
+    panels = W.to_panels(b)
+    for T in (1, 5, 17):
+        x = randn(T, 576, seed=26 + T, scale=2.0)
+        for name, mod in each_path(cpu_module):
+            alone, wide = torch.full((T, 37), NAN), torch.full((T, 90), NAN)
+            linear(mod, fmt, alone, x, *panels)
+            linear(mod, fmt, wide[:, 21:58], x, *panels)
+            assert torch.equal(wide[:, 21:58], alone), (name, T)
+            assert wide[:, :21].isnan().all() and wide[:, 58:].isnan().all(), (name, T)
+
+
 def test_linear_handles_no_rows_and_no_inputs(cpu_module):
     b = W.quantize(randn(17, 64, seed=1), "q4")
     linear(cpu_module, "q4", torch.empty(0, 17), torch.empty(0, 64), *W.to_panels(b))
@@ -337,6 +353,12 @@ def test_errors_name_the_values(cpu_module):
         linear(m, "fp32", out, torch.randn(100, 2).t(), w)
     with pytest.raises(RuntimeError, match=r"out must be \[T, out\] with T = 2, got \[3, 17\]"):
         linear(m, "fp32", torch.empty(3, 17), x, w)
+    with pytest.raises(RuntimeError, match=r"out's rows must be dense and apart \(strides \[>= 17, 1\]\), got "
+                                           r"strides \[1, 2\]"):
+        linear(m, "fp32", torch.empty(17, 2).t(), x, w)
+    buf = torch.randn(234)  # x's second row lies between the rows of a slice of a wider output
+    with pytest.raises(RuntimeError, match="out must not overlap x"):
+        linear(m, "fp32", buf.as_strided((2, 17), (117, 1), 100), buf[:200].view(2, 100), w)
     qs, d = W.to_panels(W.quantize(torch.randn(17, 100), "int8"))
     with pytest.raises(RuntimeError, match=r"d must be \[P, nb, 16\] = \[2, 4, 16\], got \[2, 4, 15\]"):
         linear(m, "int8", out, x, qs, d[..., :15].contiguous())

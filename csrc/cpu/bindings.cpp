@@ -48,11 +48,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "each format's row of csrc/format_list.h, by WeightFormat field (engine/ops checks them at load)");
   m.def("linear", &c::linear_packed, "out = x @ W^T, W in weight format `format` (a code), packed in panels",
         nogil(), py::arg("out"), py::arg("x"), py::arg("format"), py::arg("w"));
-  py::class_<c::Projection>(m, "Projection", "one projection of a block: its format code and packed tensors")
-      .def(py::init([](int64_t format, std::vector<at::Tensor> tensors) {
-             return c::Projection{format, std::move(tensors)};
+  py::class_<c::Projection>(m, "Projection",
+                            "one segment of a block's projection: its format code, packed tensors and output rows")
+      .def(py::init([](int64_t format, std::vector<at::Tensor> tensors, int64_t rows) {
+             return c::Projection{format, std::move(tensors), rows};
            }),
-           py::arg("format"), py::arg("tensors"));
+           py::arg("format"), py::arg("tensors"), py::arg("rows"));
   m.def("block_fields", &c::block_fields, "the fields of engine/model.py's LayerRecord the block loop reads");
   py::class_<c::BlockPlan>(m, "BlockPlan", "the transformer blocks of a cached forward, planned for one call")
       .def(py::init<const std::vector<c::LayerRecord>&>(), py::arg("layers"))

@@ -26,12 +26,19 @@ inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType d
   check_dense(t, name);
 }
 
+// The bytes from a tensor's first element to just past its last (non-negative strides).
+inline int64_t span_bytes(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return (last + 1) * static_cast<int64_t>(t.element_size());
+}
+
 // Whether two tensors' memory overlaps (an output must not alias an input it reads after writing).
 inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
   const auto* a0 = static_cast<const char*>(a.data_ptr());
   const auto* b0 = static_cast<const char*>(b.data_ptr());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  return a0 < b0 + span_bytes(b) && b0 < a0 + span_bytes(a);
 }
 
 }  // namespace decodescope::cpu

@@ -41,21 +41,25 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
 
 // out[T, n_out] = x[T, in] @ W^T for W in weight format `format` (kernels.h Format; names in format_names()),
 // packed in panels of 16 outputs by engine/weights: w holds the format's packed tensors (formats.h says which,
-// and checks them). x stays fp32; what each format's kernel does with it is its record's `activations`
+// and checks them). out's rows may lie further apart than n_out (a slice of a wider output: a segment's). x stays fp32; what each format's kernel does with it is its record's `activations`
 // (int8 or 16-bit integers per block of 32 for the quantized formats).
 void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tensor* w);
 void linear_packed(at::Tensor& out, const at::Tensor& x, int64_t format, const std::vector<at::Tensor>& w);
 std::vector<std::string> format_names();  // the formats' names in code order
 
-// One projection of a block: its format and packed tensors.
+// One segment of a block's projection: its format, packed tensors and output rows.
 struct Projection {
   int64_t format = 0;
   std::vector<at::Tensor> tensors;
+  int64_t rows = 0;
 };
+// A projection: one segment, or row segments in formats of their own (a GGUF file's q and k in Q4_K, its v in
+// Q6_K), each writing its slice of the outputs, in order.
+using Projections = std::vector<Projection>;
 
 // One field of a layer record: a tensor (an empty one for a part the family lacks), a projection, an int, a
 // float or a name.
-using Field = std::variant<at::Tensor, Projection, int64_t, double, std::string>;
+using Field = std::variant<at::Tensor, Projections, int64_t, double, std::string>;
 // engine/model.py's LayerRecord, field by field by name: the one hand-off from the model to the block loop.
 using LayerRecord = std::map<std::string, Field>;
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,7 +21,7 @@
 // The layer record's fields, one line each in engine/model.py LayerRecord's order: (type, name). They become
 // BlockPlan::Layer's members, block_fields()' names and the reads of each record by name.
 #define LAYER_FIELDS(X)                                                                                         \
-  X(Projection, qkv)          /* q, k and v in one GEMM */                                                      \
+  X(Projections, qkv)         /* q, k and v in one GEMM (one per segment) */                                    \
   X(at::Tensor, qkv_bias)     /* [Q + 2 KV], or empty */                                                        \
   X(at::Tensor, q_norm)       /* [D]: an RMSNorm of each q head before rope (Qwen3, Gemma 3), or empty */       \
   X(at::Tensor, k_norm)       /* [D]: the same on k, present exactly when q_norm is */                          \
@@ -32,13 +33,13 @@
   X(int64_t, n_heads)                                                                                           \
   X(int64_t, n_kv_heads)                                                                                        \
   X(double, scale)            /* the attention's score scale */                                                 \
-  X(Projection, o)                                                                                              \
+  X(Projections, o)                                                                                             \
   X(at::Tensor, post_attn_norm) /* [C]: on the attention's output before its add (Gemma), or empty */           \
   X(at::Tensor, mlp_norm)     /* [C] */                                                                         \
-  X(Projection, gate_up)      /* [gate | up] in one GEMM */                                                     \
+  X(Projections, gate_up)     /* [gate | up] in one GEMM (one per segment) */                                   \
   X(std::string, activation)  /* the gate: "silu" or "gelu_tanh" */                                             \
   X(int64_t, intermediate)                                                                                      \
-  X(Projection, down)                                                                                           \
+  X(Projections, down)                                                                                          \
   X(at::Tensor, post_mlp_norm) /* [C]: on the MLP's output before its add (Gemma), or empty */                  \
   X(at::Tensor, next_norm)    /* [C]: the next block's attn_norm, the final norm after the last block */        \
   X(double, eps)              /* every norm's epsilon */
@@ -82,7 +83,7 @@ std::vector<std::string> block_fields() {
 namespace {
 
 const char* kind(const Field& f) {
-  static constexpr const char* kKinds[] = {"a tensor", "a projection", "an int", "a float", "a name"};
+  static constexpr const char* kKinds[] = {"a tensor", "a projection's segments", "an int", "a float", "a name"};
   return kKinds[f.index()];
 }
 
@@ -129,11 +130,6 @@ BlockPlan::BlockPlan(const std::vector<LayerRecord>& records) {
     TORCH_CHECK(L.intermediate > 0, "layer ", i, ": intermediate = ", L.intermediate, " must be positive");
     TORCH_CHECK(L.n_heads > 0 && L.n_kv_heads > 0 && L.n_heads % L.n_kv_heads == 0, "layer ", i, ": n_heads = ",
                 L.n_heads, " must be a multiple of n_kv_heads = ", L.n_kv_heads);
-    for (const auto& [name, p] : {std::pair{"qkv", &L.qkv}, {"o", &L.o}, {"gate_up", &L.gate_up}, {"down", &L.down}}) {
-      const FormatRecord& f = format_record(p->format);
-      TORCH_CHECK(static_cast<int>(p->tensors.size()) == f.n_tensors, "layer ", i, ": ", name, " is ", f.name,
-                  ", whose weights are ", f.n_tensors, " packed tensor(s), got ", p->tensors.size());
-    }
     check_cpu(L.k_cache, "k_cache");
     check_dtype(L.k_cache, "k_cache", at::kFloat);
     check_dtype(L.v_cache, "v_cache", at::kFloat);
@@ -142,6 +138,21 @@ BlockPlan::BlockPlan(const std::vector<LayerRecord>& records) {
                     L.k_cache.sizes() == first.sizes(),
                 "layer ", i, ": k_cache and v_cache must be [B, Hkv = ", L.n_kv_heads,
                 ", S, D] alike in every layer, got ", L.k_cache.sizes(), " and ", L.v_cache.sizes());
+    const int64_t C = L.next_norm.numel(), D = L.k_cache.size(3);
+    for (const auto& [name, p, n_out] :
+         {std::tuple{"qkv", &L.qkv, (L.n_heads + 2 * L.n_kv_heads) * D}, {"o", &L.o, C},
+          {"gate_up", &L.gate_up, 2 * L.intermediate}, {"down", &L.down, C}}) {
+      TORCH_CHECK(!p->empty(), "layer ", i, ": ", name, " has no segments");
+      int64_t rows = 0;
+      for (const Projection& s : *p) {
+        const FormatRecord& f = format_record(s.format);
+        TORCH_CHECK(static_cast<int>(s.tensors.size()) == f.n_tensors, "layer ", i, ": ", name, " is ", f.name,
+                    ", whose weights are ", f.n_tensors, " packed tensor(s), got ", s.tensors.size());
+        TORCH_CHECK(s.rows > 0, "layer ", i, ": a segment of ", name, " has ", s.rows, " rows");
+        rows += s.rows;
+      }
+      TORCH_CHECK(rows == n_out, "layer ", i, ": ", name, "'s segments cover ", rows, " output rows, not its ", n_out);
+    }
   }
   batch_ = first.size(0);
   max_len_ = first.size(2);
@@ -182,9 +193,16 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
     const double eps = L.eps;
     const at::Tensor &mlp_norm = L.mlp_norm, &next_norm = L.next_norm, &bias = L.qkv_bias;
     at::Tensor k_cache = L.k_cache, v_cache = L.v_cache;
-    auto project = [&](const Projection& p, at::Tensor& out, const at::Tensor& in, int64_t n_out) {
+    // each segment's kernel writes its slice of out's columns (rows n_out floats apart)
+    auto project = [&](const Projections& p, at::Tensor& out, const at::Tensor& in, int64_t n_out) {
       if (!out.defined() || out.size(1) != n_out) out = at::empty({N, n_out}, f32);
-      linear(out, in, p.format, p.tensors.data());
+      if (p.size() == 1) return linear(out, in, p[0].format, p[0].tensors.data());
+      int64_t at = 0;
+      for (const Projection& s : p) {
+        at::Tensor slice = out.as_strided({N, s.rows}, {n_out, 1}, out.storage_offset() + at);
+        linear(slice, in, s.format, s.tensors.data());
+        at += s.rows;
+      }
     };
 
     // attention: qkv in one GEMM, the q/k head norms and rope on the q and k views, K/V into the cache,

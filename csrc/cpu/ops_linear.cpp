@@ -19,7 +19,8 @@ struct Shape {
   int64_t rows, in, n_out, panels, nb, ns;
 };
 
-// x: [T, in], out: [T, n_out], both fp32, contiguous, not overlapping.
+// x: [T, in] contiguous, out: [T, n_out] with dense rows (a slice of a wider output's columns), both fp32, not
+// overlapping.
 Shape check_linear(const at::Tensor& out, const at::Tensor& x) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2, "x must be [T, in], got ", x.sizes());
@@ -29,7 +30,8 @@ Shape check_linear(const at::Tensor& out, const at::Tensor& x) {
   TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0), "out must be [T, out] with T = ", x.size(0), ", got ",
               out.sizes());
   check_dtype(out, "out", at::kFloat);
-  check_dense(out, "out");
+  TORCH_CHECK((out.size(1) <= 1 || out.stride(1) == 1) && (out.size(0) <= 1 || out.stride(0) >= out.size(1)),
+              "out's rows must be dense and apart (strides [>= ", out.size(1), ", 1]), got strides ", out.strides());
   TORCH_CHECK(!overlaps(out, x), "out must not overlap x (the kernel reads x after it starts writing out)");
   Shape s{x.size(0), x.size(1), out.size(1), (out.size(1) + kPanel - 1) / kPanel, (x.size(1) + kBlock - 1) / kBlock,
           (x.size(1) + kSuper - 1) / kSuper};
@@ -141,7 +143,7 @@ void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tens
   }
   LinearArgs a{};
   a.y = out.data_ptr<float>();
-  a.ldy = s.n_out;
+  a.ldy = out.stride(0);
   a.x = x.data_ptr<float>();
   a.ldx = s.in;
   a.rows = static_cast<int>(s.rows);

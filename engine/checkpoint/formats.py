@@ -1,25 +1,26 @@
 """Which weight format each projection loads in, and the notes that say so wherever a file's blocks are not run
 as they are.
 
-A load asks for a format (weights="q4"), or leaves it to the file: then each projection runs its own blocks where
-a kernel of this path runs their format (Q4_1: q4; Q8_0: int8), else in a format that holds them exactly (Q5_0 /
-Q4_0 are int8 blocks), else in a stand-in: the smallest format this path runs with at least their bits per weight
-(Q4_K -> q4, Q6_K -> int8), re-quantized from one tensor's dequantized rows at a time: a second rounding, and a
-note names the tensors, their type and the choice (a stand-in the file's own mix forces is rounded once and kept in
-the model cache: kept.py). Merged projections (q/k/v, gate/up) take one format for all
-their parts. Dense tensors (F32, F16, an HF folder's) run in the activations' dtype. Every choice is made before a
-byte is read, so the memory a load needs is known before it starts (load.py checks it).
+A load asks for a format (weights="q4"), or leaves it to the file: then each tensor runs its own blocks where a
+kernel of this path runs their format (Q4_1: q4; Q8_0: int8; the K-quants, Q4_0, Q5_0 on a CPU), else in a format
+that holds them exactly (Q5_0 / Q4_0 are int8 blocks), else in a stand-in: the smallest format this path runs with
+at least their bits per weight (Q6_K -> int8 on CUDA), re-quantized from one tensor's dequantized rows at a time: a
+second rounding, and a note names the tensors, their type and the choice. A merged projection (q/k/v, gate/up)
+whose parts differ in format (a Q4_K_M file's Q4_K q and k, its Q6_K v) is stacked (weights.Stacked): each run of
+parts in one format is a segment of its own, so no part is rounded again to match another. Dense tensors (F32,
+F16, an HF folder's) run in the activations' dtype. Every choice is made before a byte is read, so the memory a
+load needs is known before it starts (load.py checks it).
 """
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from itertools import groupby
 
 import torch
 
 from engine import ops
 from engine import weights as wts
 from engine.checkpoint.hf import ModelLoadError
-from engine.checkpoint.kept import Kept
 
 DENSE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -101,52 +102,57 @@ def stored_format(src, name: str) -> str | None:
 
 
 class FormatPlan:
-    """The format of every projection of one load, chosen before a byte is read, and the notes on what the
-    loader had to do to a file's blocks. targets: {our parameter: (its HF tensors, [out, in], is the head)}."""
+    """The format of every tensor of one load's projections, chosen before a byte is read, and the notes on what
+    the loader had to do to a file's blocks. targets: {our parameter: (its HF tensors, [out, in], is the head)}."""
 
-    def __init__(self, weights: str | None, dtype: torch.dtype, opset: ops.OpSet, src, targets: dict,
-                 kept: Kept | None = None):
+    def __init__(self, weights: str | None, dtype: torch.dtype, opset: ops.OpSet, src, targets: dict):
         self.asked, self.dense, self.opset, self.src = weights, DENSE[dtype], opset, src
-        # stand-ins the file's own mix forces are rounded once and kept (kept.py); an asked format is not kept
-        self.kept = kept if kept is not None and weights is None else Kept(None, 0)
         self.noted: dict[str, list[str]] = defaultdict(list)  # why -> the GGUF tensors it applies to
         self.here = [f for f in wts.QUANTIZED if runs(f, opset)]
         self.targets = targets
+        self.choice: dict[str, str] = {}  # HF tensor -> its format
         if weights is not None:
             self.fmt = pick_format(weights, dtype, opset)
-            self.choice = {ours: head_format(self.fmt) if head else self.fmt for ours, (_, _, head) in targets.items()}
+            for names, _, head in targets.values():
+                self.choice |= {n: head_format(self.fmt) if head else self.fmt for n in names}
         else:
-            self.choice = {ours: self.own(names) for ours, (names, _, head) in targets.items() if not head}
-            layers = Counter(f for ours, f in self.choice.items() if ours.startswith("layers."))
+            for names, _, head in targets.values():
+                self.choice |= {n: self.own(n) for n in names if not head}
+            layers = Counter(f for ours in targets if ours.startswith("layers.") for f in self.formats(ours))
             self.fmt = layers.most_common(1)[0][0] if layers else self.dense
-            for ours, (names, _, head) in targets.items():
-                if head:
-                    self.choice[ours] = self.own(names, prefer=head_format(self.fmt))
+            for names, _, head in targets.values():
+                self.choice |= {n: self.own(n, prefer=head_format(self.fmt)) for n in names if head}
 
-    def own(self, names: list[str], prefer: str | None = None) -> str:
-        """The format the file's own blocks of these tensors (one merged weight) run in on this path."""
-        stored = [stored_format(self.src, n) for n in names]
-        if None in stored:  # dense parts: the activations' dtype (a stray block part is dequantized with them)
+    def own(self, name: str, prefer: str | None = None) -> str:
+        """The format the file's own blocks of tensor `name` run in on this path."""
+        stored = stored_format(self.src, name)
+        if stored is None:
             return self.dense
-        if prefer in self.here and all(near(prefer, s) for s in stored):
+        if prefer in self.here and near(prefer, stored):
             return prefer
-        if len(set(stored)) == 1 and stored[0] in self.here:
-            return stored[0]
-        exact = [f for f in self.here if all(near(f, s) for s in stored)]
+        if stored in self.here:
+            return stored
+        exact = [f for f in self.here if near(f, stored)]
         if exact:
             return min(exact, key=stand_in_order)
-        need = max(wts.get(s).bits for s in stored)
-        fits = [f for f in self.here if wts.get(f).bits >= need]
-        if not fits:
-            return self.dense
-        return min(fits, key=lambda f: (sum(not near(f, s) for s in stored), f != prefer, *stand_in_order(f)))
+        fits = [f for f in self.here if wts.get(f).bits >= wts.get(stored).bits]
+        return min(fits, key=lambda f: (f != prefer, *stand_in_order(f))) if fits else self.dense
 
-    def weight(self, ours: str, names: list[str], n_in: int) -> wts.Packed:
-        """The weight made of HF tensors `names` (concatenated, dim 0) packed in its format's layout for this path:
-        a layout that packs GGUF bytes itself takes the file's rows as they are, a chunk at a time (the packed
-        weight is the only copy made), else the canonical Blocks of every part (its blocks, reblocked or
-        re-quantized) are concatenated and packed."""
-        fmt, src = self.choice[ours], self.src
+    def formats(self, ours: str) -> list[str]:
+        """The format of each HF tensor of our parameter, in order."""
+        return [self.choice[n] for n in self.targets[ours][0]]
+
+    def weight(self, ours: str, names: list[str], n_in: int) -> wts.Packed | wts.Stacked:
+        """The weight made of HF tensors `names` (concatenated, dim 0) packed in its formats' layouts for this path:
+        one segment per run of tensors in one format (weights.stack)."""
+        runs = groupby(names, key=self.choice.__getitem__)
+        return wts.stack([self.segment(fmt, list(part), n_in) for fmt, part in runs])
+
+    def segment(self, fmt: str, names: list[str], n_in: int) -> wts.Packed:
+        """HF tensors `names` in one format: a layout that packs GGUF bytes itself takes the file's rows as they
+        are, a chunk at a time (the packed weight is the only copy made), else the canonical Blocks of every part
+        (its blocks, reblocked or re-quantized) are concatenated and packed."""
+        src = self.src
         layout = wts.get(fmt).layouts[self.opset.layout]
         gguf = wts.get(fmt).gguf
         if gguf and layout.pack_gguf is not None and all(src.gguf_type(n) == gguf for n in names):
@@ -160,8 +166,8 @@ class FormatPlan:
         stored = stored_format(self.src, name)
         if stored is None:
             return wts.quantize(self.src.dense(name), fmt)
+        raw = self.src.raw(name)
         if holds(fmt, stored):
-            raw = self.src.raw(name)
             return wts.reblock(wts.get(stored).from_gguf(raw, raw.shape[0], n_in), fmt)
         if (stored, fmt) in CONVERSIONS:
             convert, rounds = CONVERSIONS[stored, fmt]
@@ -170,7 +176,6 @@ class FormatPlan:
             elif rounds:
                 self.note([name], f"run as {fmt} blocks, {rounds}: the {self.opset.layout.upper()} kernels do not "
                                   f"run {stored} blocks yet")
-            raw = self.src.raw(name)
             return convert(wts.get(stored).from_gguf(raw, raw.shape[0], n_in))
         if wts.get(fmt).quantized:
             why = (f"re-quantized to {fmt} from their dequantized values (weights={self.asked!r}): a second rounding"
@@ -182,11 +187,7 @@ class FormatPlan:
             why = None
         if why:
             self.note([name], why)
-
-        def rounded() -> wts.Blocks:  # the file's bytes are read only where nothing kept holds the result
-            return concat([wts.quantize(w, fmt) for w in dequantized_rows(self.src.raw(name), stored, n_in)])
-
-        return self.kept.get(name, fmt, rounded) if wts.get(fmt).quantized else rounded()
+        return concat([wts.quantize(w, fmt) for w in dequantized_rows(raw, stored, n_in)])
 
     def values(self, names: list[str]) -> torch.Tensor:
         """The fp32 values of HF tensors `names`, concatenated (norms, biases, a dense embedding)."""
@@ -200,11 +201,8 @@ class FormatPlan:
                 parts.append(torch.cat(list(dequantized_rows(raw, stored, self.src.shapes[n][-1]))))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
-    def targets_of(self, ours: str) -> list[str]:
-        return self.targets[ours][0]
-
     def nbytes(self, ours: str, shape: tuple[int, int]) -> int:
-        return wts.get(self.choice[ours]).nbytes(*shape)
+        return sum(wts.get(self.choice[n]).nbytes(self.src.shapes[n][0], shape[1]) for n in self.targets[ours][0])
 
     def note(self, names: list[str], why: str) -> None:
         self.noted[why] += [f"{self.src.gguf_name(n)} ({self.src.gguf_type(n)})" for n in names]

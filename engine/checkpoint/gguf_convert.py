@@ -32,7 +32,9 @@ from engine.families import Family
 
 # Bump when the conversion changes: cached folders carry it (their names, or their markers), so a new
 # converter rebuilds them and two versions of decodescope sharing a cache never rebuild each other's.
-CONVERTER_VERSION = 4  # 2: the GGUF blocks are kept; 3: every family, K-quant blocks; 4: read in place
+# 2: the GGUF blocks are kept; 3: every family, K-quant blocks; 4: read in place; 5: no re-quantized stand-ins in
+# the folder (a merged projection's parts run in their own formats): the rebuild removes the old folder and its file
+CONVERTER_VERSION = 5
 MISSING = object()
 HEAD_BYTES = 1 << 20  # hashed into a file's cache key: its header (metadata, then the tensors' index) starts there
 

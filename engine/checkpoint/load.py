@@ -15,8 +15,6 @@ from engine import weights as wts
 from engine.checkpoint import memory, notes
 from engine.checkpoint.formats import FormatPlan, check_format_name, head_format, pick_format, stored_format
 from engine.checkpoint.hf import ModelLoadError, check_folder, expected_shapes, our_targets
-from engine.checkpoint.kept import KEEP_SHARE, Kept
-from engine.checkpoint.sources import GGUFSource
 from engine.config import ModelConfig
 from engine.layers import BlockEmbedding, Linear
 from engine.model import Transformer
@@ -106,9 +104,7 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
     shapes = expected_shapes(cfg)
     targets = {ours: (names, (sum(shapes[n][0] for n in names), shapes[names[0]][1]), ours == "lm_head.weight")
                for ours, names in our_targets(cfg).items() if isinstance(linear_of(model, ours), Linear)}
-    # a GGUF file's folder is ours (the model cache): the stand-ins its own mix forces are kept there (kept.py)
-    kept = Kept(folder, int(KEEP_SHARE * src.path.stat().st_size)) if isinstance(src, GGUFSource) else None
-    plan = FormatPlan(weights, dt, opset, src, targets, kept)
+    plan = FormatPlan(weights, dt, opset, src, targets)
     embed = our_targets(cfg).get("embed.weight")
     blocks_embed = embed is not None and device.type == "cpu" and stored_format(src, embed[0]) is not None
     memory.check_fits(folder, plan, targets, src, embed, blocks_embed, dt)
@@ -128,7 +124,6 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
                 if ours.endswith("norm.weight"):
                     value += cfg.norm_offset
                 params[ours].copy_(value)
-    plan.kept.save()
     model.requires_grad_(False).eval()
     model.path, model.eos_ids = folder, tuple(sorted(tokenizer.eos_ids))
     model.format = plan.fmt

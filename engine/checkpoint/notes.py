@@ -17,13 +17,12 @@ def summary(src, plan, model) -> list[str]:
         size[gtype] += src.nbytes(name)
     mix = ", ".join(f"{t} {count[t]} tensors {size[t] / 1e6:,.0f} MB" for t in sorted(size, key=size.get, reverse=True))
     native, converted = defaultdict(int), defaultdict(int)
-    for ours, fmt in plan.choice.items():
-        for name in plan.targets_of(ours):
-            gtype, stored = src.gguf_type(name), stored_format(src, name)
-            if stored is None:
-                continue
-            exact = holds(fmt, stored) or CONVERSIONS.get((stored, fmt), (None, "rounds"))[1] is None
-            (native if exact else converted)[f"{gtype} as {fmt}"] += 1
+    for name, fmt in plan.choice.items():
+        gtype, stored = src.gguf_type(name), stored_format(src, name)
+        if stored is None:
+            continue
+        exact = holds(fmt, stored) or CONVERSIONS.get((stored, fmt), (None, "rounds"))[1] is None
+        (native if exact else converted)[f"{gtype} as {fmt}"] += 1
     lines = [f"decodescope: {src.path.name} ({src.path.stat().st_size / 1e6:,.0f} MB): {mix}"]
     runs = "; ".join(f"{k} ({n})" for k, n in native.items()) or "none"
     lines.append(f"decodescope: runs the file's own blocks: {runs}"

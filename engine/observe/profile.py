@@ -101,8 +101,8 @@ def bytes_moved(eng, T: int, kv_len: float) -> dict[tuple[str, str], float]:
 def format_bytes(model) -> dict[str, int]:
     """Weight format -> the bytes its projections hold, each read once by a pass of any length."""
     out: dict[str, int] = {}
-    for m in model.linears():
-        out[m.weight.fmt] = out.get(m.weight.fmt, 0) + m.weight.nbytes
+    for s in (s for m in model.linears() for s in m.weight.segments):
+        out[s.fmt] = out.get(s.fmt, 0) + s.nbytes
     return out
 
 

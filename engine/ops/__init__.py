@@ -35,6 +35,14 @@ class OpSet:
     gelu_tanh_mul: Callable = ref.gelu_tanh_mul
     rmsnorm_heads_: Callable = ref.rmsnorm_heads_
 
+    def matmul(self, w: weights.Packed | weights.Stacked) -> Callable:
+        """The matmul of weight w: its format's, or for a Stacked weight each segment's, their outputs side by side
+        (the native block loop writes each segment's straight into its slice instead: csrc/cpu/ops_blocks.cpp)."""
+        if isinstance(w, weights.Packed):
+            return self.linear[w.fmt]
+        products = [self.linear[s.fmt] for s in w.segments]
+        return lambda x, w: torch.cat([mm(x, s) for mm, s in zip(products, w.segments, strict=True)], dim=-1)
+
 
 # The torch twins' matmul by what a format's CPU kernel does with the activations (WeightFormat.cpu_activations)
 TWIN_MATMULS = {"exact": ref.matmul_dequantized, "int8": ref.matmul_int8_a8, "int16": ref.matmul_int16_a16,

@@ -13,7 +13,7 @@ from types import ModuleType
 import torch
 
 from engine.ops.rowwise import RowwiseOps
-from engine.weights import Packed
+from engine.weights import Packed, Stacked
 
 
 class CpuOps(RowwiseOps):
@@ -71,10 +71,11 @@ class CpuOps(RowwiseOps):
         return plan
 
     def native(self, value):
-        """A record's field as the module takes it: a packed weight as a Projection, an absent part as an
-        empty tensor."""
-        if isinstance(value, Packed):
-            return self.module.Projection(self.codes[value.fmt], list(value.tensors))
+        """A record's field as the module takes it: a weight as its segments (one Projection each: format code,
+        packed tensors, output rows), an absent part as an empty tensor."""
+        if isinstance(value, (Packed, Stacked)):
+            return [self.module.Projection(self.codes[s.fmt], list(s.tensors), s.out_features)
+                    for s in value.segments]
         return self.none if value is None else value
 
     none = torch.empty(0)

@@ -18,14 +18,14 @@ load), its CPU kernel (csrc/cpu/formats.h packed tensors + gemm.h) and its tests
 panels are its file's bytes interleaved by 16 rows (panels.gguf_layout: q4_0, q5_0, the K-quants) gets
 pack_gguf with them: a file's tensor packs without Blocks.
 """
-from engine.weights.format import BLOCK, LAYOUTS, Blocks, Layout, Packed, WeightFormat
+from engine.weights.format import BLOCK, LAYOUTS, Blocks, Layout, Packed, Stacked, WeightFormat
 from engine.weights.panels import PANEL
 from engine.weights.q4_1 import pack_nibbles, unpack_nibbles
 from engine.weights.registry import (BITS, BY_GGUF, DENSE_DTYPES, FORMATS, PANEL_FORMATS, QUANTIZED, REGISTRY,
-                                     check_format, dequantize, from_panels, get, pack, quantize, reblock, rows,
-                                     to_panels, unpack)
+                                     check_format, dequantize, from_panels, get, pack, place, quantize, reblock,
+                                     rows, stack, to_panels, unpack)
 
 __all__ = ["BITS", "BLOCK", "BY_GGUF", "Blocks", "DENSE_DTYPES", "FORMATS", "LAYOUTS", "Layout", "PANEL",
-           "PANEL_FORMATS", "Packed", "QUANTIZED", "REGISTRY", "WeightFormat", "check_format", "dequantize",
-           "from_panels", "get", "pack", "pack_nibbles", "quantize", "reblock", "rows", "to_panels", "unpack",
-           "unpack_nibbles"]
+           "PANEL_FORMATS", "Packed", "QUANTIZED", "REGISTRY", "Stacked", "WeightFormat", "check_format",
+           "dequantize", "from_panels", "get", "pack", "pack_nibbles", "place", "quantize", "reblock", "rows", "stack",
+           "to_panels", "unpack", "unpack_nibbles"]

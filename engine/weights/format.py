@@ -2,9 +2,11 @@
 
 `Blocks` is the canonical, layout-free form of one weight [out, in] in a format: a GGUF file's blocks load
 into it unchanged, so a format that matches the file's is lossless. `Packed` is the same weight in the layout
-one path streams (LAYOUTS), packed from Blocks once at load. A `WeightFormat` record holds everything about one
-format (the way ggml's type_traits does): its size, how a weight becomes Blocks, the dequantize twin every
-kernel is tested against, the layouts it has and what its CPU kernel does with the activations. Every table
+one path streams (LAYOUTS), packed from Blocks once at load; `Stacked` is a weight whose output rows are Packed
+segments in different formats (a merged projection whose parts the file stores in different types). A
+`WeightFormat` record holds everything about one format (the way ggml's type_traits does): its size, how a weight
+becomes Blocks, the dequantize twin every kernel is tested against, the layouts it has and what its CPU kernel
+does with the activations. Every table
 of formats in the engine, the app and the benchmarks reads these records (engine/weights/registry.py).
 """
 from __future__ import annotations
@@ -59,6 +61,34 @@ class Packed:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    @property
+    def segments(self) -> tuple[Packed, ...]:
+        return (self,)
+
+
+@dataclass
+class Stacked:
+    """One weight [out, in] whose output rows are segments in formats of their own, each a Packed weight of the same
+    layout writing its slice of the outputs, in order: a GGUF file's merged parts that differ in format (Q4_K_M's q
+    and k in Q4_K, its v in Q6_K) each run their own blocks with their own kernel, none rounded a second time."""
+    segments: tuple[Packed, ...]
+
+    @property
+    def layout(self) -> str:
+        return self.segments[0].layout
+
+    @property
+    def out_features(self) -> int:
+        return sum(s.out_features for s in self.segments)
+
+    @property
+    def in_features(self) -> int:
+        return self.segments[0].in_features
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.segments)
 
 
 @dataclass(frozen=True)

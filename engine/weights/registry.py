@@ -6,7 +6,7 @@ import dataclasses
 import torch
 
 from engine.weights import dense, k_quants, q4_0, q4_1, q8_0
-from engine.weights.format import Blocks, Packed, WeightFormat
+from engine.weights.format import Blocks, Packed, Stacked, WeightFormat
 
 REGISTRY: dict[str, WeightFormat] = {f.name: f for f in (*dense.FORMATS, *q8_0.FORMATS, *q4_1.FORMATS, *q4_0.FORMATS,
                                                          *k_quants.FORMATS)}
@@ -62,6 +62,21 @@ def layout(fmt: str, name: str):
 
 def pack(b: Blocks, name: str) -> Packed:
     return Packed(b.fmt, name, b.out_features, b.in_features, layout(b.fmt, name).pack(b))
+
+
+def stack(segments: list[Packed]) -> Packed | Stacked:
+    """Packed weights of one layout as one weight, their outputs in order (a single one as it is)."""
+    if len({s.layout for s in segments}) != 1 or len({s.in_features for s in segments}) != 1:
+        raise ValueError(f"stacked segments share a layout and their inputs, got "
+                         f"{[(s.layout, s.in_features) for s in segments]}")
+    return segments[0] if len(segments) == 1 else Stacked(tuple(segments))
+
+
+def place(w: Packed | Stacked, name: str) -> Packed | Stacked:
+    """w in layout `name`, each segment repacked from its Blocks (exact: switching paths never changes a weight)."""
+    if w.layout == name:
+        return w
+    return stack([pack(unpack(s), name) for s in w.segments])
 
 
 def unpack(p: Packed) -> Blocks:
