@@ -79,3 +79,29 @@ def test_past_the_budget_nothing_is_kept(gguf_file, tmp_path, monkeypatch):
     monkeypatch.setattr(load_module, "KEEP_SHARE", 0.0)
     load(gguf_file, tmp_path)
     assert kept_files(tmp_path) == []
+
+
+def test_kept_blocks_are_read_without_mapping_the_file(gguf_file, tmp_path, monkeypatch):
+    """A mapped file's pages count in RSS until the load ends: the kept blocks are read with plain reads."""
+    from pathlib import Path
+
+    from engine.checkpoint import load as load_module
+
+    maps = Path("/proc/self/maps")
+    if not maps.is_file():
+        pytest.skip("needs /proc/self/maps (Linux) to see what the process maps")
+    monkeypatch.setattr(load_module, "KEEP_SHARE", 1.0)
+    first = load(gguf_file, tmp_path)
+    if first.ops.name != "fused":
+        pytest.skip("the CPU kernels do not run here")
+    (path,) = kept_files(tmp_path)
+    get, reads = kept.Kept.get, []
+
+    def get_and_look(self, name, fmt, make):
+        blocks = get(self, name, fmt, lambda: pytest.fail(f"{name} was rounded again"))
+        reads.append(str(path) in maps.read_text())
+        return blocks
+
+    monkeypatch.setattr(kept.Kept, "get", get_and_look)
+    load(gguf_file, tmp_path)
+    assert reads and not any(reads)

@@ -12,11 +12,11 @@ field); the file lives in the GGUF file's own cache folder, whose name already c
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engine import weights as wts
@@ -24,6 +24,36 @@ from engine import weights as wts
 FILE = "requantized.safetensors"
 KEEP_SHARE = 0.1  # of the GGUF file's size: past it, blocks are rounded again at each start instead
 FIELDS = ("q", "d", "m", "sc", "mn")
+DTYPES = {"U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+          "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+
+
+class Stored:
+    """A safetensors file read a tensor at a time with plain reads, not through a memory map (safe_open's): a
+    mapped file's pages count in the process's RSS until the map goes, after the load, when the peak is past."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            self.header = {k: v for k, v in json.loads(f.read(n)).items() if k != "__metadata__"}
+        self.start, size = 8 + n, path.stat().st_size
+        if any(self.start + v["data_offsets"][1] > size or v["dtype"] not in DTYPES for v in self.header.values()):
+            raise ValueError(f"{path} is truncated or holds a dtype not kept here")
+
+    def keys(self):
+        return self.header.keys()
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        entry = self.header[key]
+        t = torch.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])
+        begin, end = entry["data_offsets"]
+        if t.nbytes != end - begin:
+            raise ValueError(f"{self.path}: {key} is {end - begin} bytes for {entry['shape']} {entry['dtype']}")
+        with self.path.open("rb", buffering=0) as f:
+            f.seek(self.start + begin)
+            f.readinto(memoryview(t.view(-1).view(torch.uint8).numpy()))
+        return t
 
 
 class Kept:
@@ -34,7 +64,7 @@ class Kept:
         self.added: dict[str, torch.Tensor] = {}
         if self.path is not None and self.path.is_file():
             try:
-                self.stored = safe_open(self.path, framework="pt")
+                self.stored = Stored(self.path)
                 self.keys = set(self.stored.keys())
             except Exception:  # a damaged file is rounded again and rewritten, never trusted
                 self.stored, self.keys = None, set()
