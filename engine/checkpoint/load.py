@@ -97,6 +97,9 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
         raise ModelLoadError(f"{folder / 'tokenizer.json'} has {tokenizer.vocab_size} tokens but config.json's "
                              f"vocab_size is {cfg.vocab_size}: ids past it have no embedding. The tokenizer is not "
                              "this model's: copy the model's own tokenizer.json there")
+    eos_ids = tuple(sorted(tokenizer.eos_ids))
+    del tokenizer
+    memory.release()  # its parse's ~30 MB, freed, would stay in RSS beneath the weights (memory.release)
     dt = pick_dtype(dtype, device)
     opset = ops.select(device, fused, cfg.head_dim, dt)
     with torch.device("meta"):
@@ -124,8 +127,9 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
                 if ours.endswith("norm.weight"):
                     value += cfg.norm_offset
                 params[ours].copy_(value)
+            memory.release()  # the tensor's transient buffers, before the next one's are allocated among them
     model.requires_grad_(False).eval()
-    model.path, model.eos_ids = folder, tuple(sorted(tokenizer.eos_ids))
+    model.path, model.eos_ids = folder, eos_ids
     model.format = plan.fmt
     model.load_notes = notes.summary(src, plan, model) + plan.messages()
     for note in model.load_notes:

@@ -7,6 +7,8 @@ it is packed (its file bytes, its canonical blocks and its packed copy). The KV 
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 from pathlib import Path
 
 from engine.checkpoint.hf import ModelLoadError
@@ -31,6 +33,24 @@ def available_bytes() -> int | None:
     except (OSError, ValueError):
         pass
     return have
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's; musl and macOS have none
+    except (OSError, AttributeError):
+        return None
+
+
+def release() -> None:
+    """Hand the pages of freed heap memory back to the OS. A load frees buffers (a tensor's bytes while it is
+    packed, the tokenizer's parse) between the weights it keeps, and glibc returns only the top of its heap by
+    itself: the holes stay in RSS, and add up to the load's peak (~50 MB on a 1.5B model). malloc_trim(0) releases
+    the free pages wherever they lie; a no-op where the C library has no malloc_trim."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def stored_bytes(src, name: str) -> int:
