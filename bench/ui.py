@@ -73,9 +73,10 @@ class Recorder:
     def __init__(self, rounds_fn):
         self.rounds_fn, self.runs = rounds_fn, []
 
-    def __call__(self, s, ids):
+    def __call__(self, s, ids, earlier=None):
         run = dict(settings=s, ids=ids, rounds=[], stamps=[])
         self.runs.append(run)
+        # the tab's earlier answers are left out, as the headless run has none: both runs do the same engine work
         for item in self.rounds_fn(s, ids):  # Round events, and the RunFacts around them
             if isinstance(item, Round):
                 run["stamps"].append(time.time() * 1e3)
