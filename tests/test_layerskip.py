@@ -7,12 +7,13 @@ import torch
 
 from engine import Engine, speculative
 from engine.checkpoint import random_model
-from engine.speculative import loop
+from engine.speculative import layerskip, loop, schedule
 from engine.speculative.layerskip import calibrate, drafted, influence
 from engine.sampling import SamplingParams
 from engine.stats import EMITTED_KINDS
 from engine.tiny import tiny_config
 from schedules import RandomK
+from ui.explain import schedule_note
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 44, 32, 104, 101, 108, 108, 111, 32]
@@ -71,3 +72,35 @@ def test_calibration_drafts_over_the_targets_cache(model):
     cal = calibrate(model, ids, SamplingParams(0.0))
     assert 1 <= len(cal.keep) < model.config.n_layers and len(scores) == model.config.n_layers
     assert set(cal.candidates) and all(0 <= a <= 1 for a in cal.candidates.values())
+
+
+@pytest.mark.parametrize("head, slope", [(0.9, 0.15), (0.0, 0.0)])
+def test_a_calibrated_set_that_cannot_pay_sits_the_run_out(model, monkeypatch, head, slope):
+    """Where the kept layers' modeled draft cost plus a verify position's cost is a step or more, no k can pay:
+    the adaptive schedule makes every round a plain step (no probe, no proposal: unmeasured, the draft's cost
+    would be probed) and the page says why; a fixed k still drafts every round. Below a step the schedule probes
+    as before. `head`: the share of a step the head is taken to read."""
+    monkeypatch.setattr(layerskip, "step_share", lambda model: head)
+    eng = Engine(model, 128)
+    ids = PROMPT * 2
+    want, _ = eng.generate(ids, 32, stop_ids=[])
+    drafter = speculative.LayerSkipDrafter(eng)
+    proposals = Counter()
+    propose = drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda *a: proposals.update([1]) or propose(*a))
+    schedule.SLOPES[eng] = slope
+    got, stats = speculative.generate(eng, drafter, ids, k=4, max_new_tokens=32, stop_ids=[])
+    assert got == want
+    info = stats.drafter_info
+    cannot_pay = info["modeled_draft_cost"] + info["verify_slope"] >= 1
+    assert info["verify_slope"] == slope and cannot_pay == (head == 0.9)
+    drafted = sum(r.n_drafted for r in stats.rounds)
+    if cannot_pay:
+        assert info["sits_out"].startswith(f"a draft of {info['draft_layers']} of 4 layers costs about 0.9")
+        assert drafted == 0 and not proposals
+        assert "drafting cannot pay here" in schedule_note(stats)
+    else:
+        assert "sits_out" not in info and drafted and proposals
+    schedule.SLOPES[eng] = slope
+    got, stats = speculative.generate(eng, drafter, ids, k=4, max_new_tokens=32, stop_ids=[], adaptive=False)
+    assert got == want and all(r.n_drafted for r in stats.rounds[1:-1])

@@ -41,6 +41,10 @@ def schedule_note(stats: Stats) -> str:
     if not stats.settings.get("adaptive", True):
         return (f"{head}: with a fixed k a round drafts whenever the drafter has a proposal, so the "
                 f"{rounds - drafted} plain steps are rounds where it had none.")
+    info = stats.drafter_info
+    if info.get("sits_out"):
+        return (f"{head}: drafting cannot pay here ({info['sits_out']}), so every round was a plain step and "
+                "nothing was probed.")
     why = (f"{head}; the other {rounds - drafted} were plain steps. The adaptive schedule drafts only where this "
            f"run's measured acceptance and costs say a draft beats a plain step by {MIN_GAIN - 1:.0%}, probes with "
            "one draft where it cannot tell, and makes a plain step where the drafter has nothing to propose.")
@@ -52,7 +56,6 @@ def schedule_note(stats: Stats) -> str:
         overhead = finite(s.get("draft_overhead_pct"))
         if overhead is not None:
             evidence.append(f"draft overhead {overhead:.0f}%")
-    info = stats.drafter_info
     if info.get("calibrated_acceptance") is not None and info.get("draft_layers"):
         evidence.append(f"the layer-skip calibration expected {info['calibrated_acceptance']:.0%} acceptance from a "
                         f"draft that runs {info['draft_layers']} of {info['target_layers']} layers")

@@ -22,6 +22,9 @@ Protocol (speculative.stream drives it; a test can implement it too):
   draft_cost                                  a draft token's cost over a plain step's where known without
                                               measuring (0 for a lookup, a recent measurement), else None
   remember_cost(ratio)                        the ratio the schedule measured, for the drafter's next runs
+  sits_out                                    set by begin: why drafting cannot pay in this run, by the
+                                              drafter's own model (None: the schedule judges each round); the
+                                              adaptive schedule then makes every round a plain step, no probes
 
 Drafts live on the device and proposing reads nothing back from it, so a round's one device-to-host read
 is the outcome of the acceptance step.
@@ -53,6 +56,7 @@ class Drafter:
     name = "drafter"
     draft_cost: float | None = None
     chosen: str | None = None  # why a self-drafter is this one (engine/speculative/selfdraft.py)
+    sits_out: str | None = None  # why no round of this run can pay (the adaptive schedule drafts none)
 
     def begin(self, target, prompt_ids: list[int], sampling: SamplingParams, extra: int) -> None:
         pass

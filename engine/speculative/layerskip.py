@@ -15,7 +15,14 @@ old truncation, or any set) or calibrated on each prompt before the target's pre
      sum_x min(p_t(x), p_d(x)) is the probability that speculative sampling accepts a draft there (at
      temperature 0: the argmaxes agree), under the run's sampling;
   3. the count with the most modeled tokens per second wins (schedule.py's formula, a draft step costing
-     its share of the layers plus the head, and the schedule's prior verify cost).
+     its share of the layers plus the head, and the engine's verify cost per position).
+
+A drafted token costs its draft step (c of a plain step) and its position in the verify pass (s); where c + s >= 1
+even a draft that is always accepted costs more than the plain step that would have made its token, so no k
+can pay ((k + 1) / (1 + k (c + s)) <= 1). The calibrated drafter then sits the run out under the adaptive
+schedule (sits_out says why): every round is a plain step and nothing is probed. On a small model whose head is
+a large share of a step (the default model's is 31% of its bytes) the layers that can be skipped without losing
+acceptance leave c near 0.9, and that is the usual verdict there.
 
 SWIFT and Draft & Verify search skip sets by Bayesian optimization against the same agreement; a ranking and a
 handful of candidates fit a CPU's budget. The schedule then measures what the chosen set really costs and
@@ -51,6 +58,7 @@ class Calibration:
     acceptance: float  # expected acceptance per draft at the calibration positions
     influence: list[float]  # per target layer: 1 - cos(h_in, h_out) at those positions
     candidates: dict[int, float]  # layers skipped -> expected acceptance
+    draft_cost: float  # the kept set's modeled draft step over a plain step (its layers' share plus the head)
 
 
 def _prefill(model, ids: list[int]) -> tuple[torch.Tensor, KVCache]:
@@ -97,14 +105,23 @@ def step_share(model) -> float:
     return model.lm_head.weight.nbytes / model.weight_bytes
 
 
-def modeled_speedup(acceptance: float, draft_cost: float, k_max: int) -> float:
-    """Tokens per plain-step time of the best k, with constant acceptance and the schedule's prior verify cost."""
+def modeled_speedup(acceptance: float, draft_cost: float, k_max: int,
+                    slope: float = schedule.PRIOR_VERIFY_SLOPE) -> float:
+    """Tokens per plain-step time of the best k, with constant acceptance and a verify pass costing
+    1 + slope (T - 1) steps."""
     e = schedule.expected_tokens([acceptance] * k_max)
-    return max(e[k] / (k * draft_cost + 1 + schedule.PRIOR_VERIFY_SLOPE * k) for k in range(k_max + 1))
+    return max(e[k] / (k * draft_cost + 1 + slope * k) for k in range(k_max + 1))
+
+
+def verify_slope(engine) -> float:
+    """A verify position's cost over a plain step's on this engine: its last speculative run's measurement,
+    else the schedule's prior."""
+    return schedule.SLOPES.get(engine, schedule.PRIOR_VERIFY_SLOPE)
 
 
 @torch.inference_mode()
-def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int = 5) -> Calibration:
+def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int = 5,
+              slope: float = schedule.PRIOR_VERIFY_SLOPE) -> Calibration:
     ids = list(prompt_ids[-CONTEXT:])
     window = min(WINDOW, len(ids))
     model.ensure_rope(len(ids))
@@ -121,11 +138,11 @@ def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int
         candidates[n_skip] = acc
         cost = head + (1 - head) * len(keep) / L
         # ties (no candidate beats a plain step in the model) go to the most tokens per draft cost
-        score = (modeled_speedup(acc, cost, k_max), acc / cost)
+        score = (modeled_speedup(acc, cost, k_max, slope), acc / cost)
         if best is not None and score <= best[0]:
             break
-        best = (score, keep, acc)
-    return Calibration(best[1], best[2], scores, candidates)
+        best = (score, keep, acc, cost)
+    return Calibration(best[1], best[2], scores, candidates, best[3])
 
 
 class LayerSkipDrafter(ModelDrafter):
@@ -152,6 +169,7 @@ class LayerSkipDrafter(ModelDrafter):
         self.target, self.fixed = engine, layers  # target: always on its cache (ModelDrafter's prepare, commit)
         self.keep: list[int] = layers or []
         self.calibration: Calibration | None = None
+        self.slope = schedule.PRIOR_VERIFY_SLOPE  # the verify cost per position the last calibration used
         self.engines: dict[tuple[int, ...], object] = {}
         self.engine = self._engine(layers) if layers else None
 
@@ -169,9 +187,16 @@ class LayerSkipDrafter(ModelDrafter):
     def begin(self, target, prompt_ids, sampling, extra) -> None:
         if target is not self.target:
             raise ValueError("this LayerSkipDrafter was built on another engine; build one on the target")
+        self.sits_out = None
         if self.fixed is None:
-            self.calibration = calibrate(target.model, prompt_ids, sampling)
-            self.keep = self.calibration.keep
+            self.slope = verify_slope(target)
+            self.calibration = c = calibrate(target.model, prompt_ids, sampling, slope=self.slope)
+            self.keep = c.keep
+            if c.draft_cost + self.slope >= 1:
+                self.sits_out = (f"a draft of {len(c.keep)} of {target.config.n_layers} layers costs about "
+                                 f"{c.draft_cost:.2f} of a step (the head alone {step_share(target.model):.0%} of "
+                                 f"its bytes) and each verified position {self.slope:.2f} more, so even a draft that "
+                                 "is always accepted costs more than the plain step that would make its token")
         self.engine = self._engine(self.keep)
         # follow the target's kernel and graph choices; graphs captured with other kernels are re-captured
         # use_ops bumps the view's version, so only a real change may call it: a graph is captured once per set
@@ -191,4 +216,8 @@ class LayerSkipDrafter(ModelDrafter):
                "skipped_layers": " ".join(str(i) for i in range(total) if i not in self.keep) if self.keep else None}
         if self.calibration is not None:
             out["calibrated_acceptance"] = round(self.calibration.acceptance, 3)
+            out["modeled_draft_cost"] = round(self.calibration.draft_cost, 3)
+            out["verify_slope"] = round(self.slope, 3)
+        if self.sits_out:
+            out["sits_out"] = self.sits_out
         return out

@@ -217,7 +217,10 @@ class Schedule:
         k_max = min(self.k_max, tokens_left - 1)  # the token after the drafts comes free: drafting more is waste
         k = 0
         if ctx is not None and k_max >= 1:
-            k = self._adaptive(ctx, k_max) if self.adaptive else k_max
+            if not self.adaptive:
+                k = k_max
+            elif not self.drafter.sits_out:
+                k = self._adaptive(ctx, k_max)
         self.last = (ctx, k)
         return k
 
