@@ -65,11 +65,11 @@ def test_the_pick_brings_the_models_own_examples_and_keeps_a_typed_prompt(instru
     assert back[-3]["value"] == examples.EDIT and not back[-1]["visible"]
 
 
-def fake(tok_s: dict):
-    """A timing source: tok/s by mode, counting its calls."""
+def fake(tok_s: dict, sat_out: dict | None = None):
+    """A timing source: tok/s (and why a drafter sat out) by mode, counting its calls."""
     def measure(rt, s, ids):
         measure.calls.append(s.mode)
-        return tok_s[s.mode]
+        return tok_s[s.mode], (sat_out or {}).get(s.mode)
 
     measure.calls = []
     return measure
@@ -91,6 +91,24 @@ def test_an_example_is_offered_only_where_it_beats_plain(instruct, tmp_path):
     example_check.check(instruct, fake(dict.fromkeys(("n-gram", "self-draft", "layer-skip", "draft model"), 200.0)
                                        | {"plain": 100.0}), tmp_path / "other")
     assert len(examples.offered(instruct)[0]) == 4 and examples.offered(instruct)[2] == ""
+    instruct.example_checks = {}
+
+
+def test_an_example_whose_drafter_sat_out_is_not_offered(instruct, tmp_path):
+    """Plain steps all along are plain decoding within noise: a lucky 1% is no win, and the page says why."""
+    why = "a draft of 3 of 4 layers costs about 0.93 of a step"
+    measure = fake({"plain": 100.0, "n-gram": 180.0, "self-draft": 150.0, "layer-skip": 103.0, "draft model": 150.0},
+                   {"layer-skip": why})
+    checks = example_check.check(instruct, measure, tmp_path)
+    verdict = {label.split(":")[0].split(" (")[0]: c for label, c in checks.items()}
+    assert not verdict["layer-skip"].offered and verdict["layer-skip"].ratio == 1.03
+    assert all(c.offered for name, c in verdict.items() if name != "layer-skip")
+    assert measure.calls.count("layer-skip") == 1  # no second round: it drafts nothing whatever the load
+    rows, labels, note = examples.offered(instruct)
+    assert "layer-skip" not in [r[1] for r in rows]
+    assert f"drafts nothing here: {why} (×1.03 vs plain" in note
+    kept = example_check.check(instruct, fake({}), tmp_path)  # and the cache keeps the reason
+    assert {label: c.reason for label, c in kept.items()} == {label: c.reason for label, c in checks.items()}
     instruct.example_checks = {}
 
 

@@ -3,7 +3,9 @@
 Each candidate example (ui/examples.py) runs CHECK_TOKENS greedy tokens, alternating ROUNDS times with plain
 decoding of the same prompt in the launch's weight format (what a visitor gets without picking anything); each
 side keeps its best round, so a round that lost the cores to another job does not decide. An example is offered
-when it is faster than plain; otherwise the page names it with the measured ratio. Verdicts are kept in the model
+when it is faster than plain; otherwise the page names it with the measured ratio. An example whose drafter sat
+the run out (its own model said no round could pay, Drafter.sits_out) runs plain steps: within noise of plain
+either way, it is not offered, and the page says why. Verdicts are kept in the model
 cache per machine (device, CPU or GPU model, threads), model and example settings: a launch on a machine that
 checked before starts at once, and another machine measures for itself.
 """
@@ -25,7 +27,7 @@ CHECK_TOKENS = 48  # long enough for the schedule to settle and a calibration to
 ROUNDS = 2
 CLEAR = (0.7, 1.5)  # a first round's ratio outside this decides without a second
 CACHE_FILE = "example-checks.json"
-VERSION = 1  # bump when what is measured changes: older verdicts are then measured again
+VERSION = 2  # bump when what is measured changes: older verdicts are then measured again
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Check:
     plain_tok_s: float  # plain decoding's best, same prompt, the launch's weights
     plain_weights: str
     measured: str  # when, UTC
+    sat_out: str | None = None  # why the example's drafter drafted nothing (Drafter.sits_out)
 
     @property
     def ratio(self) -> float:
@@ -41,21 +44,24 @@ class Check:
 
     @property
     def offered(self) -> bool:
-        return self.ratio > 1.0
+        return self.ratio > 1.0 and not self.sat_out
 
     @property
     def reason(self) -> str:
-        return (f"×{self.ratio:.2f} vs plain {self.plain_weights} ({self.tok_s:.0f} against {self.plain_tok_s:.0f} "
-                f"tok/s, measured here {self.measured})")
+        timed = (f"×{self.ratio:.2f} vs plain {self.plain_weights} ({self.tok_s:.0f} against {self.plain_tok_s:.0f} "
+                 f"tok/s, measured here {self.measured})")
+        return f"drafts nothing here: {self.sat_out} ({timed})" if self.sat_out else timed
 
 
-Measure = Callable[[Runtime, Request, list[int]], float]
+Measure = Callable[[Runtime, Request, list[int]], tuple[float, str | None]]
 
 
-def measure_tok_s(rt: Runtime, s: Request, ids: list[int]) -> float:
-    """One run of s on this runtime's engine, as the page runs it: its decode tok/s."""
+def measure_tok_s(rt: Runtime, s: Request, ids: list[int]) -> tuple[float, str | None]:
+    """One run of s on this runtime's engine, as the page runs it: its decode tok/s, and why its drafter sat the
+    run out (None: it did not)."""
     rounds = [r for r in engine_rounds(rt, s, ids) if isinstance(r, Round)]
-    return rt.stats(rounds, len(ids), s.as_dict(rt.model_name)).summary()["decode_tok_s"]
+    stats = rt.stats(rounds, len(ids), s.as_dict(rt.model_name))
+    return stats.summary()["decode_tok_s"], stats.drafter_info.get("sits_out")
 
 
 def requests(rt: Runtime, row: list) -> tuple[Request, Request]:
@@ -105,14 +111,14 @@ def check(rt: Runtime, measure: Measure = measure_tok_s, cache_dir: str | Path |
         ids = rt.encode(row[0], s.chat)
         best = 0.0
         for _ in range(ROUNDS):  # alternating: a minute of load on a shared box falls on both sides
-            ours = measure(rt, s, ids)
-            theirs = measure(rt, plain, ids)
+            ours, sat_out = measure(rt, s, ids)
+            theirs, _ = measure(rt, plain, ids)
             best = max(best, ours)
             plain_best[row[0]] = max(plain_best.get(row[0], 0.0), theirs)
-            if not CLEAR[0] < best / plain_best[row[0]] < CLEAR[1]:  # a margin no round of load would turn
+            if sat_out or not CLEAR[0] < best / plain_best[row[0]] < CLEAR[1]:  # a margin no load would turn
                 break
         out[label] = kept[k] = Check(best, plain_best[row[0]], rt.weight_format,
-                                     time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+                                     time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), sat_out)
         progress(f"  {label}: {out[label].reason}")
     write(path, {k: asdict(v) if isinstance(v, Check) else v for k, v in kept.items()})
     rt.example_checks = out
