@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import shutil
+import time
 
 import pytest
 
@@ -62,6 +63,17 @@ def tiny_and(folder, name: str) -> Runtimes:
         return rt
 
     return Runtimes(build_runtime(tiny=True, **QUIET), {name: ("reading its weights", build)})
+
+
+def slowed(rounds_fn, seconds: float):
+    """`rounds_fn` (a Runtime's) with a sleep of `seconds` after each round: a run lasts long enough to look at the
+    page, or to stop it, meanwhile."""
+    def slow(s, ids, *earlier):
+        for rnd in rounds_fn(s, ids, *earlier):
+            time.sleep(seconds)
+            yield rnd
+
+    return slow
 
 
 def set_number(page, elem_id, value):

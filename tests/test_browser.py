@@ -9,7 +9,7 @@ import pytest
 from ui.models import Runtimes
 from ui import layout
 from ui.startup import build_runtime
-from tests.browser import PROMPT, VIEWPORT, set_number, wait_for_runs
+from tests.browser import PROMPT, VIEWPORT, set_number, slowed, wait_for_runs
 from tests.test_browser_panels import MEASURE, problems
 
 HOSTILE = '<img src=x onerror="window.__xss = 1">'
@@ -124,14 +124,7 @@ def test_compare_and_csv_download(page, served, tmp_path):
 def slow_engine(served, monkeypatch):
     """Rounds of at least 20 ms: a 1000-token run cannot end by itself while a test stops it."""
     rt = served[0]
-    real = rt.rounds_fn
-
-    def slow(s, ids, *earlier):
-        for rnd in real(s, ids, *earlier):
-            time.sleep(0.02)
-            yield rnd
-
-    monkeypatch.setattr(rt, "rounds_fn", slow)
+    monkeypatch.setattr(rt, "rounds_fn", slowed(rt.rounds_fn, 0.02))
 
 
 def test_stop_ends_a_long_run(page, slow_engine):

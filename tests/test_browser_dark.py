@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.browser import CONTRAST, PROMPT, app, page_at, readable, set_number, tiny_and, wait_for_runs
+from tests.browser import CONTRAST, PROMPT, app, page_at, readable, set_number, slowed, tiny_and, wait_for_runs
 from tests.test_browser_buttons import wait_enabled
 
 pytestmark = pytest.mark.browser
@@ -21,8 +21,6 @@ def look(page, elem_id: str) -> str:
 def models(tmp_path_factory):
     """The tiny launch model, slowed to rounds of 15 ms (a run lasts long enough to read the page meanwhile), and a
     base model (no chat template) in the picker."""
-    import time
-
     from engine.tiny import tiny_config, write_tiny_model
 
     folder = write_tiny_model(tmp_path_factory.mktemp("base"), tiny_config(), seed=3)
@@ -30,15 +28,7 @@ def models(tmp_path_factory):
     del config["chat_template"]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     models = tiny_and(folder, "tiny-base")
-    rt = models.first
-    real = rt.rounds_fn
-
-    def slow(s, ids, *earlier):
-        for rnd in real(s, ids, *earlier):
-            time.sleep(0.015)
-            yield rnd
-
-    rt.rounds_fn = slow
+    models.first.rounds_fn = slowed(models.first.rounds_fn, 0.015)
     yield models
     models.close()
 
