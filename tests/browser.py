@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from runtimes import QUIET
 from ui import layout
 from ui.models import Runtimes
 from ui.startup import build_runtime
@@ -18,7 +19,6 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 PROMPT = "one two three, one two three, one two three, one two"
 VIEWPORT = {"width": 1400, "height": 1000}
-QUIET = dict(device="cpu", bandwidth=False, progress=lambda *a: None)
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install playwright)")
 if not shutil.which(CHROMIUM):

@@ -3,10 +3,9 @@ buttons and the buttons' states while a run and a Compare go on, the live and fi
 plain", the runs table's, a refused value's message, and a base model's note with the chat box off. Every text is
 read against what is behind it (WCAG's contrast ratio from the computed colours, opacity included), and none runs
 past its box."""
-import json
-
 import pytest
 
+from runtimes import write_base_model
 from tests.browser import CONTRAST, PROMPT, app, page_at, readable, set_number, slowed, tiny_and, wait_for_runs
 from tests.test_browser_buttons import wait_enabled
 
@@ -21,13 +20,7 @@ def look(page, elem_id: str) -> str:
 def models(tmp_path_factory):
     """The tiny launch model, slowed to rounds of 15 ms (a run lasts long enough to read the page meanwhile), and a
     base model (no chat template) in the picker."""
-    from engine.tiny import tiny_config, write_tiny_model
-
-    folder = write_tiny_model(tmp_path_factory.mktemp("base"), tiny_config(), seed=3)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    del config["chat_template"]
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    models = tiny_and(folder, "tiny-base")
+    models = tiny_and(write_base_model(tmp_path_factory.mktemp("base"), seed=3), "tiny-base")
     models.first.rounds_fn = slowed(models.first.rounds_fn, 0.015)
     yield models
     models.close()
