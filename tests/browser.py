@@ -89,6 +89,18 @@ def wait_for_runs(page, n):
         timeout=30_000)
 
 
+def generate(page, mode="n-gram", max_new_tokens=48, run_no=1):
+    """A run of PROMPT as the page's form sends it (chat off), waited for until its figures, table and files land."""
+    page.locator("#mode").get_by_label(mode, exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    page.locator("#chat input").uncheck()
+    set_number(page, "max-new-tokens", max_new_tokens)
+    page.click("#generate-btn")
+    page.wait_for_function(f"document.querySelector('#status')?.innerText.includes('Run {run_no} done')",
+                           timeout=30_000)
+    wait_for_runs(page, run_no)
+
+
 READABLE = 4.5  # WCAG 2 AA for body text
 
 # Each element's own text against the colour behind it: the backgrounds of it and its ancestors laid over the white
