@@ -5,9 +5,11 @@ import contextlib
 import json
 import os
 import shutil
+import time
 
 import pytest
 
+from runtimes import QUIET
 from ui import layout
 from ui.models import Runtimes
 from ui.startup import build_runtime
@@ -17,7 +19,6 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 PROMPT = "one two three, one two three, one two three, one two"
 VIEWPORT = {"width": 1400, "height": 1000}
-QUIET = dict(device="cpu", bandwidth=False, progress=lambda *a: None)
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install playwright)")
 if not shutil.which(CHROMIUM):
@@ -64,6 +65,17 @@ def tiny_and(folder, name: str) -> Runtimes:
     return Runtimes(build_runtime(tiny=True, **QUIET), {name: ("reading its weights", build)})
 
 
+def slowed(rounds_fn, seconds: float):
+    """`rounds_fn` (a Runtime's) with a sleep of `seconds` after each round: a run lasts long enough to look at the
+    page, or to stop it, meanwhile."""
+    def slow(s, ids, *earlier):
+        for rnd in rounds_fn(s, ids, *earlier):
+            time.sleep(seconds)
+            yield rnd
+
+    return slow
+
+
 def set_number(page, elem_id, value):
     box = page.locator(f"#{elem_id} input[type=number]")
     box.fill(str(value))
@@ -75,6 +87,18 @@ def wait_for_runs(page, n):
     page.wait_for_function(
         f"(document.querySelector('#runs')?.innerText.match(/ · (eager|graph) · /g) || []).length >= {n}",
         timeout=30_000)
+
+
+def generate(page, mode="n-gram", max_new_tokens=48, run_no=1):
+    """A run of PROMPT as the page's form sends it (chat off), waited for until its figures, table and files land."""
+    page.locator("#mode").get_by_label(mode, exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    page.locator("#chat input").uncheck()
+    set_number(page, "max-new-tokens", max_new_tokens)
+    page.click("#generate-btn")
+    page.wait_for_function(f"document.querySelector('#status')?.innerText.includes('Run {run_no} done')",
+                           timeout=30_000)
+    wait_for_runs(page, run_no)
 
 
 READABLE = 4.5  # WCAG 2 AA for body text

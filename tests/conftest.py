@@ -16,6 +16,17 @@ def default_model_dir():
 
 
 @pytest.fixture(scope="module")
+def tiny_runtime():
+    """The UI's runtime over the tiny launch model (a module's own: its tests may change it), closed after."""
+    from runtimes import QUIET
+    from ui.startup import build_runtime
+
+    rt = build_runtime(tiny=True, **QUIET)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """Tiny models are all per-op overhead: OpenMP's thread handoffs cost more than the math, and far more
     when the CPU is shared with other jobs."""

@@ -1,7 +1,7 @@
 """The CPU kernel module on each instruction-set path, for the tests of csrc/cpu/ (tests/test_kernels_cpu.py,
-tests/test_kernels_cpu_ops.py): the module (or a skip saying why not), the module switched to one path, and a
-loop over the paths. amx runs with its tiles forced on at every row count, so the tiles meet every row count
-the tests sweep."""
+tests/test_kernels_cpu_activations.py, tests/test_kernels_cpu_ops.py): the module (or a skip saying why not), the
+module switched to one path, and a loop over the paths. amx runs with its tiles forced on at every row count, so
+the tiles meet every row count the tests sweep."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +12,7 @@ from engine.ops import ext
 
 NAN = float("nan")
 KERNEL_FORMATS = W.PANEL_FORMATS  # every format with a CPU kernel, q8 (a q4 model's head) included
+K_QUANTS = [f for f in KERNEL_FORMATS if W.get(f).cpu_activations == "q8_k"]
 
 
 def linear(m, fmt: str, out: torch.Tensor, x: torch.Tensor, *tensors: torch.Tensor) -> None:
@@ -66,3 +67,8 @@ def randn(*shape, seed, scale=1.0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
 
 
+def assert_within(out: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, what: str) -> None:
+    """No NaN in `out`, and |out - want| <= bound everywhere."""
+    excess = (out - want).abs() - bound
+    assert not out.isnan().any(), f"{what}: NaN in the output"
+    assert excess.max() <= 0, f"{what}: |out - twin| exceeds the bound by {excess.max():.3g}"

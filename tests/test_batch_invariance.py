@@ -73,25 +73,35 @@ def decode_then_verify(eng: Engine, prompt: list[int], tokens: torch.Tensor,
             assert torch.equal(chunk[t], steps[t]), (T, t, (chunk[t] - steps[t]).abs().max().item())
 
 
+def engine_and_inputs(model, seed: int):
+    """An engine over `model` with room for the prompt and MAX_T more, a PROMPT-token prompt and MAX_T tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (PROMPT,), generator=g).tolist()
+    tokens = torch.randint(0, model.config.vocab_size, (1, MAX_T), generator=g)
+    return Engine(model, max_seq_len=PROMPT + MAX_T + 8), prompt, tokens
+
+
+def natively_and_in_python(eng: Engine, model, prompt: list[int], tokens: torch.Tensor, where: str) -> None:
+    """decode_then_verify with the native block loop, then with Block.forward; a failure says `where`."""
+    try:
+        decode_then_verify(eng, prompt, tokens)
+        with model.blocks_in_python():
+            decode_then_verify(eng, prompt, tokens)
+    except AssertionError as e:
+        raise AssertionError(f"{where}: {e}") from None
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_decode_steps_and_verify_passes_give_the_same_bits(cpu_module, fmt, shape):
     module = cpu_module
     model = random_model(tiny_config(**SHAPES[shape]), weights=fmt, seed=7)
     assert model.ops.blocks is not None, model.ops.reason
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, model.config.vocab_size, (PROMPT,), generator=g).tolist()
-    tokens = torch.randint(0, model.config.vocab_size, (1, MAX_T), generator=g)
-    eng = Engine(model, max_seq_len=PROMPT + MAX_T + 8)
+    eng, prompt, tokens = engine_and_inputs(model, seed=1)
     for path in paths(module):
         for window in (None, 64):
             eng.use_window(window, sinks=4)
-            try:
-                decode_then_verify(eng, prompt, tokens)
-                with model.blocks_in_python():
-                    decode_then_verify(eng, prompt, tokens)
-            except AssertionError as e:
-                raise AssertionError(f"{fmt} {shape} on {path}, window {window}: {e}") from None
+            natively_and_in_python(eng, model, prompt, tokens, f"{fmt} {shape} on {path}, window {window}")
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids="+".join)
@@ -100,17 +110,9 @@ def test_stacked_weights_give_the_same_bits(cpu_module, pair):
     is batch-invariant, and so is the weight they make, natively and in Python, on every path."""
     # "wide"'s heads, with up's segment starting inside a panel (stacked.SHAPE)
     model = stacked_model(*pair, hidden_size=128, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2)
-    g = torch.Generator().manual_seed(2)
-    prompt = torch.randint(0, model.config.vocab_size, (PROMPT,), generator=g).tolist()
-    tokens = torch.randint(0, model.config.vocab_size, (1, MAX_T), generator=g)
-    eng = Engine(model, max_seq_len=PROMPT + MAX_T + 8)
+    eng, prompt, tokens = engine_and_inputs(model, seed=2)
     for path in paths(cpu_module):
-        try:
-            decode_then_verify(eng, prompt, tokens)
-            with model.blocks_in_python():
-                decode_then_verify(eng, prompt, tokens)
-        except AssertionError as e:
-            raise AssertionError(f"{pair} on {path}: {e}") from None
+        natively_and_in_python(eng, model, prompt, tokens, f"{pair} on {path}")
 
 
 @pytest.mark.slow

@@ -42,6 +42,17 @@ def run(model, ops, tokens, prompt, window=0, sinks=0, kv_limit=None):
     return logits, cache
 
 
+def loops_agree(model, tokens, prompt, kws: list[dict], label) -> None:
+    """The native loop and Python's under each of `kws` (run's keywords): logits and cache bit for bit; a failure
+    names `label`."""
+    for kw in kws:
+        got, got_cache = run(model, model.ops, tokens, prompt, **kw)
+        want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
+        assert torch.isfinite(want).all()
+        assert torch.equal(got, want), (label, kw, (got - want).abs().max())
+        assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
+
+
 @pytest.mark.parametrize("fmt", ["fp32", "fp16", "int8", "q4"])
 @pytest.mark.parametrize("B,T", [(1, 1), (1, 5), (2, 3)])
 def test_native_blocks_equal_the_python_loop(fmt, B, T):
@@ -50,12 +61,7 @@ def test_native_blocks_equal_the_python_loop(fmt, B, T):
     g = torch.Generator().manual_seed(B * 10 + T)
     prompt = torch.randint(0, model.config.vocab_size, (B, 37), generator=g)
     tokens = torch.randint(0, model.config.vocab_size, (B, T), generator=g)
-    for kw in (dict(), dict(kv_limit=64), dict(window=8, sinks=2)):
-        got, got_cache = run(model, model.ops, tokens, prompt, **kw)
-        want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
-        assert torch.isfinite(want).all()
-        assert torch.equal(got, want), (fmt, kw, (got - want).abs().max())
-        assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
+    loops_agree(model, tokens, prompt, [dict(), dict(kv_limit=64), dict(window=8, sinks=2)], fmt)
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids="+".join)
@@ -69,12 +75,7 @@ def test_stacked_weights_equal_the_python_loop(pair):
     g = torch.Generator().manual_seed(11)
     prompt = torch.randint(0, model.config.vocab_size, (2, 37), generator=g)
     tokens = torch.randint(0, model.config.vocab_size, (2, 3), generator=g)
-    for kw in (dict(), dict(window=8, sinks=2)):
-        got, got_cache = run(model, model.ops, tokens, prompt, **kw)
-        want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
-        assert torch.isfinite(want).all()
-        assert torch.equal(got, want), (pair, kw, (got - want).abs().max())
-        assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
+    loops_agree(model, tokens, prompt, [dict(), dict(window=8, sinks=2)], pair)
 
 
 FAMILIES = [name for name, f in families.FAMILIES.items() if f.native_blocks and name != "llama"]
@@ -89,12 +90,7 @@ def test_each_familys_blocks_equal_the_python_loop(family, fmt):
     g = torch.Generator().manual_seed(9)
     prompt = torch.randint(0, model.config.vocab_size, (2, 37), generator=g)
     tokens = torch.randint(0, model.config.vocab_size, (2, 3), generator=g)
-    for kw in (dict(), dict(window=16, sinks=2)):
-        got, got_cache = run(model, model.ops, tokens, prompt, **kw)
-        want, want_cache = run(model, python_loop(model), tokens, prompt, **kw)
-        assert torch.isfinite(want).all()
-        assert torch.equal(got, want), (family, fmt, kw, (got - want).abs().max())
-        assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), kw
+    loops_agree(model, tokens, prompt, [dict(), dict(window=16, sinks=2)], (family, fmt))
 
 
 def test_biases_and_the_engine_path():

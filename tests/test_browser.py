@@ -9,7 +9,7 @@ import pytest
 from ui.models import Runtimes
 from ui import layout
 from ui.startup import build_runtime
-from tests.browser import PROMPT, VIEWPORT, set_number, wait_for_runs
+from tests.browser import PROMPT, VIEWPORT, generate, set_number, slowed, wait_for_runs
 from tests.test_browser_panels import MEASURE, problems
 
 HOSTILE = '<img src=x onerror="window.__xss = 1">'
@@ -49,18 +49,6 @@ def page(browser, served):
     page.wait_for_selector("#generate-btn")
     yield page
     context.close()
-
-
-def generate(page, mode="n-gram", max_new_tokens=48, run_no=1):
-    page.locator("#mode").get_by_label(mode, exact=True).check()
-    page.fill("#prompt textarea", PROMPT)
-    page.locator("#chat input").uncheck()
-    set_number(page, "max-new-tokens", max_new_tokens)
-    page.click("#generate-btn")
-    page.wait_for_function(f"document.querySelector('#status')?.innerText.includes('Run {run_no} done')",
-                           timeout=30_000)
-    wait_for_runs(page, run_no)
-
 
 
 def test_generate_n_gram_shows_coloured_spans_and_plots(page):
@@ -124,14 +112,7 @@ def test_compare_and_csv_download(page, served, tmp_path):
 def slow_engine(served, monkeypatch):
     """Rounds of at least 20 ms: a 1000-token run cannot end by itself while a test stops it."""
     rt = served[0]
-    real = rt.rounds_fn
-
-    def slow(s, ids, *earlier):
-        for rnd in real(s, ids, *earlier):
-            time.sleep(0.02)
-            yield rnd
-
-    monkeypatch.setattr(rt, "rounds_fn", slow)
+    monkeypatch.setattr(rt, "rounds_fn", slowed(rt.rounds_fn, 0.02))
 
 
 def test_stop_ends_a_long_run(page, slow_engine):
@@ -277,32 +258,6 @@ def test_special_tokens_show_as_markers(page, served, monkeypatch):
     assert text == "" and before not in ("none", "normal", '""')  # no text of its own: a drawn marker
 
 
-def test_dark_mode_plots_are_not_white(browser, served):
-    context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
-    page.goto(served[1] + "?__theme=dark")
-    page.wait_for_selector("#generate-btn")
-    generate(page, mode="plain", max_new_tokens=12)
-    page.wait_for_selector("#plot-itl .js-plotly-plot .main-svg")
-    bg, ink = page.locator("#plot-itl .js-plotly-plot").evaluate(
-        "e => [[getComputedStyle(e.querySelector('.main-svg')).backgroundColor,"
-        "       getComputedStyle(e.querySelector('.bglayer rect.bg')).fillOpacity],"
-        "      getComputedStyle(e.querySelector('.main-svg text.gtitle')).fill]")
-    assert bg == ["rgba(0, 0, 0, 0)", "0"] and ink == "rgb(227, 227, 227)"  # the page's dark shows through
-    context.close()
-
-
-def test_narrow_screens_stack_the_plots(browser, served):
-    context = browser.new_context(viewport={"width": 720, "height": 1000})
-    page = context.new_page()
-    page.goto(served[1])
-    page.wait_for_selector("#generate-btn")
-    itl, steps, acc = (page.locator(f"#{p}").bounding_box() for p in ("plot-itl", "plot-steps", "plot-acceptance"))
-    assert steps["y"] >= itl["y"] + itl["height"] - 1  # one above the other
-    assert abs(itl["width"] - acc["width"]) < 2  # each as wide as a full-width panel
-    context.close()
-
-
 def test_table_headers_break_between_words(page):
     fits = page.locator("#profile-table th").evaluate_all("""ths => ths.map(th => {
         const span = th.querySelector('.header');
@@ -326,28 +281,3 @@ def test_self_draft_switches_a_target_its_drafts_cannot_help(page):
 
 def test_a_launch_of_one_model_shows_no_picker(page):
     assert not page.locator("#model").is_visible()
-
-
-@pytest.mark.parametrize("width", [800, 1440])
-def test_every_panel_reads_at_800_and_1440_px(browser, served, width):
-    """The page at a narrow and a wide window after a run, a Compare and a Profile: in each plot no text box
-    overlaps another or runs off, and no bar label sits on a marker."""
-    context = browser.new_context(viewport={"width": width, "height": 900})
-    page = context.new_page()
-    try:
-        page.goto(served[1])
-        page.wait_for_selector("#generate-btn")
-        generate(page)
-        page.click("#compare-btn")
-        page.wait_for_function("document.querySelector('#status')?.innerText.includes('Compared')", timeout=60_000)
-        wait_for_runs(page, 3)
-        set_number(page, "profile-steps", 3)
-        page.click("#profile-btn")
-        page.wait_for_function("document.querySelector('#profile-status')?.innerText.includes('Profiled in')",
-                               timeout=60_000)
-        for plot in ("plot-itl", "plot-steps", "plot-acceptance", "plot-compare", "plot-profile"):
-            page.wait_for_selector(f"#{plot} .js-plotly-plot .main-svg", timeout=10_000)
-            drawn = page.evaluate(MEASURE, f"#{plot}")
-            assert drawn["texts"] and not problems(drawn), (plot, problems(drawn))
-    finally:
-        context.close()

@@ -1,10 +1,8 @@
 """The buttons in Chromium say what can be done now: Stop is off while idle, Generate and Compare are off while a run
 or a Compare runs, and what the run is doing is said right under the button that started it."""
-import time
-
 import pytest
 
-from tests.browser import PROMPT, readable, serving, set_number
+from tests.browser import PROMPT, readable, serving, set_number, slowed
 from ui.models import Runtimes
 from ui.startup import build_runtime
 
@@ -14,14 +12,7 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def rt():
     rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
-    real = rt.rounds_fn
-
-    def slow(s, ids, *earlier):  # rounds of at least 20 ms: a run lasts long enough to look at the buttons meanwhile
-        for rnd in real(s, ids, *earlier):
-            time.sleep(0.02)
-            yield rnd
-
-    rt.rounds_fn = slow
+    rt.rounds_fn = slowed(rt.rounds_fn, 0.02)  # rounds of at least 20 ms: long enough to look at the buttons
     yield rt
     rt.close()
 

@@ -3,11 +3,10 @@ buttons and the buttons' states while a run and a Compare go on, the live and fi
 plain", the runs table's, a refused value's message, and a base model's note with the chat box off. Every text is
 read against what is behind it (WCAG's contrast ratio from the computed colours, opacity included), and none runs
 past its box."""
-import json
-
 import pytest
 
-from tests.browser import CONTRAST, PROMPT, app, page_at, readable, set_number, tiny_and, wait_for_runs
+from runtimes import write_base_model
+from tests.browser import CONTRAST, PROMPT, app, page_at, readable, set_number, slowed, tiny_and, wait_for_runs
 from tests.test_browser_buttons import wait_enabled
 
 pytestmark = pytest.mark.browser
@@ -21,24 +20,8 @@ def look(page, elem_id: str) -> str:
 def models(tmp_path_factory):
     """The tiny launch model, slowed to rounds of 15 ms (a run lasts long enough to read the page meanwhile), and a
     base model (no chat template) in the picker."""
-    import time
-
-    from engine.tiny import tiny_config, write_tiny_model
-
-    folder = write_tiny_model(tmp_path_factory.mktemp("base"), tiny_config(), seed=3)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    del config["chat_template"]
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    models = tiny_and(folder, "tiny-base")
-    rt = models.first
-    real = rt.rounds_fn
-
-    def slow(s, ids, *earlier):
-        for rnd in real(s, ids, *earlier):
-            time.sleep(0.015)
-            yield rnd
-
-    rt.rounds_fn = slow
+    models = tiny_and(write_base_model(tmp_path_factory.mktemp("base"), seed=3), "tiny-base")
+    models.first.rounds_fn = slowed(models.first.rounds_fn, 0.015)
     yield models
     models.close()
 

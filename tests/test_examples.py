@@ -2,56 +2,43 @@
 openings to complete with the chat box off and a line saying why; an example is offered only where it beat plain
 decoding of the launch's default on this machine, the rule checked both ways with a fake timing source, the
 verdicts kept per machine, and each example run against plain for real on the CPU."""
-import json
-
 import gradio as gr
 import pytest
 
-from engine.tiny import tiny_config, write_tiny_model
+from runtimes import QUIET, write_base_model
 from ui import controls, example_check, examples
 from ui.models import Runtimes
 from ui.startup import build_runtime
 
-QUIET = dict(device="cpu", bandwidth=False, progress=lambda *a: None)
 BASE = "tiny-base"
 
 
 @pytest.fixture(scope="module")
-def instruct():
-    rt = build_runtime(tiny=True, **QUIET)
-    yield rt
-    rt.close()
-
-
-@pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    folder = write_tiny_model(tmp_path_factory.mktemp("base"), tiny_config(), seed=2)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    del config["chat_template"]  # what a base model's GGUF file gives the converter: no tokenizer.chat_template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    folder = write_base_model(tmp_path_factory.mktemp("base"), seed=2)
     rt = build_runtime(str(folder), **QUIET)
     rt.model_name = BASE
     yield rt
     rt.close()
 
 
-def test_a_base_model_gets_openings_to_complete_and_the_chat_box_off(instruct, base):
-    assert examples.is_base(base) and not examples.is_base(instruct)
+def test_a_base_model_gets_openings_to_complete_and_the_chat_box_off(tiny_runtime, base):
+    assert examples.is_base(base) and not examples.is_base(tiny_runtime)
     rows, labels = examples.examples(base)
     prompts = {row[1]: row[0] for row in rows}
     assert prompts["n-gram"] == examples.BASE_REPEAT and prompts["layer-skip"] == examples.BASE_CODE
     assert prompts["self-draft"] == examples.BASE_PROSE and all("continue" in label or "complete" in label
                                                                   for label in labels)
     assert not any("Write" in p or "Repeat" in p for p in prompts.values())  # no instruction a base model echoes
-    assert examples.examples(instruct)[0][0][0] == examples.EDIT and examples.base_note(instruct) == ""
+    assert examples.examples(tiny_runtime)[0][0][0] == examples.EDIT and examples.base_note(tiny_runtime) == ""
     chat = controls.model_knobs(base)["chat"]
     assert chat["value"] is False and chat["interactive"] is False
     assert "tiny-base is a base model" in chat["info"] and "continues the prompt's text" in chat["info"]
 
 
-def test_the_pick_brings_the_models_own_examples_and_keeps_a_typed_prompt(instruct, base):
-    models = Runtimes(instruct, {BASE: ("reading its weights", lambda shared: base)})
-    first_example = examples.offered(instruct)[0][0][0]
+def test_the_pick_brings_the_models_own_examples_and_keeps_a_typed_prompt(tiny_runtime, base):
+    models = Runtimes(tiny_runtime, {BASE: ("reading its weights", lambda shared: base)})
+    first_example = examples.offered(tiny_runtime)[0][0][0]
     out = list(controls.model_picked(models, BASE, "n-gram", "", first_example))[-1]
     status, (prompt, example_set, note) = out[0], out[-3:]
     assert "tiny-base: ready" in status and "base model" in status
@@ -61,7 +48,7 @@ def test_the_pick_brings_the_models_own_examples_and_keeps_a_typed_prompt(instru
     assert "base model" in note["value"] and note["visible"]
     typed = list(controls.model_picked(models, BASE, "n-gram", "", "my own words"))[-1]
     assert typed[-3] == gr.skip()  # a prompt the user wrote stays
-    back = list(controls.model_picked(models, instruct.model_name, "n-gram", "", examples.BASE_REPEAT))[-1]
+    back = list(controls.model_picked(models, tiny_runtime.model_name, "n-gram", "", examples.BASE_REPEAT))[-1]
     assert back[-3]["value"] == examples.EDIT and not back[-1]["visible"]
 
 
@@ -75,41 +62,41 @@ def fake(tok_s: dict, sat_out: dict | None = None):
     return measure
 
 
-def test_an_example_is_offered_only_where_it_beats_plain(instruct, tmp_path):
-    checks = example_check.check(instruct, fake({"plain": 100.0, "n-gram": 180.0, "self-draft": 50.0,
+def test_an_example_is_offered_only_where_it_beats_plain(tiny_runtime, tmp_path):
+    checks = example_check.check(tiny_runtime, fake({"plain": 100.0, "n-gram": 180.0, "self-draft": 50.0,
                                                  "layer-skip": 100.0, "draft model": 101.0}), tmp_path)
     verdict = {label.split(":")[0].split(" (")[0]: c for label, c in checks.items()}
     assert verdict["n-gram"].offered and verdict["draft model"].offered
     assert not verdict["self-draft"].offered and not verdict["layer-skip"].offered  # a tie is no win
-    assert verdict["self-draft"].reason.startswith(f"×0.50 vs plain {instruct.weight_format} (50 against 100")
-    rows, labels, note = examples.offered(instruct)
+    assert verdict["self-draft"].reason.startswith(f"×0.50 vs plain {tiny_runtime.weight_format} (50 against 100")
+    rows, labels, note = examples.offered(tiny_runtime)
     assert [r[1] for r in rows] == ["n-gram", "draft model"]
     assert note.startswith("Not offered on this machine: self-draft") and "×0.50 vs plain" in note
     assert "layer-skip (calibrated" in note and "×1.00 vs plain" in note
     # the reverse: every example wins, every one is offered
-    instruct.example_checks = {}
-    example_check.check(instruct, fake(dict.fromkeys(("n-gram", "self-draft", "layer-skip", "draft model"), 200.0)
+    tiny_runtime.example_checks = {}
+    example_check.check(tiny_runtime, fake(dict.fromkeys(("n-gram", "self-draft", "layer-skip", "draft model"), 200.0)
                                        | {"plain": 100.0}), tmp_path / "other")
-    assert len(examples.offered(instruct)[0]) == 4 and examples.offered(instruct)[2] == ""
-    instruct.example_checks = {}
+    assert len(examples.offered(tiny_runtime)[0]) == 4 and examples.offered(tiny_runtime)[2] == ""
+    tiny_runtime.example_checks = {}
 
 
-def test_an_example_whose_drafter_sat_out_is_not_offered(instruct, tmp_path):
+def test_an_example_whose_drafter_sat_out_is_not_offered(tiny_runtime, tmp_path):
     """Plain steps all along are plain decoding within noise: a lucky 1% is no win, and the page says why."""
     why = "a draft of 3 of 4 layers costs about 0.93 of a step"
     measure = fake({"plain": 100.0, "n-gram": 180.0, "self-draft": 150.0, "layer-skip": 103.0, "draft model": 150.0},
                    {"layer-skip": why})
-    checks = example_check.check(instruct, measure, tmp_path)
+    checks = example_check.check(tiny_runtime, measure, tmp_path)
     verdict = {label.split(":")[0].split(" (")[0]: c for label, c in checks.items()}
     assert not verdict["layer-skip"].offered and verdict["layer-skip"].ratio == 1.03
     assert all(c.offered for name, c in verdict.items() if name != "layer-skip")
     assert measure.calls.count("layer-skip") == 1  # no second round: it drafts nothing whatever the load
-    rows, labels, note = examples.offered(instruct)
+    rows, labels, note = examples.offered(tiny_runtime)
     assert "layer-skip" not in [r[1] for r in rows]
     assert f"drafts nothing here: {why} (×1.03 vs plain" in note
-    kept = example_check.check(instruct, fake({}), tmp_path)  # and the cache keeps the reason
+    kept = example_check.check(tiny_runtime, fake({}), tmp_path)  # and the cache keeps the reason
     assert {label: c.reason for label, c in kept.items()} == {label: c.reason for label, c in checks.items()}
-    instruct.example_checks = {}
+    tiny_runtime.example_checks = {}
 
 
 def test_a_base_models_plain_example_is_offered_unchecked(base, tmp_path):
@@ -122,28 +109,28 @@ def test_a_base_models_plain_example_is_offered_unchecked(base, tmp_path):
     base.example_checks = {}
 
 
-def test_verdicts_are_kept_per_machine(instruct, tmp_path, monkeypatch):
+def test_verdicts_are_kept_per_machine(tiny_runtime, tmp_path, monkeypatch):
     first = fake({"plain": 100.0, "n-gram": 130.0, "self-draft": 90.0, "layer-skip": 120.0, "draft model": 80.0})
-    example_check.check(instruct, first, tmp_path)
+    example_check.check(tiny_runtime, first, tmp_path)
     assert len(first.calls) == 4 * 2 * example_check.ROUNDS  # each example and plain, alternating
     again = fake({})  # would fail if asked: the cache answers
-    kept = example_check.check(instruct, again, tmp_path)
+    kept = example_check.check(tiny_runtime, again, tmp_path)
     assert again.calls == [] and {c.offered for c in kept.values()} == {True, False}
     monkeypatch.setattr(example_check, "machine", lambda rt: "cpu:another CPU:2 threads")
     other = fake({"plain": 100.0, "n-gram": 50.0, "self-draft": 50.0, "layer-skip": 50.0, "draft model": 50.0})
-    assert not any(c.offered for c in example_check.check(instruct, other, tmp_path).values())
+    assert not any(c.offered for c in example_check.check(tiny_runtime, other, tmp_path).values())
     assert len(other.calls) == 4 * 2  # x0.5: a first round that clear decides alone
-    instruct.example_checks = {}
+    tiny_runtime.example_checks = {}
 
 
-def test_each_example_runs_against_plain_on_the_cpu(instruct, tmp_path):
+def test_each_example_runs_against_plain_on_the_cpu(tiny_runtime, tmp_path):
     """The real timing source on the tiny model: every example and plain run, and the verdict follows the ratio."""
-    checks = example_check.check(instruct, cache_dir=tmp_path, progress=lambda *a: None)
-    assert len(checks) == len(examples.examples(instruct)[0]) == 4
+    checks = example_check.check(tiny_runtime, cache_dir=tmp_path, progress=lambda *a: None)
+    assert len(checks) == len(examples.examples(tiny_runtime)[0]) == 4
     for label, c in checks.items():
-        assert c.tok_s > 0 and c.plain_tok_s > 0 and c.plain_weights == instruct.weight_format, label
-        assert c.offered == (c.tok_s > c.plain_tok_s)
-    rows, labels, note = examples.offered(instruct)
+        assert c.tok_s > 0 and c.plain_tok_s > 0 and c.plain_weights == tiny_runtime.weight_format, label
+        assert c.offered == (c.tok_s > c.plain_tok_s and not c.sat_out)
+    rows, labels, note = examples.offered(tiny_runtime)
     assert set(labels) == {label for label, c in checks.items() if c.offered}
     assert all(label in note for label, c in checks.items() if not c.offered)
-    instruct.example_checks = {}
+    tiny_runtime.example_checks = {}

@@ -34,6 +34,14 @@ def test_the_view_runs_on_the_targets_cache(model):
     assert view.bytes_per_token == eng.cache.bytes_per_token // 2
 
 
+def test_it_runs_on_the_cache_of_the_engine_it_was_built_on_only(model):
+    eng = Engine(model, 128)
+    drafter = speculative.LayerSkipDrafter(eng, layers=[0, 2])
+    assert drafter.on_cache_of(eng)
+    with pytest.raises(ValueError, match="built on another engine"):
+        speculative.generate(Engine(model, 128), drafter, PROMPT, k=2, max_new_tokens=4)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_a_proposal_is_k_steps_whatever_came_before(model, monkeypatch, temperature):
     """Rounds of random k, plain ones among them: each proposal is k view steps (no catch-up of the tokens the

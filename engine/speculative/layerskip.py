@@ -184,9 +184,14 @@ class LayerSkipDrafter(ModelDrafter):
             self.engines[key] = Engine(view, self.target.max_seq_len, cache=self.target.cache.layers(keep, view.config))
         return self.engines[key]
 
-    def begin(self, target, prompt_ids, sampling, extra) -> None:
+    def on_cache_of(self, target) -> bool:
+        """Always: the views run on the cache of the engine this drafter was built on, which must be the target."""
         if target is not self.target:
             raise ValueError("this LayerSkipDrafter was built on another engine; build one on the target")
+        return True
+
+    def begin(self, target, prompt_ids, sampling, extra) -> None:
+        self.on_cache_of(target)
         self.sits_out = None
         if self.fixed is None:
             self.slope = verify_slope(target)
