@@ -15,6 +15,7 @@ import sys
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -211,6 +212,31 @@ def test_a_stale_torch_lock_is_removed_under_our_lock(monkeypatch, tmp_path):
     monkeypatch.setattr(ext, "_compile", compile_)
     assert ext.build("cuda").module is None
     assert seen == [False]
+
+
+def test_a_finished_build_loads_without_the_build_machinery():
+    """cpp_extension (setuptools with it: ~5 MB of every CPU process's RSS) only where a build runs."""
+    if ext.load("cpu").module is None:
+        pytest.skip(f"the CPU kernels did not build: {ext.load('cpu').reason}")
+    code = ("import sys; from engine.ops import ext; assert ext.load('cpu').module is not None; "
+            "print('torch.utils.cpp_extension' in sys.modules, 'setuptools' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).parents[1])
+    assert done.stdout.split() == ["False", "False"]
+
+
+def test_a_module_that_does_not_load_is_built_again(monkeypatch, tmp_path):
+    """A link cut short leaves a file of the module's name behind: it is rebuilt, not reported as the build."""
+    monkeypatch.setenv("DECODESCOPE_EXT_CACHE", str(tmp_path))
+    monkeypatch.setattr(ext, "toolkit_problem", lambda target: None)
+    directory = ext.build_dir("cpu", [], ext.CSRC)
+    directory.mkdir(parents=True)
+    name = "decodescope_cpu_" + directory.name.rsplit("-", 1)[1]
+    (directory / f"{name}.so").write_bytes(b"\x7fELF cut short")
+    compiled = []
+    monkeypatch.setattr(ext, "_compile", lambda *a: compiled.append(a[1]) or SimpleNamespace(isa=lambda: "avx2"))
+    assert ext.build("cpu").module is not None
+    assert compiled == [name]
 
 
 def test_missing_sources_are_a_reason(tmp_path, monkeypatch):

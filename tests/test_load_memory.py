@@ -61,3 +61,25 @@ def test_the_loader_releases_before_and_between_the_tensors_it_packs(tmp_path, m
     assert events[0] == "release"  # the tokenizer's parse, before any weight
     assert "weight, weight" not in ", ".join(events)  # never two tensors' buffers without a release between them
     assert events[-1] == "release"
+
+
+# modules a GGUF load and decode on token ids has no use for: each held ~1-5 MB of every such process's RSS
+# (cpp_extension brings setuptools; jinja renders chat templates; safetensors reads HF folders)
+UNUSED = ("torch.utils.cpp_extension", "setuptools", "jinja2", "safetensors")
+LOAD = """
+import sys
+from engine import Engine, load_model
+model = load_model(sys.argv[1], cache_dir=sys.argv[2], progress=lambda s: None)
+Engine(model, max_seq_len=16).generate([1, 2, 3], 2)
+print(" ".join(m for m in sys.argv[3:] if m in sys.modules))
+"""
+
+
+def test_a_gguf_load_imports_only_what_it_runs(tmp_path):
+    from gguf_files import family_files
+
+    gguf_file, _ = family_files("llama", tmp_path)
+    load_model(gguf_file, cache_dir=tmp_path / "cache", progress=lambda s: None)  # indexed, kernels built
+    done = subprocess.run([sys.executable, "-c", LOAD, str(gguf_file), str(tmp_path / "cache"), *UNUSED],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1], check=True)
+    assert done.stdout.split() == []

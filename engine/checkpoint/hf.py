@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from safetensors import safe_open
 
 from engine.checkpoint import sources
 from engine.checkpoint.errors import ModelLoadError
@@ -59,6 +58,8 @@ def index_tensors(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors files in {folder}; decodescope loads safetensors weights only")
+    from safetensors import safe_open  # here: a GGUF load never imports it
+
     found = {}
     for f in files:
         with safe_open(f, framework="pt") as sf:

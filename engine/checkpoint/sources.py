@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from engine.checkpoint.errors import ModelLoadError
 
@@ -31,6 +30,8 @@ class SafetensorsSource:
     """An HF folder's *.safetensors (sharded or not), opened once; `found` is hf.index_tensors'."""
 
     def __init__(self, found: dict[str, tuple[Path, tuple[int, ...]]]):
+        from safetensors import safe_open  # here: a GGUF load never imports it
+
         self.found = found
         self.handles = {f: safe_open(f, framework="pt") for f, _ in set(found.values())}
         self.shapes = {name: shape for name, (_, shape) in found.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import re
@@ -115,8 +116,6 @@ def build_dir(target: str, archs: list[str], csrc: Path) -> Path:
 
 def toolkit_problem(target: str) -> str | None:
     """Why this machine cannot compile the target, or None."""
-    from torch.utils import cpp_extension
-
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         return (f"no C++ compiler ({cxx!r} is not on PATH); install one (build-essential, or packages.txt on "
@@ -126,6 +125,8 @@ def toolkit_problem(target: str) -> str | None:
     if torch.version.cuda is None:
         return (f"torch {torch.__version__} is a CPU build (torch.version.cuda is None), so it cannot build "
                 "CUDA extensions; install a CUDA build of torch")
+    from torch.utils import cpp_extension
+
     if cpp_extension.CUDA_HOME is None or not (Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc").exists():
         return f"no CUDA toolkit found (CUDA_HOME={cpp_extension.CUDA_HOME}); put nvcc on PATH or set CUDA_HOME"
     return None
@@ -154,6 +155,22 @@ def _compile(target: str, name: str, directory: Path, archs: list[str], csrc: Pa
         build_directory=str(directory),
         verbose=verbose,
     )
+
+
+def _import_built(path: Path) -> ModuleType | None:
+    """A finished build, imported as cpp_extension.load imports it but without its build machinery (setuptools,
+    ~5 MB of a CPU process's RSS, and a ninja run that finds nothing to do); None where there is none, or a link
+    cut short left a file that does not load (then built again). The folder's name holds the hash of the sources
+    and flags, so a module in it is that build's."""
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    try:
+        module = importlib.util.module_from_spec(spec)  # dlopen
+        spec.loader.exec_module(module)
+    except ImportError:
+        return None
+    return module
 
 
 def _heartbeat(stop: threading.Event, started: float, what: str) -> None:
@@ -186,12 +203,13 @@ def build(target: str = "cuda", csrc: Path | None = None, verbose: bool = False)
         # holding our lock, no build of ours is running, so a leftover one is stale.
         (directory / "lock").unlink(missing_ok=True)
         try:
-            if not any(directory.glob(f"{name}*.so")):
+            module = _import_built(directory / f"{name}.so")
+            if module is None:
                 # A warning so that it shows without logging set up: the caller is about to wait.
                 log.warning("building %s kernels%s into %s (the first build takes about a minute)", what,
                             f" for {';'.join(archs)}" if archs else "", directory)
                 threading.Thread(target=_heartbeat, args=(stop, started, what), daemon=True).start()
-            module = _compile(target, name, directory, archs, csrc, verbose)
+                module = _compile(target, name, directory, archs, csrc, verbose)
         except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
             return ExtStatus(None, f"{what} kernel build failed (build dir {directory}):\n{compiler_error(str(e))}")
         finally:
