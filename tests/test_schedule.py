@@ -142,6 +142,46 @@ def test_a_model_drafter_too_slow_is_probed_again_later():
     assert [i for i, k in enumerate(ks) if k] == [REPROBE], ks
 
 
+class Remembering(Fake):
+    """A drafter kept between runs: it keeps the schedule's wait before a re-measurement, as ModelDrafter does."""
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.reprobe = None
+
+    def remember_reprobe(self, rounds):
+        self.reprobe = rounds
+
+
+def test_runs_in_a_row_carry_the_wait_before_a_reprobe():
+    """A slow drafter kept between runs starts the next run at the wait its last run reached (its cost still
+    trusted), so short runs in a row do not each pay a probe at REPROBE; once a probe finds drafting pays, the
+    wait is REPROBE again."""
+    drafter = Remembering()
+    simulate(Schedule(8, drafter), 1.0, CPU_TWINS, draft=5.0, rounds=120)
+    assert drafter.reprobe == 4 * REPROBE  # probes at 1, 2 + REPROBE and 3 + 3 * REPROBE, each doubling the wait
+    drafter.draft_cost = drafter.remembered
+    _, ks = simulate(Schedule(8, drafter), 1.0, CPU_TWINS, draft=5.0, rounds=60)
+    assert not any(ks)  # REPROBE rounds into it, a run that forgot would have probed
+    _, ks = simulate(Schedule(8, drafter), 1.0, CPU_TWINS, draft=5.0, rounds=200)
+    assert [i for i, k in enumerate(ks) if k] == [4 * REPROBE] and drafter.reprobe == 8 * REPROBE
+    drafter.draft_cost = None  # the measurement expired (ModelDrafter: COST_TTL_S): the next run measures
+    _, ks = simulate(Schedule(8, drafter), 0.97, KERNELS, draft=0.25, rounds=60)
+    assert ks[1] == 1 and sum(ks) > 60 and drafter.reprobe == REPROBE
+
+
+def test_a_model_drafter_keeps_the_wait_while_its_cost_is_trusted(monkeypatch):
+    from engine.speculative import drafters
+
+    d = drafters.ModelDrafter(None)
+    d.remember_reprobe(128)
+    assert d.reprobe is None  # no cost measured: nothing to trust
+    d.remember_cost(3.0)
+    assert d.reprobe == 128
+    clock = drafters.time.monotonic() + drafters.COST_TTL_S + 1
+    monkeypatch.setattr(drafters.time, "monotonic", lambda: clock)
+    assert d.draft_cost is None and d.reprobe is None
+
+
 def test_a_drafter_found_slow_is_used_once_the_load_lets_it_pay():
     """Another job slows the draft model to 5 steps a token for the first 20 rounds, then leaves: the re-probe
     measures the cheaper draft and the schedule drafts from then on."""

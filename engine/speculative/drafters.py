@@ -22,6 +22,8 @@ Protocol (speculative.stream drives it; a test can implement it too):
   draft_cost                                  a draft token's cost over a plain step's where known without
                                               measuring (0 for a lookup, a recent measurement), else None
   remember_cost(ratio)                        the ratio the schedule measured, for the drafter's next runs
+  reprobe, remember_reprobe(rounds)           likewise the plain rounds the schedule waits before measuring a
+                                              drafter too costly to pay again (None: start at REPROBE)
   sits_out                                    set by begin: why drafting cannot pay in this run, by the
                                               drafter's own model (None: the schedule judges each round); the
                                               adaptive schedule then makes every round a plain step, no probes
@@ -57,6 +59,7 @@ class Drafter:
     draft_cost: float | None = None
     chosen: str | None = None  # why a self-drafter is this one (engine/speculative/selfdraft.py)
     sits_out: str | None = None  # why no round of this run can pay (the adaptive schedule drafts none)
+    reprobe: int | None = None
 
     def begin(self, target, prompt_ids: list[int], sampling: SamplingParams, extra: int) -> None:
         pass
@@ -79,6 +82,9 @@ class Drafter:
     def remember_cost(self, ratio: float) -> None:
         pass
 
+    def remember_reprobe(self, rounds: int) -> None:
+        pass
+
     def describe(self) -> dict:
         return {"drafter": self.name}
 
@@ -98,7 +104,9 @@ class ModelDrafter(Drafter):
     commit() keeps the accepted drafts' entries by rolling back to the end of them. The cost of a draft over a
     target step, once measured, is kept for later runs against the same target and kernels for COST_TTL_S
     seconds: a drafter found too slow skips the probe for a while, and is measured again once the machine's
-    load may have changed."""
+    load may have changed. The schedule's wait before measuring it again (REPROBE rounds, doubled by each probe
+    that found it still too slow) is kept alike, so runs in a row do not each pay a probe (and a draft model's
+    catch-up of every token since its last draft) at the first interval."""
 
     name = "draft_model"
 
@@ -110,6 +118,7 @@ class ModelDrafter(Drafter):
         self.written = 0  # drafts written into the cache by the last proposal
         self.checked = None  # the target engine the tokenizers were compared against
         self.costs: dict[tuple, tuple[float, float]] = {}  # cost_key -> (draft ms over a plain step's, when)
+        self.reprobes: dict[tuple, int] = {}  # cost_key -> the schedule's last wait before a re-measurement
         self.cost_key: tuple = ()
 
     @property
@@ -119,6 +128,14 @@ class ModelDrafter(Drafter):
 
     def remember_cost(self, ratio: float) -> None:
         self.costs[self.cost_key] = (ratio, time.monotonic())
+
+    @property
+    def reprobe(self) -> int | None:
+        """The wait the last run reached, while its cost measurement is trusted (draft_cost); else None."""
+        return self.reprobes.get(self.cost_key) if self.draft_cost is not None else None
+
+    def remember_reprobe(self, rounds: int) -> None:
+        self.reprobes[self.cost_key] = rounds
 
     def begin(self, target, prompt_ids, sampling, extra) -> None:
         e = self.engine

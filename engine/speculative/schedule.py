@@ -21,7 +21,8 @@ DECAY = 0.99  # per round: about the last 100 rounds carry the estimates; a rule
 WINDOW = 8  # rounds a cost estimate keeps
 PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until this engine's verify passes are measured
 SLOPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its last run's verify slope per step
-REPROBE = 32  # rounds without a draft before a drafter too costly to pay is measured again (then 64, 128, ...)
+REPROBE = 32  # rounds without a draft before a drafter too costly to pay is measured again (then 64, 128, ...; a
+# drafter kept between runs carries the interval its last run reached while its cost measurement is trusted)
 HOLD = 16  # rounds a context's "plain" verdict stands while no round drafts: in that time only decay (15% over
 # 16 rounds) and the plain step's median move the estimates, so the verdict is recomputed that often at most,
 # and a plain round otherwise costs a dict probe; a context that turns good is probed at most HOLD rounds late
@@ -209,7 +210,7 @@ class Schedule:
         self.acceptance = Acceptance(drafter.prior)
         self.last: tuple[Hashable, int] | None = None
         self.idle = 0  # rounds since the last one that drafted
-        self.reprobe = REPROBE  # idle rounds before a drafter too costly to pay is measured again
+        self.reprobe: int | None = None  # idle rounds before a drafter too costly to pay is measured again
         self.rounds = 0  # rounds observed
         self.held: dict[tuple[Hashable, int], int] = {}  # (context, k_max) -> the round its "plain" verdict ends
 
@@ -229,8 +230,11 @@ class Schedule:
             k = self._decide(ctx, k_max)
             if k:
                 return k
+        if self.reprobe is None:  # the drafter's last run left it (read after begin, which sets what is kept)
+            self.reprobe = self.drafter.reprobe or REPROBE
         if self.drafter.draft_cost != 0.0 and self.idle >= self.reprobe and 1 in self.costs.verify:
             self.reprobe *= 2  # a model's cost measurement is stale
+            self.drafter.remember_reprobe(self.reprobe)
             self.costs.draft = []
             return 1
         return 0
@@ -238,7 +242,9 @@ class Schedule:
     def _decide(self, ctx: Hashable, k_max: int) -> int:
         best = self.best(self.acceptance.estimates(ctx, k_max), k_max, MIN_GAIN)
         if best:
-            self.reprobe = REPROBE
+            if self.reprobe != REPROBE:
+                self.reprobe = REPROBE
+                self.drafter.remember_reprobe(REPROBE)
             return best
         if 1 not in self.costs.verify:
             return 0  # a probe is judged against a measured plain step
