@@ -59,7 +59,7 @@ class Drafter:
     draft_cost: float | None = None
     chosen: str | None = None  # why a self-drafter is this one (engine/speculative/selfdraft.py)
     sits_out: str | None = None  # why no round of this run can pay (the adaptive schedule drafts none)
-    reprobe: int | None = None
+    reprobe: int | None = None  # the wait before re-measuring a costly drafter its last run reached (ModelDrafter)
 
     def begin(self, target, prompt_ids: list[int], sampling: SamplingParams, extra: int) -> None:
         pass
