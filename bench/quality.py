@@ -9,6 +9,12 @@ tokens for 3 chat prompts x 128 tokens (and where it first parts if not).
 
 --exact-activations adds, per quantized format, a row of the same blocks against fp32 activations (the torch twin
 that dequantizes them): the difference between the two rows is what the kernels' activation recipe costs.
+
+--llamacpp adds llama.cpp's own numerics as a second reference: its greedy ids on the model's GGUF file (Q4_1, the
+blocks q4 and q4_a8 run; llama-server with an f32 KV cache and flash attention off, bench/gemma.py reference) for
+the same chat prompts, and per format our teacher-forced top-1 on those ids, each split with both sides' top-1
+margins (a near-tie either engine may break either way), and where our free-running greedy ids first part from
+llama.cpp's.
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 @torch.inference_mode()
 def measure(fmt: str, ids: list[int], prompts: list[list[int]], new_tokens: int,
-            exact: bool = False) -> tuple[torch.Tensor, list, dict]:
+            exact: bool = False, theirs: list[dict] | None = None) -> tuple[torch.Tensor, list, dict]:
     model = load_model(None, weights=fmt, fused=not exact, progress=lambda msg: None)
     if exact:  # the same blocks dequantized, against fp32 activations
         linear = {f: ref.matmul_dequantized if weights.get(f).quantized else m for f, m in model.ops.linear.items()}
@@ -47,19 +53,48 @@ def measure(fmt: str, ids: list[int], prompts: list[list[int]], new_tokens: int,
     info = dict(weights=f"{fmt} (fp32 activations)" if exact else fmt, head=model.lm_head.weight.fmt,
                 weight_mb=model.weight_bytes / 1e6,
                 bits_per_weight=weights.BITS[fmt], perplexity=math.exp(nll.item()), kernels=eng.kernel_status)
+    if theirs is not None:
+        info.update(versus_llamacpp(eng, prompts, greedy, theirs))
     return logits, greedy, info
+
+
+def versus_llamacpp(eng: Engine, prompts: list[list[int]], greedy: list[list[int]], theirs: list[dict]) -> dict:
+    """Our teacher-forced top-1 on llama.cpp's greedy ids over every prompt, the splits that are not near-ties,
+    and where our own greedy ids first part from llama.cpp's."""
+    from bench import gemma
+
+    splits, tokens = [], 0
+    for prompt, ref_ids in zip(prompts, theirs, strict=True):
+        _, s = gemma.agreement(eng, prompt, ref_ids)
+        splits += s
+        tokens += len(ref_ids["ids"])
+    parts = [first_difference(g, t["ids"]) for g, t in zip(greedy, theirs, strict=True)]
+    return dict(llamacpp_top1=1 - len(splits) / tokens, llamacpp_splits=len(splits),
+                llamacpp_unexplained=sum(not gemma.near_tie(x) for x in splits),
+                llamacpp_greedy_first_difference=", ".join("-" if p is None else str(p) for p in parts))
+
+
+def llamacpp_ids(prompts: list[list[int]], new_tokens: int) -> list[dict]:
+    """llama.cpp's greedy ids (and top-1 margins) for each prompt, on the default model's own GGUF file."""
+    from bench import gemma
+    from engine.checkpoint import embedded
+
+    gguf_file = embedded.gguf_path(embedded.SMOLLM2, progress=lambda msg: None)
+    with gemma.reference(gguf_file, torch.get_num_threads()) as greedy:
+        return [greedy(p, new_tokens) for p in prompts]
 
 
 def bench(args) -> dict:
     tok = Tokenizer(load_model(None, weights="fp32", progress=lambda msg: None).path)
     ids = tok.encode(TEXT.read_text())
     prompts = [tok.encode_chat(p) for p in PROMPTS]
+    theirs = llamacpp_ids(prompts, args.new_tokens) if args.llamacpp else None
     base_logits, base_greedy, _ = measure("fp32", ids, prompts, args.new_tokens)
     rows = []
     runs = [(f, exact) for f in args.formats for exact in (False, True)
             if not exact or (args.exact_activations and weights.get(f).quantized)]
     for fmt, exact in runs:
-        logits, greedy, info = measure(fmt, ids, prompts, args.new_tokens, exact)
+        logits, greedy, info = measure(fmt, ids, prompts, args.new_tokens, exact, theirs)
         parts = [first_difference(g, b) for g, b in zip(greedy, base_greedy, strict=True)]
         rows.append(dict(**info, max_abs_logit_diff=(logits - base_logits).abs().max().item(),
                          top1_agreement=(logits.argmax(-1) == base_logits.argmax(-1)).float().mean().item(),
@@ -67,7 +102,9 @@ def bench(args) -> dict:
                          greedy_first_difference=", ".join("-" if p is None else str(p) for p in parts)))
         print(rows[-1], flush=True)
     return dict(model="SmolLM2-135M-Instruct (embedded default)", text=TEXT.name, text_tokens=len(ids),
-                greedy_prompts=PROMPTS, new_tokens=args.new_tokens, rows=rows)
+                greedy_prompts=PROMPTS, new_tokens=args.new_tokens, rows=rows,
+                llamacpp=None if theirs is None else dict(reference="llama-server on the model's Q4_1 GGUF file, f32 "
+                                                          "KV cache, flash attention off", ids=theirs))
 
 
 def markdown(result: dict) -> str:
@@ -76,7 +113,14 @@ def markdown(result: dict) -> str:
             f"chat prompts x {result['new_tokens']} tokens (first differing position per prompt, - if none).\n\n")
     cols = ["weights", "head", "bits_per_weight", "weight_mb", "max_abs_logit_diff", "top1_agreement", "perplexity",
             "greedy_equal", "greedy_first_difference"]
-    return head + markdown_table(result["rows"], cols)
+    md = head + markdown_table(result["rows"], cols)
+    if result.get("llamacpp"):
+        md += (f"\nAgainst llama.cpp's own numerics ({result['llamacpp']['reference']}): teacher-forced top-1 on its "
+               f"greedy ids for the same prompts, the splits (of them, not near-ties: both sides' top-1 margins >= "
+               f"1 logit), and where our greedy ids first part from its.\n\n")
+        md += markdown_table(result["rows"], ["weights", "head", "llamacpp_top1", "llamacpp_splits",
+                                               "llamacpp_unexplained", "llamacpp_greedy_first_difference"])
+    return md
 
 
 def main(argv=None):
@@ -84,6 +128,7 @@ def main(argv=None):
     p.add_argument("--formats", nargs="+", default=["fp32", "fp16", "int8", "q4"])
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--exact-activations", action="store_true", help="also each quantized format on fp32 activations")
+    p.add_argument("--llamacpp", action="store_true", help="also top-1 on llama.cpp's greedy ids (llama-server)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
     result = bench(args)

@@ -249,13 +249,14 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--name", default="verify-cpu", help="the results' file name (a CPU kind's own table beside others)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     with Telemetry("cpu") as tel:
         result = bench(args)
     result["provenance"] = provenance("cpu", tel)
     md = markdown(result)
-    write_results(args.out, "verify-cpu", result, md)
+    write_results(args.out, args.name, result, md)
     print(md)
 
 

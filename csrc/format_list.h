@@ -11,8 +11,8 @@
 //   cpu          yes: a CPU kernel runs it, under the code cpu_code (its tile: cpu/gemm.h Gemm::linears; its
 //                packed tensors: cpu/formats.h packed_tensors); no: its twin runs on a CPU (cpu_code unused)
 //   activations  what the CPU kernel and its twin do with x (WeightFormat.cpu_activations): exact, int8, int16, q8_k
-//   cuda         gemv: the CUDA GEMV reads its blocks (blocks::Format::<name>); int8: int8's GEMV reads them (the
-//                same blocks); no: no CUDA kernel reads it (fp32 runs on cuBLAS, the rest on their twins)
+//   cuda         gemv: the CUDA GEMV reads its blocks (blocks::Format::<name>); int8, q4: that format's GEMV reads
+//                them (the same blocks); no: no CUDA kernel reads it (fp32 runs on cuBLAS, the rest on their twins)
 #pragma once
 
 #define DECODESCOPE_FORMATS(X)                       \
@@ -22,6 +22,7 @@
   X(int8, 8.5, 32, yes, kInt8, int8, gemv)           \
   X(q8, 8.5, 32, yes, kQ8, int16, int8)              \
   X(q4, 5.0, 32, yes, kQ4, int16, gemv)              \
+  X(q4_a8, 5.0, 32, yes, kQ4A8, int8, q4)            \
   X(q4_k, 4.5, 256, yes, kQ4K, q8_k, no)             \
   X(q5_k, 5.5, 256, yes, kQ5K, q8_k, no)             \
   X(q6_k, 6.5625, 256, yes, kQ6K, q8_k, no)          \
@@ -34,9 +35,11 @@
 #define DECODESCOPE_CPU_no(...)
 #define DECODESCOPE_CUDA_GEMV_gemv(...) __VA_ARGS__
 #define DECODESCOPE_CUDA_GEMV_int8(...)
+#define DECODESCOPE_CUDA_GEMV_q4(...)
 #define DECODESCOPE_CUDA_GEMV_no(...)
 #define DECODESCOPE_CUDA_gemv(...) __VA_ARGS__
 #define DECODESCOPE_CUDA_int8(...) __VA_ARGS__
+#define DECODESCOPE_CUDA_q4(...) __VA_ARGS__
 #define DECODESCOPE_CUDA_no(...)
 
 namespace decodescope {

@@ -14,7 +14,7 @@ import pytest
 from engine import ops, weights
 from engine.ops import ext
 
-ROW = re.compile(r"^\s*X\((\w+), ([\d.]+), (\d+), (yes|no), (\w+), (\w+), (gemv|int8|no)\)", re.M)
+ROW = re.compile(r"^\s*X\((\w+), ([\d.]+), (\d+), (yes|no), (\w+), (\w+), (gemv|int8|q4|no)\)", re.M)
 
 
 def list_rows() -> dict[str, tuple]:

@@ -57,8 +57,10 @@ def check_linear(m, fmt: str, b: W.Blocks, x: torch.Tensor, what: str) -> None:
     if W.get(fmt).cpu_activations == "int8":  # int8, and q4_0 / q5_0 whose Blocks are int8's
         qx, dx = ref.quantize_activations(x, b.q.shape[1])
         sums = torch.einsum("nbi,obi->nob", qx, b.q.float().view(b.out_features, -1, 32))
-        want = ref.linear_a8(x, b.q, b.d)
+        want = ref.linear_a8(x, *b.tensors)
         bound = 4e-6 * ((b.d.float()[None] * dx[:, None]).abs() * sums.abs()).sum(-1)
+        if b.m is not None:  # q4_a8: Q4_1's min term, folded as q4's
+            bound = q16_fold_bound(x, b, 127)
     elif fmt in ("q4", "q8"):
         want = ref.linear_a16(x, *b.tensors)
         bound = q16_fold_bound(x, b)
@@ -72,9 +74,9 @@ def check_linear(m, fmt: str, b: W.Blocks, x: torch.Tensor, what: str) -> None:
     assert_within(out, want, bound, what)
 
 
-def q16_fold_bound(x: torch.Tensor, b: W.Blocks) -> torch.Tensor:
-    """2 nb 2^-24 sum_b (|d dx S| + |m xs|): the fp32 fold's worst case (header)."""
-    x16, dx = ref.quantize_blocks(x, b.q.shape[1], 32767)
+def q16_fold_bound(x: torch.Tensor, b: W.Blocks, qmax: int = 32767) -> torch.Tensor:
+    """2 nb 2^-24 sum_b (|d dx S| + |m xs|): the fp32 fold's worst case (header); activations to [-qmax, qmax]."""
+    x16, dx = ref.quantize_blocks(x, b.q.shape[1], qmax)
     nb = dx.shape[1]
     S = torch.einsum("nbi,obi->nob", x16.double(), b.q.double().view(b.out_features, nb, 32)).abs()
     terms = (b.d.double()[None] * dx.double()[:, None]).abs() * S
@@ -246,7 +248,7 @@ def test_errors_name_the_values(cpu_module):
     (w4,) = W.to_panels(W.quantize(torch.randn(17, 100), "q4"))
     with pytest.raises(RuntimeError, match=r"w must be \[P, nb, 320\] = \[2, 4, 320\], got \[2, 3, 320\]"):
         linear(m, "q4", out, x, w4[:, :3].contiguous())
-    with pytest.raises(RuntimeError, match=r"unknown weight format code 99 \(0\.\.9: "):
+    with pytest.raises(RuntimeError, match=r"unknown weight format code 99 \(0\.\.10: "):
         m.linear(out, x, 99, [qs, d])
     (wk,) = W.to_panels(W.quantize(torch.randn(17, 100), "q6_k"))
     with pytest.raises(RuntimeError, match=r"w must be \[P, ns, 3360\] = \[2, 1, 3360\], got \[2, 1, 2304\]"):

@@ -60,6 +60,26 @@ def test_q16_exact_sums(cpu_module, fmt):
             assert torch.equal(out, want[:T]), (name, T, (out - want[:T]).abs().max())
 
 
+def test_q4_a8_exact_sums(cpu_module):
+    """q4_a8 where nothing rounds: d = 1, m = -8, integer x with a block's largest |x| = 127, so dx = 1, qx = x and
+    every fold term is an integer below 2^24. Every path must give the twin's output exactly: a nibble paired
+    with the wrong input, a lost high nibble or a wrong min term shows."""
+    g = torch.Generator().manual_seed(5)
+    out_f, n_in = 37, 576
+    nb = n_in // 32
+    b = W.Blocks("q4_a8", out_f, n_in, torch.randint(0, 16, (out_f, n_in), generator=g, dtype=torch.uint8),
+                 torch.ones(out_f, nb, dtype=torch.float16), torch.full((out_f, nb), -8.0, dtype=torch.float16))
+    x = torch.randint(-100, 101, (17, n_in), generator=g).float()
+    x[:, ::32] = 127 * torch.where(torch.rand(17, nb, generator=g) < 0.5, -1.0, 1.0)  # each block's amax
+    want = ref.linear_a8(x, *b.tensors)
+    assert torch.equal(want, x @ W.dequantize(b).t())  # exact: the recipe loses nothing here
+    for name, mod in each_path(cpu_module):
+        for T in (1, 2, 5, 7, 16, 17):
+            out = torch.full((T, out_f), NAN)
+            linear(mod, "q4_a8", out, x[:T].contiguous(), *W.to_panels(b))
+            assert torch.equal(out, want[:T]), (name, T, (out - want[:T]).abs().max())
+
+
 @pytest.mark.parametrize("fmt", K_QUANTS)
 def test_q8_k_activations_err_by_half_a_step(cpu_module, fmt):
     """The K-quants against the fp32 matmul of the same (dequantized) weights: the 8-bit activations err by at
@@ -101,7 +121,7 @@ def test_k_quant_exact_sums(cpu_module, fmt):
             assert torch.equal(out, want[:T]), (name, T, (out - want[:T]).abs().max())
 
 
-@pytest.mark.parametrize("fmt", ["int8", "q4", "q8", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["int8", "q4", "q4_a8", "q8", "q4_k", "q6_k"])
 def test_activation_blocks_with_inf_nan_and_denormals(cpu_module, fmt):
     """The quantized formats' activation blocks, defined for every input (csrc/cpu/q16.h block_scale) and alike
     on every path: a block holding inf or NaN makes its row's outputs NaN, as a float matmul's would be inf or
@@ -118,7 +138,8 @@ def test_activation_blocks_with_inf_nan_and_denormals(cpu_module, fmt):
     zeroed = x[3:5].clone()
     zeroed[:, 32:64] = 0
     b = W.quantize(randn(40, 96, seed=32), fmt)
-    want = (ref.linear_a8(x, b.q, b.d) if fmt == "int8" else ref.linear_a16(x, *b.tensors) if fmt in ("q4", "q8")
+    acts = W.get(fmt).cpu_activations
+    want = (ref.linear_a8(x, *b.tensors) if acts == "int8" else ref.linear_a16(x, *b.tensors) if acts == "int16"
             else ref.linear_q8_k(x, b.q, b.d, b.sc, b.m, b.mn))
     assert want[:3].isnan().all() and not want[3:].isnan().any()
     first = None

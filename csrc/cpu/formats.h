@@ -51,6 +51,7 @@ constexpr std::array<PackedTensors, kNumFormats> packed_tensors() {
   t[kQ8] = {2, {{qs, d}}};
   t[kQ4] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 320]", .rank = 3,
                   .dims = {kP, kNb, kQ4BlockBytes}}}}};
+  t[kQ4A8] = t[kQ4];  // the same stream
   t[kQ4K] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 2304]", .rank = 3,
                    .dims = {kP, kNs, kQ4KBytes}}}}};
   t[kQ5K] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 2816]", .rank = 3,

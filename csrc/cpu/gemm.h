@@ -107,6 +107,47 @@ struct Gemm {
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
   }
 
+  // q4_a8: the same Q4_1 blocks against int8 activations (quantize_rows), as llama.cpp runs Q4_1 on Q8_1's: a
+  // chunk's nibbles masked and shifted are the VPDPBUSD (AVX2: VPMADDUBSW) operands of inputs 8c..8c+3 and
+  // 8c+4..8c+7, so a row's block is 8 instructions, half of the 16-bit halves' 16. A block's sum stays exact in
+  // a Sub (a lane's pairs at most 8 * 2 * 15 * 127 = 30480 < 2^15), then fold_q4 with xs = dx * sum(qx), the
+  // quantized block sum (qoff = -128 sum(qx)), as q16.h explains for 16 bits.
+  static constexpr int kRowsA8 = S::kRegs == 32 ? 8 : 4;
+  template <int R>
+  static void q4a8_tile(const LinearArgs& a, int64_t p, int r0) {
+    static_assert(S::kSubSum >= 8 * 2 * 15 * 127);
+    const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * a.nb * kQ4BlockBytes;
+    const int64_t ldq = static_cast<int64_t>(a.nb) * kBlock;
+    const typename S::SubScale one = S::sub_scale(S::i32_set1(1));
+    F y[R];
+    for (int r = 0; r < R; ++r) y[r] = S::zero();
+    for (int b = 0; b < a.nb; ++b) {
+      const uint8_t* wb = wp + b * kQ4BlockBytes;
+      for (int line = 0; line < kQ4BlockBytes; line += 64) prefetch(wb + line);
+      typename S::Sub acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = S::sub_zero();
+      // one chunk at a time: unrolled, GCC hoists every chunk's products ahead of their sums and spills them
+#pragma GCC unroll 1
+      for (int c = 0; c < 4; ++c) {
+        const typename S::U8 q = S::u8_load(wb + c * kQ4Chunk);
+        const typename S::U8 wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xr = a.qx + (r0 + r) * ldq + b * kBlock + 8 * c;
+          acc[r] = S::sub_dot(S::sub_dot(acc[r], wl, KQuants<S>::x4(xr)), wh, KQuants<S>::x4(xr + 4));
+        }
+      }
+      const F dv = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ4Nibbles));
+      const F mv = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ4Nibbles + 2 * kPanel));
+      for (int r = 0; r < R; ++r) {
+        const int64_t s = (r0 + r) * a.nb + b;
+        const float xs = a.dx[s] * static_cast<float>(-(a.qoff[s] / 128));  // |sum| <= 32 * 127: exact
+        y[r] = fold_q4<S>(y[r], S::to_float(S::sub_scaled(acc[r], one)), dv, mv, a.dx[s], xs);
+      }
+    }
+    for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
+  }
+
   // int8 (W8A8, as llama.cpp runs Q8_0): y = sum_b (d * dx) * (sum_i q * qx), the integer sums exact in int32.
   template <int R>
   static void i8_tile(const LinearArgs& a, int64_t p, int r0) {
@@ -173,6 +214,7 @@ struct Gemm {
   struct F32 {};
   struct F16 {};
   struct Q4 {};
+  struct Q4A8 {};
   struct I8 {};
   struct Q8 {};
   struct Q4_0 {};
@@ -183,6 +225,7 @@ struct Gemm {
     if constexpr (std::is_same_v<K, F32>) dense_tile<R, 1, float>(a, p, r0);
     else if constexpr (std::is_same_v<K, F16>) dense_tile<R, 1, uint16_t>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q4>) q4_tile<R>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q4A8>) q4a8_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q8>) q8_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q4_0>) Legacy<S>::template q50_tile<R, false>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q5_0>) Legacy<S>::template q50_tile<R, true>(a, p, r0);
@@ -219,6 +262,7 @@ struct Gemm {
   static void linear_f32(const LinearArgs& a, int64_t p0, int64_t p1) { dense_panels<F32, float>(a, p0, p1); }
   static void linear_f16(const LinearArgs& a, int64_t p0, int64_t p1) { dense_panels<F16, uint16_t>(a, p0, p1); }
   static void linear_q4(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4, kRowsQ16>(a, p0, p1); }
+  static void linear_q4_a8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4A8, kRowsA8>(a, p0, p1); }
   static void linear_int8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<I8, kRowsI8>(a, p0, p1); }
   static void linear_q8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q8, kRowsQ16>(a, p0, p1); }
   // K-quants: their own loop (kquants.h), which unpacks a super-block once for all the rows of a verify pass
@@ -237,6 +281,7 @@ struct Gemm {
     t[kInt8] = linear_int8;
     t[kQ8] = linear_q8;
     t[kQ4] = linear_q4;
+    t[kQ4A8] = linear_q4_a8;
     t[kQ4K] = linear_q4k;
     t[kQ5K] = linear_q5k;
     t[kQ6K] = linear_q6k;

@@ -65,6 +65,7 @@ constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;
 // int8: qs [P, nb, 8, 16, 4] bytes q+128, d [P, nb, 16] fp16; x is unused: qx [T, nb*32] int8,
 //     dx [T, nb] and qoff [T, nb] = -128 * sum(qx of the block) come from quantize_rows.
 // q8: the same weights as int8 against the 16-bit activations (act): a q4 model's LM head.
+// q4_a8: q4's stream against the int8 activations (qx, dx, qoff), as llama.cpp runs Q4_1 on Q8_1's.
 // q4_0, q5_0: w the stream above against the int8 activations (qx, dx, qoff), as llama.cpp runs them on Q8_0's.
 // q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xsum [T, ns*16] (the
 //     sums of every 16 qx) come from quantize_rows_k (llama.cpp's Q8_K).

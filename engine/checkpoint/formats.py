@@ -83,6 +83,9 @@ def q4_k_as_q4(b: wts.Blocks) -> wts.Blocks:
 # cheaper and closer than re-quantizing the dequantized values
 CONVERSIONS = {("q4_0", "q4"): (q4_0_as_q4, None),
                ("q4_k", "q4"): (q4_k_as_q4, "their sub-block scales rounded to fp16 (at most 2^-11 of a step)")}
+# q4_a8 holds q4's blocks (engine/weights/q4_1.py), so it takes the same conversions
+CONVERSIONS |= {(stored, "q4_a8"): (lambda b, convert=convert: wts.reblock(convert(b), "q4_a8"), rounds)
+                for (stored, _), (convert, rounds) in list(CONVERSIONS.items())}
 
 
 def near(fmt: str, stored: str) -> bool:

@@ -145,9 +145,9 @@ def matmul_dequantized(x: torch.Tensor, w) -> torch.Tensor:
 
 
 def matmul_int8_a8(x: torch.Tensor, w) -> torch.Tensor:
-    """int8 on a CPU: the blocks against int8 activations, the SIMD kernel's recipe (linear_a8)."""
-    q, d = w.tensors
-    return linear_a8(x, q, d).to(x.dtype)
+    """int8, q4_0, q5_0 and q4_a8 on a CPU: the blocks against int8 activations, the SIMD kernels' recipe
+    (linear_a8)."""
+    return linear_a8(x, *w.tensors).to(x.dtype)
 
 
 def matmul_q8_k(x: torch.Tensor, w) -> torch.Tensor:
@@ -189,14 +189,20 @@ def quantize_activations(x: torch.Tensor, in_pad: int) -> tuple[torch.Tensor, to
     return quantize_blocks(x, in_pad, 127)
 
 
-def linear_a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """int8 weights times int8 activations (the CPU int8 kernel, W8A8 as llama.cpp's Q8_0 path):
-    x [N, in] fp32, q int8 [out, in_pad], d fp16 [out, nb] ->
-    y[n, o] = sum_b (d[o, b] * dx[n, b]) * sum_i q[o, b, i] * qx[n, b, i]. The integer sums are exact in fp32
-    (|sum| <= 32 * 127 * 127 < 2^24)."""
+def linear_a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
+    """Block weights times int8 activations (the CPU int8 kernel, W8A8 as llama.cpp's Q8_0 path; with m, Q4_1
+    blocks against Q8_1's recipe, the q4_a8 kernel): x [N, in] fp32, q [out, in_pad] (int8, or uint8 0..15),
+    d (and m) fp16 [out, nb] ->
+        y[n, o] = sum_b (d[o, b] * dx[n, b]) * S[n, o, b]  +  m[o, b] * xs[n, b],   S = sum_i q[o, b, i] * qx[n, b, i]
+    with xs = fl(dx * sum_i qx_i), the quantized block sum (csrc/cpu/q16.h says why). The integer sums are exact
+    in fp32 (|S| <= 32 * 127 * 127 < 2^24)."""
     qx, dx = quantize_activations(x, q.shape[1])
     sums = torch.einsum("nbi,obi->nob", qx, q.float().view(q.shape[0], -1, 32))  # [N, out, nb]
-    return ((d.float()[None] * dx[:, None]) * sums).sum(-1)
+    if m is None:
+        return ((d.float()[None] * dx[:, None]) * sums).sum(-1)
+    xs = dx * qx.sum(-1)  # |sum| <= 32 * 127: exact before the product
+    y = ((d.float()[None] * dx[:, None]).double() * sums).sum(-1)
+    return (y + (m.float()[None].double() * xs[:, None].double()).sum(-1)).float()
 
 
 def linear_a16(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:

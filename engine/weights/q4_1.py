@@ -1,5 +1,11 @@
-"""q4: GGUF's Q4_1 blocks. Per block of 32 inputs: q in [0, 15], fp16 scale d and min m; w = d * q + m.
+"""q4 and q4_a8: GGUF's Q4_1 blocks. Per block of 32 inputs: q in [0, 15], fp16 scale d and min m; w = d * q + m.
 Quantized with d = (max - min) / 15, m = min, q = round((w - m) / d); the fp16-rounded d and m are used.
+
+The two formats are the same blocks and layouts; they differ in what the CPU kernel does with the activations:
+q4 quantizes them to 16 bits per block (csrc/cpu/q16.h, near exact, 16 integer instructions a row and block),
+q4_a8 to int8 per block as llama.cpp runs Q4_1 (Q8_1's recipe: 8 instructions, so a verify pass of several
+tokens costs less; its error is llama.cpp's). On CUDA both run q4's GEMV. Each holds the other's blocks exactly
+(exact_in), so a file's Q4_1 tensors load as either without a second rounding.
 
 CUDA rows: q nibble-packed [out, in_pad / 2] in GGUF's order (pack_nibbles), d and m [out, nb].
 CPU panels: one stream w uint8 [P, nb, 320] (csrc/cpu/kernels.h), each block of 16 outputs x 32 inputs as 4
@@ -16,13 +22,15 @@ from engine.weights.format import BLOCK, Blocks, Layout, Packed, WeightFormat
 from engine.weights.panels import PANEL
 
 
-def quantize(w: torch.Tensor) -> Blocks:
-    x = panels.pad_blocks(w)
-    lo, hi = x.amin(-1), x.amax(-1)
-    d, m = ((hi - lo) / 15).half(), lo.half()
-    inv = torch.where(d == 0, 0.0, 1.0 / d.float())
-    q = torch.round((x - m.float()[..., None]) * inv[..., None]).clamp_(0, 15).to(torch.uint8)
-    return Blocks("q4", w.shape[0], w.shape[1], q.view(w.shape[0], -1), d, m)
+def quantizer(fmt: str):
+    def quantize(w: torch.Tensor) -> Blocks:
+        x = panels.pad_blocks(w)
+        lo, hi = x.amin(-1), x.amax(-1)
+        d, m = ((hi - lo) / 15).half(), lo.half()
+        inv = torch.where(d == 0, 0.0, 1.0 / d.float())
+        q = torch.round((x - m.float()[..., None]) * inv[..., None]).clamp_(0, 15).to(torch.uint8)
+        return Blocks(fmt, w.shape[0], w.shape[1], q.view(w.shape[0], -1), d, m)
+    return quantize
 
 
 def dequantize(b: Blocks) -> torch.Tensor:
@@ -118,12 +126,17 @@ def to_gguf(b: Blocks) -> torch.Tensor:
     return torch.cat((gguf_bytes.f16_bytes(b.d), gguf_bytes.f16_bytes(b.m), q), -1).reshape(b.out_features, -1)
 
 
+LAYOUTS = {"torch": Layout(canonical, from_canonical, canonical_rows),
+           "cuda": Layout(to_nibble_rows, from_nibble_rows, nibble_rows),
+           "cpu": Layout(to_panels, from_panels, panel_rows)}
+
 FORMATS = (
-    WeightFormat(name="q4", bits=5.0, block=BLOCK, quantize=quantize, dequantize=dequantize,
-                 layouts={"torch": Layout(canonical, from_canonical, canonical_rows),
-                          "cuda": Layout(to_nibble_rows, from_nibble_rows, nibble_rows),
-                          "cpu": Layout(to_panels, from_panels, panel_rows)},
+    WeightFormat(name="q4", bits=5.0, block=BLOCK, quantize=quantizer("q4"), dequantize=dequantize, layouts=LAYOUTS,
                  cpu_activations="int16", head="q8", cuda_kernel="linear_q4", gguf="Q4_1", from_gguf=from_gguf,
-                 to_gguf=to_gguf,
+                 to_gguf=to_gguf, exact_in=("q4_a8",),
                  notes="GGUF Q4_1 blocks: the default model's own, so lossless for it"),
+    WeightFormat(name="q4_a8", bits=5.0, block=BLOCK, quantize=quantizer("q4_a8"), dequantize=dequantize,
+                 layouts=LAYOUTS, cpu_activations="int8", head="int8", cuda_kernel="linear_q4", gguf="Q4_1",
+                 to_gguf=to_gguf, exact_in=("q4",),
+                 notes="q4's blocks against int8 activations on a CPU, as llama.cpp runs Q4_1: a cheaper verify pass"),
 )
