@@ -39,7 +39,7 @@ class LatestMatch(lookup.NgramDrafter):
         if not found:
             return None
         src, length = found[0]
-        return src, 1 if length == 1 else 2 if length < 4 else 4
+        return lookup.Choice(src, 1 if length == 1 else 2 if length < 4 else 4)
 
     def prior(self, key) -> float:
         return LATEST_PRIORS[key]
