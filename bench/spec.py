@@ -313,7 +313,7 @@ def main(argv=None):
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    chosen = [*args.targets, *args.sets] if (args.targets, args.sets) != (["q4", "fp32"], list(SETS)) else []
+    chosen = ([] if args.targets == ["q4", "fp32"] else args.targets) + ([] if args.sets == list(SETS) else args.sets)
     run_and_save(args.out, "-".join([f"spec-{args.device}", *chosen] + (["quick"] if args.quick else [])), args.device,
                  lambda save: cuda_bench(args, save) if args.device == "cuda" else bench(args, save), markdown)
 
