@@ -86,7 +86,7 @@ def server_greedy(root: str, prompt: list[int], new_tokens: int) -> dict:
     r = httpx.post(root + "/completion", json=body, trust_env=False, timeout=300)
     r.raise_for_status()
     probs = r.json()["completion_probabilities"]
-    return dict(ids=[int(p["id"]) for p in probs], margins=[top_margin(p) for p in probs])
+    return dict(ids=[int(p["id"]) for p in probs], margins=[top_margin(p) for p in probs], eos_banned=True)
 
 
 def reference(gguf_file: Path, threads: int):
@@ -159,9 +159,13 @@ def head_ms(model, repeats: int = 20) -> float:
 def agreement(eng: Engine, prompt: list[int], theirs: dict) -> tuple[float, list[dict]]:
     """Teacher-forced top-1 agreement: our argmax after each prefix of llama.cpp's ids, against its next id; and
     each position where they differ, with our top-1 margin there (our top logit over our logit of llama.cpp's
-    pick) and llama.cpp's own top-1 margin there."""
+    pick) and llama.cpp's own top-1 margin there. Where the reference ran with ignore_eos (llama-server's, which
+    bans the model's end tokens from its picks: server_greedy), ours leaves them out too: a place where the model
+    would stop is not a disagreement."""
     ids = theirs["ids"]
     rows = eng.logits(prompt + ids[:-1])[len(prompt) - 1:].float()
+    if theirs.get("eos_banned"):
+        rows[:, list(eng.model.eos_ids)] = float("-inf")
     ours = rows.argmax(-1)
     splits = []
     for i in (ours != torch.tensor(ids)).nonzero().flatten().tolist():

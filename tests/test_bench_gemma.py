@@ -125,6 +125,22 @@ def test_agreement_names_each_split_with_both_margins(tiny_files):
     assert parted["unexplained"] == (0 if gemma.near_tie(split) else 1)
 
 
+def test_agreement_leaves_out_the_end_tokens_a_reference_banned(tiny_files):
+    """llama-server's greedy ids come with ignore_eos, which bans the end tokens: where our top-1 is an end token
+    and its pick the best of the rest, that is agreement for such a reference and a split for any other."""
+    eng = Engine(gemma.load(str(random_gguf.path(tiny_files, "tiny", "F32")), "fp32"), max_seq_len=64)
+    ours, _ = eng.generate(PROMPT, 6, temperature=0.0, stop_ids=[])
+    logits = eng.logits(PROMPT + ours[:5])[-1]
+    second = int(logits.topk(2).indices[1])
+    eng.model.eos_ids = (ours[5],)  # our top-1 at the last place becomes an end token
+    theirs = dict(ids=[*ours[:5], second], margins=[5.0] * 6)
+    _, splits = gemma.agreement(eng, PROMPT, theirs)
+    assert [s["at"] for s in splits] == [5]
+    _, splits = gemma.agreement(eng, PROMPT, dict(theirs, eos_banned=True))
+    # banned everywhere: only a place whose own top-1 was that token may part now, never the last one
+    assert all(ours[s["at"]] == ours[5] for s in splits) and 5 not in [s["at"] for s in splits]
+
+
 def test_server_margins_read_either_response_shape():
     new = dict(id=5, top_logprobs=[dict(id=5, logprob=-0.1), dict(id=9, logprob=-2.6)])
     old = dict(id=5, probs=[dict(tok_str="a", prob=0.5), dict(tok_str="b", prob=0.125)])
