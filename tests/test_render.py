@@ -3,9 +3,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from engine.stats import KINDS, Round, Token
+from engine.stats import KINDS, Round, Stats, Token
 from ui import render
-from ui.explain import schedule_note
+from ui.explain import schedule_note, verify_note, verify_slope
 from ui.testing import synthetic_rounds, synthetic_stats, text_of
 
 
@@ -184,3 +184,22 @@ def test_a_run_that_drafted_every_round_is_counted_once():
     s = synthetic_stats(14, k=3)
     assert "drafted in</b> 13 of 13 rounds" in render.stats_line(s, notes=[schedule_note(s)])
     assert schedule_note(s) == ""  # the stats line says it; a note would repeat it
+
+
+def verify_stats(plain_ms: float, verify: list[tuple[float, int]], plain_rounds: int = 4) -> Stats:
+    """A speculative run's rounds: plain steps of plain_ms, then drafted rounds of (target_ms, drafts)."""
+    rounds = [Round(0, [], 0.0, 10.0, target_ms=10.0)]
+    rounds += [Round(i, [], 0.0, plain_ms, target_ms=plain_ms, k=0) for i in range(1, plain_rounds + 1)]
+    rounds += [Round(len(rounds) + i, [], 0.0, ms, target_ms=ms, n_drafted=n, k=n) for i, (ms, n) in enumerate(verify)]
+    return Stats(rounds, prompt_len=3, settings=dict(mode="n-gram", k=8))
+
+
+def test_verify_note_names_q4_a8_only_where_a_q4_verify_position_costs_much():
+    slow = verify_stats(4.0, [(4.0 * (1 + 0.42 * 5), 5), (4.0 * (1 + 0.42 * 3), 3)])
+    assert verify_slope(slow) == pytest.approx(0.42)
+    note = verify_note(slow, "q4")
+    assert "0.42 of a plain step" in note and "q4_a8" in note and "spec-cpu-q4-q4_a8" in note
+    assert verify_note(slow, "q4_a8") == "" and verify_note(slow, "fp32") == ""  # the hint is q4's
+    assert verify_note(verify_stats(4.0, [(4.0 * (1 + 0.1 * 5), 5)]), "q4") == ""  # a cheap verify: nothing to say
+    assert verify_slope(verify_stats(4.0, [(9.0, 5)], plain_rounds=2)) is None  # too few plain steps to compare
+    assert verify_slope(verify_stats(4.0, [])) is None

@@ -12,7 +12,7 @@ from engine.request import SINKS, Request
 from engine.stats import Round, finite
 from ui import render, stream
 from ui.baseline import plain_of
-from ui.explain import schedule_note
+from ui.explain import schedule_note, verify_note
 from ui.pump import RoundPump
 from ui.run import LiveRun, Session, begin_run, ceiling_note, record_run, refusal, starting
 from ui.runtime import RunFacts, Runtime
@@ -93,7 +93,10 @@ def generate(rt: Runtime, session: Session, prompt: str, s: Request, ids: list[i
 def final_stats(rt: Runtime, stats, facts: list[RunFacts], vs: tuple[str, str] | None = None) -> str:
     """The stats line of a finished run, with what its figures rest on: the ceiling's probes, how many rounds
     drafted and why, the plain baseline, and on a CPU that the page shared the cores while it streamed."""
-    notes = [n for n in (schedule_note(stats), STREAMED_NOTE if rt.engine.device.type == "cpu" else "") if n]
+    cpu = rt.engine.device.type == "cpu"
+    weights = stats.settings.get("weights") or rt.weight_format
+    notes = [n for n in (schedule_note(stats), verify_note(stats, weights) if cpu else "", STREAMED_NOTE if cpu else "")
+             if n]
     return render.stats_line(stats, ceiling=ceiling_note(facts), notes=notes, vs_plain=vs)
 
 
