@@ -6,7 +6,8 @@ quantizer, its dequantize twin, its layouts and its record (WeightFormat):
 
     dense.py      fp32, fp16, bf16     the weight itself
     q8_0.py       int8, q8             GGUF Q8_0 blocks (q8: a q4 model's head, 16-bit activations on a CPU)
-    q4_1.py       q4                   GGUF Q4_1 blocks: the default model's own, so lossless for it
+    q4_1.py       q4, q4_a8            GGUF Q4_1 blocks: the default model's own, so lossless for it (q4_a8: the
+                                       same blocks against 8-bit activations on a CPU, llama.cpp's recipe)
     q4_0.py       q4_0, q5_0           GGUF Q4_0 / Q5_0 blocks (also held exactly by int8's)
     k_quants.py   q4_k, q5_k, q6_k     GGUF K-quant super-blocks of 256
     gguf_bytes.py                      what the formats' GGUF byte codecs share
