@@ -23,8 +23,6 @@ weight bytes are split into the head and the rest, and the head's own time is me
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ from pathlib import Path
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 import torch
 
-from bench import llamacpp
+from bench import llamacpp, reference
 from bench.common import markdown_table, run_and_save
 from bench.scaling import ours_decode
 from bench.steps import cpu_path
@@ -47,70 +45,9 @@ PROMPTS = (*FACTS,
            "water with a long beam of light. One morning the keeper found a bottle on the rocks, and",
            'def is_prime(n: int) -> bool:\n    """Return True if n is a prime number.\n\n    >>> is_prime(7)\n')
 FACT_TOKENS = 16  # a fact's completion as shown side by side
-NEAR_TIE = 1.0  # logits: a split where either side's top-1 margin is below this is a near-tie, not a bug
 # default: what load_model picks for the file (the app's choice). "<base>+head-<fmt>": an experiment, the base
 # load with its head re-quantized to <fmt> from its own dequantized blocks (a second rounding; fewer bytes a step)
 FORMATS = ("default", "fp32", "int8", "q4", "default+head-q4", "q4+head-q4")
-
-
-def server_exe() -> Path:
-    """llama-server: $LLAMA_SERVER, else scripts/build_llamacpp.sh's folder."""
-    return Path(os.environ.get("LLAMA_SERVER") or llamacpp.prefix() / "bin" / "llama-server")
-
-
-def reference_missing() -> str | None:
-    """Why llama.cpp's greedy ids cannot be had here (None: they can)."""
-    exe = server_exe()
-    if (exe.is_file() and os.access(exe, os.X_OK)) or llamacpp.unavailable() is None:
-        return None
-    return f"neither llama-server ({exe}; set LLAMA_SERVER) nor {llamacpp.unavailable()}"
-
-
-def top_margin(entry: dict) -> float | None:
-    """llama-server's top-1 margin in logits at one generated token: the two best log-probabilities' difference
-    (a softmax shares its denominator, so it is the logits' difference), from either response shape it has used."""
-    if "top_logprobs" in entry:
-        lp = sorted((t["logprob"] for t in entry["top_logprobs"]), reverse=True)
-    else:
-        lp = sorted((math.log(max(t["prob"], 1e-45)) for t in entry.get("probs", [])), reverse=True)
-    return lp[0] - lp[1] if len(lp) >= 2 else None
-
-
-def server_greedy(root: str, prompt: list[int], new_tokens: int) -> dict:
-    """llama.cpp's greedy ids and each pick's top-1 margin, from a running llama-server (the ids as they are: no
-    <bos> added, no cached prefix, no stop at end of text)."""
-    import httpx
-
-    body = dict(prompt=prompt, n_predict=new_tokens, temperature=0.0, top_k=1, n_probs=2, cache_prompt=False,
-                ignore_eos=True, return_tokens=True, seed=0)
-    r = httpx.post(root + "/completion", json=body, trust_env=False, timeout=300)
-    r.raise_for_status()
-    probs = r.json()["completion_probabilities"]
-    return dict(ids=[int(p["id"]) for p in probs], margins=[top_margin(p) for p in probs], eos_banned=True)
-
-
-def reference(gguf_file: Path, threads: int):
-    """A context manager giving greedy(prompt, new_tokens) -> {ids, margins} from llama.cpp on the file: a
-    llama-server started with an empty environment but PATH and HOME (nothing torch or our engine set reaches it),
-    f32 KV cache, flash attention off; else llama-cpp-python's loop."""
-    from contextlib import contextmanager
-
-    from engine.endpoint.llamacpp import LlamaServer
-
-    @contextmanager
-    def server():
-        srv = LlamaServer(gguf_file, threads=threads, ctx=1024, exe=str(server_exe()),
-                          extra=["-ctk", "f32", "-ctv", "f32", "-fa", "off"])
-        srv.args = ["env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={Path.home()}", *srv.args]
-        with srv:
-            yield lambda prompt, n: server_greedy(srv.root, prompt, n)
-
-    @contextmanager
-    def loop():
-        yield lambda prompt, n: llamacpp.time_decode(gguf_file, prompt, n, threads, repeats=1)
-
-    exe = server_exe()
-    return server() if exe.is_file() and os.access(exe, os.X_OK) else loop()
 
 
 def load(name: str, fmt: str):
@@ -156,38 +93,12 @@ def head_ms(model, repeats: int = 20) -> float:
 
 
 @torch.inference_mode()
-def agreement(eng: Engine, prompt: list[int], theirs: dict) -> tuple[float, list[dict]]:
-    """Teacher-forced top-1 agreement: our argmax after each prefix of llama.cpp's ids, against its next id; and
-    each position where they differ, with our top-1 margin there (our top logit over our logit of llama.cpp's
-    pick) and llama.cpp's own top-1 margin there. Where the reference ran with ignore_eos (llama-server's, which
-    bans the model's end tokens from its picks: server_greedy), ours leaves them out too: a place where the model
-    would stop is not a disagreement."""
-    ids = theirs["ids"]
-    rows = eng.logits(prompt + ids[:-1])[len(prompt) - 1:].float()
-    if theirs.get("eos_banned"):
-        rows[:, list(eng.model.eos_ids)] = float("-inf")
-    ours = rows.argmax(-1)
-    splits = []
-    for i in (ours != torch.tensor(ids)).nonzero().flatten().tolist():
-        their_margin = theirs["margins"][i] if i < len(theirs["margins"]) else None
-        splits.append(dict(at=i, ours=int(ours[i]), theirs=ids[i], our_margin=float(rows[i].max() - rows[i, ids[i]]),
-                           llamacpp_margin=their_margin))
-    return 1 - len(splits) / len(ids), splits
-
-
-def near_tie(split: dict) -> bool:
-    """A split either engine could have broken either way: one side's top-1 margin is within NEAR_TIE."""
-    margins = [m for m in (split["our_margin"], split["llamacpp_margin"]) if m is not None]
-    return bool(margins) and min(margins) < NEAR_TIE
-
-
-@torch.inference_mode()
 def compare(eng: Engine, prompt: list[int], theirs: dict, new_tokens: int) -> dict:
     ours, _ = eng.generate(prompt, new_tokens, temperature=0.0, stop_ids=[])
     cmp = llamacpp.compare_ids(eng, prompt, ours, theirs)
-    top1, splits = agreement(eng, prompt, theirs)
+    top1, splits = reference.agreement(eng, prompt, theirs)
     return dict(cmp, ids_vs_llamacpp=llamacpp.ids_cell(cmp), top1_agreement=top1, splits=splits,
-                unexplained=sum(not near_tie(x) for x in splits), ours_ids=ours)
+                unexplained=sum(not reference.near_tie(x) for x in splits), ours_ids=ours)
 
 
 def run(args, save) -> dict:
@@ -207,8 +118,8 @@ def run(args, save) -> dict:
                llamacpp_split=gguf_split(gguf_file), ids=[], facts=[], agreement={}, rows=[])
 
     # correctness: llama.cpp's ids once per prompt (they do not depend on our format), ours in every format
-    with reference(gguf_file, threads) as greedy:
-        out["llamacpp_reference"] = "llama-server" if server_exe().is_file() else "llama-cpp-python loop"
+    with reference.reference(gguf_file, threads) as greedy:
+        out["llamacpp_reference"] = "llama-server" if reference.server_exe().is_file() else "llama-cpp-python loop"
         for i, prompt in enumerate(prompts):
             theirs = greedy(prompt, args.new_tokens)
             for fmt, eng in engines.items():
@@ -300,7 +211,7 @@ def markdown(result: dict) -> str:
             f"base model), ours in each format against llama.cpp ({ref}) on the same file (f32 KV cache, no flash "
             "attention). ids: identical, or where the free-running ids part with the top-1 margins there (ours / "
             "llama.cpp); agreement: our top-1 teacher-forced on llama.cpp's ids; unexplained: the positions where "
-            f"it differs and both sides' top-1 margins are {NEAR_TIE:g} logit or more (not a near-tie).\n\n")
+            f"it differs and both sides' top-1 margins are {reference.NEAR_TIE:g} logit or more (not a near-tie).\n\n")
     ids = [{k: v for k, v in r.items() if not k.endswith("_ids")} for r in result["ids"]]
     out = head + markdown_table(ids, ["prompt", "weights", "ids_vs_llamacpp", "top1_agreement", "unexplained"])
     if result.get("agreement"):
@@ -343,8 +254,8 @@ def main(argv=None):
                    "per round (its spinning threads slow to a crawl on an oversubscribed box: 1 keeps a round short)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
-    if reference_missing():
-        raise SystemExit(reference_missing())
+    if reference.reference_missing():
+        raise SystemExit(reference.reference_missing())
     run_and_save(args.out, "gemma-cpu", "cpu", lambda save: run(args, save), markdown)
 
 

@@ -11,7 +11,7 @@ tokens for 3 chat prompts x 128 tokens (and where it first parts if not).
 that dequantizes them): the difference between the two rows is what the kernels' activation recipe costs.
 
 --llamacpp adds llama.cpp's own numerics as a second reference: its greedy ids on the model's GGUF file (Q4_1, the
-blocks q4 and q4_a8 run; llama-server with an f32 KV cache and flash attention off, bench/gemma.py reference) for
+blocks q4 and q4_a8 run; llama-server with an f32 KV cache and flash attention off, bench/reference.py) for
 the same chat prompts, and per format our teacher-forced top-1 on those ids, each split with both sides' top-1
 margins (a near-tie either engine may break either way), and where our free-running greedy ids first part from
 llama.cpp's.
@@ -61,26 +61,26 @@ def measure(fmt: str, ids: list[int], prompts: list[list[int]], new_tokens: int,
 def versus_llamacpp(eng: Engine, prompts: list[list[int]], greedy: list[list[int]], theirs: list[dict]) -> dict:
     """Our teacher-forced top-1 on llama.cpp's greedy ids over every prompt, the splits that are not near-ties,
     and where our own greedy ids first part from llama.cpp's."""
-    from bench import gemma
+    from bench import reference
 
     splits, tokens = [], 0
     for prompt, ref_ids in zip(prompts, theirs, strict=True):
-        _, s = gemma.agreement(eng, prompt, ref_ids)
+        _, s = reference.agreement(eng, prompt, ref_ids)
         splits += s
         tokens += len(ref_ids["ids"])
     parts = [first_difference(g, t["ids"]) for g, t in zip(greedy, theirs, strict=True)]
     return dict(llamacpp_top1=1 - len(splits) / tokens, llamacpp_splits=len(splits),
-                llamacpp_unexplained=sum(not gemma.near_tie(x) for x in splits),
+                llamacpp_unexplained=sum(not reference.near_tie(x) for x in splits),
                 llamacpp_greedy_first_difference=", ".join("-" if p is None else str(p) for p in parts))
 
 
 def llamacpp_ids(prompts: list[list[int]], new_tokens: int) -> list[dict]:
     """llama.cpp's greedy ids (and top-1 margins) for each prompt, on the default model's own GGUF file."""
-    from bench import gemma
+    from bench import reference
     from engine.checkpoint import embedded
 
     gguf_file = embedded.gguf_path(embedded.SMOLLM2, progress=lambda msg: None)
-    with gemma.reference(gguf_file, torch.get_num_threads()) as greedy:
+    with reference.reference(gguf_file, torch.get_num_threads()) as greedy:
         return [greedy(p, new_tokens) for p in prompts]
 
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from bench import gemma, llamacpp, random_gguf
+from bench import gemma, llamacpp, random_gguf, reference
 from engine import Engine
 from engine.checkpoint import default_model, embedded, store
 
@@ -68,12 +68,12 @@ def test_compare_finds_agreement_and_a_tampered_divergence(tiny_files):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(gemma.reference_missing() is not None, reason=str(gemma.reference_missing()))
+@pytest.mark.skipif(reference.reference_missing() is not None, reason=str(reference.reference_missing()))
 def test_llamacpp_reference_gives_our_ids_on_f32_weights(tiny_files):
     """llama.cpp (llama-server, else the binding) on the F32 file: the same greedy ids as ours, a margin a pick."""
     path = random_gguf.path(tiny_files, "tiny", "F32")
     eng = Engine(gemma.load(str(path), "fp32"), max_seq_len=64)
-    with gemma.reference(path, threads=1) as greedy:
+    with reference.reference(path, threads=1) as greedy:
         theirs = greedy(PROMPT, 12)
     assert len(theirs["ids"]) == len(theirs["margins"]) == 12 and all(m >= 0 for m in theirs["margins"])
     cmp = gemma.compare(eng, PROMPT, theirs, 12)
@@ -121,8 +121,8 @@ def test_agreement_names_each_split_with_both_margins(tiny_files):
     logits = eng.logits(PROMPT + ours[:11])[-1]
     assert split["our_margin"] == pytest.approx(float(logits.max() - logits[theirs["ids"][11]]), rel=1e-4)
     assert parted["top1_agreement"] == pytest.approx(11 / 12) and parted["first_divergence"] == 11
-    assert gemma.near_tie(dict(split, llamacpp_margin=0.1)) and not gemma.near_tie(dict(split, our_margin=3.0))
-    assert parted["unexplained"] == (0 if gemma.near_tie(split) else 1)
+    assert reference.near_tie(dict(split, llamacpp_margin=0.1)) and not reference.near_tie(dict(split, our_margin=3.0))
+    assert parted["unexplained"] == (0 if reference.near_tie(split) else 1)
 
 
 def test_agreement_leaves_out_the_end_tokens_a_reference_banned(tiny_files):
@@ -134,9 +134,9 @@ def test_agreement_leaves_out_the_end_tokens_a_reference_banned(tiny_files):
     second = int(logits.topk(2).indices[1])
     eng.model.eos_ids = (ours[5],)  # our top-1 at the last place becomes an end token
     theirs = dict(ids=[*ours[:5], second], margins=[5.0] * 6)
-    _, splits = gemma.agreement(eng, PROMPT, theirs)
+    _, splits = reference.agreement(eng, PROMPT, theirs)
     assert [s["at"] for s in splits] == [5]
-    _, splits = gemma.agreement(eng, PROMPT, dict(theirs, eos_banned=True))
+    _, splits = reference.agreement(eng, PROMPT, dict(theirs, eos_banned=True))
     # banned everywhere: only a place whose own top-1 was that token may part now, never the last one
     assert all(ours[s["at"]] == ours[5] for s in splits) and 5 not in [s["at"] for s in splits]
 
@@ -144,8 +144,8 @@ def test_agreement_leaves_out_the_end_tokens_a_reference_banned(tiny_files):
 def test_server_margins_read_either_response_shape():
     new = dict(id=5, top_logprobs=[dict(id=5, logprob=-0.1), dict(id=9, logprob=-2.6)])
     old = dict(id=5, probs=[dict(tok_str="a", prob=0.5), dict(tok_str="b", prob=0.125)])
-    assert gemma.top_margin(new) == pytest.approx(2.5) and gemma.top_margin(old) == pytest.approx(math.log(4))
-    assert gemma.top_margin(dict(id=5, top_logprobs=[dict(id=5, logprob=0.0)])) is None
+    assert reference.top_margin(new) == pytest.approx(2.5) and reference.top_margin(old) == pytest.approx(math.log(4))
+    assert reference.top_margin(dict(id=5, top_logprobs=[dict(id=5, logprob=0.0)])) is None
 
 
 def test_markdown_shows_agreement_splits_and_facts():
