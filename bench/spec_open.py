@@ -7,11 +7,11 @@ drawn from the model's own vocabulary (whole-word tokens of 5-10 letters), so no
 constant was chosen. The even-numbered prompts are the tuning half, the odd-numbered the held-out half: a
 constant fitted on this benchmark may look at the first only, and both are reported apart.
 
-Each repeat runs plain decoding and every mode back to back over a half's prompts, starting one mode later each
-repeat; ratio = a mode's decode tok/s over plain's in the same repeat, the median over repeats (lo / hi: worst
-and best). plain_round_over_step: the median round that did not draft inside the mode's runs over the median
-plain step of plain decoding's runs in the same repeat (the goal is <= 1.02); choice_us: what the drafter and
-the schedule took in those rounds (Round.draft_ms).
+Each repeat runs every prompt of a half under plain decoding and every mode back to back, the modes' order
+rotated from prompt to prompt (alternate()); ratio = a mode's decode tok/s over plain's in the same repeat, the
+median over repeats (lo / hi: worst and best). plain_round_over_step: the median round that did not draft
+inside the mode's runs over the median plain step of plain decoding's runs in the same repeat (the goal is
+<= 1.02); choice_us: what the drafter and the schedule took in those rounds (Round.draft_ms).
 
 Related requests: one rename applied to variants of a function, in order, each answer copying its prompt with
 the same edits; n-gram lookup alone, and with a SessionIndex shared by the sequence (fresh each repeat).
@@ -77,16 +77,23 @@ def decode_figures(stats) -> tuple[int, float, list[float], list[float]]:
 
 
 def alternate(modes: dict, prompts: list, run, repeats: int) -> dict:
-    """{mode: [(tokens, ms, plain round ms, drafter ms) per repeat]}, modes in rotated order each repeat."""
-    names, out = list(modes), {m: [] for m in modes}
+    """{mode: [(tokens, ms, plain round ms, drafter ms) per repeat]}. Every prompt runs under every mode back to
+    back, the modes' order rotated from one prompt to the next, so a mode and plain decoding meet the box's
+    bandwidth within a second or two of each other (it drifts by a third within minutes); the prompts keep
+    their order, so a session's earlier answers are the same for every mode."""
+    names = list(modes)
+    out = {m: [] for m in names}
     for rep in range(repeats):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            tokens, ms, rounds, choice = 0, 0.0, [], []
-            state = modes[name]()  # per repeat: a session starts empty
-            for prompt in prompts:
-                t, m, r, c = decode_figures(run(name, state, prompt))
-                tokens, ms, rounds, choice = tokens + t, ms + m, rounds + r, choice + c
-            out[name].append((tokens, ms, rounds, choice))
+        states = {m: modes[m]() for m in names}  # per repeat: a session starts empty
+        sums = {m: (0, 0.0, [], []) for m in names}
+        for i, prompt in enumerate(prompts):
+            turn = (rep + i) % len(names)
+            for name in names[turn:] + names[:turn]:
+                t, m, r, c = decode_figures(run(name, states[name], prompt))
+                tokens, ms, rounds, choice = sums[name]
+                sums[name] = (tokens + t, ms + m, rounds + r, choice + c)
+        for name in names:
+            out[name].append(sums[name])
     return out
 
 
