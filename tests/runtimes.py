@@ -1,5 +1,6 @@
 """The UI's tests' runtimes: built on the CPU, without the bandwidth probe or progress lines (the tiny launch
-model's is conftest.py's `tiny_runtime`), and a base model's folder."""
+model's is conftest.py's `tiny_runtime`), a base model's folder, and the CSV files a run exports read back."""
+import csv
 import json
 from pathlib import Path
 
@@ -16,3 +17,9 @@ def write_base_model(folder: Path, seed: int) -> Path:
     del config["chat_template"]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
+
+
+def read_csv(path) -> list[dict]:
+    """An exported CSV file's rows, as dicts of strings."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))

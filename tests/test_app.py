@@ -1,5 +1,4 @@
 """The app served in-process and driven through gradio_client, as a remote user would."""
-import csv
 import json
 import threading
 import time
@@ -15,6 +14,7 @@ from ui import app
 from ui import layout
 from ui.startup import build_runtime
 from ui.testing import tiny_settings
+from runtimes import QUIET, read_csv
 
 MAX_NEW_TOKENS = 16
 PROMPT = "one two three, one two three, one two"
@@ -32,7 +32,7 @@ def serve(rt):
 
 @pytest.fixture(scope="module")
 def served():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt = build_runtime(tiny=True, **QUIET)
     demo = serve(rt)
     yield rt, demo.local_url
     demo.close()
@@ -41,11 +41,6 @@ def served():
 
 def client(url):
     return Client(url, verbose=False, download_files=True)
-
-
-def read_csv(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def generate(c, prompt=PROMPT, **overrides):
@@ -69,7 +64,7 @@ def test_the_default_launch_builds_smollm2_and_offers_gemma_on_first_pick(monkey
 
     def fake_build(name, drafts=(), **kw):
         built.append((name, list(drafts), kw.get("shared")))
-        rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+        rt = build_runtime(tiny=True, **QUIET)
         rt.model_name = startup.title(name)
         return rt
 
@@ -246,7 +241,7 @@ def test_default_model_streams_real_text(default_model_dir):
 
 def test_page_config_carries_no_runtime():
     """gradio deep-copies the page config on every page load: a runtime in it would copy the model."""
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt = build_runtime(tiny=True, **QUIET)
     found = []
 
     def walk(o, path):

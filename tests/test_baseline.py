@@ -9,6 +9,7 @@ from ui.models import Runtimes
 from ui.run import RUN_HEADERS, Session, runs_table
 from ui.startup import build_runtime
 from ui.testing import tiny_settings
+from runtimes import QUIET
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
 OTHER = "one two three four one two three four one two"
@@ -24,7 +25,7 @@ class Clock:
 
 @pytest.fixture
 def rt():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt = build_runtime(tiny=True, **QUIET)
     rt.baselines = baseline.Baselines(clock=Clock())
     yield rt
     rt.close()

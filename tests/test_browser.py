@@ -11,6 +11,7 @@ from ui import layout
 from ui.startup import build_runtime
 from tests.browser import PROMPT, VIEWPORT, generate, set_number, slowed, wait_for_runs
 from tests.test_browser_panels import MEASURE, problems
+from runtimes import QUIET
 
 HOSTILE = '<img src=x onerror="window.__xss = 1">'
 pytestmark = pytest.mark.browser
@@ -32,7 +33,7 @@ class HostileTokenizer:
 
 @pytest.fixture(scope="module")
 def served():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt = build_runtime(tiny=True, **QUIET)
     rt.tokenizer = HostileTokenizer(rt.tokenizer)
     demo = layout.build(Runtimes(rt))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())

@@ -5,13 +5,14 @@ import pytest
 from tests.browser import PROMPT, readable, serving, set_number, slowed
 from ui.models import Runtimes
 from ui.startup import build_runtime
+from runtimes import QUIET
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def rt():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt = build_runtime(tiny=True, **QUIET)
     rt.rounds_fn = slowed(rt.rounds_fn, 0.02)  # rounds of at least 20 ms: long enough to look at the buttons
     yield rt
     rt.close()

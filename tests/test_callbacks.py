@@ -1,5 +1,4 @@
 """The page's callbacks called directly, on a tiny random-weight engine (no server, no browser)."""
-import csv
 import dataclasses
 import threading
 import time
@@ -13,8 +12,8 @@ from ui import callbacks
 from ui import run as ui_run
 from ui.models import Runtimes
 from ui.run import Session, parse_settings
-from ui.startup import build_runtime
 from ui.testing import tiny_settings
+from runtimes import read_csv
 
 MAX_NEW_TOKENS = 24
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
@@ -25,21 +24,14 @@ def values(**overrides):
 
 
 @pytest.fixture(scope="module")
-def rt():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
-    yield rt
-    rt.close()
+def rt(tiny_runtime):
+    return tiny_runtime
 
 
 def run(rt, session, prompt=PROMPT, **overrides):
     """The page's chain: the streamed run, then last_run's figures, table and files, as one final tuple."""
     outs = list(callbacks.generate(Runtimes(rt), session, prompt, **values(**overrides)))
     return outs, (*outs[-1], *callbacks.last_run(rt, session))
-
-
-def read_csv(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.mark.parametrize("mode", ["plain", "n-gram", "self-draft", "draft model", "layer-skip"])

@@ -14,11 +14,12 @@ from ui.models import Runtimes
 from ui.startup import build_runtime
 from ui.testing import tiny_settings
 from tests.endpoint_fake import FakeServer, chunk, stall_after
+from runtimes import QUIET
 
 
 @pytest.fixture(scope="module")
 def served():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt = build_runtime(tiny=True, **QUIET)
     demo = layout.build(Runtimes(rt))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **layout.launch_kwargs())
     yield rt, demo.local_url

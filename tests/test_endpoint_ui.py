@@ -14,7 +14,6 @@ import pytest
 from ui.models import Runtimes
 from ui import callbacks, compare, endpoint
 from ui.run import Session, parse_settings
-from ui.startup import build_runtime
 from ui.testing import tiny_settings
 from engine.cli import main as cli_main
 from tests.endpoint_fake import ECHOES, FakeServer, chunk, echoing, echoing_gets, sse
@@ -25,10 +24,8 @@ EVENTS = [chunk(None), chunk("Hello"), chunk(" wor"), chunk("ld", finish="stop")
 
 
 @pytest.fixture(scope="module")
-def rt():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
-    yield rt
-    rt.close()
+def rt(tiny_runtime):
+    return tiny_runtime
 
 
 def values(url, **kw):

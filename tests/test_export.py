@@ -1,4 +1,3 @@
-import csv
 import json
 import math
 
@@ -7,11 +6,7 @@ import pytest
 from engine.stats import EMITTED_KINDS
 from ui import export
 from ui.testing import synthetic_stats, text_of
-
-
-def read_csv(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+from runtimes import read_csv
 
 
 def test_token_csv_round_trip(tmp_path):

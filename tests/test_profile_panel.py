@@ -13,13 +13,14 @@ from ui.run import Session, parse_settings
 from ui.profile_plots import PROFILE_HEADERS, profile_figure, profile_rows
 from ui.startup import build_runtime
 from ui.testing import tiny_settings
+from runtimes import QUIET
 
 PROMPT = "one two three, one two three"
 
 
 @pytest.fixture(scope="module")
 def rt():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
+    rt = build_runtime(tiny=True, **QUIET)
     rt.engine.bandwidth_gbs = 10.0
     yield rt
     rt.close()

@@ -1,6 +1,5 @@
 """The page's model picker (ui/models.py, controls.model_picked) over two tiny models of different families: a
 llama built at launch and a gemma3_text one built on its first pick."""
-import csv
 import threading
 from html import escape
 from functools import partial
@@ -9,7 +8,7 @@ import gradio as gr
 import pytest
 
 from engine.tiny import tiny_config, write_tiny_model
-from runtimes import QUIET
+from runtimes import QUIET, read_csv
 from ui import callbacks, controls
 from ui import run as ui_run
 from ui.run import Session
@@ -47,11 +46,6 @@ def models(tiny_runtime, gemma_dir):
     yield models
     models.built.pop(tiny_runtime.model_name)  # the module's, closed by its fixture
     models.close()
-
-
-def read_csv(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def test_the_first_pick_loads_the_model_then_its_runs_name_it(models, tiny_runtime):

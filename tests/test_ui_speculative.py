@@ -9,17 +9,14 @@ from ui import callbacks, compare, controls, explain
 from ui.run import Session
 from ui.examples import examples
 from engine.request import CALIBRATED, Request
-from ui.startup import build_runtime
 from ui.testing import tiny_settings
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
 
 
 @pytest.fixture(scope="module")
-def rt():
-    rt = build_runtime(tiny=True, device="cpu", bandwidth=False, progress=lambda *a: None)
-    yield rt
-    rt.close()
+def rt(tiny_runtime):
+    return tiny_runtime
 
 
 def run(rt, **overrides):
