@@ -1,11 +1,13 @@
+import json
 import re
 from html.parser import HTMLParser
 
 import pytest
 
+from engine.request import Request
 from engine.stats import KINDS, Round, Stats, Token
 from ui import render
-from ui.explain import schedule_note, verify_note, verify_slope
+from ui.explain import q4_a8_evidence, schedule_note, verify_note, verify_slope
 from ui.testing import synthetic_rounds, synthetic_stats, text_of
 
 
@@ -203,3 +205,20 @@ def test_verify_note_names_q4_a8_only_where_a_q4_verify_position_costs_much():
     assert verify_note(verify_stats(4.0, [(4.0 * (1 + 0.1 * 5), 5)]), "q4") == ""  # a cheap verify: nothing to say
     assert verify_slope(verify_stats(4.0, [(9.0, 5)], plain_rounds=2)) is None  # too few plain steps to compare
     assert verify_slope(verify_stats(4.0, [])) is None
+
+
+def test_q4_a8_evidence_reads_the_committed_benchmarks(tmp_path):
+    """The note's figures are the benchmarks' own, at the page's k, with the CPU they ran on; none without them."""
+    assert q4_a8_evidence(tmp_path) == ""
+    rows = [dict(target=t, set=s, temperature=0.0, mode=m, k=k, speedup=x) for t, s, m, k, x in [
+        ("q4", "edit", "ngram", 8, 1.234), ("q4", "edit", "ngram", 16, 9.0), ("q4", "prose", "ngram", 8, 8.0),
+        ("q4_a8", "edit", "ngram", 8, 1.567), ("q4_a8", "edit", "plain", None, None)]]
+    cpu = dict(telemetry=dict(cpu_model="Some CPU", cpu_flags="avx512f avx512_vnni"))
+    (tmp_path / "spec-cpu-q4-q4_a8.json").write_text(json.dumps(dict(rows=rows, provenance=cpu)))
+    assert q4_a8_evidence(tmp_path) == ""  # the quality figure missing: nothing half-said
+    quality = [dict(weights="q4", top1_agreement=1.0), dict(weights="q4_a8", top1_agreement=0.9543)]
+    (tmp_path / "quality-cpu.json").write_text(json.dumps(dict(rows=quality)))
+    q4_a8_evidence.cache_clear()
+    said = q4_a8_evidence(tmp_path)
+    assert "on Some CPU (avx512f avx512_vnni)" in said and "from 1.23x to 1.57x" in said and "95.4% top-1" in said
+    assert f"k={Request().k}" in said
