@@ -7,7 +7,7 @@ import pytest
 
 from engine.speculative.drafters import Drafter
 from engine.speculative.schedule import (PRIOR_VERIFY_SLOPE, REPROBE, Acceptance, Costs, Schedule, expected_tokens,
-                                         median)
+                                         median, SLOPES)
 from engine.stats import Round
 
 
@@ -247,3 +247,29 @@ def test_a_run_starts_from_the_verify_slope_the_engine_last_measured():
     # CPU_TWINS: a verify pass costs 0.5 of a step per position up to 6 positions, flatter past them
     assert 0.2 < second.costs.prior_slope <= 0.5 and third.costs.prior_slope == PRIOR_VERIFY_SLOPE
     assert second.costs.verify_ms(3) == pytest.approx(1 + 2 * second.costs.prior_slope)
+
+
+@pytest.mark.parametrize("stale", [1.2, 3.0])
+def test_a_verify_cost_remembered_from_a_spike_is_measured_again(stale):
+    """An earlier run on the engine measured its verify passes under a load spike (a slope past a step per
+    position, where no draft can pay): a good lookup's next run probes once the wait is up, finds the passes
+    cheap, drafts, and leaves its own slope for the run after; on an engine where they really cost that much,
+    one probe a run."""
+    class Engine:
+        pass
+
+    eng = Engine()
+    SLOPES[eng] = stale
+    s = Schedule(8, Fake(draft_cost=0.0, prior=0.9))
+    s.recall(eng)
+    rate, ks = simulate(s, 0.9, KERNELS, rounds=200)
+    first = next((i for i, k in enumerate(ks) if k), None)
+    assert first == REPROBE and sum(ks[first + 10:]) > 5 * (200 - first - 10), ks
+    s.remember(eng)
+    assert SLOPES[eng] < 0.1
+    SLOPES[eng] = stale
+    costly = {T: 1 + stale * (T - 1) for T in range(1, 18)}
+    s = Schedule(8, Fake(draft_cost=0.0, prior=0.9))
+    s.recall(eng)
+    _, ks = simulate(s, 0.9, costly, rounds=200)
+    assert [k for k in ks if k] == [1], ks

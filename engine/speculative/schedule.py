@@ -22,7 +22,8 @@ WINDOW = 8  # rounds a cost estimate keeps
 PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until this engine's verify passes are measured
 SLOPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its last run's verify slope per step
 REPROBE = 32  # rounds without a draft before a drafter too costly to pay is measured again (then 64, 128, ...; a
-# drafter kept between runs carries the interval its last run reached while its cost measurement is trusted)
+# drafter kept between runs carries the interval its last run reached while its cost measurement is trusted), and
+# before a lookup ruled out only by the verify cost an earlier run measured (recall) measures this run's
 HOLD = 16  # rounds a context's "plain" verdict stands while no round drafts: in that time only decay (15% over
 # 16 rounds) and the plain step's median move the estimates, so the verdict is recomputed that often at most,
 # and a plain round otherwise costs a dict probe; a context that turns good is probed at most HOLD rounds late
@@ -56,6 +57,9 @@ class Costs:
             seen = [median(v) / (1 + self.prior_slope * (t - 1)) for t, v in self.verify.items()]
             self._memo["step"] = median(self.verify[1]) if 1 in self.verify else min(seen) if seen else 1.0
         return self._memo["step"]
+
+    def set_prior(self, slope: float) -> None:
+        self.prior_slope, self._table, self._memo = slope, [], {}
 
     def add_verify(self, T: int, ms: float) -> None:
         self.verify[T] = (self.verify.get(T, []) + [ms])[-WINDOW:]
@@ -212,6 +216,7 @@ class Schedule:
         self.idle = 0  # rounds since the last one that drafted
         self.reprobe: int | None = None  # idle rounds before a drafter too costly to pay is measured again
         self.rounds = 0  # rounds observed
+        self.remeasure = False  # the next drafted round re-measures a verify cost recalled from another run
         self.held: dict[tuple[Hashable, int], int] = {}  # (context, k_max) -> the round its "plain" verdict ends
 
     def choose(self, ctx: Hashable | None, tokens_left: int) -> int:
@@ -232,10 +237,19 @@ class Schedule:
                 return k
         if self.reprobe is None:  # the drafter's last run left it (read after begin, which sets what is kept)
             self.reprobe = self.drafter.reprobe or REPROBE
-        if self.drafter.draft_cost != 0.0 and self.idle >= self.reprobe and 1 in self.costs.verify:
+        if self.idle < self.reprobe or 1 not in self.costs.verify:
+            return 0
+        if self.drafter.draft_cost != 0.0:
             self.reprobe *= 2  # a model's cost measurement is stale
             self.drafter.remember_reprobe(self.reprobe)
             self.costs.draft = []
+            return 1
+        if not any(t > 1 for t in self.costs.verify):
+            # the verify cost that rules drafting out is another run's (recall), measured under another load (a
+            # spike during its probes could put it past a step a position, where no draft pays): this probe
+            # measures this run's, which then replaces it (observe)
+            self.reprobe *= 2
+            self.remeasure = True
             return 1
         return 0
 
@@ -274,7 +288,7 @@ class Schedule:
 
     def recall(self, engine) -> None:
         """Start from the verify slope the engine's last run measured: this machine's, this load's."""
-        self.costs.prior_slope = SLOPES.get(engine, PRIOR_VERIFY_SLOPE)
+        self.costs.set_prior(SLOPES.get(engine, PRIOR_VERIFY_SLOPE))
 
     def remember(self, engine) -> None:
         """Keep the slope this run measured (plain steps and verify passes both seen) for the engine's next run."""
@@ -292,7 +306,11 @@ class Schedule:
             self.costs.add_verify(1, rnd.total_ms)
             self.idle += 1
         else:
-            self.costs.add_verify(rnd.n_drafted + 1, rnd.total_ms - rnd.draft_ms)
+            T = rnd.n_drafted + 1
+            self.costs.add_verify(T, rnd.total_ms - rnd.draft_ms)
+            if self.remeasure:  # the slope this run measured replaces the one recalled from another
+                self.remeasure = False
+                self.costs.set_prior(max(0.0, (self.costs.verify[T][-1] / self.costs.step - 1) / (T - 1)))
             self.costs.add_overhead(rnd.draft_ms - rnd.propose_ms)
             self.acceptance.observe(ctx, rnd.n_drafted, rnd.n_accepted)
             # its own evidence changed: judged afresh; the others' pooled evidence moved less, and waits out HOLD
