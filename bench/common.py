@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -102,3 +103,15 @@ def run_and_save(out: str | Path, name: str, device: str, run, markdown) -> dict
     save(result)
     print(markdown(result))
     return result
+
+
+def alternation(n_modes: int, n_prompts: int, repeats: int) -> Iterator[tuple[int, int, int]]:
+    """(repeat, prompt, mode) indices in the order to run them: each prompt under every mode back to back, the
+    modes' order rotated from one prompt to the next (and one more each repeat), so every mode meets the box's
+    read bandwidth within a second or two of the others (it drifts by a third within minutes) and none is always
+    first after another's run; the prompts keep their order within a repeat."""
+    for rep in range(repeats):
+        for i in range(n_prompts):
+            turn = (rep + i) % n_modes
+            for m in [*range(turn, n_modes), *range(turn)]:
+                yield rep, i, m

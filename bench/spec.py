@@ -4,8 +4,9 @@ Three text sets of the project's own (bench/data/spec-*.txt): edit, requests to 
 correct a quoted passage of code or prose, whose answers copy their input with edits; prose and code, open
 requests where a lookup rarely finds anything to copy. Two targets: q4, the default launch on a CPU, and fp32,
 whose verify pass costs about a decode step. Every mode drafts with the adaptive schedule (k is the most a round
-drafts). Each repeat runs plain decoding and every mode back to back on every prompt of a set, each repeat
-starting one mode later, so the modes share the machine's load; speedup = a mode's decode tok/s over plain's,
+drafts). Each repeat runs every prompt of a set under plain decoding and every mode back to back, the modes'
+order rotated from prompt to prompt (bench.common.alternation), so the modes share the machine's load; speedup
+= a mode's decode tok/s over plain's,
 pooled over the set's prompts in the same repeat, the median over repeats (lo / hi: the worst and the best).
 Decode tok/s excludes the first token, as Stats does.
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench import spec_analysis as analysis
-from bench.common import markdown_table, run_and_save
+from bench.common import alternation, markdown_table, run_and_save
 from bench.steps import prompt_ids, shape_config, verify_costs
 from engine import Engine, Tokenizer, load_model, speculative
 from engine.checkpoint import random_model
@@ -152,18 +153,17 @@ def timed(eng: Engine, target: str, sets: dict, grid: dict, repeats: int, log) -
             run(mode, sets["edit"][0])
         for set_name, prompts in sets.items():
             tallies = [Tally() for _ in mode_list]
-            order = list(zip(tallies, mode_list, strict=True))
-            for rep in range(repeats):
-                for tally, mode in order[rep % len(order):] + order[:rep % len(order)]:
-                    tokens = ms = 0
-                    for i, prompt in enumerate(prompts):
-                        stats = run(mode, prompt)
-                        if mode is None and temperature == 0:
-                            greedy[set_name, i] = stats.ids
-                        t, m = tally.add(stats)
-                        tokens, ms = tokens + t, ms + m
-                    tally.rep_tok_s.append(1e3 * tokens / ms)
-            for tally, mode in order:
+            sums = {(m, rep): [0, 0.0] for m in range(len(mode_list)) for rep in range(repeats)}
+            for rep, i, m in alternation(len(mode_list), len(prompts), repeats):
+                stats = run(mode_list[m], prompts[i])
+                if mode_list[m] is None and temperature == 0:
+                    greedy[set_name, i] = stats.ids
+                t, ms = tallies[m].add(stats)
+                sums[m, rep][0] += t
+                sums[m, rep][1] += ms
+            for (m, _rep), (tokens, ms) in sorted(sums.items()):  # each mode's repeats in order
+                tallies[m].rep_tok_s.append(1e3 * tokens / ms)
+            for tally, mode in zip(tallies, mode_list, strict=True):
                 name, what, _, k = mode or ("plain", "-", None, None)
                 row = dict(target=target, set=set_name, temperature=temperature, mode=name, draft=what, k=k,
                            **tally.row(None if mode is None else tallies[0]))

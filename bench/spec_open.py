@@ -8,8 +8,8 @@ constant was chosen. The even-numbered prompts are the tuning half, the odd-numb
 constant fitted on this benchmark may look at the first only, and both are reported apart.
 
 Each repeat runs every prompt of a half under plain decoding and every mode back to back, the modes' order
-rotated from prompt to prompt (alternate()); ratio = a mode's decode tok/s over plain's in the same repeat, the
-median over repeats (lo / hi: worst and best). plain_round_over_step: the median round that did not draft
+rotated from prompt to prompt (bench.common.alternation); ratio = a mode's decode tok/s over plain's in the same
+repeat, the median over repeats (lo / hi: worst and best). plain_round_over_step: the median round that did not draft
 inside the mode's runs over the median plain step of plain decoding's runs in the same repeat (the goal is
 <= 1.02); choice_us: what the drafter and the schedule took in those rounds (Round.draft_ms).
 
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
-from bench.common import markdown_table, run_and_save
+from bench.common import alternation, markdown_table, run_and_save
 from engine import Engine, Tokenizer, load_model, speculative
 from engine.request import Request
 
@@ -77,24 +77,19 @@ def decode_figures(stats) -> tuple[int, float, list[float], list[float]]:
 
 
 def alternate(modes: dict, prompts: list, run, repeats: int) -> dict:
-    """{mode: [(tokens, ms, plain round ms, drafter ms) per repeat]}. Every prompt runs under every mode back to
-    back, the modes' order rotated from one prompt to the next, so a mode and plain decoding meet the box's
-    bandwidth within a second or two of each other (it drifts by a third within minutes); the prompts keep
-    their order, so a session's earlier answers are the same for every mode."""
+    """{mode: [(tokens, ms, plain round ms, drafter ms) per repeat]}, run in bench.common.alternation's order;
+    modes[name]() gives a mode's state for a repeat (a session, which then sees the prompts in order)."""
     names = list(modes)
-    out = {m: [] for m in names}
-    for rep in range(repeats):
-        states = {m: modes[m]() for m in names}  # per repeat: a session starts empty
-        sums = {m: (0, 0.0, [], []) for m in names}
-        for i, prompt in enumerate(prompts):
-            turn = (rep + i) % len(names)
-            for name in names[turn:] + names[:turn]:
-                t, m, r, c = decode_figures(run(name, states[name], prompt))
-                tokens, ms, rounds, choice = sums[name]
-                sums[name] = (tokens + t, ms + m, rounds + r, choice + c)
-        for name in names:
-            out[name].append(sums[name])
-    return out
+    states: dict = {}
+    sums = {(n, rep): (0, 0.0, [], []) for n in names for rep in range(repeats)}
+    for rep, i, m in alternation(len(names), len(prompts), repeats):
+        name = names[m]
+        if (name, rep) not in states:
+            states[name, rep] = modes[name]()
+        t, ms, r, c = decode_figures(run(name, states[name, rep], prompts[i]))
+        tokens, total, rounds, choice = sums[name, rep]
+        sums[name, rep] = (tokens + t, total + ms, rounds + r, choice + c)
+    return {n: [sums[n, rep] for rep in range(repeats)] for n in names}
 
 
 def rows_of(times: dict, **key) -> list[dict]:
