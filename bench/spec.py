@@ -136,6 +136,23 @@ class Tally:
         return out
 
 
+def alternating(modes: list, prompts: list, repeats: int, run, seen=None) -> list[Tally]:
+    """A Tally per mode of run(mode, prompt) over the prompts, run in bench.common.alternation's order, each
+    repeat's tok/s pooled over the prompts; seen(mode, prompt index, stats) is told of every run."""
+    tallies = [Tally() for _ in modes]
+    sums = {(m, rep): [0, 0.0] for m in range(len(modes)) for rep in range(repeats)}
+    for rep, i, m in alternation(len(modes), len(prompts), repeats):
+        stats = run(modes[m], prompts[i])
+        if seen is not None:
+            seen(modes[m], i, stats)
+        t, ms = tallies[m].add(stats)
+        sums[m, rep][0] += t
+        sums[m, rep][1] += ms
+    for (m, _rep), (tokens, ms) in sorted(sums.items()):  # each mode's repeats in order
+        tallies[m].rep_tok_s.append(1e3 * tokens / ms)
+    return tallies
+
+
 def timed(eng: Engine, target: str, sets: dict, grid: dict, repeats: int, log) -> tuple[list[dict], dict]:
     """The timed rows of one target, and plain decoding's greedy ids per (set, prompt index)."""
     rows, greedy, n, all_modes = [], {}, grid["new_tokens"], modes(target, eng)
@@ -152,17 +169,10 @@ def timed(eng: Engine, target: str, sets: dict, grid: dict, repeats: int, log) -
         for mode in mode_list[1:]:  # untimed: first calls at new shapes; a model drafter learns its draft cost
             run(mode, sets["edit"][0])
         for set_name, prompts in sets.items():
-            tallies = [Tally() for _ in mode_list]
-            sums = {(m, rep): [0, 0.0] for m in range(len(mode_list)) for rep in range(repeats)}
-            for rep, i, m in alternation(len(mode_list), len(prompts), repeats):
-                stats = run(mode_list[m], prompts[i])
-                if mode_list[m] is None and temperature == 0:
+            def seen(mode, i, stats, set_name=set_name, temperature=temperature):
+                if mode is None and temperature == 0:
                     greedy[set_name, i] = stats.ids
-                t, ms = tallies[m].add(stats)
-                sums[m, rep][0] += t
-                sums[m, rep][1] += ms
-            for (m, _rep), (tokens, ms) in sorted(sums.items()):  # each mode's repeats in order
-                tallies[m].rep_tok_s.append(1e3 * tokens / ms)
+            tallies = alternating(mode_list, prompts, repeats, run, seen)
             for tally, mode in zip(tallies, mode_list, strict=True):
                 name, what, _, k = mode or ("plain", "-", None, None)
                 row = dict(target=target, set=set_name, temperature=temperature, mode=name, draft=what, k=k,

@@ -5,7 +5,8 @@ from the embedded Q4_1 file: real text, not random weights): Q6_K and Q4_K_M. Sm
 wide, not a multiple of a K-quant's 256-weight super-block, so llama-quantize stores most of its projections in
 its fallbacks (Q8_0 in the Q6_K file, Q5_0 in the Q4_K_M one) and the rest as K-quants: the load note names the
 mix, and the table's `weights` column the formats that ran. Three drafters on each target, all with the adaptive
-schedule, against plain decoding in the same repeat (bench/spec.py's Tally and its alternation):
+schedule, against plain decoding in the same repeat (bench/spec.py's alternating(): every prompt under each mode
+back to back, rotated prompt by prompt):
 
   ngram        prompt lookup at the page's k;
   self_draft   speculative.self_drafter(target): a copy of the file's weights in a cheaper format on the target's
@@ -27,7 +28,7 @@ from pathlib import Path
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench import llamacpp
 from bench.common import markdown_table, run_and_save
-from bench.spec import PAGE_K, SETS, Tally, read_set, warm_up
+from bench.spec import PAGE_K, SETS, alternating, read_set, warm_up
 from engine import Engine, Tokenizer, load_model, speculative
 from engine.checkpoint import default_model
 
@@ -92,14 +93,7 @@ def bench(args, save) -> dict:
         for mode in modes:  # untimed: first calls at new shapes; a model drafter learns its draft cost
             run(mode, sets["edit"][0])
         for set_name, prompts in sets.items():
-            order = [(Tally(), mode) for mode in [None, *modes]]
-            for rep in range(repeats):
-                for tally, mode in order[rep % len(order):] + order[:rep % len(order)]:
-                    tokens = ms = 0
-                    for prompt in prompts:
-                        t, m = tally.add(run(mode, prompt))
-                        tokens, ms = tokens + t, ms + m
-                    tally.rep_tok_s.append(1e3 * tokens / ms)
+            order = list(zip(alternating([None, *modes], prompts, repeats, run), [None, *modes], strict=True))
             for tally, mode in order:
                 name, what, _ = mode or ("plain", "-", None)
                 row = dict(target=kind, set=set_name, mode=name, draft=what,
