@@ -1,5 +1,6 @@
 """The layer-skip drafter over its target's own KV cache: no cache of its own, no catch-up after plain rounds,
 and never a write into a position the target has committed."""
+import time
 from collections import Counter
 
 import pytest
@@ -96,7 +97,7 @@ def test_a_calibrated_set_that_cannot_pay_sits_the_run_out(model, monkeypatch, h
     proposals = Counter()
     propose = drafter.propose
     monkeypatch.setattr(drafter, "propose", lambda *a: proposals.update([1]) or propose(*a))
-    schedule.SLOPES[eng] = slope
+    schedule.SLOPES[eng] = [(time.monotonic(), slope)]  # what the engine's recent runs measured
     got, stats = speculative.generate(eng, drafter, ids, k=4, max_new_tokens=32, stop_ids=[])
     assert got == want
     info = stats.drafter_info
@@ -109,6 +110,6 @@ def test_a_calibrated_set_that_cannot_pay_sits_the_run_out(model, monkeypatch, h
         assert "drafting cannot pay here" in schedule_note(stats)
     else:
         assert "sits_out" not in info and drafted and proposals
-    schedule.SLOPES[eng] = slope
+    schedule.SLOPES[eng] = [(time.monotonic(), slope)]
     got, stats = speculative.generate(eng, drafter, ids, k=4, max_new_tokens=32, stop_ids=[], adaptive=False)
     assert got == want and all(r.n_drafted for r in stats.rounds[1:-1])

@@ -7,7 +7,7 @@ import pytest
 
 from engine.speculative.drafters import Drafter
 from engine.speculative.schedule import (PRIOR_VERIFY_SLOPE, REPROBE, Acceptance, Costs, Schedule, expected_tokens,
-                                         median, SLOPES)
+                                         median, recalled_slope, remember_slope, SLOPES, SLOPE_TTL_S)
 from engine.stats import Round
 
 
@@ -259,17 +259,34 @@ def test_a_verify_cost_remembered_from_a_spike_is_measured_again(stale):
         pass
 
     eng = Engine()
-    SLOPES[eng] = stale
+    remember_slope(eng, stale)
     s = Schedule(8, Fake(draft_cost=0.0, prior=0.9))
     s.recall(eng)
     rate, ks = simulate(s, 0.9, KERNELS, rounds=200)
     first = next((i for i, k in enumerate(ks) if k), None)
     assert first == REPROBE and sum(ks[first + 10:]) > 5 * (200 - first - 10), ks
     s.remember(eng)
-    assert SLOPES[eng] < 0.1
-    SLOPES[eng] = stale
+    assert SLOPES[eng][-1][1] < 0.1
+    SLOPES[eng] = []
+    remember_slope(eng, stale)
     costly = {T: 1 + stale * (T - 1) for T in range(1, 18)}
     s = Schedule(8, Fake(draft_cost=0.0, prior=0.9))
     s.recall(eng)
     _, ks = simulate(s, 0.9, costly, rounds=200)
     assert [k for k in ks if k] == [1], ks
+
+
+def test_a_run_starts_from_the_median_of_the_engines_recent_slopes():
+    """One run measured under a load spike does not set the next runs' start, and old measurements expire."""
+    class Engine:
+        pass
+
+    eng = Engine()
+    assert recalled_slope(eng) == PRIOR_VERIFY_SLOPE
+    for t, slope in enumerate([0.3, 0.32, 2.5, 0.31]):
+        remember_slope(eng, slope, now=100.0 + t)
+    assert recalled_slope(eng, now=110.0) == pytest.approx(0.315)  # the spike is outvoted
+    for t in range(6):
+        remember_slope(eng, 0.5, now=200.0 + t)
+    assert len(SLOPES[eng]) == 5 and recalled_slope(eng, now=210.0) == 0.5  # the last five kept
+    assert recalled_slope(eng, now=205.0 + SLOPE_TTL_S) == PRIOR_VERIFY_SLOPE  # all too old: the prior

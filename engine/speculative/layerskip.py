@@ -114,9 +114,9 @@ def modeled_speedup(acceptance: float, draft_cost: float, k_max: int,
 
 
 def verify_slope(engine) -> float:
-    """A verify position's cost over a plain step's on this engine: its last speculative run's measurement,
-    else the schedule's prior."""
-    return schedule.SLOPES.get(engine, schedule.PRIOR_VERIFY_SLOPE)
+    """A verify position's cost over a plain step's on this engine: its recent speculative runs' measurement,
+    else the schedule's prior (schedule.recalled_slope)."""
+    return schedule.recalled_slope(engine)
 
 
 @torch.inference_mode()

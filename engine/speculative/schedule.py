@@ -7,6 +7,7 @@ its priors and when it probes: docs/SPECULATIVE.md.
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -20,7 +21,11 @@ DECAY = 0.99  # per round: about the last 100 rounds carry the estimates; a rule
 # at a probe costing half a step, every ~7 at 7% of one)
 WINDOW = 8  # rounds a cost estimate keeps
 PRIOR_VERIFY_SLOPE = 0.15  # V(T) = V(1) * (1 + 0.15 (T - 1)) until this engine's verify passes are measured
-SLOPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its last run's verify slope per step
+SLOPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> [(time, verify slope per step)] of
+# its last SLOPES_KEPT speculative runs that measured one (remember_slope, recalled_slope)
+SLOPES_KEPT = 5  # a run starts from the median of these, so one run measured under a load spike does not rule
+SLOPE_TTL_S = 300.0  # and only from those this recent: the machine's load moves the slope, and a slope that makes a
+# drafter sit out (layer-skip) is never measured again by that drafter
 REPROBE = 32  # rounds without a draft before a drafter too costly to pay is measured again (then 64, 128, ...; a
 # drafter kept between runs carries the interval its last run reached while its cost measurement is trusted), and
 # before a lookup ruled out only by the verify cost an earlier run measured (recall) measures this run's
@@ -287,15 +292,15 @@ class Schedule:
         return k if rates[k] > gain * rates[0] else 0
 
     def recall(self, engine) -> None:
-        """Start from the verify slope the engine's last run measured: this machine's, this load's."""
-        self.costs.set_prior(SLOPES.get(engine, PRIOR_VERIFY_SLOPE))
+        """Start from the verify slope the engine's recent runs measured: this machine's, this load's."""
+        self.costs.set_prior(recalled_slope(engine))
 
     def remember(self, engine) -> None:
-        """Keep the slope this run measured (plain steps and verify passes both seen) for the engine's next run."""
+        """Keep the slope this run measured (plain steps and verify passes both seen) for the engine's next runs."""
         c = self.costs
         if 1 in c.verify and any(t > 1 for t in c.verify):
             slopes = [(median(v) / c.step - 1) / (t - 1) for t, v in c.verify.items() if t > 1]
-            SLOPES[engine] = max(0.0, sum(slopes) / len(slopes))
+            remember_slope(engine, max(0.0, sum(slopes) / len(slopes)))
 
     def observe(self, rnd) -> None:
         """Learn from the round just run (the one the last choose() was for)."""
@@ -320,3 +325,16 @@ class Schedule:
             self.idle = 0
         if self.costs.draft:
             self.drafter.remember_cost(self.costs.draft_ms() / self.costs.step)
+
+
+def remember_slope(engine, slope: float, now: float | None = None) -> None:
+    """Keep a run's measured verify slope for the engine's next runs (the last SLOPES_KEPT)."""
+    now = time.monotonic() if now is None else now
+    SLOPES[engine] = (SLOPES.get(engine, []) + [(now, slope)])[-SLOPES_KEPT:]
+
+
+def recalled_slope(engine, now: float | None = None) -> float:
+    """The median slope of the engine's runs in the last SLOPE_TTL_S, else the prior."""
+    now = time.monotonic() if now is None else now
+    recent = [slope for when, slope in SLOPES.get(engine, []) if now - when < SLOPE_TTL_S]
+    return median(recent) if recent else PRIOR_VERIFY_SLOPE
