@@ -63,6 +63,14 @@ class Costs:
             self._memo["step"] = median(self.verify[1]) if 1 in self.verify else min(seen) if seen else 1.0
         return self._memo["step"]
 
+    def measured_slope(self) -> float | None:
+        """This run's verify slope per step: the mean over the sizes seen past 1 of (V(T) / V(1) - 1) / (T - 1),
+        at least 0; None before a plain step and a verify pass are both measured."""
+        if 1 not in self.verify or not any(t > 1 for t in self.verify):
+            return None
+        slopes = [(median(v) / self.step - 1) / (t - 1) for t, v in self.verify.items() if t > 1]
+        return max(0.0, sum(slopes) / len(slopes))
+
     def set_prior(self, slope: float) -> None:
         self.prior_slope, self._table, self._memo = slope, [], {}
 
@@ -297,10 +305,9 @@ class Schedule:
 
     def remember(self, engine) -> None:
         """Keep the slope this run measured (plain steps and verify passes both seen) for the engine's next runs."""
-        c = self.costs
-        if 1 in c.verify and any(t > 1 for t in c.verify):
-            slopes = [(median(v) / c.step - 1) / (t - 1) for t, v in c.verify.items() if t > 1]
-            remember_slope(engine, max(0.0, sum(slopes) / len(slopes)))
+        slope = self.costs.measured_slope()
+        if slope is not None:
+            remember_slope(engine, slope)
 
     def observe(self, rnd) -> None:
         """Learn from the round just run (the one the last choose() was for)."""
@@ -311,11 +318,10 @@ class Schedule:
             self.costs.add_verify(1, rnd.total_ms)
             self.idle += 1
         else:
-            T = rnd.n_drafted + 1
-            self.costs.add_verify(T, rnd.total_ms - rnd.draft_ms)
+            self.costs.add_verify(rnd.n_drafted + 1, rnd.total_ms - rnd.draft_ms)
             if self.remeasure:  # the slope this run measured replaces the one recalled from another
                 self.remeasure = False
-                self.costs.set_prior(max(0.0, (self.costs.verify[T][-1] / self.costs.step - 1) / (T - 1)))
+                self.costs.set_prior(self.costs.measured_slope())
             self.costs.add_overhead(rnd.draft_ms - rnd.propose_ms)
             self.acceptance.observe(ctx, rnd.n_drafted, rnd.n_accepted)
             # its own evidence changed: judged afresh; the others' pooled evidence moved less, and waits out HOLD
