@@ -14,7 +14,9 @@
 //
 // (Q6_K's quants are stored as q + 32, unsigned as VPDPBUSD wants them; the offset leaves through xsum.) The
 // activations, 8 bits per 256 with one scale, cost about 0.65% of an output's size against fp32 on Gaussian
-// inputs, as llama.cpp's; decode reads 4.5-6.6 bits a weight, so it is memory-bound and the integer work is free.
+// inputs, as llama.cpp's. Decode reads 4.5-6.6 bits a weight: with VPDPBUSD (AVX-512 VNNI) memory bounds it, but
+// on AVX2 cores VPMADDUBSW's integer work does (a Q4_K matrix resident in L3 ran at 43 GB/s, one streamed from
+// memory at 27, the read probe 36), so there every instruction per super-block counts.
 //
 // A verify pass of more rows than a tile holds unpacks each super-block of a panel once (nibbles, high bits and
 // scales into VPDPBUSD operands, 5.5 KB in L1) and every row tile of the pass reads it: the unpacking is per
@@ -28,6 +30,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#include <immintrin.h>
 
 #include "kernels.h"
 #include "prefetch.h"
@@ -57,17 +62,38 @@ struct KQuants {
     else S::store_n(dst, v, static_cast<int>(left));  // padded outputs are never written
   }
 
-  // Q4_K / Q5_K's 12 bytes of 6-bit scales and mins of 16 rows (byte k of row j at p[16k + j]) -> sc[s], mn[s]
-  // for the 8 sub-blocks, lane j row j (ggml's get_scale_min_k4).
-  static void scales_q4k(const uint8_t* p, I* sc, I* mn) {
-    I b[12];
-    for (int k = 0; k < 12; ++k) b[k] = S::i32_load_u8(p + 16 * k);
-    for (int s = 0; s < 4; ++s) {
-      sc[s] = S::i32_and(b[s], 63);
-      mn[s] = S::i32_and(b[s + 4], 63);
-      sc[s + 4] = S::i32_or(S::i32_and(b[s + 8], 15), S::i32_shl(S::i32_shr(b[s], 6), 4));
-      mn[s + 4] = S::i32_or(S::i32_shr(b[s + 8], 4), S::i32_shl(S::i32_shr(b[s + 4], 6), 4));
+  // Q4_K / Q5_K's 12 bytes of 6-bit scales and mins of 16 rows (byte k of row j at p[16k + j]; ggml's
+  // get_scale_min_k4) worked on as bytes, 16 rows x 2 sub-blocks to a 32-byte vector, then widened once into
+  // what the loop uses: ss[s] the scale of sub-block s as S::sub_scaled takes it, mn[t] the mins of sub-blocks
+  // 2t and 2t + 1 as int16 pairs for S::min_dot. Every ISA here has AVX2, so the byte work is written once.
+  // (Unpacking each byte into an int32 lane first took about a quarter of a Q4_K super-block's instructions.)
+  static void scales_q4k(const uint8_t* p, typename S::SubScale* ss, I* mn) {
+    const __m256i m63 = _mm256_set1_epi8(63), m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(0x30);
+    for (int k = 0; k < 2; ++k) {  // sub-blocks 2k, 2k + 1 and 4 + 2k, 5 + 2k
+      const auto load = [&](int at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + at)); };
+      const __m256i a = load(32 * k), m = load(64 + 32 * k), h = load(128 + 32 * k);
+      // (v >> 6) << 4 of each byte as (v >> 2) & 0x30 in 16-bit lanes: the mask drops the neighbour's bits
+      const __m256i sc_lo = _mm256_and_si256(a, m63), mn_lo = _mm256_and_si256(m, m63);
+      const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(h, m15), _mm256_and_si256(_mm256_srli_epi16(a, 2), m48));
+      const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(h, 4), m15),
+                                            _mm256_and_si256(_mm256_srli_epi16(m, 2), m48));
+      S::sub_scales(sc_lo, ss[2 * k], ss[2 * k + 1]);
+      S::sub_scales(sc_hi, ss[4 + 2 * k], ss[5 + 2 * k]);
+      mn[k] = S::min_pairs(mn_lo);
+      mn[2 + k] = S::min_pairs(mn_hi);
     }
+  }
+
+  // sum_s mn_s xsum_s over a super-block's 8 sub-blocks of 32 (xsum_s = xs[2s] + xs[2s + 1], |xsum_s| <= 4064,
+  // so a pair of them fits one int32 as two int16).
+  static I mins_q4k(const I* mn, const int32_t* xs) {
+    I imin = S::i32_zero();
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t a = static_cast<uint16_t>(xs[4 * t] + xs[4 * t + 1]);
+      const uint32_t b = static_cast<uint16_t>(xs[4 * t + 2] + xs[4 * t + 3]);
+      imin = S::min_dot(imin, mn[t], static_cast<int32_t>(a | (b << 16)));
+    }
+    return imin;
   }
 
   // Bit k of every byte moved to bit `to` (the rest zero).
@@ -80,9 +106,11 @@ struct KQuants {
   // mins) into int32 lanes: a pass of more rows than a tile holds unpacks each super-block once for all its
   // tiles (Stored), a tile of the rows there are unpacks as it goes (Direct). Both give the tile the same
   // operands, so the same integers. w: Q4_K / Q5_K [pair i][group g][low, high]; Q6_K [h][A, B][group g][low, high].
+  static_assert(std::is_same_v<typename S::SubScale, I>);
   struct Unpacked {
     U8 w[64];
-    I sc[16], mn[8];
+    I sc[16];  // Q4_K / Q5_K: the 8 sub-blocks' SubScales (S::SubScale is I everywhere); Q6_K: the 16 scales
+    I mn[4];   // Q4_K / Q5_K: the mins as scales_q4k gives them
   };
 
   // Q4_K (High = false) and Q5_K (High = true). In the file each 32 quant bytes hold sub-block 2i in their low
@@ -113,15 +141,14 @@ struct KQuants {
   static void q45k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
     const int ns = (a.in + kSuper - 1) / kSuper;
     const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
-    I scd[8], mnd[8];
-    if constexpr (!Stored) scales_q4k(wb + 64, scd, mnd);
-    const I* sc = Stored ? u->sc : scd;
+    typename S::SubScale ssd[8];
+    I mnd[4];
+    if constexpr (!Stored) scales_q4k(wb + 64, ssd, mnd);
+    const typename S::SubScale* ss = Stored ? u->sc : ssd;
     const I* mn = Stored ? u->mn : mnd;
     // groups one Sub holds exactly: a lane's pair sums are at most 2 * wmax * 128 each
     constexpr int kFit = S::kSubSum / (2 * (High ? 31 : 15) * 128), kG = kFit < 8 ? kFit : 8;
     static_assert(kG >= 1 && 8 % kG == 0);
-    typename S::SubScale ss[8];
-    for (int s = 0; s < 8; ++s) ss[s] = S::sub_scale(sc[s]);
     I isum[R];
     for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
     for (int i = 0; i < 4; ++i) {
@@ -150,9 +177,7 @@ struct KQuants {
     const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + 32));
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
-      const int32_t* xs = a.xsum + (row * ns + sb) * (kSuper / 16);
-      I imin = S::i32_zero();
-      for (int s = 0; s < 8; ++s) imin = S::i32_add(imin, S::i32_mul(mn[s], S::i32_set1(xs[2 * s] + xs[2 * s + 1])));
+      const I imin = mins_q4k(mn, a.xsum + (row * ns + sb) * (kSuper / 16));
       const F dx = S::set1(a.dx[row * ns + sb]);
       y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
       y[r] = S::fnma(S::to_float(imin), S::mul(dmin, dx), y[r]);
@@ -247,7 +272,10 @@ struct KQuants {
     for (int r = 0; r < R; ++r) y[r] = S::zero();
     for (int sb = 0; sb < ns; ++sb) {
       const uint8_t* wb = wp + static_cast<int64_t>(sb) * bytes(Bits);
-      for (int line = 0; line < bytes(Bits); line += 64) prefetch(wb + line);
+      for (int line = 0; line < bytes(Bits); line += 64) {
+        prefetch(wb + line);
+        prefetch_l1(wb + bytes(Bits) + line);
+      }
       rows<Bits, R, false>(a, wb, nullptr, sb, r0, y);
     }
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
