@@ -109,8 +109,8 @@ struct KQuants {
   static_assert(std::is_same_v<typename S::SubScale, I>);
   struct Unpacked {
     U8 w[64];
-    I sc[16];  // Q4_K / Q5_K: the 8 sub-blocks' SubScales (S::SubScale is I everywhere); Q6_K: the 16 scales
-    I mn[4];   // Q4_K / Q5_K: the mins as scales_q4k gives them
+    I sc[16];  // the sub-blocks' SubScales (S::SubScale is I everywhere): Q4_K / Q5_K 8, Q6_K 16
+    I mn[8];   // Q4_K / Q5_K: the mins as scales_q4k gives them (4); Q6_K: the scales as pairs (8)
   };
 
   // Q4_K (High = false) and Q5_K (High = true). In the file each 32 quant bytes hold sub-block 2i in their low
@@ -198,7 +198,7 @@ struct KQuants {
   }
 
   static void q6k_unpack(const uint8_t* wb, Unpacked& u) {
-    for (int s = 0; s < 16; ++s) u.sc[s] = S::i32_load_s8(wb + kQ6Scales + 16 * s);
+    scales_q6k(wb + kQ6Scales, u.sc, u.mn);
     for (int h = 0; h < 2; ++h)
       for (int ab = 0; ab < 2; ++ab)
         for (int g = 0; g < 8; ++g) {
@@ -207,10 +207,28 @@ struct KQuants {
         }
   }
 
+  // Q6_K's 16 int8 scales of 16 rows (sub-block s at p[16s + j]) as S::sub_scaled takes them, and as int16
+  // pairs (sub-blocks 2t, 2t + 1) for the offset's sum: the same byte-level path as scales_q4k, sign-extended.
+  static void scales_q6k(const uint8_t* p, typename S::SubScale* ss, I* pairs) {
+    for (int t = 0; t < 8; ++t) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * t));
+      S::template sub_scales<true>(v, ss[2 * t], ss[2 * t + 1]);
+      pairs[t] = S::template min_pairs<true>(v);
+    }
+  }
+
   template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
   static void q6k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
     const int ns = (a.in + kSuper - 1) / kSuper;
     const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
+    typename S::SubScale ssd[16];
+    I opd[8];
+    if constexpr (!Stored) scales_q6k(wb + kQ6Scales, ssd, opd);
+    const typename S::SubScale* ss = Stored ? u->sc : ssd;
+    const I* op = Stored ? u->mn : opd;
+    // groups one Sub holds exactly (a lane's pair sums at most 2 * 63 * 128 each), at most a sub-block's 4
+    constexpr int kFit = S::kSubSum / (2 * 63 * 128), kG = kFit < 4 ? kFit : 4;
+    static_assert(kG >= 1 && 4 % kG == 0);
     I isum[R];
     for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
 #pragma GCC unroll 2
@@ -219,35 +237,42 @@ struct KQuants {
       for (int ab = 0; ab < 2; ++ab) {
 #pragma GCC unroll 2
         for (int gg = 0; gg < 2; ++gg) {
-          I lo[R], hi[R];  // k = ab and k = ab + 2
-          for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::i32_zero();
-#pragma GCC unroll 4
-          for (int g = 4 * gg; g < 4 * gg + 4; ++g) {
-            U8 wl, wh;
-            const int at = 2 * (8 * (2 * h + ab) + g);
-            if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
-            else q6k_group(wb, h, ab, g, wl, wh);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) {
-              const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * h + 32 * ab + 4 * g;
-              lo[r] = S::dot_u8s8(lo[r], wl, x4(xr));
-              hi[r] = S::dot_u8s8(hi[r], wh, x4(xr + 64));
-            }
-          }
           const int sub = 8 * h + 2 * ab + gg;  // k = ab; k = ab + 2 is sub + 4
-          const I sl = Stored ? u->sc[sub] : S::i32_load_s8(wb + kQ6Scales + 16 * sub);
-          const I sh = Stored ? u->sc[sub + 4] : S::i32_load_s8(wb + kQ6Scales + 16 * (sub + 4));
-          for (int r = 0; r < R; ++r) {
-            const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
-            isum[r] = S::i32_add(isum[r], S::i32_add(S::i32_mul(S::i32_sub(lo[r], S::i32_set1(32 * xs[sub])), sl),
-                                                     S::i32_mul(S::i32_sub(hi[r], S::i32_set1(32 * xs[sub + 4])), sh)));
+#pragma GCC unroll 4
+          for (int g0 = 4 * gg; g0 < 4 * gg + 4; g0 += kG) {
+            typename S::Sub lo[R], hi[R];
+            for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::sub_zero();
+#pragma GCC unroll 4
+            for (int g = g0; g < g0 + kG; ++g) {
+              U8 wl, wh;
+              const int at = 2 * (8 * (2 * h + ab) + g);
+              if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
+              else q6k_group(wb, h, ab, g, wl, wh);
+#pragma GCC unroll 8
+              for (int r = 0; r < R; ++r) {
+                const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * h + 32 * ab + 4 * g;
+                lo[r] = S::sub_dot(lo[r], wl, x4(xr));
+                hi[r] = S::sub_dot(hi[r], wh, x4(xr + 64));
+              }
+            }
+            for (int r = 0; r < R; ++r)
+              isum[r] = S::i32_add(isum[r], S::i32_add(S::sub_scaled(lo[r], ss[sub]), S::sub_scaled(hi[r], ss[sub + 4])));
           }
         }
       }
     }
     const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ6D));
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      // the quants' +32 out through the activations' sums: isum -= 32 sum_s sc_s xsum_s (|xsum_s| <= 2032)
+      const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
+      I off = S::i32_zero();
+      for (int t = 0; t < 8; ++t) {
+        const uint32_t lo16 = static_cast<uint16_t>(xs[2 * t]), hi16 = static_cast<uint16_t>(xs[2 * t + 1]);
+        off = S::min_dot(off, op[t], static_cast<int32_t>(lo16 | (hi16 << 16)));
+      }
+      isum[r] = S::i32_sub(isum[r], S::i32_shl(off, 5));
       y[r] = S::fma(S::to_float(isum[r]), S::mul(d, S::set1(a.dx[(r0 + r) * ns + sb])), y[r]);
+    }
   }
 
   // One format's unpack and rows (Bits: 4, 5 or 6).

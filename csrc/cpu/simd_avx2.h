@@ -240,22 +240,32 @@ struct Avx2 {
   static I sub_scaled(Sub acc, SubScale sc) {
     return {_mm256_madd_epi16(acc.lo, sc.lo), _mm256_madd_epi16(acc.hi, sc.hi)};
   }
-  // Q4_K / Q5_K scales and mins (kquants.h scales_q4k): v holds two sub-blocks' bytes of 16 rows (bytes 0-15
-  // and 16-31, row j at byte j). Each half broadcast to both 128-bit lanes, one byte shuffle puts row j's byte
-  // in both 16-bit halves of lane j (rows 0-7 in lo, 8-15 in hi), as sub_scaled wants it.
+  // K-quant scales and mins (kquants.h scales_q4k, scales_q6k): v holds two sub-blocks' bytes of 16 rows (bytes
+  // 0-15 and 16-31, row j at byte j), unsigned (Q4_K, Q5_K) or signed (Q6_K). Each half broadcast to both 128-bit
+  // lanes, one byte shuffle puts row j's byte in both 16-bit halves of lane j (rows 0-7 in lo, 8-15 in hi), as
+  // sub_scaled wants it: in the low byte (zero-extended), or in the high byte, then shifted down with its sign.
+  template <bool Signed = false>
   static void sub_scales(__m256i v, SubScale& a, SubScale& b) {
-    const __m256i rows_lo = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5,
-                                             -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
-    const __m256i rows_hi = _mm256_add_epi8(rows_lo, _mm256_set1_epi16(8));  // the -1 bytes stay negative
+    __m256i rows_lo = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5,
+                                       -1, 6, -1, 6, -1, 7, -1, 7, -1);  // -1: a zero byte
+    if constexpr (Signed) rows_lo = _mm256_or_si256(_mm256_slli_epi16(rows_lo, 8), _mm256_set1_epi16(0xFF));
+    const __m256i rows_hi = _mm256_add_epi16(rows_lo, _mm256_set1_epi16(Signed ? 0x0800 : 8));  // rows 8-15
     const __m256i x = _mm256_permute2x128_si256(v, v, 0x00), y = _mm256_permute2x128_si256(v, v, 0x11);
     a = {_mm256_shuffle_epi8(x, rows_lo), _mm256_shuffle_epi8(x, rows_hi)};
     b = {_mm256_shuffle_epi8(y, rows_lo), _mm256_shuffle_epi8(y, rows_hi)};
+    if constexpr (Signed) {
+      a = {_mm256_srai_epi16(a.lo, 8), _mm256_srai_epi16(a.hi, 8)};
+      b = {_mm256_srai_epi16(b.lo, 8), _mm256_srai_epi16(b.hi, 8)};
+    }
   }
   // ... the two sub-blocks' bytes of row j as an int16 pair in lane j, for min_dot
+  template <bool Signed = false>
   static I min_pairs(__m256i v) {
     const __m256i swap = _mm256_permute2x128_si256(v, v, 0x01);
     const __m256i lo = _mm256_unpacklo_epi8(v, swap), hi = _mm256_unpackhi_epi8(v, swap);  // low lanes: rows 0-7, 8-15
-    return {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)), _mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi))};
+    const __m128i l = _mm256_castsi256_si128(lo), h = _mm256_castsi256_si128(hi);
+    if constexpr (Signed) return {_mm256_cvtepi8_epi16(l), _mm256_cvtepi8_epi16(h)};
+    else return {_mm256_cvtepu8_epi16(l), _mm256_cvtepu8_epi16(h)};
   }
   // acc + each lane's int16 pair times x2's two int16 (VPMADDWD): exact in int32
   static I min_dot(I acc, I pairs, int32_t x2) {

@@ -162,16 +162,22 @@ struct Avx512 {
   static Sub sub_dot(Sub acc, U8 w, int32_t x4) { return dot_u8s8(acc, w, x4); }
   static SubScale sub_scale(I sc) { return sc; }
   static I sub_scaled(Sub acc, SubScale sc) { return _mm512_mullo_epi32(acc, sc); }
-  // Q4_K / Q5_K scales and mins (kquants.h scales_q4k; v: two sub-blocks' bytes of 16 rows, row j at byte j
-  // of each half): the scales as int32 lanes, the mins as int16 pairs for min_dot (VPDPWSSD, exact in int32).
+  // K-quant scales and mins (kquants.h scales_q4k, scales_q6k; v: two sub-blocks' bytes of 16 rows, row j at
+  // byte j of each half, unsigned or signed): the scales as int32 lanes, the mins as int16 pairs for min_dot
+  // (VPDPWSSD, exact in int32).
+  template <bool Signed = false>
   static void sub_scales(__m256i v, SubScale& a, SubScale& b) {
-    a = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(v));
-    b = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1));
+    const __m128i s = _mm256_castsi256_si128(v), t = _mm256_extracti128_si256(v, 1);
+    if constexpr (Signed) a = _mm512_cvtepi8_epi32(s), b = _mm512_cvtepi8_epi32(t);
+    else a = _mm512_cvtepu8_epi32(s), b = _mm512_cvtepu8_epi32(t);
   }
+  template <bool Signed = false>
   static I min_pairs(__m256i v) {
     const __m128i s = _mm256_castsi256_si128(v), t = _mm256_extracti128_si256(v, 1);
-    return _mm512_cvtepu8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(s, t)),
-                                                        _mm_unpackhi_epi8(s, t), 1));
+    const __m256i pairs =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(s, t)), _mm_unpackhi_epi8(s, t), 1);
+    if constexpr (Signed) return _mm512_cvtepi8_epi16(pairs);
+    else return _mm512_cvtepu8_epi16(pairs);
   }
   static I min_dot(I acc, I pairs, int32_t x2) { return _mm512_dpwssd_epi32(acc, pairs, _mm512_set1_epi32(x2)); }
   static I i32_zero() { return _mm512_setzero_si512(); }
