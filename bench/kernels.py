@@ -15,7 +15,8 @@ machine are slower, never faster, so minimums over repeats are the figure to tru
 
 --alternate times the formats named against one another in one interleaved group, on the best path: a few
 layers of Qwen2.5-1.5B's shapes (hidden 1536, intermediate 8960: every input a whole number of the K-quants'
-super-blocks of 256, as in the GGUF files that ship them), written to kernels-formats-cpu.*.
+super-blocks of 256, as in the GGUF files that ship them), written to kernels-formats-cpu.* (--name: another
+name, one per CPU kind).
 """
 from __future__ import annotations
 
@@ -243,6 +244,8 @@ def main(argv=None) -> None:
                    help="the paths to time the GEMMs on (attention runs on the best); 'amx tiles': AMX at every T")
     p.add_argument("--alternate", nargs="+", choices=FORMATS, help="time these formats against one another only")
     p.add_argument("--layers", type=int, default=3, help="--alternate: Qwen2.5-1.5B layers per step")
+    p.add_argument("--name", default="kernels-formats-cpu",
+                   help="--alternate: the results' file name (one per CPU kind, e.g. kernels-formats-cpu-avx2)")
     args = p.parse_args(argv)
     status = ext.load("cpu")
     if status.module is None:
@@ -259,7 +262,7 @@ def main(argv=None) -> None:
               f"{load_before[0]:.2f}, after {result['load_after'][0]:.2f}:\n\n") + markdown_table(
             rows, ["format", "T", "ms", "weight_mb", "gb_s", "gb_s_vs_first", "pct_of_read_bw", "read_gb_s",
                    "others_pct"])
-        write_results(args.out, "kernels-formats-cpu", result, md)
+        write_results(args.out, args.name, result, md)
         print(md)
         return
     paths = available_paths(m, args.paths)
