@@ -69,8 +69,8 @@ struct KQuants {
   // (Unpacking each byte into an int32 lane first took about a quarter of a Q4_K super-block's instructions.)
   static void scales_q4k(const uint8_t* p, typename S::SubScale* ss, I* mn) {
     const __m256i m63 = _mm256_set1_epi8(63), m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(0x30);
+    const auto load = [p](int at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + at)); };
     for (int k = 0; k < 2; ++k) {  // sub-blocks 2k, 2k + 1 and 4 + 2k, 5 + 2k
-      const auto load = [&](int at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + at)); };
       const __m256i a = load(32 * k), m = load(64 + 32 * k), h = load(128 + 32 * k);
       // (v >> 6) << 4 of each byte as (v >> 2) & 0x30 in 16-bit lanes: the mask drops the neighbour's bits
       const __m256i sc_lo = _mm256_and_si256(a, m63), mn_lo = _mm256_and_si256(m, m63);

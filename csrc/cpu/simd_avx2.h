@@ -281,7 +281,6 @@ struct Avx2 {
     const __m256i v = _mm256_set1_epi32(m);
     return {_mm256_and_si256(a.lo, v), _mm256_and_si256(a.hi, v)};
   }
-  static I i32_or(I a, I b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
   static I i32_shl(I a, int n) {
     const __m128i c = _mm_cvtsi32_si128(n);
     return {_mm256_sll_epi32(a.lo, c), _mm256_sll_epi32(a.hi, c)};
@@ -295,14 +294,6 @@ struct Avx2 {
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
   }
   static U8 u8_from_i32(I v) { return {v.lo, v.hi}; }  // the same 64 bytes
-  static I i32_load_u8(const uint8_t* p) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return {_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))};
-  }
-  static I i32_load_s8(const uint8_t* p) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return {_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))};
-  }
 
   // v[0..15] -> lane i = sum of v[i]'s lanes.
   static F hsum16(const F* v) {

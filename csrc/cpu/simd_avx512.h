@@ -186,18 +186,10 @@ struct Avx512 {
   static I i32_sub(I a, I b) { return _mm512_sub_epi32(a, b); }
   static I i32_mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
   static I i32_and(I a, int32_t m) { return _mm512_and_si512(a, _mm512_set1_epi32(m)); }
-  static I i32_or(I a, I b) { return _mm512_or_si512(a, b); }
   static I i32_shl(I a, int n) { return _mm512_sll_epi32(a, _mm_cvtsi32_si128(n)); }
   static I i32_shr(I a, int n) { return _mm512_srl_epi32(a, _mm_cvtsi32_si128(n)); }
   static I i32_load(const uint8_t* p) { return _mm512_loadu_si512(p); }  // 64 bytes: 16 int32
   static U8 u8_from_i32(I v) { return v; }  // the same 64 bytes
-  // 16 bytes -> 16 int32 lanes, zero- or sign-extended
-  static I i32_load_u8(const uint8_t* p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I i32_load_s8(const uint8_t* p) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
 
   // v[0..15] -> one vector whose lane i is the sum of v[i]'s lanes: a transpose-and-add tree, 15 adds.
   static F hsum16(const F* v) {
