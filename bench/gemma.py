@@ -11,6 +11,12 @@ continuation: how often our argmax names its next token; goal >= 99% on the file
 where it does not with both sides' top-1 margins there (a near-tie both engines may break either way, or a bug),
 where the free-running greedy ids first part, and the facts' completions side by side.
 
+Where the top-1 parts, whose numerics moved: `transformers` is the model's reference implementation (transformers'
+Gemma3ForCausalLM in fp32 on the file's blocks as its own GGUF loader dequantizes them), scored against llama.cpp's
+ids the same way (and its logits against our fp32's, teacher-forced on those ids); `<base>+geglu-fp16` runs our
+<base> with Gemma's GeGLU as llama.cpp's CPU backend computes it (the gate rounded to fp16, gelu read from a table of
+fp16 values: ggml-cpu vec.h ggml_vec_geglu_f32 under GGML_GELU_FP16), everything else unchanged.
+
 Speed (--rounds N, where llama-cpp-python or llama-bench is installed): rounds alternate ours (each format),
 llama.cpp's loop and llama-bench tg64, the read bandwidth measured after every row (a row's ceiling: the larger of
 the two around it). Each row keeps its best round; the ratio to llama.cpp is also taken round by round. The step's
@@ -19,13 +25,16 @@ weight bytes are split into the head and the rest, and the head's own time is me
     python -m bench.gemma                       # -> bench/results/gemma-cpu.{json,md}
     python -m bench.gemma --rounds 0            # correctness only
     python -m bench.gemma --rounds 2 --formats default fp32
+    python -m bench.gemma --rounds 0 --formats default fp32 transformers default+geglu-fp16
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 import torch
@@ -46,19 +55,69 @@ PROMPTS = (*FACTS,
            'def is_prime(n: int) -> bool:\n    """Return True if n is a prime number.\n\n    >>> is_prime(7)\n')
 FACT_TOKENS = 16  # a fact's completion as shown side by side
 # default: what load_model picks for the file (the app's choice). "<base>+head-<fmt>": an experiment, the base
-# load with its head re-quantized to <fmt> from its own dequantized blocks (a second rounding; fewer bytes a step)
-FORMATS = ("default", "fp32", "int8", "q4", "default+head-q4", "q4+head-q4")
+# load with its head re-quantized to <fmt> from its own dequantized blocks (a second rounding; fewer bytes a step).
+# "<base>+geglu-fp16": the base with llama.cpp's GeGLU (geglu_fp16). "transformers": the model's reference
+# implementation (Reference), in the correctness tables only.
+FORMATS = ("default", "fp32", "int8", "q4", "default+head-q4", "q4+head-q4", "default+geglu-fp16", "transformers")
+REFERENCE = "transformers"
 
 
 def load(name: str, fmt: str):
-    base, _, head = fmt.partition("+head-")
+    base, _, experiment = fmt.partition("+")
     model = load_model(name, weights=None if base == "default" else base, progress=lambda msg: None)
-    if head:
+    if experiment.startswith("head-"):
+        head = experiment.removeprefix("head-")
         w = model.lm_head.weight
         model.lm_head.weight = wts.pack(wts.quantize(wts.dequantize(wts.unpack(w)), head), w.layout)
         model.use_ops(model.ops)  # the head's matmul follows its new format
         model.load_notes.append(f"head re-quantized from {w.fmt} to {head} (experiment: a second rounding)")
+    elif experiment == "geglu-fp16":
+        # the native block loop computes the gate itself: off, so each block calls the OpSet's gelu_tanh_mul
+        model.use_ops(dataclasses.replace(model.ops, gelu_tanh_mul=geglu_fp16, blocks=None))
+        model.load_notes.append("GeGLU as llama.cpp's CPU backend computes it (experiment: the gate rounded to fp16, "
+                                "gelu from an fp16 table)")
     return model
+
+
+GELU_COEF_A, SQRT_2_OVER_PI = 0.044715, 0.79788456080286535587989211986876
+
+
+def geglu_fp16(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gelu(gate) * up as ggml-cpu computes it for f32 tensors (vec.h ggml_vec_geglu_f32 under GGML_GELU_FP16): the
+    gate is rounded to fp16 and gelu's tanh form read from a table of its fp16 values (ggml_table_gelu_f16: each
+    entry ggml_gelu_f32 of the fp16 input, rounded to fp16), the gate at or past +-10 taken as x or 0; the product
+    with up in fp32. gate_up = [gate | up]: [N, 2I] -> [N, I]."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    x = gate.half().float()
+    table = (0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))).half().float()
+    gelu = torch.where(gate <= -10.0, 0.0, torch.where(gate >= 10.0, gate, table))
+    y = (gelu * up).to(gate_up.dtype)
+    return y if out is None else out.copy_(y)
+
+
+class Reference:
+    """transformers' implementation of the model on the file's blocks, dequantized to fp32 by transformers' own
+    GGUF loader, behind the two calls compare() makes of an Engine: greedy ids and teacher-forced logits."""
+
+    def __init__(self, gguf_file: Path, eos_ids: tuple[int, ...]):
+        from transformers import AutoModelForCausalLM
+
+        self.hf = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name,
+                                                       dtype=torch.float32).eval()
+        self.model = SimpleNamespace(eos_ids=eos_ids)  # reference.agreement reads eng.model.eos_ids
+        self.notes = [f"transformers {type(self.hf).__name__}, fp32, on {gguf_file.name}'s blocks dequantized by "
+                      "transformers' GGUF loader (the model's reference implementation)"]
+
+    @torch.inference_mode()
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        return self.hf(torch.tensor([ids])).logits[0]
+
+    @torch.inference_mode()
+    def generate(self, prompt: list[int], new_tokens: int, temperature: float = 0.0, stop_ids=()):
+        assert temperature == 0.0 and not stop_ids, "the reference runs greedy decoding without stops only"
+        out = self.hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                               do_sample=False, top_k=None, top_p=None)
+        return out[0, len(prompt):].tolist(), None
 
 
 def gguf_split(path: Path) -> dict:
@@ -106,8 +165,8 @@ def run(args, save) -> dict:
 
     gguf_file = embedded.gguf_path(embedded.GEMMA3_270M, progress=lambda msg: None)
     threads = torch.get_num_threads()
-    models = {fmt: load(embedded.GEMMA3_270M.name, fmt) for fmt in args.formats}
-    tok = Tokenizer(next(iter(models.values())).path)
+    models = {fmt: load(embedded.GEMMA3_270M.name, fmt) for fmt in args.formats if fmt != REFERENCE}
+    tok = Tokenizer(embedded.ensure(embedded.GEMMA3_270M, progress=lambda msg: None))
     prompts = [tok.encode(p) for p in PROMPTS]  # <bos> first, as llama.cpp's own tokenizer does for this file
     size = max(map(len, prompts)) + args.new_tokens + 16
     engines = {fmt: Engine(m, max_seq_len=size) for fmt, m in models.items()}
@@ -116,15 +175,22 @@ def run(args, save) -> dict:
                threads=threads, isa=cpu_path(), rounds=args.rounds, llamacpp_info=llamacpp.describe(),
                formats={fmt: dict(loaded_as=m.format, notes=m.load_notes, **our_split(m)) for fmt, m in models.items()},
                llamacpp_split=gguf_split(gguf_file), ids=[], facts=[], agreement={}, rows=[])
+    checked = dict(engines)  # what the correctness tables score: ours, and the reference where asked for
+    if REFERENCE in args.formats:
+        ref = Reference(gguf_file, tuple(sorted(tok.eos_ids)))
+        checked[REFERENCE] = ref
+        out["formats"][REFERENCE] = dict(loaded_as="fp32", head_type="fp32", notes=ref.notes)
 
     # correctness: llama.cpp's ids once per prompt (they do not depend on our format), ours in every format
     with reference.reference(gguf_file, threads) as greedy:
         out["llamacpp_reference"] = "llama-server" if reference.server_exe().is_file() else "llama-cpp-python loop"
         for i, prompt in enumerate(prompts):
             theirs = greedy(prompt, args.new_tokens)
-            for fmt, eng in engines.items():
+            for fmt, eng in checked.items():
                 row = dict(prompt=i, weights=fmt, **compare(eng, prompt, theirs, args.new_tokens))
                 row["llamacpp_ids"] = theirs["ids"]
+                if fmt == REFERENCE and "fp32" in engines:  # how far our fp32 is from the reference, same ids
+                    row["max_diff_vs_fp32"] = logit_distance(eng, engines["fp32"], prompt + theirs["ids"][:-1])
                 out["ids"].append(row)
                 print({k: v for k, v in row.items() if not k.endswith("_ids") and k != "splits"}, flush=True)
                 if PROMPTS[i] in FACTS and fmt == args.formats[0]:
@@ -132,7 +198,7 @@ def run(args, save) -> dict:
                                              ours=tok.decode(row["ours_ids"][:FACT_TOKENS]),
                                              llamacpp=tok.decode(theirs["ids"][:FACT_TOKENS])))
             save(out)
-    for fmt in engines:
+    for fmt in checked:
         rows = [r for r in out["ids"] if r["weights"] == fmt]
         tokens = len(rows) * args.new_tokens
         splits = sum(len(r["splits"]) for r in rows)
@@ -140,8 +206,15 @@ def run(args, save) -> dict:
                                      near_ties=splits - sum(r["unexplained"] for r in rows))
     save(out)
     if args.rounds:
-        speed(args, out, save, gguf_file, engines, models, prompts[0], threads)
+        timed = {fmt: eng for fmt, eng in engines.items() if not fmt.endswith("+geglu-fp16")}  # a numerics experiment
+        speed(args, out, save, gguf_file, timed, models, prompts[0], threads)
     return out
+
+
+@torch.inference_mode()
+def logit_distance(a, b, ids: list[int]) -> float:
+    """The largest |logit difference| between two implementations over every position of ids."""
+    return float((a.logits(ids).float() - b.logits(ids).float()).abs().max())
 
 
 def speed(args, out, save, gguf_file, engines, models, prompt, threads) -> None:
@@ -213,7 +286,12 @@ def markdown(result: dict) -> str:
             "llama.cpp); agreement: our top-1 teacher-forced on llama.cpp's ids; unexplained: the positions where "
             f"it differs and both sides' top-1 margins are {reference.NEAR_TIE:g} logit or more (not a near-tie).\n\n")
     ids = [{k: v for k, v in r.items() if not k.endswith("_ids")} for r in result["ids"]]
-    out = head + markdown_table(ids, ["prompt", "weights", "ids_vs_llamacpp", "top1_agreement", "unexplained"])
+    cols = ["prompt", "weights", "ids_vs_llamacpp", "top1_agreement", "unexplained"]
+    if any("max_diff_vs_fp32" in r for r in ids):
+        head += (f"max_diff_vs_fp32: the largest |logit difference| between the reference ({REFERENCE}) and our fp32, "
+                 "teacher-forced over the prompt and llama.cpp's ids.\n\n")
+        cols.append("max_diff_vs_fp32")
+    out = head + markdown_table(ids, cols)
     if result.get("agreement"):
         out += "\nTeacher-forced top-1 agreement over every prompt:\n\n"
         out += markdown_table([dict(weights=f, **a) for f, a in result["agreement"].items()],

@@ -174,3 +174,41 @@ def test_the_prompts_start_with_bos_and_continue_text():
     for text in gemma.PROMPTS:
         ids = tok.encode(text)
         assert ids[0] == tok.bos_id == 2 and ids.count(2) == 1 and tok.decode(ids[1:]) == text
+
+
+def test_geglu_fp16_reads_the_gate_through_fp16_as_llamacpp_does():
+    """ggml-cpu's f32 GeGLU: the gate rounded to fp16, gelu from a table of fp16 values, +-10 and past as x or 0."""
+    gate = torch.linspace(-12, 12, 4801)
+    up = torch.full_like(gate, 3.0)
+    y = gemma.geglu_fp16(torch.cat([gate, up])[None])[0]
+    exact = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    inside = gate.abs() < 10
+    table = y[inside] / 3.0
+    assert torch.equal(table.half().float(), table)  # every gelu value inside is an fp16 value
+    # two fp16 roundings (the gate, then gelu's value): within ~1e-3 of the value, never beyond
+    assert torch.allclose(y, exact, rtol=2e-3, atol=1e-4) and not torch.equal(y, exact)
+    assert torch.equal(y[gate >= 10], gate[gate >= 10] * 3.0) and (y[gate <= -10] == 0).all()
+    out = torch.empty(1, gate.numel())
+    assert gemma.geglu_fp16(torch.cat([gate, up])[None], out) is out and torch.equal(out[0], y)
+
+
+def test_geglu_experiment_runs_the_blocks_one_by_one_with_llamacpps_gate(tiny_files):
+    model = gemma.load(str(random_gguf.path(tiny_files, "tiny", "Q4_1")), "q4+geglu-fp16")
+    assert model.ops.blocks is None and model.ops.gelu_tanh_mul is gemma.geglu_fp16
+    assert "GeGLU as llama.cpp" in model.load_notes[-1]
+
+
+@pytest.mark.slow
+def test_reference_gives_our_fp32_logits_and_greedy_ids(tiny_files):
+    """transformers on the tiny F32 file, through the two calls compare() makes: the same logits as our fp32 (to
+    float rounding) and the same greedy ids; compare() scores it as it scores an engine."""
+    pytest.importorskip("transformers")
+    path = random_gguf.path(tiny_files, "tiny", "F32")
+    eng = Engine(gemma.load(str(path), "fp32"), max_seq_len=64)
+    ref = gemma.Reference(path, eng.model.eos_ids)
+    assert gemma.logit_distance(ref, eng, PROMPT) < 1e-3
+    ours, _ = eng.generate(PROMPT, 12, temperature=0.0, stop_ids=[])
+    theirs, _ = ref.generate(PROMPT, 12)
+    assert theirs == ours
+    cmp = gemma.compare(ref, PROMPT, dict(ids=ours, margins=[5.0] * 12), 12)
+    assert cmp["ids_match"] and cmp["top1_agreement"] == 1.0
