@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine import weights as W
+from engine.weights import k_quants
 
 SHAPES = [(1, 32), (15, 100), (16, 64), (17, 576), (769, 100), (40, 1536)]  # (out, in)
 
@@ -73,6 +74,8 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         b = blocks(fmt, out, n_in)
         raw = W.get(fmt).to_gguf(b).view(out, -1, 144 if fmt == "q4_k" else 210)
         (w,) = W.to_panels(b)
+        if fmt == "q6_k":  # the file's bytes, with their bits placed for the kernel (checked below): put back
+            w = k_quants.unplace_q6_k(w)
         assert w.shape == (-(-out // 16), -(-n_in // 256), 16 * raw.shape[-1]) and w.dtype == torch.uint8
         for at, unit, start, n in spec:
             for o, sb, k in [(0, 0, 0), (16, 0, 3), (out - 1, w.shape[1] - 1, 11), (5, 0, 1), (7, 0, 127)]:
@@ -85,6 +88,14 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         group = (i % 256) // 64 * 8 + (i % 32) // 4
         byte = int(w[o // 16, i // 256, 256 + group * 64 + (o % 16) * 4 + i % 4])
         assert (byte >> 4 * (i % 64 // 32)) & 0xF == int(q4k.q[o, i])
+    q6k = blocks("q6_k", out, n_in)  # Q6_K's quants as csrc/cpu/kquants.h q6k_group reads the placed bits
+    (w,) = W.to_panels(q6k)
+    for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230)]:
+        h, k, g, j = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4
+        at = (o % 16) * 4 + j
+        x, y, z = (int(w[o // 16, i // 256, line * 64 + at]) for line in (16 * h + g, 16 * h + 8 + g, 32 + 8 * h + g))
+        q = (x & 63, y & 63, z & 63, (x >> 6) | ((y >> 4) & 12) | ((z >> 2) & 48))[k]
+        assert q - 32 == int(q6k.q[o, i]), (o, i)
 
 
 @pytest.mark.parametrize("fmt", [f for f in W.PANEL_FORMATS if W.get(f).layouts["cpu"].pack_gguf])

@@ -51,8 +51,8 @@ constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a wei
 // K-quant panels (kquants.h): one stream [P, ns, bytes] (ns = ceil(in / 256) super-blocks), each super-block the
 // file's block of 16 rows interleaved field by field (engine/weights/panels.py interleave), fields in the file's
 // order: q4_k d[16], dmin[16] fp16, 12 scale bytes x 16, 32 groups of [16 rows][4 quant bytes]; q5_k the same
-// with 8 groups of [16][4] high-bit bytes before the quants; q6_k 32 groups of ql, 16 of qh, 16 int8 scales x 16,
-// d[16]. Each the file's own bits per weight.
+// with 8 groups of [16][4] high-bit bytes before the quants; q6_k 32 groups of ql, 16 of qh (their bits regrouped:
+// engine/weights/k_quants.py place_q6_k), 16 int8 scales x 16, d[16]. Each the file's own bits per weight.
 constexpr int kSuper = 256;
 constexpr int kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
 // q4_0 and q5_0 panels (legacy.h) likewise, [P, nb, bytes] per block of 32: d[16] fp16, (q5_0: the 16 rows'

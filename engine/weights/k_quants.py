@@ -12,11 +12,14 @@ blocks for tests and for weights="q4_k", not llama.cpp's exact choices.
 Layouts: the torch twins read canonical Blocks. The CPU kernels (csrc/cpu/kquants.h) read the file's own bytes,
 16 rows interleaved field by field (panels.interleave): a block's 4-byte groups of quants for 16 outputs make one
 64-byte VNNI operand, its scales for 16 outputs one vector, so packing a file's tensor is a reorder of its bytes
-(pack_gguf) and the panels stream exactly the file's bits per weight. Their activations are llama.cpp's Q8_K:
+(pack_gguf) and the panels stream exactly the file's bits per weight (Q6_K's quant bits regrouped within the
+bytes that hold them, as its kernel reads them more cheaply: place_q6_k). Their activations are llama.cpp's Q8_K:
 int8 per super-block of 256 with one scale and the sums of every 16 (the mins and Q6_K's offset of 32 fold in
 through those sums).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -161,6 +164,50 @@ def q6_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
     return Blocks("q6_k", out, n_in, q, gguf_bytes.f16(b, 208), None, sc)
 
 
+def _bytes4(b: int) -> int:
+    """Byte b in each byte of an int32 (as a signed value torch takes)."""
+    return int.from_bytes(bytes([b]) * 4, "little", signed=True)
+
+
+def _q6_k_lines(w: torch.Tensor):
+    """Q6_K panels [..., ns, 16 * 210] (contiguous) -> for each 16 panels, views (as int32, 4 bytes of a row each)
+    of the lines that hold the quants of a half h and group g (inputs 128h + 32k + 4g + j, k = 0..3, of 16 rows):
+    ql's A and B lines (16h + g, 16h + 8 + g) and qh's (32 + 8h + g), each [16, ns, 2, 8, 16]. 16 panels at a time,
+    so the temporaries made from them stay small (and in cache)."""
+    flat = w.view(math.prod(w.shape[:-2]), *w.shape[-2:])  # (-1 is ambiguous for a tensor of no inputs)
+    for i in range(0, flat.shape[0], 16):
+        ql = flat[i:i + 16, :, :2048].view(torch.int32).unflatten(-1, (2, 2, 8, 16))
+        qh = flat[i:i + 16, :, 2048:3072].view(torch.int32).unflatten(-1, (2, 8, 16))
+        yield ql[..., 0, :, :], ql[..., 1, :, :], qh
+
+
+def place_q6_k(w: torch.Tensor) -> torch.Tensor:
+    """Q6_K panels, in place: the same bytes with the bits moved so that the four 6-bit quants q0..q3 a byte
+    position holds (inputs 32k apart: the file's A low, B low, A high, B high nibbles and qh's four pairs) read
+    as X = q0 | q3[0:2] << 6, Y = q1 | q3[2:4] << 6, Z = q2 | q3[4:6] << 6 in the A, B and qh lines. The kernel
+    (csrc/cpu/kquants.h q6k_group) then takes q0, q1, q2 with one AND each and q3 from the three top pairs,
+    11 instructions for the four where the file's nibbles and pairs took 18."""
+    f0, f3, c0, t0 = (_bytes4(v) for v in (0x0F, 0x30, 0xC0, 0xF0))
+    for a, b, h in _q6_k_lines(w):
+        x = (a & f0) | ((h << 4) & f3) | ((b << 2) & c0)  # q0 (A low, qh 0-1), q3's bits 0-1 (B's bits 4-5)
+        y = (b & f0) | ((h << 2) & f3) | (b & c0)  # q1 (B low, qh 2-3), q3's bits 2-3 (B's bits 6-7)
+        h.copy_(((a >> 4) & f0) | (h & t0))  # q2 (A high, qh 4-5), q3's bits 4-5 (qh 6-7)
+        a.copy_(x), b.copy_(y)
+    return w
+
+
+def unplace_q6_k(w: torch.Tensor) -> torch.Tensor:
+    """The inverse of place_q6_k, into a new tensor: the file's ql and qh bytes again."""
+    w = w.contiguous().clone()
+    f0, f3, c0, t0, m3, mc = (_bytes4(v) for v in (0x0F, 0x30, 0xC0, 0xF0, 0x03, 0x0C))
+    for x, y, z in _q6_k_lines(w):
+        a = (x & f0) | ((z & f0) << 4)  # q0's and q2's low nibbles
+        b = (y & f0) | ((x >> 2) & f3) | (y & c0)  # q1's low nibble; q3's from X's and Y's top pairs
+        z.copy_(((x >> 4) & m3) | ((y >> 2) & mc) | (z & t0))  # the four high pairs
+        x.copy_(a), y.copy_(b)
+    return w
+
+
 def q6_k_to_gguf(b: Blocks) -> torch.Tensor:
     out = b.out_features
     u = (b.q.to(torch.int16) + 32).to(torch.uint8).view(out, -1, 2, 2, 2, 32)  # [.., half, nibble, A|B, l]
@@ -199,8 +246,11 @@ FIELDS = {
 NOTE = "the CPU kernel reads the file's bytes; activations at 8 bits per 256 (llama.cpp's Q8_K)"
 
 
+BITS = {"q6_k": (place_q6_k, unplace_q6_k)}  # the panels' bits as the kernel reads them (panels.gguf_layout)
+
+
 def record(name: str, bits: float, quantize, from_gguf, to_gguf) -> WeightFormat:
-    cpu = panels.gguf_layout(QK, FIELDS[name], from_gguf, to_gguf, dequantize)
+    cpu = panels.gguf_layout(QK, FIELDS[name], from_gguf, to_gguf, dequantize, BITS.get(name))
     return WeightFormat(name=name, bits=bits, block=QK, quantize=quantize, dequantize=dequantize,
                         layouts={"torch": ROWS, "cpu": cpu}, cpu_activations="q8_k", gguf=name.upper(),
                         from_gguf=from_gguf, to_gguf=to_gguf, notes=f"GGUF {name.upper()} super-blocks; {NOTE}")

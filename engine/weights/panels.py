@@ -108,19 +108,16 @@ def panel_bytes(w: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...]) 
     return x.reshape(-1, x.shape[2] * x.shape[3])[:out].contiguous()
 
 
-def row_bytes(w: torch.Tensor, ids: torch.Tensor, fields: tuple[tuple[int, int], ...]) -> torch.Tensor:
-    """Rows `ids` of panels [P, nb, 16 * B] as GGUF bytes [n, nb * B], without touching the other panels."""
-    x = deinterleave(w[ids // PANEL], fields)  # [n, 16, nb, B]
-    x = x[torch.arange(len(ids)), ids % PANEL]
-    return x.reshape(len(ids), -1)
-
-
-def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_gguf, dequantize):
+def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_gguf, dequantize, bits=None):
     """The "cpu" Layout of a format whose panels are its GGUF bytes interleaved (above): every direction goes
-    through the file's codec, so packing, unpacking and a row's lookup are exact by construction."""
+    through the file's codec, so packing, unpacking and a row's lookup are exact by construction. bits: a
+    format's (place, unplace), which move bits between the bytes of each panel once interleaved (place, in place)
+    and move them back before the bytes are read as the file's (unplace, into a new tensor): a bijection the
+    format's kernel reads more cheaply than the file's arrangement (k_quants.py place_q6_k)."""
     from engine.weights.format import Layout
 
     size = sum(n for n, _ in fields)
+    place, unplace = bits or (lambda w: w, lambda w: w)
 
     def pack_gguf(raw, out: int, n_in: int) -> tuple[torch.Tensor, ...]:
         """raw: the tensor's bytes uint8 [out, row bytes], or its rows in order as chunks of any sizes (read into a
@@ -135,28 +132,30 @@ def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_g
             chunk = chunk if carry is None else torch.cat((carry, chunk))
             whole = chunk.shape[0] // PANEL * PANEL
             carry = chunk[whole:].clone() if whole < chunk.shape[0] else None
-            interleave(chunk[:whole], whole, fields, into[row // PANEL:(row + whole) // PANEL])
+            place(interleave(chunk[:whole], whole, fields, into[row // PANEL:(row + whole) // PANEL]))
             row += whole
         if carry is not None:
-            interleave(carry, len(carry), fields, into[row // PANEL:])
+            place(interleave(carry, len(carry), fields, into[row // PANEL:]))
             row += len(carry)
         if row != out:
             raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows, got {row}")
         return (into,)
 
     def pack(b) -> tuple[torch.Tensor, ...]:
-        return (interleave(to_gguf(b), b.out_features, fields),)
+        return (place(interleave(to_gguf(b), b.out_features, fields)),)
 
     def unpack(fmt: str, out: int, n_in: int, tensors):
         lead = (-(-out // PANEL), -(-n_in // block), PANEL * size)
         if len(tensors) != 1 or tuple(tensors[0].shape) != lead:
             raise ValueError(f"{fmt} panels for [{out}, {n_in}] are one tensor {list(lead)}, got "
                              f"{[list(t.shape) for t in tensors]}")
-        b = from_gguf(panel_bytes(tensors[0], out, fields), out, n_in)
+        b = from_gguf(panel_bytes(unplace(tensors[0]), out, fields), out, n_in)
         b.fmt = fmt
         return b
 
     def rows(p, ids: torch.Tensor) -> torch.Tensor:  # dense, as the kernels take an embedding's rows
-        return dequantize(from_gguf(row_bytes(p.tensors[0], ids, fields), len(ids), p.in_features)).contiguous()
+        held = unplace(p.tensors[0][ids // PANEL])  # only the panels the rows are in
+        x = deinterleave(held, fields)[torch.arange(len(ids)), ids % PANEL].reshape(len(ids), -1)
+        return dequantize(from_gguf(x, len(ids), p.in_features)).contiguous()
 
     return Layout(pack, unpack, rows, pack_gguf)
