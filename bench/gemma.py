@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import statistics
 import time
 from pathlib import Path
@@ -114,6 +115,7 @@ class Reference:
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], new_tokens: int, temperature: float = 0.0, stop_ids=()):
+        """Greedy ids, the end tokens held back until new_tokens (as llama-server's ignore_eos)."""
         assert temperature == 0.0 and not stop_ids, "the reference runs greedy decoding without stops only"
         out = self.hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                do_sample=False, top_k=None, top_p=None)
@@ -334,6 +336,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if reference.reference_missing():
         raise SystemExit(reference.reference_missing())
+    if REFERENCE in args.formats and importlib.util.find_spec("transformers") is None:
+        raise SystemExit("--formats transformers scores the model's reference implementation, which needs the "
+                         "transformers package: pip install transformers, or leave that format out")
     run_and_save(args.out, "gemma-cpu", "cpu", lambda save: run(args, save), markdown)
 
 

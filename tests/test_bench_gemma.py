@@ -212,3 +212,14 @@ def test_reference_gives_our_fp32_logits_and_greedy_ids(tiny_files):
     assert theirs == ours
     cmp = gemma.compare(ref, PROMPT, dict(ids=ours, margins=[5.0] * 12), 12)
     assert cmp["ids_match"] and cmp["top1_agreement"] == 1.0
+
+
+def test_the_reference_format_without_transformers_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(reference, "reference_missing", lambda: None)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else find_spec(name, *a))
+    with pytest.raises(SystemExit, match="pip install transformers"):
+        gemma.main(["--formats", "default", "transformers", "--rounds", "0"])
