@@ -1,6 +1,7 @@
 // The K-quant GEMMs (GGUF Q4_K, Q5_K, Q6_K) over panels that are the file's blocks of 16 rows interleaved
-// field by field (kernels.h; Q6_K's quant bits regrouped, q6k_group), against llama.cpp's Q8_K activations. Written once over a SIMD vocabulary S and
-// compiled in each ISA's translation unit (gemm.h dispatches to them). Torch-free.
+// field by field (kernels.h; Q6_K's quant bits regrouped, q6k_group), against llama.cpp's Q8_K activations.
+// Written once over a SIMD vocabulary S and compiled in each ISA's translation unit (gemm.h dispatches to them).
+// Torch-free.
 //
 // The recipe is ggml's (arch/x86/quants.c ggml_vec_dot_q4_K_q8_K and friends), turned so that 16 outputs sit in
 // the lanes: a 64-byte line of the panel holds 4 quant bytes of each of 16 rows, so one VPDPBUSD multiplies them

@@ -198,7 +198,7 @@ def place_q6_k(w: torch.Tensor) -> torch.Tensor:
 
 def unplace_q6_k(w: torch.Tensor) -> torch.Tensor:
     """The inverse of place_q6_k, into a new tensor: the file's ql and qh bytes again."""
-    w = w.contiguous().clone()
+    w = w.clone(memory_format=torch.contiguous_format)  # one copy, contiguous for _q6_k_lines' views
     f0, f3, c0, t0, m3, mc = (_bytes4(v) for v in (0x0F, 0x30, 0xC0, 0xF0, 0x03, 0x0C))
     for x, y, z in _q6_k_lines(w):
         a = (x & f0) | ((z & f0) << 4)  # q0's and q2's low nibbles
