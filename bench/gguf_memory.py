@@ -135,10 +135,11 @@ def row(shape: str, args, baseline: int) -> dict:
 def markdown(result: dict) -> str:
     from bench.common import markdown_table
 
-    head = (f"Random-weight Q4_K_M files (llama-quantize from a random F16 file) of the shapes named, SmolLM2's "
-            f"{random_gguf.VOCAB}-token vocabulary. Each figure from a fresh process: ours cold (a fresh model "
-            f"cache) once, then ours warm and llama-bench alternating, {result['repeats']} of each (medians; peak "
-            f"RSS the largest, ru_maxrss). Ours: load_model, then Engine.stream's median step over "
+    head = (f"Random-weight Q4_K_M files (llama-quantize from a random F16 file) of the shapes named, with their "
+            f"vocabulary's {random_gguf.QWEN25_VOCAB} embedding rows (SmolLM2's {random_gguf.VOCAB} tokens, the rest "
+            "unused [PAD] tokens, as llama.cpp pads Qwen2.5's). Each figure from a fresh process: ours cold (a fresh "
+            f"model cache) once, then ours warm and llama-bench alternating, {result['repeats']} of each (medians; "
+            f"peak RSS the largest, ru_maxrss). Ours: load_model, then Engine.stream's median step over "
             f"{result['new_tokens']} greedy tokens after a {result['prompt_tokens']}-token prompt; llama-bench: tg "
             f"at that depth, {result['threads']} threads, a bare environment. baseline: a process that only "
             "imported engine and loaded its CPU kernels. % of bandwidth: bytes a step reads / step time / the best "

@@ -9,7 +9,7 @@ One pass writes all four files from the same random weights (a seeded generator 
 permuted as llama.cpp's converter does): F32; F16; Q8_0; and Q4_1 for the layers' projections with the embedding
 (and an untied head) in Q8_0, the layout of the default model's own file. Norms stay F32, as llama.cpp keeps
 them. The tokenizer is the default model's (SmolLM2's byte-level BPE, the one our converter rebuilds), so every
-shape has its 49152-token vocabulary.
+shape has its 49152-token vocabulary; Qwen2.5's shapes (BIG_SHAPES, kquant_file) pad it to their 151936 rows.
 """
 from __future__ import annotations
 
@@ -38,16 +38,20 @@ SHAPES = {
                  tied=False, rope_theta=10000.0),
 }
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_1": 3, "Q8_0": 7}  # llama.cpp's LLAMA_FTYPE_* of each file
-# Qwen2.5's shapes (llama blocks without the q/k/v biases, SmolLM2's 49152-token vocabulary instead of 151936):
-# too big for four files each, so only a Q4_K_M file is made (kquant_file), from an F16 one that is then removed
+# Qwen2.5's shapes (llama blocks without the q/k/v biases), with its 151936 embedding rows: SmolLM2's tokens
+# followed by unused [PAD] ones, as llama.cpp's converter fills the rows Qwen2.5's own tokenizer leaves unnamed
+# (padded), so a file is the size people download (1.5B Q4_K_M: 1.07 GB). Too big for four files each, so only a
+# Q4_K_M file is made (kquant_file), from an F16 one that is then removed.
+QWEN25_VOCAB = 151936
 BIG_SHAPES = {
     "1.5B": dict(like="Qwen2.5-1.5B", hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, tied=True,
-                 rope_theta=1000000.0),
+                 rope_theta=1000000.0, vocab=QWEN25_VOCAB),
     "3B": dict(like="Qwen2.5-3B", hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2, tied=True,
-               rope_theta=1000000.0),
+               rope_theta=1000000.0, vocab=QWEN25_VOCAB),
     "7B": dict(like="Qwen2.5-7B", hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, tied=False,
-               rope_theta=1000000.0),
+               rope_theta=1000000.0, vocab=QWEN25_VOCAB),
 }
+UNUSED = 5  # llama.cpp's token type of a padding row's token
 
 
 def path(folder: Path, shape: str, kind: str) -> Path:
@@ -71,25 +75,31 @@ def ensure(shape: str, cache_dir=None, progress: Progress = print) -> Path:
     return folder
 
 
+def kquant_name(shape: str) -> str:
+    """The name a shape's files carry: a vocabulary other than the default model's is part of it."""
+    vocab = {**SHAPES, **BIG_SHAPES}[shape].get("vocab", VOCAB)
+    return shape if vocab == VOCAB else f"{shape}-{vocab}tok"
+
+
 def kquant_file(shape: str, folder: Path, kind: str = "Q4_K_M", cache_dir=None, progress: Progress = print) -> Path:
-    """random-{shape}-{kind}.gguf in `folder`, made as people's files are: a random F16 file written a tensor at a
-    time (never the model in memory), quantized by llama.cpp's own llama-quantize (its K-quant choices, its
-    Q4_K_M mix), the F16 file removed afterwards (15 GB for 7B)."""
+    """random-{shape}[-{vocab}tok]-{kind}.gguf in `folder`, made as people's files are: a random F16 file written a
+    tensor at a time (never the model in memory), quantized by llama.cpp's own llama-quantize (its K-quant
+    choices, its Q4_K_M mix), the F16 file removed afterwards (15 GB for 7B)."""
     import subprocess
 
     from bench import llamacpp
 
-    s = {**SHAPES, **BIG_SHAPES}[shape]
-    out = path(folder, shape, kind)
+    s, name = {**SHAPES, **BIG_SHAPES}[shape], kquant_name(shape)
+    out = path(folder, name, kind)
     if out.exists():
         return out
     exe = llamacpp.prefix() / "bin" / "llama-quantize"
     if not exe.exists():
         raise FileNotFoundError(f"{exe} is missing: scripts/build_llamacpp.sh builds it")
-    tok = tokenizer_fields(default_model.gguf_path(cache_dir, progress))
-    f16 = path(folder, shape, "F16")
+    tok = padded(tokenizer_fields(default_model.gguf_path(cache_dir, progress)), s.get("vocab", VOCAB))
+    f16 = path(folder, name, "F16")
     try:
-        write(folder, shape, s, tok, kinds=("F16",), progress=progress)
+        write(folder, name, s, tok, kinds=("F16",), progress=progress)
         progress(f"decodescope: llama-quantize {f16.name} -> {out.name}")
         cmd = [str(exe), str(f16), str(out.with_suffix(".partial")), kind, "2"]
         done = subprocess.run(cmd, capture_output=True, text=True, env=llamacpp.clean_env(), check=False)
@@ -188,6 +198,16 @@ def tokenizer_fields(gguf_file: Path, vocab: int | None = None) -> dict:
     if "tokenizer.chat_template" in f:
         out["chat_template"] = f["tokenizer.chat_template"].contents()
     return out
+
+
+def padded(tok: dict, vocab: int) -> dict:
+    """tok (tokenizer_fields) with unused tokens [PAD{i}] up to `vocab` rows, as llama.cpp's converter pads a
+    vocabulary shorter than its model's embedding (Qwen2.5's 151936 rows)."""
+    n = len(tok["tokens"])
+    if vocab < n:
+        raise ValueError(f"vocab {vocab} is below the tokenizer's {n} tokens")
+    return {**tok, "tokens": list(tok["tokens"]) + [f"[PAD{i}]" for i in range(n, vocab)],
+            "token_type": list(tok["token_type"]) + [UNUSED] * (vocab - n)}
 
 
 def write(folder: Path, shape: str, s: dict, tok: dict, kinds=KINDS, seed: int = 0, progress: Progress = print) -> None:
