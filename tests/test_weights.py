@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import weights as W
-from engine.weights import k_quants
+from engine.weights import k_quants, panels, q4_0
 
 SHAPES = [(1, 32), (15, 100), (16, 64), (17, 576), (769, 100), (40, 1536)]  # (out, in)
 
@@ -183,3 +183,43 @@ def test_rows_of_every_layout_dequantize_the_blocks(fmt):
         assert torch.equal(got, want), layout
         if layout == "cpu" and W.REGISTRY[fmt].layouts["cpu"].pack_gguf:  # in 100 is padded to 256 inside
             assert got.is_contiguous()
+
+
+GGUF_FIELDS = {**k_quants.FIELDS, **q4_0.FIELDS}  # every format whose panels are its file's bytes interleaved
+
+
+@pytest.mark.parametrize("fmt", sorted(GGUF_FIELDS))
+@pytest.mark.parametrize("out", [1, 16, 37, 100])
+def test_native_packing_moves_the_bytes_the_torch_code_moves(fmt, out, monkeypatch):
+    """csrc/cpu/ops_pack.cpp against its torch twins (panels.interleave's copies, k_quants.place_q6_k's words) on
+    random bytes: whole, padded and partial panels, into a slice of a larger tensor as a chunked load writes."""
+    if panels.native() is None:
+        pytest.skip("the CPU kernel library is not loaded here")
+    fields = GGUF_FIELDS[fmt]
+    size = sum(n for n, _ in fields)
+    g = torch.Generator().manual_seed(out)
+    raw = torch.randint(0, 256, (out, 3 * size), dtype=torch.uint8, generator=g)
+    big = torch.zeros(-(-out // 16) + 2, 3, 16 * size, dtype=torch.uint8)
+    native = panels.interleave(raw, out, fields).clone()
+    panels.interleave(raw, out, fields, big[1:-1])
+    placed = k_quants.place_q6_k(native.clone()) if fmt == "q6_k" else None
+    monkeypatch.setattr(panels, "native", lambda: None)
+    twin = panels.interleave(raw, out, fields)
+    assert torch.equal(native, twin) and torch.equal(big[1:-1], twin)
+    assert not big[0].any() and not big[-1].any()  # nothing written outside the slice
+    if fmt == "q6_k":
+        assert torch.equal(placed, k_quants.place_q6_k(twin.clone()))
+        assert not torch.equal(placed, twin)  # the bits did move
+
+
+def test_native_packing_refuses_what_it_cannot_move():
+    lib = panels.native()
+    if lib is None:
+        pytest.skip("the CPU kernel library is not loaded here")
+    raw = torch.zeros(20, 2 * 144, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match=r"unit 1, 2 or 4 dividing bytes, got \(12, 8\)"):
+        lib.interleave_panels(torch.empty(2, 2, 16 * 144, dtype=torch.uint8), raw, [(132, 4), (12, 8)])
+    with pytest.raises(RuntimeError, match=r"into must be \[P, nb, 16 \* block bytes\] = \[2, 2, 2304\]"):
+        lib.interleave_panels(torch.empty(1, 2, 16 * 144, dtype=torch.uint8), raw, k_quants.FIELDS["q4_k"])
+    with pytest.raises(RuntimeError, match=r"w must be Q6_K panels \[\.\.\., nb, 3360\]"):
+        lib.place_q6_k(torch.empty(2, 3000, dtype=torch.uint8))

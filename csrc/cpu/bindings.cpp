@@ -38,6 +38,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &c::attention, "T new queries per row against a [B, Hkv, S, D] cache, split across threads",
         nogil(), py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("seq_lens"),
         py::arg("scale"), py::arg("window") = 0, py::arg("sinks") = 0);
+  m.def("interleave_panels", &c::interleave_panels, "a GGUF tensor's blocks into panels of 16 rows, field by field",
+        nogil(), py::arg("into"), py::arg("raw"), py::arg("fields"));
+  m.def("place_q6_k", &c::place_q6_k, "Q6_K panels' quant bits regrouped in place as the kernel reads them",
+        nogil(), py::arg("w"));
   m.def("formats", &c::format_names, "the weight formats' names in code order (engine/weights' records)");
   m.def("format_facts", [] {
     py::dict facts;

@@ -14,6 +14,7 @@ the q/k row permutation of llama-arch files (whole rows of blocks move), the 1 +
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from engine.checkpoint.errors import ModelLoadError
 
 INDEX_FILE = "gguf.json"  # {"file", "size", "tensors": {hf name: [gguf name, GGUF type, offset, bytes, shape]}}
 CHUNK_BYTES = 4 << 20  # a tensor read a chunk at a time (raw_chunks): the one buffer a load holds besides its weights
+PANEL_ROWS = 16  # the CPU kernels' panels (engine/weights/panels.PANEL): a chunk is whole ones
 DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
@@ -107,11 +109,12 @@ class GGUFSource:
     def raw_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES):
         """raw(name) as chunks of whole rows (whole heads where q/k rows are reordered) of about chunk_bytes, each
         read into the same buffer: valid until the next is asked for. A packer that takes them holds one chunk
-        besides what it packed, never the tensor's bytes twice."""
+        besides what it packed, never the tensor's bytes twice. Chunks are whole panels of the CPU kernels (16
+        rows, panels.PANEL) too, so none is carried over into the next."""
         _, _, _, n, shape = self.index[name]
         out, row_bytes = shape[0], n // shape[0]
         heads = self.heads.get(name)
-        step = out // heads if heads else 1
+        step = math.lcm(out // heads if heads else 1, PANEL_ROWS)
         rows = min(out, max(step, chunk_bytes // row_bytes // step * step))
         buf = torch.empty(rows * row_bytes, dtype=torch.uint8)
         order = torch.empty_like(buf) if heads else None

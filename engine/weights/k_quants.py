@@ -186,7 +186,11 @@ def place_q6_k(w: torch.Tensor) -> torch.Tensor:
     position holds (inputs 32k apart: the file's A low, B low, A high, B high nibbles and qh's four pairs) read
     as X = q0 | q3[0:2] << 6, Y = q1 | q3[2:4] << 6, Z = q2 | q3[4:6] << 6 in the A, B and qh lines. The kernel
     (csrc/cpu/kquants.h q6k_group) then takes q0, q1, q2 with one AND each and q3 from the three top pairs,
-    11 instructions for the four where the file's nibbles and pairs took 18."""
+    11 instructions for the four where the file's nibbles and pairs took 18. Natively where the CPU kernel library
+    is loaded (panels.native), the same moves on each 4-byte word; this torch form is its twin."""
+    if (lib := panels.native()) is not None and w.is_contiguous():
+        lib.place_q6_k(w)
+        return w
     f0, f3, c0, t0 = (_bytes4(v) for v in (0x0F, 0x30, 0xC0, 0xF0))
     for a, b, h in _q6_k_lines(w):
         x = (a & f0) | ((h << 4) & f3) | ((b << 2) & c0)  # q0 (A low, qh 0-1), q3's bits 0-1 (B's bits 4-5)

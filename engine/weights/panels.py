@@ -62,19 +62,31 @@ def check(fmt: str, out: int, n_in: int, tensors: tuple[torch.Tensor, ...], lead
 # unit 2 an fp16 scale of 16 outputs in one vector. Packing at load is a reorder of the file's bytes.
 
 
+def native():
+    """The CPU kernel library (csrc/cpu/ops_pack.cpp packs panels), or None where it is not loaded. The "cpu"
+    layout is chosen only once engine.ops has loaded it, so asking builds nothing. Its packers move the same bytes
+    as the torch code here (which stays their twin, and the path without the library) a block at a time in cache,
+    where torch's strided copies of 1-4 byte elements made packing most of a warm load."""
+    from engine.ops import ext  # here: engine.ops imports engine.weights
+
+    return ext.load("cpu").module
+
+
 def interleave(raw: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...],
                into: torch.Tensor | None = None) -> torch.Tensor:
     """GGUF bytes uint8 [out, nb * B] (B = the block's bytes) -> panels [P, nb, 16 * B], padded rows zero; written
-    into `into` where given (a slice of a larger tensor's panels), one strided copy per field."""
+    into `into` where given (a slice of a larger tensor's panels): natively, else one strided copy per field."""
     size = sum(n for n, _ in fields)
     if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[0] != out or raw.shape[1] % size:
         raise ValueError(f"{list(raw.shape)} {raw.dtype} is not {out} rows of whole {size}-byte blocks (uint8)")
-    x = pad_outputs(raw)
-    P, nb = x.shape[0] // PANEL, x.shape[1] // size
-    x = x.view(P, PANEL, nb, size)
+    P, nb = -(-out // PANEL), raw.shape[1] // size
     into = torch.empty(P, nb, PANEL * size, dtype=torch.uint8) if into is None else into
     if P == 0 or nb == 0:  # no rows or no inputs: nothing to move (an empty slice keeps its offset)
         return into
+    if (lib := native()) is not None and into.is_contiguous():
+        lib.interleave_panels(into, raw.contiguous(), list(fields))
+        return into
+    x = pad_outputs(raw).view(P, PANEL, nb, size)
     at = 0
     for n, unit in fields:
         # a unit moves as one element of the widest integer it is made of (4x fewer for 4-byte units): a field

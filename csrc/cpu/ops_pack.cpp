@@ -1,0 +1,118 @@
+// Torch-facing host code that packs a GGUF tensor's bytes into the kernels' panels at load: the same moves as
+// engine/weights/panels.py's interleave and k_quants.py's place_q6_k (their torch forms stay the twins and the
+// path without this module), done a block at a time in cache instead of as strided torch copies of 1-4 byte
+// elements, which made packing most of a warm load (1.5B Q4_K_M: ~1.7 s of its ~2.4 s).
+#include <ATen/record_function.h>
+
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "checks.h"
+#include "ops.h"
+#include "parallel.h"
+
+namespace decodescope::cpu {
+namespace {
+
+constexpr int64_t kPanelRows = 16;
+
+// Unit u of a field's 16 rows side by side: dst[u][r] = row r's unit u, for n / unit units.
+template <int kUnit>
+void move_units(uint8_t* dst, const uint8_t* const* rows, int64_t at, int64_t units) {
+  for (int r = 0; r < kPanelRows; ++r) {
+    uint8_t* o = dst + r * kUnit;
+    if (rows[r] == nullptr) {  // a padded output: zeros
+      for (int64_t u = 0; u < units; ++u) std::memset(o + u * kPanelRows * kUnit, 0, kUnit);
+      continue;
+    }
+    const uint8_t* s = rows[r] + at;
+    for (int64_t u = 0; u < units; ++u) std::memcpy(o + u * kPanelRows * kUnit, s + u * kUnit, kUnit);
+  }
+}
+
+}  // namespace
+
+void interleave_panels(at::Tensor& into, const at::Tensor& raw, const std::vector<std::pair<int64_t, int64_t>>& fields) {
+  RECORD_FUNCTION("decodescope::interleave_panels", std::vector<c10::IValue>());
+  int64_t size = 0;
+  for (const auto& [n, unit] : fields) {
+    TORCH_CHECK((unit == 1 || unit == 2 || unit == 4) && n > 0 && n % unit == 0, "a field is (bytes, unit) with ",
+                "unit 1, 2 or 4 dividing bytes, got (", n, ", ", unit, ")");
+    size += n;
+  }
+  TORCH_CHECK(size > 0, "fields must describe a block of at least one byte");
+  check_cpu(raw, "raw");
+  check_dtype(raw, "raw", at::kByte);
+  check_dense(raw, "raw");
+  TORCH_CHECK(raw.dim() == 2 && raw.size(1) % size == 0, "raw must be [rows, nb * ", size, "] (whole ", size,
+              "-byte blocks), got ", raw.sizes());
+  const int64_t rows = raw.size(0), nb = raw.size(1) / size;
+  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+  check_tensor(into, "into", at::kByte, "[P, nb, 16 * block bytes]", {panels, nb, kPanelRows * size});
+  TORCH_CHECK(!overlaps(into, raw), "into must not overlap raw");
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = into.data_ptr<uint8_t>();
+  const int64_t row_bytes = raw.size(1);
+  // one task a panel's block: 16 rows x size bytes read, the same written, all in L1
+  parallel_chunks(panels * nb, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t pb = begin; pb < end; ++pb) {
+      const int64_t p = pb / nb, b = pb % nb;
+      const uint8_t* row_at[kPanelRows];
+      for (int r = 0; r < kPanelRows; ++r) {
+        const int64_t row = p * kPanelRows + r;
+        row_at[r] = row < rows ? src + row * row_bytes + b * size : nullptr;
+      }
+      uint8_t* out = dst + pb * kPanelRows * size;
+      int64_t at = 0;
+      for (const auto& [n, unit] : fields) {
+        uint8_t* o = out + kPanelRows * at;
+        if (unit == 4) move_units<4>(o, row_at, at, n / 4);
+        else if (unit == 2) move_units<2>(o, row_at, at, n / 2);
+        else move_units<1>(o, row_at, at, n);
+        at += n;
+      }
+    }
+  });
+}
+
+void place_q6_k(at::Tensor& w) {
+  RECORD_FUNCTION("decodescope::place_q6_k", std::vector<c10::IValue>({w}));
+  constexpr int64_t kBlock = 210 * kPanelRows;  // a panel's super-block: ql 2048, qh 1024, scales 256, d 32
+  check_cpu(w, "w");
+  check_dtype(w, "w", at::kByte);
+  check_dense(w, "w");
+  TORCH_CHECK(w.dim() >= 2 && w.size(-1) == kBlock, "w must be Q6_K panels [..., nb, ", kBlock, "], got ",
+              w.sizes());
+  uint8_t* base = w.data_ptr<uint8_t>();
+  // k_quants.py place_q6_k's moves on each 4-byte word (4 bytes of a row): for the half h and group g of a
+  // super-block, the A line 16h + g, the B line 16h + 8 + g and the qh line 32 + 8h + g (64-byte lines)
+  parallel_chunks(w.numel() / kBlock, 256, [&](int64_t begin, int64_t end) {
+    constexpr uint32_t f0 = 0x0F0F0F0Fu, f3 = 0x30303030u, c0 = 0xC0C0C0C0u, t0 = 0xF0F0F0F0u;
+    for (int64_t blk = begin; blk < end; ++blk) {
+      uint8_t* sb = base + blk * kBlock;
+      for (int h = 0; h < 2; ++h) {
+        for (int g = 0; g < 8; ++g) {
+          uint8_t* la = sb + 64 * (16 * h + g);
+          uint8_t* lb = sb + 64 * (16 * h + 8 + g);
+          uint8_t* lh = sb + 64 * (32 + 8 * h + g);
+          for (int i = 0; i < 64; i += 4) {
+            uint32_t a, b, q;
+            std::memcpy(&a, la + i, 4);
+            std::memcpy(&b, lb + i, 4);
+            std::memcpy(&q, lh + i, 4);
+            const uint32_t x = (a & f0) | ((q << 4) & f3) | ((b << 2) & c0);
+            const uint32_t y = (b & f0) | ((q << 2) & f3) | (b & c0);
+            const uint32_t z = ((a >> 4) & f0) | (q & t0);
+            std::memcpy(la + i, &x, 4);
+            std::memcpy(lb + i, &y, 4);
+            std::memcpy(lh + i, &z, 4);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace decodescope::cpu
