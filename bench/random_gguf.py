@@ -40,7 +40,7 @@ SHAPES = {
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_1": 3, "Q8_0": 7}  # llama.cpp's LLAMA_FTYPE_* of each file
 # Qwen2.5's shapes (llama blocks without the q/k/v biases), with its 151936 embedding rows: SmolLM2's tokens
 # followed by unused [PAD] ones, as llama.cpp's converter fills the rows Qwen2.5's own tokenizer leaves unnamed
-# (padded), so a file is the size people download (1.5B Q4_K_M: 1.07 GB). Too big for four files each, so only a
+# (padded), so a file is the size people download (1.5B Q4_K_M: 0.98 GB). Too big for four files each, so only a
 # Q4_K_M file is made (kquant_file), from an F16 one that is then removed.
 QWEN25_VOCAB = 151936
 BIG_SHAPES = {

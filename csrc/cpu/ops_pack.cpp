@@ -10,25 +10,24 @@
 #include <vector>
 
 #include "checks.h"
+#include "kernels.h"
 #include "ops.h"
 #include "parallel.h"
 
 namespace decodescope::cpu {
 namespace {
 
-constexpr int64_t kPanelRows = 16;
-
 // Unit u of a field's 16 rows side by side: dst[u][r] = row r's unit u, for n / unit units.
 template <int kUnit>
 void move_units(uint8_t* dst, const uint8_t* const* rows, int64_t at, int64_t units) {
-  for (int r = 0; r < kPanelRows; ++r) {
+  for (int r = 0; r < kPanel; ++r) {
     uint8_t* o = dst + r * kUnit;
     if (rows[r] == nullptr) {  // a padded output: zeros
-      for (int64_t u = 0; u < units; ++u) std::memset(o + u * kPanelRows * kUnit, 0, kUnit);
+      for (int64_t u = 0; u < units; ++u) std::memset(o + u * kPanel * kUnit, 0, kUnit);
       continue;
     }
     const uint8_t* s = rows[r] + at;
-    for (int64_t u = 0; u < units; ++u) std::memcpy(o + u * kPanelRows * kUnit, s + u * kUnit, kUnit);
+    for (int64_t u = 0; u < units; ++u) std::memcpy(o + u * kPanel * kUnit, s + u * kUnit, kUnit);
   }
 }
 
@@ -50,8 +49,8 @@ void interleave_panels(at::Tensor& into, const at::Tensor& raw,
   TORCH_CHECK(raw.dim() == 2 && raw.size(1) % size == 0, "raw must be [rows, nb * ", size, "] (whole ", size,
               "-byte blocks), got ", raw.sizes());
   const int64_t rows = raw.size(0), nb = raw.size(1) / size;
-  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
-  check_tensor(into, "into", at::kByte, "[P, nb, 16 * block bytes]", {panels, nb, kPanelRows * size});
+  const int64_t panels = (rows + kPanel - 1) / kPanel;
+  check_tensor(into, "into", at::kByte, "[P, nb, 16 * block bytes]", {panels, nb, kPanel * size});
   TORCH_CHECK(!overlaps(into, raw), "into must not overlap raw");
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = into.data_ptr<uint8_t>();
@@ -60,15 +59,15 @@ void interleave_panels(at::Tensor& into, const at::Tensor& raw,
   parallel_chunks(panels * nb, 256, [&](int64_t begin, int64_t end) {
     for (int64_t pb = begin; pb < end; ++pb) {
       const int64_t p = pb / nb, b = pb % nb;
-      const uint8_t* row_at[kPanelRows];
-      for (int r = 0; r < kPanelRows; ++r) {
-        const int64_t row = p * kPanelRows + r;
+      const uint8_t* row_at[kPanel];
+      for (int r = 0; r < kPanel; ++r) {
+        const int64_t row = p * kPanel + r;
         row_at[r] = row < rows ? src + row * row_bytes + b * size : nullptr;
       }
-      uint8_t* out = dst + pb * kPanelRows * size;
+      uint8_t* out = dst + pb * kPanel * size;
       int64_t at = 0;
       for (const auto& [n, unit] : fields) {
-        uint8_t* o = out + kPanelRows * at;
+        uint8_t* o = out + kPanel * at;
         if (unit == 4) move_units<4>(o, row_at, at, n / 4);
         else if (unit == 2) move_units<2>(o, row_at, at, n / 2);
         else move_units<1>(o, row_at, at, n);
@@ -80,19 +79,19 @@ void interleave_panels(at::Tensor& into, const at::Tensor& raw,
 
 void place_q6_k(at::Tensor& w) {
   RECORD_FUNCTION("decodescope::place_q6_k", std::vector<c10::IValue>({w}));
-  constexpr int64_t kBlock = 210 * kPanelRows;  // a panel's super-block: ql 2048, qh 1024, scales 256, d 32
+  constexpr int64_t kSuperBlock = 210 * kPanel;  // a panel's super-block: ql 2048, qh 1024, scales 256, d 32
   check_cpu(w, "w");
   check_dtype(w, "w", at::kByte);
   check_dense(w, "w");
-  TORCH_CHECK(w.dim() >= 2 && w.size(-1) == kBlock, "w must be Q6_K panels [..., nb, ", kBlock, "], got ",
+  TORCH_CHECK(w.dim() >= 2 && w.size(-1) == kSuperBlock, "w must be Q6_K panels [..., nb, ", kSuperBlock, "], got ",
               w.sizes());
   uint8_t* base = w.data_ptr<uint8_t>();
   // k_quants.py place_q6_k's moves on each 4-byte word (4 bytes of a row): for the half h and group g of a
   // super-block, the A line 16h + g, the B line 16h + 8 + g and the qh line 32 + 8h + g (64-byte lines)
-  parallel_chunks(w.numel() / kBlock, 256, [&](int64_t begin, int64_t end) {
+  parallel_chunks(w.numel() / kSuperBlock, 256, [&](int64_t begin, int64_t end) {
     constexpr uint32_t f0 = 0x0F0F0F0Fu, f3 = 0x30303030u, c0 = 0xC0C0C0C0u, t0 = 0xF0F0F0F0u;
     for (int64_t blk = begin; blk < end; ++blk) {
-      uint8_t* sb = base + blk * kBlock;
+      uint8_t* sb = base + blk * kSuperBlock;
       for (int h = 0; h < 2; ++h) {
         for (int g = 0; g < 8; ++g) {
           uint8_t* la = sb + 64 * (16 * h + g);

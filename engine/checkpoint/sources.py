@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from engine.checkpoint.errors import ModelLoadError
+from engine.weights.panels import PANEL
 
 INDEX_FILE = "gguf.json"  # {"file", "size", "tensors": {hf name: [gguf name, GGUF type, offset, bytes, shape]}}
 CHUNK_BYTES = 4 << 20  # a tensor read a chunk at a time (raw_chunks): the one buffer a load holds besides its weights
-PANEL_ROWS = 16  # the CPU kernels' panels (engine/weights/panels.PANEL): a chunk is whole ones
 DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
@@ -114,7 +114,7 @@ class GGUFSource:
         _, _, _, n, shape = self.index[name]
         out, row_bytes = shape[0], n // shape[0]
         heads = self.heads.get(name)
-        step = math.lcm(out // heads if heads else 1, PANEL_ROWS)
+        step = math.lcm(out // heads if heads else 1, PANEL)
         rows = min(out, max(step, chunk_bytes // row_bytes // step * step))
         buf = torch.empty(rows * row_bytes, dtype=torch.uint8)
         order = torch.empty_like(buf) if heads else None
