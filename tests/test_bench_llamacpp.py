@@ -20,7 +20,6 @@ import engine
 from bench import llamacpp, random_gguf
 from engine import Engine, load_model
 from engine.checkpoint import default_model, gguf_convert
-from engine.tokenizer import Tokenizer
 
 TINY = dict(hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, tied=False, rope_theta=10000.0)
 TINY_VOCAB = 512
@@ -89,26 +88,6 @@ def test_random_gguf_round_trips_through_our_converter(tiny_files, tmp_path, kin
         assert src.gguf_type("model.layers.1.self_attn.q_proj.weight") == kind
         assert src.gguf_type("lm_head.weight") == "Q8_0"
     src.close()
-
-
-def test_a_padded_vocabulary_loads_with_its_rows_and_the_same_tokens(tiny_files, tmp_path):
-    """Qwen2.5's shapes carry 151936 embedding rows, SmolLM2's tokens then unused [PAD] ones (random_gguf.padded):
-    our loader takes every row as the model's and tokenizes as the unpadded file does."""
-    tok = random_gguf.tokenizer_fields(default_model.gguf_path(progress=lambda msg: None), vocab=TINY_VOCAB)
-    rows = TINY_VOCAB + 40
-    wide = random_gguf.padded(tok, rows)
-    assert wide["tokens"][TINY_VOCAB:TINY_VOCAB + 2] == [f"[PAD{TINY_VOCAB}]", f"[PAD{TINY_VOCAB + 1}]"]
-    assert wide["token_type"][TINY_VOCAB:] == [random_gguf.UNUSED] * 40 and len(wide["tokens"]) == rows
-    with pytest.raises(ValueError, match="below the tokenizer's 512 tokens"):
-        random_gguf.padded(tok, TINY_VOCAB - 1)
-    random_gguf.write(tmp_path, "wide", TINY, wide, kinds=("F32",), progress=lambda msg: None)
-    cache = tmp_path / "cache"
-    padded = load_model(random_gguf.path(tmp_path, "wide", "F32"), cache_dir=cache, progress=lambda msg: None)
-    plain = load_model(random_gguf.path(tiny_files, "tiny", "F32"), cache_dir=cache, progress=lambda msg: None)
-    assert padded.config.vocab_size == rows and plain.config.vocab_size == TINY_VOCAB
-    ids = Tokenizer(padded.path).encode("the cat sat on the mat")
-    assert ids == Tokenizer(plain.path).encode("the cat sat on the mat") and max(ids) < TINY_VOCAB
-    assert Engine(padded, max_seq_len=32).logits(ids).shape == (len(ids), rows)
 
 
 def test_permute_is_unpermute_inverted():
