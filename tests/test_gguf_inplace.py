@@ -146,3 +146,35 @@ def test_a_warm_start_reads_no_header_and_a_rewritten_header_is_indexed_again(ll
     assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
     again = gguf_convert.cached(f, tmp_path / "cache", progress=lambda s: None)
     assert again != first and opened == [f.resolve()]
+
+
+def test_a_load_takes_the_tokenizers_facts_from_the_cache_and_parses_an_edited_one(llama, tmp_path, monkeypatch):
+    """The converter keeps the vocabulary's size and the end ids beside the tokenizer it wrote: a load parses no
+    tokenizer and gets a parse's facts; a folder whose tokenizer or configs changed since is parsed again."""
+    import json
+    import shutil
+
+    from engine import tokenizer
+    from engine.checkpoint import gguf_convert
+
+    gguf_file, _, cache = llama
+    folder = gguf_convert.cached(gguf_file, cache, progress=lambda s: None)
+    parsed = tokenizer.Tokenizer(folder)
+    want = (parsed.vocab_size, tuple(sorted(parsed.eos_ids)))
+    assert tokenizer.facts(folder) == want and want[1]
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)  # times kept: the facts still stand for the copy
+
+    def no_parse(self, path):
+        raise AssertionError(f"{path}'s tokenizer was parsed")
+
+    with monkeypatch.context() as m:
+        m.setattr(tokenizer.Tokenizer, "__init__", no_parse)
+        assert quiet(gguf_file, cache_dir=cache).eos_ids == want[1]
+        assert tokenizer.facts(copy) == want
+        generation = json.loads((copy / "generation_config.json").read_text())
+        generation["eos_token_id"] = [*want[1], 7]
+        (copy / "generation_config.json").write_text(json.dumps(generation))
+        with pytest.raises(AssertionError, match="parsed"):
+            tokenizer.facts(copy)
+    assert tokenizer.facts(copy) == (want[0], tuple(sorted({*want[1], 7})))

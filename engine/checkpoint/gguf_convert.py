@@ -1,10 +1,11 @@
 """A GGUF file -> the small folder the loader reads it through: config, tokenizer and an index of its tensors.
 
 The file's general.architecture names its family (engine/families/: llama, qwen2, qwen3, gemma2, gemma3, phi3);
-its metadata becomes that family's config.json, its tokenizer a tokenizer.json (gguf_tokenizer.py), and gguf.json
-indexes every tensor by its HF name (its GGUF name, type, offset and shape). No weight is written: the loader
-reads each tensor from the file itself and packs its blocks straight into the kernels' layouts (sources.py,
-formats.py), so the folder costs a few MB whatever the model's size.
+its metadata becomes that family's config.json, its tokenizer a tokenizer.json (gguf_tokenizer.py) with the facts
+a load needs of it (tokenizer.write_facts), and gguf.json indexes every tensor by its HF name (its GGUF name, type,
+offset and shape). No weight is written: the loader reads each tensor from the file itself and packs its blocks
+straight into the kernels' layouts (sources.py, formats.py), so the folder costs a few MB whatever the model's
+size.
 
     convert(Path("model.gguf"), Path("out/"))
     folder = cached(Path("model.gguf"))   # <cache>/gguf/model-<key>/, indexed on the first call only
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import families
+from engine import families, tokenizer
 from engine import weights as wts
 from engine.checkpoint import gguf_tokenizer, store
 from engine.checkpoint.sources import INDEX_FILE
@@ -33,8 +34,9 @@ from engine.families import Family
 # Bump when the conversion changes: cached folders carry it (their names, or their markers), so a new
 # converter rebuilds them and two versions of decodescope sharing a cache never rebuild each other's.
 # 2: the GGUF blocks are kept; 3: every family, K-quant blocks; 4: read in place; 5: no re-quantized stand-ins in
-# the folder (a merged projection's parts run in their own formats): the rebuild removes the old folder and its file
-CONVERTER_VERSION = 5
+# the folder (a merged projection's parts run in their own formats): the rebuild removes the old folder and its file;
+# 6: the tokenizer's facts kept beside it (a load parses no tokenizer)
+CONVERTER_VERSION = 6
 MISSING = object()
 HEAD_BYTES = 1 << 20  # hashed into a file's cache key: its header (metadata, then the tensors' index) starts there
 
@@ -108,6 +110,7 @@ def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
     _write_json(out / "config.json", config)
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     _write_json(out / "generation_config.json", {key: config.get(key) for key in ids})
+    tokenizer.write_facts(out)  # so a load need not parse the tokenizer (tokenizer.facts)
     progress(f"decodescope: indexed {len(index['tensors'])} tensors of {gguf_file.name} in "
              f"{time.perf_counter() - start:.1f} s (they are read from the file itself at each load)")
 

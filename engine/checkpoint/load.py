@@ -18,7 +18,7 @@ from engine.checkpoint.hf import ModelLoadError, check_folder, expected_shapes, 
 from engine.config import ModelConfig
 from engine.layers import BlockEmbedding, Linear
 from engine.model import Transformer
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import facts as tokenizer_facts
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -92,14 +92,12 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
 
 
 def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, progress) -> Transformer:
-    tokenizer = Tokenizer(folder)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ModelLoadError(f"{folder / 'tokenizer.json'} has {tokenizer.vocab_size} tokens but config.json's "
+    vocab_size, eos_ids = tokenizer_facts(folder)
+    if vocab_size > cfg.vocab_size:
+        raise ModelLoadError(f"{folder / 'tokenizer.json'} has {vocab_size} tokens but config.json's "
                              f"vocab_size is {cfg.vocab_size}: ids past it have no embedding. The tokenizer is not "
                              "this model's: copy the model's own tokenizer.json there")
-    eos_ids = tuple(sorted(tokenizer.eos_ids))
-    del tokenizer
-    memory.release()  # its parse's ~30 MB, freed, would stay in RSS beneath the weights (memory.release)
+    memory.release()  # a parse's ~30 MB, freed, would stay in RSS beneath the weights (memory.release)
     dt = pick_dtype(dtype, device)
     opset = ops.select(device, fused, cfg.head_dim, dt)
     with torch.device("meta"):
