@@ -93,7 +93,8 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
     for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230)]:
         h, k, g, j = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4
         at = (o % 16) * 4 + j
-        x, y, z = (int(w[o // 16, i // 256, line * 64 + at]) for line in (16 * h + g, 16 * h + 8 + g, 32 + 8 * h + g))
+        lines = (24 * h + 2 * g, 24 * h + 16 + g, 24 * h + 2 * g + 1)  # X, Y, Z: csrc/cpu/kernels.h q6k_x_line...
+        x, y, z = (int(w[o // 16, i // 256, line * 64 + at]) for line in lines)
         q = (x & 63, y & 63, z & 63, (x >> 6) | ((y >> 4) & 12) | ((z >> 2) & 48))[k]
         assert q - 32 == int(q6k.q[o, i]), (o, i)
 

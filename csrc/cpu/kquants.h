@@ -188,20 +188,20 @@ struct KQuants {
   // Q6_K. In the file each half h of 128 inputs has 64 ql bytes (A = bytes 0-31, B = 32-63) and 32 qh bytes:
   // inputs 128h + 32k + l take A's low, B's low, A's high, B's high nibble (k = 0..3) of byte l and bits 2k, 2k+1
   // of qh[l]. The panels hold those bits moved (engine/weights/k_quants.py place_q6_k): for the 4 bytes l = 4g..
-  // of 16 rows, the A line (16h + g) holds X = q0 | q3's bits 0-1 << 6, the B line (16h + 8 + g) Y = q1 | bits 2-3
-  // << 6 and the qh line (8h + g) Z = q2 | bits 4-5 << 6, q_k the 6-bit quant of input 128h + 32k + l. So a
+  // of 16 rows, line X (kernels.h q6k_x_line) holds q0 | q3's bits 0-1 << 6, Y q1 | bits 2-3 << 6 and Z q2 |
+  // bits 4-5 << 6, q_k the 6-bit quant of input 128h + 32k + l, the lines in the order read here. So a
   // group g of k = ab and ab + 2 is X and Z under one AND each (ab = 0), or Y under one and q3 gathered from the
   // three top pairs (ab = 1): 11 instructions for the four quants where the file's nibbles and pairs took 18.
   // Sub-block 8h + 2k + gg (16 inputs) is groups g = 4gg..4gg+3.
-  static constexpr int kQ6Qh = 2048, kQ6Scales = 3072, kQ6D = 3328;
+  static constexpr int kQ6Scales = 3072, kQ6D = 3328;
 
   static void q6k_group(const uint8_t* wb, int h, int ab, int g, U8& wl, U8& wh) {
-    const U8 x = S::u8_load(wb + (16 * h + g) * 64), z = S::u8_load(wb + kQ6Qh + (8 * h + g) * 64);
+    const U8 x = S::u8_load(wb + q6k_x_line(h, g) * 64), z = S::u8_load(wb + q6k_z_line(h, g) * 64);
     if (ab == 0) {
       wl = S::u8_and(x, 63), wh = S::u8_and(z, 63);
       return;
     }
-    const U8 y = S::u8_load(wb + (16 * h + 8 + g) * 64);
+    const U8 y = S::u8_load(wb + q6k_y_line(h, g) * 64);
     wl = S::u8_and(y, 63);
     wh = S::u8_or(S::u8_or(S::u8_and(S::u8_shr(x, 6), 3), S::u8_and(S::u8_shr(y, 4), 12)),
                   S::u8_and(S::u8_shr(z, 2), 48));

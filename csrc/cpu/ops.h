@@ -90,7 +90,7 @@ class BlockPlan {
 // Packing a GGUF tensor at load (ops_pack.cpp; engine/weights/panels.py and k_quants.py hold the torch forms):
 // raw uint8 [rows, nb * B] -> into uint8 [ceil(rows / 16), nb, 16 * B], each block's fields (bytes, unit) cut
 // into units and unit u of a panel's 16 rows stored side by side (padded rows zero); and Q6_K panels' quant
-// bits regrouped in place as the kernel reads them (kquants.h q6k_group).
+// bits regrouped and their lines reordered in place as the kernel reads them (kquants.h q6k_group).
 void interleave_panels(at::Tensor& into, const at::Tensor& raw, const std::vector<std::pair<int64_t, int64_t>>& fields);
 void place_q6_k(at::Tensor& w);
 

@@ -87,16 +87,22 @@ void place_q6_k(at::Tensor& w) {
               w.sizes());
   uint8_t* base = w.data_ptr<uint8_t>();
   // k_quants.py place_q6_k's moves on each 4-byte word (4 bytes of a row): for the half h and group g of a
-  // super-block, the A line 16h + g, the B line 16h + 8 + g and the qh line 32 + 8h + g (64-byte lines)
+  // super-block, the file's A line 16h + g, B line 16h + 8 + g and qh line 32 + 8h + g (64-byte lines) become
+  // the X, Y and Z lines at kernels.h's q6k_x_line, q6k_y_line and q6k_z_line
+  constexpr int64_t kQuantBytes = 48 * 64;
   parallel_chunks(w.numel() / kSuperBlock, 256, [&](int64_t begin, int64_t end) {
     constexpr uint32_t f0 = 0x0F0F0F0Fu, f3 = 0x30303030u, c0 = 0xC0C0C0C0u, t0 = 0xF0F0F0F0u;
+    alignas(64) uint8_t placed[kQuantBytes];
     for (int64_t blk = begin; blk < end; ++blk) {
       uint8_t* sb = base + blk * kSuperBlock;
       for (int h = 0; h < 2; ++h) {
         for (int g = 0; g < 8; ++g) {
-          uint8_t* la = sb + 64 * (16 * h + g);
-          uint8_t* lb = sb + 64 * (16 * h + 8 + g);
-          uint8_t* lh = sb + 64 * (32 + 8 * h + g);
+          const uint8_t* la = sb + 64 * (16 * h + g);
+          const uint8_t* lb = sb + 64 * (16 * h + 8 + g);
+          const uint8_t* lh = sb + 64 * (32 + 8 * h + g);
+          uint8_t* lx = placed + 64 * q6k_x_line(h, g);
+          uint8_t* ly = placed + 64 * q6k_y_line(h, g);
+          uint8_t* lz = placed + 64 * q6k_z_line(h, g);
           for (int i = 0; i < 64; i += 4) {
             uint32_t a, b, q;
             std::memcpy(&a, la + i, 4);
@@ -105,12 +111,13 @@ void place_q6_k(at::Tensor& w) {
             const uint32_t x = (a & f0) | ((q << 4) & f3) | ((b << 2) & c0);
             const uint32_t y = (b & f0) | ((q << 2) & f3) | (b & c0);
             const uint32_t z = ((a >> 4) & f0) | (q & t0);
-            std::memcpy(la + i, &x, 4);
-            std::memcpy(lb + i, &y, 4);
-            std::memcpy(lh + i, &z, 4);
+            std::memcpy(lx + i, &x, 4);
+            std::memcpy(ly + i, &y, 4);
+            std::memcpy(lz + i, &z, 4);
           }
         }
       }
+      std::memcpy(sb, placed, kQuantBytes);
     }
   });
 }
