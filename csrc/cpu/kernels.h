@@ -58,7 +58,8 @@ constexpr int kSuper = 256;
 // Q6_K's 48 placed quant lines (64 bytes: 4 bytes of 16 rows) in the order q6k_group first reads them, so a
 // super-block streams front to back: for half h, group g's X and Z lines side by side, then the half's 8 Y lines.
 // Read out of order (the file's A, B and qh lines in three places), Q6_K matrices streamed from memory at 0.6-0.7
-// of Q4_K's GB/s on an AVX2 EPYC, though the two compute at the same GB/s from L3.
+// of Q4_K's GB/s on an AVX2 EPYC whose memory was slow (read probe 20-24 GB/s; with it quick, ~32, the order made
+// no difference past the noise), though the two compute at the same GB/s from L3.
 constexpr int q6k_x_line(int h, int g) { return 24 * h + 2 * g; }
 constexpr int q6k_z_line(int h, int g) { return 24 * h + 2 * g + 1; }
 constexpr int q6k_y_line(int h, int g) { return 24 * h + 16 + g; }
