@@ -54,7 +54,8 @@ def test_conversion_writes_an_hf_llama_folder(gguf_file, tmp_path):
 
     lines = []
     gguf_convert.convert(gguf_file, tmp_path, progress=lines.append)
-    names = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "gguf.json"}
+    names = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "gguf.json",
+             "tokenizer_facts.json"}
     assert {p.name for p in tmp_path.iterdir()} == names
     assert any("indexed 272 tensors" in line for line in lines)
 
