@@ -209,11 +209,16 @@ def _stamp(path: Path) -> dict[str, list[int]]:
     return out
 
 
+def _parsed_facts(path: Path) -> tuple[int, tuple[int, ...]]:
+    tok = Tokenizer(path)
+    return tok.vocab_size, tuple(sorted(tok.eos_ids))
+
+
 def write_facts(path: str | Path) -> None:
     """Parse the folder's tokenizer once and keep its facts beside it (for folders we write: the model cache)."""
     path = Path(path)
-    tok = Tokenizer(path)
-    facts = {"vocab_size": tok.vocab_size, "eos_ids": sorted(tok.eos_ids), "stamp": _stamp(path)}
+    vocab_size, eos_ids = _parsed_facts(path)
+    facts = {"vocab_size": vocab_size, "eos_ids": list(eos_ids), "stamp": _stamp(path)}
     (path / FACTS_FILE).write_text(json.dumps(facts) + "\n")
 
 
@@ -224,8 +229,7 @@ def facts(path: str | Path) -> tuple[int, tuple[int, ...]]:
     kept = _read_json(path / FACTS_FILE)
     if kept and kept.get("stamp") == _stamp(path):
         return int(kept["vocab_size"]), tuple(kept["eos_ids"])
-    tok = Tokenizer(path)
-    return tok.vocab_size, tuple(sorted(tok.eos_ids))
+    return _parsed_facts(path)
 
 
 def _read_json(path: Path) -> dict:
