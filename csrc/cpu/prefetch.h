@@ -18,9 +18,9 @@ inline void prefetch(const void* p, int ahead = kPrefetch) {
 // The next unit of a stream into L1 (prefetcht0), beside prefetch()'s L2 stream: for a K-quant tile, whose
 // super-block (2.3-3.4 KB) is the unit, the next one's lines asked for ahead of their loads streamed Q4_K
 // 6% and Q6_K 8% faster on an AVX2 EPYC (24 matrices of Qwen2.5-1.5B's MLP shape through linear, the old and
-// new sources in alternating processes); 16 KB ahead
-// in L2 instead of 8 KB gave half of that, two super-blocks ahead in L1 nothing more, and the same lines asked
-// for one a group through the super-block instead of together at its start did worse.
+// new sources in alternating processes); 16 KB ahead in L2 instead of 8 KB gave half of that, two
+// super-blocks ahead in L1 nothing more. Both requests are made for one line at a time as the tile reads it
+// (kquants.h stream_line), not for a whole super-block at its start.
 inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
 
 }  // namespace
