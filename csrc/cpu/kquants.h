@@ -54,7 +54,7 @@ struct KQuants {
   // ahead (prefetch.h), and into L1 the same line of the panel's next super-block, Bytes on. Asked for in
   // the reading order, spread through the super-block's work, the requests keep the core's miss buffers
   // evenly busy: all of a super-block's lines asked for at its start (72 requests, then ~250 cycles without
-  // one) streamed Q4_K at 10-15 GB/s where this does 15-19 (2 threads, an AVX2 EPYC with its memory slow).
+  // one) streamed Q4_K at 10-15 GB/s where this does 13-19 (2 threads, an AVX2 EPYC with its memory slow).
   template <int Bytes>
   static void stream_line(const uint8_t* line) {
     prefetch(line);
@@ -125,13 +125,18 @@ struct KQuants {
     I mn[8];   // Q4_K / Q5_K: the mins as scales_q4k gives them (4); Q6_K: the scales as pairs (8)
   };
 
+  // Where a Q4_K / Q5_K super-block's quant lines start in its panel (after d, dmin, the scales and Q5_K's
+  // high bits), and Q5_K's high-bit lines.
+  static constexpr int q45k_quants(bool high) { return high ? 768 : 256; }
+  static constexpr int kQh = 256;
+
   // Q4_K (High = false) and Q5_K (High = true). In the file each 32 quant bytes hold sub-block 2i in their low
   // nibbles and 2i + 1 in their high ones (inputs 64i + l and 64i + 32 + l of byte l), so a 64-byte group g of
   // pair i feeds both: inputs 64i + 4g.. and 64i + 32 + 4g... Q5_K's fifth bit of those inputs is bit 2i and
   // 2i + 1 of the high-bit group g.
   template <bool High>
   static void q45k_group(const uint8_t* wb, int i, int g, U8& wl, U8& wh) {
-    constexpr int kQh = 256, kQs = High ? 768 : 256;
+    constexpr int kQs = q45k_quants(High);
     const U8 q = S::u8_load(wb + kQs + (8 * i + g) * 64);
     wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
     if constexpr (High) {
@@ -173,7 +178,7 @@ struct KQuants {
           U8 wl, wh;
           if constexpr (Stored) wl = u->w[2 * (8 * i + g)], wh = u->w[2 * (8 * i + g) + 1];
           else {
-            stream_line<High ? kQ5KBytes : kQ4KBytes>(wb + (High ? 768 : 256) + (8 * i + g) * 64);
+            stream_line<High ? kQ5KBytes : kQ4KBytes>(wb + q45k_quants(High) + (8 * i + g) * 64);
             q45k_group<High>(wb, i, g, wl, wh);
           }
 #pragma GCC unroll 8
@@ -322,7 +327,7 @@ struct KQuants {
   // A super-block's lines other than its quants (Q5_K: and its high bits, read by every pair), which a tile asks
   // for at the super-block's start; the quant lines are asked for one group at a time as the rows read them.
   static constexpr int head_begin(int bits) { return bits == 6 ? kQ6Scales : 0; }
-  static constexpr int head_end(int bits) { return bits == 6 ? kQ6KBytes : bits == 5 ? 768 : 256; }
+  static constexpr int head_end(int bits) { return bits == 6 ? kQ6KBytes : q45k_quants(bits == 5); }
 
   // A tile of R rows of panel p, unpacking as it goes: a pass of at most kRows rows (a decode step).
   template <int Bits, int R>
