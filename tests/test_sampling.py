@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from engine.sampling import ROWS_KEPT, Noise, SamplingParams, mask_logits, position_key, probs, sample
+from engine.sampling import ROWS_KEPT, Noise, SamplingParams, argmax, mask_logits, position_key, probs, sample
 
 
 def test_greedy_is_argmax_and_one_hot():
@@ -12,6 +12,21 @@ def test_greedy_is_argmax_and_one_hot():
     params = SamplingParams(temperature=0)
     assert sample(logits, params, None)[0].tolist() == [1]
     assert probs(logits, params).tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("x", [
+    torch.tensor([[1.0, 3.0, 3.0, 2.0]]),  # ties: the first
+    torch.tensor([[1.0, float("nan"), 5.0, float("nan")]]),  # a NaN is the maximum, the first of them
+    torch.tensor([[float("-inf")] * 4, [0.0, -0.0, 0.0, 0.0]]),
+    torch.tensor([[2.0, float("inf"), float("inf"), 1.0]]),
+    torch.randn(5, 151936, generator=torch.Generator().manual_seed(0)),
+    torch.randn(6, 40, generator=torch.Generator().manual_seed(1))[:, ::3],  # strided rows
+    torch.randn(40, generator=torch.Generator().manual_seed(2)),  # one row, no batch dimension
+    torch.randn(3, 50, generator=torch.Generator().manual_seed(3)).bfloat16(),  # torch's own path
+])
+def test_argmax_is_torchs(x):
+    got, want = argmax(x), x.argmax(-1)
+    assert got.dtype == want.dtype == torch.long and got.shape == want.shape and torch.equal(got, want)
 
 
 def test_top_k_keeps_k_largest():
