@@ -213,6 +213,31 @@ def test_native_packing_moves_the_bytes_the_torch_code_moves(fmt, out, monkeypat
         assert not torch.equal(placed, twin)  # the bits did move
 
 
+@pytest.mark.parametrize("n_in", [256, 100, 1536])
+def test_native_q6_k_rows_are_the_torch_lookups(n_in, monkeypatch):
+    """A tied Q6_K head's embedding lookup from the kernel library (ops_pack.cpp q6_k_rows) against the torch
+    form (unplace, deinterleave, dequantize of the rows' panels), on random bytes (every bit pattern of the
+    quants, scales of both signs, any d) and on a quantized weight; padded inputs (100 of 256) cut off."""
+    lib = panels.native()
+    if lib is None:
+        pytest.skip("the CPU kernel library is not loaded here")
+    ns, g = -(-n_in // 256), torch.Generator().manual_seed(n_in)
+    raw = torch.randint(0, 256, (37, ns * 210), dtype=torch.uint8, generator=g)
+    raw.view(37, ns, 210)[..., 208:] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)  # d = 1.0: no inf / NaN
+    random = W.Packed("q6_k", "cpu", 37, n_in, W.get("q6_k").layouts["cpu"].pack_gguf(raw, 37, n_in))
+    quantized = W.pack(blocks("q6_k", 37, n_in), "cpu")
+    ids = torch.tensor([0, 36, 17, 17, 16, 5])
+    native = [W.rows(p, ids) for p in (random, quantized)]
+    assert k_quants.q6_k_rows(random.tensors[0], ids, n_in) is not None  # the library's path was the one taken
+    monkeypatch.setattr(panels, "native", lambda: None)
+    for got, p in zip(native, (random, quantized), strict=True):
+        want = W.rows(p, ids)
+        assert got.shape == (6, n_in) and torch.equal(got, want)
+    assert torch.equal(native[1], W.dequantize(blocks("q6_k", 37, n_in))[ids])
+    with pytest.raises(RuntimeError, match=r"ids\[1\] = 48 is not a row of 48"):
+        lib.q6_k_rows(torch.empty(2, n_in), random.tensors[0], torch.tensor([0, 48]))
+
+
 def test_native_packing_refuses_what_it_cannot_move():
     lib = panels.native()
     if lib is None:

@@ -3,6 +3,7 @@
 // path without this module), done a block at a time in cache instead of as strided torch copies of 1-4 byte
 // elements, which made packing most of a warm load (a 1.5B Q4_K_M's: 2.2-2.8 s with them, 1.2-1.6 s with these).
 #include <ATen/record_function.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
 #include <cstring>
@@ -120,6 +121,52 @@ void place_q6_k(at::Tensor& w) {
       std::memcpy(sb, placed, kQuantBytes);
     }
   });
+}
+
+void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids) {
+  RECORD_FUNCTION("decodescope::q6_k_rows", std::vector<c10::IValue>({w, ids}));
+  constexpr int64_t kSuperBlock = 210 * kPanel, kScales = 3072, kD = 3328;
+  check_cpu(w, "w"), check_cpu(ids, "ids"), check_cpu(out, "out");
+  check_dtype(w, "w", at::kByte), check_dtype(ids, "ids", at::kLong), check_dtype(out, "out", at::kFloat);
+  check_dense(w, "w"), check_dense(ids, "ids"), check_dense(out, "out");
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == kSuperBlock, "w must be Q6_K panels [P, ns, ", kSuperBlock, "], got ",
+              w.sizes());
+  const int64_t n = ids.numel(), ns = w.size(1), in = out.size(-1);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == n && in <= ns * kSuper && in > (ns - 1) * kSuper, "out must be [",
+              n, ", in] with in in (", (ns - 1) * kSuper, ", ", ns * kSuper, "], got ", out.sizes());
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < w.size(0) * kPanel, "ids[", i, "] = ", id[i], " is not a row of ",
+                w.size(0) * kPanel);
+  const uint8_t* base = w.data_ptr<uint8_t>();
+  float* y = out.data_ptr<float>();
+  // the quants as kquants.h q6k_group reads them: for half h and group g, byte b of row j's 4 in the X, Y and Z
+  // lines holds q0, q1, q2 (inputs 128h + 32k + 4g + b, k = 0, 1, 2) in its low 6 bits and a pair of q3's on top
+  float row[kSuper];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t panel = id[i] / kPanel, j = id[i] % kPanel;
+    for (int64_t sb = 0; sb < ns; ++sb) {
+      const uint8_t* wb = base + (panel * ns + sb) * kSuperBlock;
+      uint16_t d16;
+      std::memcpy(&d16, wb + kD + 2 * j, 2);
+      const float d = static_cast<float>(c10::Half(d16, c10::Half::from_bits()));
+      float scale[16];
+      for (int s = 0; s < 16; ++s) scale[s] = d * static_cast<float>(static_cast<int8_t>(wb[kScales + 16 * s + j]));
+      for (int h = 0; h < 2; ++h)
+        for (int g = 0; g < 8; ++g)
+          for (int b = 0; b < 4; ++b) {
+            const int x = wb[64 * q6k_x_line(h, g) + 4 * j + b], yy = wb[64 * q6k_y_line(h, g) + 4 * j + b];
+            const int z = wb[64 * q6k_z_line(h, g) + 4 * j + b];
+            const int q[4] = {x & 63, yy & 63, z & 63, (x >> 6) | ((yy >> 6) << 2) | ((z >> 6) << 4)};
+            for (int k = 0; k < 4; ++k) {
+              const int at = 128 * h + 32 * k + 4 * g + b;
+              row[at] = scale[at / 16] * static_cast<float>(q[k] - 32);  // (d sc) q, as the torch form's order
+            }
+          }
+      const int64_t left = in - sb * kSuper;
+      std::memcpy(y + i * in + sb * kSuper, row, sizeof(float) * (left < kSuper ? left : kSuper));
+    }
+  }
 }
 
 }  // namespace decodescope::cpu

@@ -120,12 +120,14 @@ def panel_bytes(w: torch.Tensor, out: int, fields: tuple[tuple[int, int], ...]) 
     return x.reshape(-1, x.shape[2] * x.shape[3])[:out].contiguous()
 
 
-def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_gguf, dequantize, bits=None):
+def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_gguf, dequantize, bits=None,
+                native_rows=None):
     """The "cpu" Layout of a format whose panels are its GGUF bytes interleaved (above): every direction goes
     through the file's codec, so packing, unpacking and a row's lookup are exact by construction. bits: a
     format's (place, unplace), which move bits between the bytes of each panel once interleaved (place, in place)
     and move them back before the bytes are read as the file's (unplace, into a new tensor): a bijection the
-    format's kernel reads more cheaply than the file's arrangement (k_quants.py place_q6_k)."""
+    format's kernel reads more cheaply than the file's arrangement (k_quants.py place_q6_k). native_rows(panels,
+    ids, in_features): the same rows as the lookup below, from the CPU kernel library, or None without it."""
     from engine.weights.format import Layout
 
     size = sum(n for n, _ in fields)
@@ -166,6 +168,8 @@ def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_g
         return b
 
     def rows(p, ids: torch.Tensor) -> torch.Tensor:  # dense, as the kernels take an embedding's rows
+        if native_rows is not None and (got := native_rows(p.tensors[0], ids, p.in_features)) is not None:
+            return got
         held = unplace(p.tensors[0][ids // PANEL])  # only the panels the rows are in
         x = deinterleave(held, fields)[torch.arange(len(ids)), ids % PANEL].reshape(len(ids), -1)
         return dequantize(from_gguf(x, len(ids), p.in_features)).contiguous()
