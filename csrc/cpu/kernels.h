@@ -64,6 +64,8 @@ constexpr int q6k_x_line(int h, int g) { return 24 * h + 2 * g; }
 constexpr int q6k_z_line(int h, int g) { return 24 * h + 2 * g + 1; }
 constexpr int q6k_y_line(int h, int g) { return 24 * h + 16 + g; }
 constexpr int kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
+// Where a Q6_K panel super-block's 16 int8 scales x 16 rows and its d[16] start, after the 48 quant lines.
+constexpr int kQ6Scales = 3072, kQ6D = 3328;
 // q4_0 and q5_0 panels (legacy.h) likewise, [P, nb, bytes] per block of 32: d[16] fp16, (q5_0: the 16 rows'
 // 32-bit high-bit masks), then 4 groups of [16 rows][4 nibble bytes].
 constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;

@@ -212,8 +212,6 @@ struct KQuants {
   // group g of k = ab and ab + 2 is X and Z under one AND each (ab = 0), or Y under one and q3 gathered from the
   // three top pairs (ab = 1): 11 instructions for the four quants where the file's nibbles and pairs took 18.
   // Sub-block 8h + 2k + gg (16 inputs) is groups g = 4gg..4gg+3.
-  static constexpr int kQ6Scales = 3072, kQ6D = 3328;
-
   static void q6k_group(const uint8_t* wb, int h, int ab, int g, U8& wl, U8& wh) {
     const U8 x = S::u8_load(wb + q6k_x_line(h, g) * 64), z = S::u8_load(wb + q6k_z_line(h, g) * 64);
     if (ab == 0) {

@@ -80,7 +80,7 @@ void interleave_panels(at::Tensor& into, const at::Tensor& raw,
 
 void place_q6_k(at::Tensor& w) {
   RECORD_FUNCTION("decodescope::place_q6_k", std::vector<c10::IValue>({w}));
-  constexpr int64_t kSuperBlock = 210 * kPanel;  // a panel's super-block: ql 2048, qh 1024, scales 256, d 32
+  constexpr int64_t kSuperBlock = kQ6KBytes;  // a panel's super-block: ql 2048, qh 1024, scales 256, d 32
   check_cpu(w, "w");
   check_dtype(w, "w", at::kByte);
   check_dense(w, "w");
@@ -125,7 +125,7 @@ void place_q6_k(at::Tensor& w) {
 
 void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids) {
   RECORD_FUNCTION("decodescope::q6_k_rows", std::vector<c10::IValue>({w, ids}));
-  constexpr int64_t kSuperBlock = 210 * kPanel, kScales = 3072, kD = 3328;
+  constexpr int64_t kSuperBlock = kQ6KBytes;
   check_cpu(w, "w"), check_cpu(ids, "ids"), check_cpu(out, "out");
   check_dtype(w, "w", at::kByte), check_dtype(ids, "ids", at::kLong), check_dtype(out, "out", at::kFloat);
   check_dense(w, "w"), check_dense(ids, "ids"), check_dense(out, "out");
@@ -148,10 +148,11 @@ void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids) {
     for (int64_t sb = 0; sb < ns; ++sb) {
       const uint8_t* wb = base + (panel * ns + sb) * kSuperBlock;
       uint16_t d16;
-      std::memcpy(&d16, wb + kD + 2 * j, 2);
+      std::memcpy(&d16, wb + kQ6D + 2 * j, 2);
       const float d = static_cast<float>(c10::Half(d16, c10::Half::from_bits()));
       float scale[16];
-      for (int s = 0; s < 16; ++s) scale[s] = d * static_cast<float>(static_cast<int8_t>(wb[kScales + 16 * s + j]));
+      for (int s = 0; s < 16; ++s)
+        scale[s] = d * static_cast<float>(static_cast<int8_t>(wb[kQ6Scales + 16 * s + j]));
       for (int h = 0; h < 2; ++h)
         for (int g = 0; g < 8; ++g)
           for (int b = 0; b < 4; ++b) {
