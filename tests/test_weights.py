@@ -88,13 +88,16 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         group = (i % 256) // 64 * 8 + (i % 32) // 4
         byte = int(w[o // 16, i // 256, 256 + group * 64 + (o % 16) * 4 + i % 4])
         assert (byte >> 4 * (i % 64 // 32)) & 0xF == int(q4k.q[o, i])
-    q6k = blocks("q6_k", out, n_in)  # Q6_K's quants as csrc/cpu/kquants.h q6k_group reads the placed bits
+    q6k = blocks("q6_k", out, n_in)  # Q6_K as csrc/cpu/kquants.h reads the placed super-block
     (w,) = W.to_panels(q6k)
     for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230)]:
         h, k, g, j = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4
-        at = (o % 16) * 4 + j
-        lines = (24 * h + 2 * g, 24 * h + 16 + g, 24 * h + 2 * g + 1)  # X, Y, Z: csrc/cpu/kernels.h q6k_x_line...
-        x, y, z = (int(w[o // 16, i // 256, line * 64 + at]) for line in lines)
+        sb, at = w[o // 16, i // 256], (o % 16) * 4 + j
+        # the scales (16 rows a sub-block) and d first, then the quant lines: kernels.h kQ6Scales, kQ6D, kQ6Quants
+        assert int(sb[16 * (i % 256 // 16) + o % 16].view(torch.int8)) == int(q6k.sc[o, i // 16]), (o, i)
+        assert sb[256 + 2 * (o % 16):258 + 2 * (o % 16)].view(torch.float16) == q6k.d[o, i // 256], (o, i)
+        lines = (24 * h + 2 * g, 24 * h + 16 + g, 24 * h + 2 * g + 1)  # X, Y, Z: kernels.h q6k_x_at, ...
+        x, y, z = (int(sb[288 + line * 64 + at]) for line in lines)
         q = (x & 63, y & 63, z & 63, (x >> 6) | ((y >> 4) & 12) | ((z >> 2) & 48))[k]
         assert q - 32 == int(q6k.q[o, i]), (o, i)
 

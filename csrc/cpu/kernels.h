@@ -51,21 +51,23 @@ constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a wei
 // K-quant panels (kquants.h): one stream [P, ns, bytes] (ns = ceil(in / 256) super-blocks), each super-block the
 // file's block of 16 rows interleaved field by field (engine/weights/panels.py interleave), fields in the file's
 // order: q4_k d[16], dmin[16] fp16, 12 scale bytes x 16, 32 groups of [16 rows][4 quant bytes]; q5_k the same
-// with 8 groups of [16][4] high-bit bytes before the quants; q6_k 32 groups of ql, 16 of qh (their bits regrouped
-// and their lines reordered: engine/weights/k_quants.py place_q6_k), 16 int8 scales x 16, d[16]. Each the file's
-// own bits per weight.
+// with 8 groups of [16][4] high-bit bytes before the quants. q6_k's file order (32 groups of ql, 16 of qh, 16 int8
+// scales x 16, d[16]) is placed (engine/weights/k_quants.py place_q6_k) as its scales x 16 and d[16] first, then
+// its 48 quant lines with their bits regrouped and the lines reordered. Each the file's own bits per weight.
 constexpr int kSuper = 256;
-// Q6_K's 48 placed quant lines (64 bytes: 4 bytes of 16 rows) in the order q6k_group first reads them, so a
-// super-block streams front to back: for half h, group g's X and Z lines side by side, then the half's 8 Y lines.
-// Read out of order (the file's A, B and qh lines in three places), Q6_K matrices streamed from memory at 0.6-0.7
-// of Q4_K's GB/s on an AVX2 EPYC whose memory was slow (read probe 20-24 GB/s; with it quick, ~32, the order made
-// no difference past the noise), though the two compute at the same GB/s from L3.
-constexpr int q6k_x_line(int h, int g) { return 24 * h + 2 * g; }
-constexpr int q6k_z_line(int h, int g) { return 24 * h + 2 * g + 1; }
-constexpr int q6k_y_line(int h, int g) { return 24 * h + 16 + g; }
 constexpr int kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
-// Where a Q6_K panel super-block's 16 int8 scales x 16 rows and its d[16] start, after the 48 quant lines.
-constexpr int kQ6Scales = 3072, kQ6D = 3328;
+// A placed Q6_K super-block: its 16 int8 scales x 16 rows, d[16], then 48 quant lines (64 bytes: 4 bytes of 16
+// rows), all in the order the kernel first reads them, so a super-block streams front to back.
+// Measured on an AVX2 EPYC (Q6_K matrices of Qwen2.5-1.5B's MLP shapes streamed from memory, against Q4_K's GB/s
+// in the same process; the two compute at the same GB/s from L2): the file's A, B and qh lines in three places,
+// 0.6-0.7 of Q4_K; the lines in reading order with the scales still last (read first, 3 KB ahead of the quants, at
+// each super-block's start), 0.73-0.87 on one thread and 0.78-0.93 on two; the scales first as well, 0.92-0.99
+// and 0.90-1.01.
+constexpr int kQ6Scales = 0, kQ6D = 256, kQ6Quants = 288;
+// Where q6k_group finds the X, Y and Z lines of half h, group g: X and Z side by side, then the half's 8 Y lines.
+constexpr int q6k_x_at(int h, int g) { return kQ6Quants + 64 * (24 * h + 2 * g); }
+constexpr int q6k_z_at(int h, int g) { return kQ6Quants + 64 * (24 * h + 2 * g + 1); }
+constexpr int q6k_y_at(int h, int g) { return kQ6Quants + 64 * (24 * h + 16 + g); }
 // q4_0 and q5_0 panels (legacy.h) likewise, [P, nb, bytes] per block of 32: d[16] fp16, (q5_0: the 16 rows'
 // 32-bit high-bit masks), then 4 groups of [16 rows][4 nibble bytes].
 constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;

@@ -207,18 +207,18 @@ struct KQuants {
   // Q6_K. In the file each half h of 128 inputs has 64 ql bytes (A = bytes 0-31, B = 32-63) and 32 qh bytes:
   // inputs 128h + 32k + l take A's low, B's low, A's high, B's high nibble (k = 0..3) of byte l and bits 2k, 2k+1
   // of qh[l]. The panels hold those bits moved (engine/weights/k_quants.py place_q6_k): for the 4 bytes l = 4g..
-  // of 16 rows, line X (kernels.h q6k_x_line) holds q0 | q3's bits 0-1 << 6, Y q1 | bits 2-3 << 6 and Z q2 |
+  // of 16 rows, line X (kernels.h q6k_x_at) holds q0 | q3's bits 0-1 << 6, Y q1 | bits 2-3 << 6 and Z q2 |
   // bits 4-5 << 6, q_k the 6-bit quant of input 128h + 32k + l, the lines in the order read here. So a
   // group g of k = ab and ab + 2 is X and Z under one AND each (ab = 0), or Y under one and q3 gathered from the
   // three top pairs (ab = 1): 11 instructions for the four quants where the file's nibbles and pairs took 18.
   // Sub-block 8h + 2k + gg (16 inputs) is groups g = 4gg..4gg+3.
   static void q6k_group(const uint8_t* wb, int h, int ab, int g, U8& wl, U8& wh) {
-    const U8 x = S::u8_load(wb + q6k_x_line(h, g) * 64), z = S::u8_load(wb + q6k_z_line(h, g) * 64);
+    const U8 x = S::u8_load(wb + q6k_x_at(h, g)), z = S::u8_load(wb + q6k_z_at(h, g));
     if (ab == 0) {
       wl = S::u8_and(x, 63), wh = S::u8_and(z, 63);
       return;
     }
-    const U8 y = S::u8_load(wb + q6k_y_line(h, g) * 64);
+    const U8 y = S::u8_load(wb + q6k_y_at(h, g));
     wl = S::u8_and(y, 63);
     wh = S::u8_or(S::u8_or(S::u8_and(S::u8_shr(x, 6), 3), S::u8_and(S::u8_shr(y, 4), 12)),
                   S::u8_and(S::u8_shr(z, 2), 48));
@@ -276,10 +276,10 @@ struct KQuants {
               if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
               else {
                 if (ab == 0) {  // X and Z, then Y at ab = 1: each of the 48 lines asked for once
-                  stream_line<kQ6KBytes>(wb + q6k_x_line(h, g) * 64);
-                  stream_line<kQ6KBytes>(wb + q6k_z_line(h, g) * 64);
+                  stream_line<kQ6KBytes>(wb + q6k_x_at(h, g));
+                  stream_line<kQ6KBytes>(wb + q6k_z_at(h, g));
                 } else {
-                  stream_line<kQ6KBytes>(wb + q6k_y_line(h, g) * 64);
+                  stream_line<kQ6KBytes>(wb + q6k_y_at(h, g));
                 }
                 q6k_group(wb, h, ab, g, wl, wh);
               }
@@ -322,10 +322,10 @@ struct KQuants {
     else q45k_rows<R, Bits == 5, Stored>(a, wb, u, sb, r0, y);
   }
   static constexpr int bytes(int bits) { return bits == 4 ? kQ4KBytes : bits == 5 ? kQ5KBytes : kQ6KBytes; }
-  // A super-block's lines other than its quants (Q5_K: and its high bits, read by every pair), which a tile asks
-  // for at the super-block's start; the quant lines are asked for one group at a time as the rows read them.
-  static constexpr int head_begin(int bits) { return bits == 6 ? kQ6Scales : 0; }
-  static constexpr int head_end(int bits) { return bits == 6 ? kQ6KBytes : q45k_quants(bits == 5); }
+  // A super-block's bytes before its quant lines (its scales and d; Q4_K and Q5_K's dmin, Q5_K's high bits, read
+  // by every pair), which a tile asks for at the super-block's start; the quant lines are asked for one group at
+  // a time as the rows read them.
+  static constexpr int head_bytes(int bits) { return bits == 6 ? kQ6Quants : q45k_quants(bits == 5); }
 
   // A tile of R rows of panel p, unpacking as it goes: a pass of at most kRows rows (a decode step).
   template <int Bits, int R>
@@ -336,7 +336,7 @@ struct KQuants {
     for (int r = 0; r < R; ++r) y[r] = S::zero();
     for (int sb = 0; sb < ns; ++sb) {
       const uint8_t* wb = wp + static_cast<int64_t>(sb) * bytes(Bits);
-      for (int line = head_begin(Bits); line < head_end(Bits); line += 64) stream_line<bytes(Bits)>(wb + line);
+      for (int line = 0; line < head_bytes(Bits); line += 64) stream_line<bytes(Bits)>(wb + line);
       rows<Bits, R, false>(a, wb, nullptr, sb, r0, y);
     }
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);

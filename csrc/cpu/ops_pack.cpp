@@ -80,7 +80,7 @@ void interleave_panels(at::Tensor& into, const at::Tensor& raw,
 
 void place_q6_k(at::Tensor& w) {
   RECORD_FUNCTION("decodescope::place_q6_k", std::vector<c10::IValue>({w}));
-  constexpr int64_t kSuperBlock = kQ6KBytes;  // a panel's super-block: ql 2048, qh 1024, scales 256, d 32
+  constexpr int64_t kSuperBlock = kQ6KBytes;  // as interleave_panels leaves it: ql 2048, qh 1024, scales 256, d 32
   check_cpu(w, "w");
   check_dtype(w, "w", at::kByte);
   check_dense(w, "w");
@@ -89,21 +89,23 @@ void place_q6_k(at::Tensor& w) {
   uint8_t* base = w.data_ptr<uint8_t>();
   // k_quants.py place_q6_k's moves on each 4-byte word (4 bytes of a row): for the half h and group g of a
   // super-block, the file's A line 16h + g, B line 16h + 8 + g and qh line 32 + 8h + g (64-byte lines) become
-  // the X, Y and Z lines at kernels.h's q6k_x_line, q6k_y_line and q6k_z_line
-  constexpr int64_t kQuantBytes = 48 * 64;
+  // the X, Y and Z lines at kernels.h's q6k_x_at, q6k_y_at and q6k_z_at, after the scales and d, moved to the front
+  constexpr int64_t kFileScales = 48 * 64;  // where the file's order has them: after the quants
+  static_assert(kQ6Scales == 0 && kQ6D == kQ6Scales + 256 && kQ6Quants == kQ6D + 32 && kFileScales + kQ6Quants == kSuperBlock);
   parallel_chunks(w.numel() / kSuperBlock, 256, [&](int64_t begin, int64_t end) {
     constexpr uint32_t f0 = 0x0F0F0F0Fu, f3 = 0x30303030u, c0 = 0xC0C0C0C0u, t0 = 0xF0F0F0F0u;
-    alignas(64) uint8_t placed[kQuantBytes];
+    alignas(64) uint8_t placed[kSuperBlock];
     for (int64_t blk = begin; blk < end; ++blk) {
       uint8_t* sb = base + blk * kSuperBlock;
+      std::memcpy(placed + kQ6Scales, sb + kFileScales, kQ6Quants);  // the scales, then d: the file's last 288 bytes
       for (int h = 0; h < 2; ++h) {
         for (int g = 0; g < 8; ++g) {
           const uint8_t* la = sb + 64 * (16 * h + g);
           const uint8_t* lb = sb + 64 * (16 * h + 8 + g);
           const uint8_t* lh = sb + 64 * (32 + 8 * h + g);
-          uint8_t* lx = placed + 64 * q6k_x_line(h, g);
-          uint8_t* ly = placed + 64 * q6k_y_line(h, g);
-          uint8_t* lz = placed + 64 * q6k_z_line(h, g);
+          uint8_t* lx = placed + q6k_x_at(h, g);
+          uint8_t* ly = placed + q6k_y_at(h, g);
+          uint8_t* lz = placed + q6k_z_at(h, g);
           for (int i = 0; i < 64; i += 4) {
             uint32_t a, b, q;
             std::memcpy(&a, la + i, 4);
@@ -118,7 +120,7 @@ void place_q6_k(at::Tensor& w) {
           }
         }
       }
-      std::memcpy(sb, placed, kQuantBytes);
+      std::memcpy(sb, placed, kSuperBlock);
     }
   });
 }
@@ -156,8 +158,8 @@ void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids) {
       for (int h = 0; h < 2; ++h)
         for (int g = 0; g < 8; ++g)
           for (int b = 0; b < 4; ++b) {
-            const int x = wb[64 * q6k_x_line(h, g) + 4 * j + b], yy = wb[64 * q6k_y_line(h, g) + 4 * j + b];
-            const int z = wb[64 * q6k_z_line(h, g) + 4 * j + b];
+            const int x = wb[q6k_x_at(h, g) + 4 * j + b], yy = wb[q6k_y_at(h, g) + 4 * j + b];
+            const int z = wb[q6k_z_at(h, g) + 4 * j + b];
             const int q[4] = {x & 63, yy & 63, z & 63, (x >> 6) | ((yy >> 6) << 2) | ((z >> 6) << 4)};
             for (int k = 0; k < 4; ++k) {
               const int at = 128 * h + 32 * k + 4 * g + b;

@@ -182,8 +182,8 @@ def _q6_k_lines(w: torch.Tensor):
 
 
 def _q6_k_order() -> tuple[list[int], list[int]]:
-    """Q6_K's 48 quant lines placed in the order the kernel first reads them (csrc/cpu/kernels.h q6k_x_line,
-    q6k_y_line, q6k_z_line): for half h, group g's X and Z lines side by side, then the half's 8 Y lines. Returns
+    """Q6_K's 48 quant lines placed in the order the kernel first reads them (csrc/cpu/kernels.h q6k_x_at,
+    q6k_y_at, q6k_z_at): for half h, group g's X and Z lines side by side, then the half's 8 Y lines. Returns
     (for each placed line the file's line it holds, its inverse)."""
     order = [0] * 48
     for h in range(2):
@@ -195,25 +195,34 @@ def _q6_k_order() -> tuple[list[int], list[int]]:
 
 
 Q6_K_ORDER, Q6_K_UNORDER = _q6_k_order()
+Q6_K_HEAD = 16 * (16 + 2)  # a panel super-block's scales and d: the file's last 288 bytes, placed first
 
 
-def _q6_k_reorder(w: torch.Tensor, order: list[int]) -> None:
-    """Q6_K panels' 48 quant lines of every super-block moved, in place: placed line n <- line order[n]."""
+def _q6_k_reorder(w: torch.Tensor, order: list[int], head_first: bool) -> None:
+    """Q6_K panels' super-blocks rearranged, in place: the 48 quant lines moved (placed line n <- line order[n])
+    while they are in the file's place, then the scales and d moved to the front (head_first), or those moves
+    undone (head_first False, the lines moved after)."""
     flat = w.view(math.prod(w.shape[:-2]), *w.shape[-2:])
     index = torch.tensor(order)
     for i in range(0, flat.shape[0], 16):
-        lines = flat[i:i + 16, :, :3072].unflatten(-1, (48, 64))
+        sb = flat[i:i + 16]
+        if not head_first:
+            sb.copy_(sb.roll(-Q6_K_HEAD, -1))
+        lines = sb[:, :, :3072].unflatten(-1, (48, 64))
         lines.copy_(lines[:, :, index])
+        if head_first:
+            sb.copy_(sb.roll(Q6_K_HEAD, -1))
 
 
 def place_q6_k(w: torch.Tensor) -> torch.Tensor:
     """Q6_K panels, in place: the same bytes with the bits moved so that the four 6-bit quants q0..q3 a byte
     position holds (inputs 32k apart: the file's A low, B low, A high, B high nibbles and qh's four pairs) read
-    as X = q0 | q3[0:2] << 6, Y = q1 | q3[2:4] << 6, Z = q2 | q3[4:6] << 6 in the A, B and qh lines, then the
-    lines put in the order the kernel reads them (Q6_K_ORDER). The kernel (csrc/cpu/kquants.h q6k_group) then
-    takes q0, q1, q2 with one AND each and q3 from the three top pairs, 11 instructions for the four where the
-    file's nibbles and pairs took 18, and streams each super-block front to back. Natively where the CPU kernel
-    library is loaded (panels.native), the same moves on each 4-byte word; this torch form is its twin."""
+    as X = q0 | q3[0:2] << 6, Y = q1 | q3[2:4] << 6, Z = q2 | q3[4:6] << 6 in the A, B and qh lines, then each
+    super-block put in the order the kernel reads it: the scales and d first, then the lines (Q6_K_ORDER). The
+    kernel (csrc/cpu/kquants.h q6k_group) then takes q0, q1, q2 with one AND each and q3 from the three top pairs,
+    11 instructions for the four where the file's nibbles and pairs took 18, and streams each super-block front to
+    back (csrc/cpu/kernels.h kQ6Quants says what each order measured). Natively where the CPU kernel library is
+    loaded (panels.native), the same moves on each 4-byte word; this torch form is its twin."""
     if (lib := panels.native()) is not None and w.is_contiguous():
         lib.place_q6_k(w)
         return w
@@ -223,14 +232,14 @@ def place_q6_k(w: torch.Tensor) -> torch.Tensor:
         y = (b & f0) | ((h << 2) & f3) | (b & c0)  # q1 (B low, qh 2-3), q3's bits 2-3 (B's bits 6-7)
         h.copy_(((a >> 4) & f0) | (h & t0))  # q2 (A high, qh 4-5), q3's bits 4-5 (qh 6-7)
         a.copy_(x), b.copy_(y)
-    _q6_k_reorder(w, Q6_K_ORDER)
+    _q6_k_reorder(w, Q6_K_ORDER, head_first=True)
     return w
 
 
 def unplace_q6_k(w: torch.Tensor) -> torch.Tensor:
     """The inverse of place_q6_k, into a new tensor: the file's ql and qh bytes again."""
     w = w.clone(memory_format=torch.contiguous_format)  # one copy, contiguous for _q6_k_lines' views
-    _q6_k_reorder(w, Q6_K_UNORDER)
+    _q6_k_reorder(w, Q6_K_UNORDER, head_first=False)
     f0, f3, c0, t0, m3, mc = (_bytes4(v) for v in (0x0F, 0x30, 0xC0, 0xF0, 0x03, 0x0C))
     for x, y, z in _q6_k_lines(w):
         a = (x & f0) | ((z & f0) << 4)  # q0's and q2's low nibbles
