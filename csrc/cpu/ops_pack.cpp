@@ -91,7 +91,8 @@ void place_q6_k(at::Tensor& w) {
   // super-block, the file's A line 16h + g, B line 16h + 8 + g and qh line 32 + 8h + g (64-byte lines) become
   // the X, Y and Z lines at kernels.h's q6k_x_at, q6k_y_at and q6k_z_at, after the scales and d, moved to the front
   constexpr int64_t kFileScales = 48 * 64;  // where the file's order has them: after the quants
-  static_assert(kQ6Scales == 0 && kQ6D == kQ6Scales + 256 && kQ6Quants == kQ6D + 32 && kFileScales + kQ6Quants == kSuperBlock);
+  static_assert(kQ6Scales == 0 && kQ6D == kQ6Scales + 256 && kQ6Quants == kQ6D + 32 &&
+                kFileScales + kQ6Quants == kSuperBlock);
   parallel_chunks(w.numel() / kSuperBlock, 256, [&](int64_t begin, int64_t end) {
     constexpr uint32_t f0 = 0x0F0F0F0Fu, f3 = 0x30303030u, c0 = 0xC0C0C0C0u, t0 = 0xF0F0F0F0u;
     alignas(64) uint8_t placed[kSuperBlock];

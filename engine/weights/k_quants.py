@@ -181,37 +181,41 @@ def _q6_k_lines(w: torch.Tensor):
         yield ql[..., 0, :, :], ql[..., 1, :, :], qh
 
 
-def _q6_k_order() -> tuple[list[int], list[int]]:
+def _q6_k_order() -> list[int]:
     """Q6_K's 48 quant lines placed in the order the kernel first reads them (csrc/cpu/kernels.h q6k_x_at,
     q6k_y_at, q6k_z_at): for half h, group g's X and Z lines side by side, then the half's 8 Y lines. Returns
-    (for each placed line the file's line it holds, its inverse)."""
+    for each placed line the file's line it holds."""
     order = [0] * 48
     for h in range(2):
         for g in range(8):
             order[24 * h + 2 * g] = 16 * h + g  # X, in the file's A line
             order[24 * h + 2 * g + 1] = 32 + 8 * h + g  # Z, in its qh line
             order[24 * h + 16 + g] = 16 * h + 8 + g  # Y, in its B line
-    return order, sorted(range(48), key=order.__getitem__)
+    return order
 
 
-Q6_K_ORDER, Q6_K_UNORDER = _q6_k_order()
+Q6_K_ORDER = _q6_k_order()
 Q6_K_HEAD = 16 * (16 + 2)  # a panel super-block's scales and d: the file's last 288 bytes, placed first
 
 
-def _q6_k_reorder(w: torch.Tensor, order: list[int], head_first: bool) -> None:
-    """Q6_K panels' super-blocks rearranged, in place: the 48 quant lines moved (placed line n <- line order[n])
-    while they are in the file's place, then the scales and d moved to the front (head_first), or those moves
-    undone (head_first False, the lines moved after)."""
+def _q6_k_bytes() -> tuple[torch.Tensor, torch.Tensor]:
+    """A placed Q6_K panel super-block's 3360 bytes as indices into its file-ordered bytes: the scales and d first,
+    then the 48 quant lines in Q6_K_ORDER (csrc/cpu/kernels.h kQ6Scales, kQ6D, kQ6Quants). Returns (for each placed
+    byte the file's byte it holds, its inverse)."""
+    lines = torch.tensor(Q6_K_ORDER)[:, None] * 64 + torch.arange(64)
+    place = torch.cat((torch.arange(3072, 3072 + Q6_K_HEAD), lines.reshape(-1)))
+    return place, place.argsort()
+
+
+Q6_K_PLACE, Q6_K_UNPLACE = _q6_k_bytes()
+
+
+def _q6_k_reorder(w: torch.Tensor, index: torch.Tensor) -> None:
+    """Q6_K panels' super-blocks rearranged, in place: byte n of each <- its byte index[n], 16 panels at a time."""
     flat = w.view(math.prod(w.shape[:-2]), *w.shape[-2:])
-    index = torch.tensor(order)
     for i in range(0, flat.shape[0], 16):
         sb = flat[i:i + 16]
-        if not head_first:
-            sb.copy_(sb.roll(-Q6_K_HEAD, -1))
-        lines = sb[:, :, :3072].unflatten(-1, (48, 64))
-        lines.copy_(lines[:, :, index])
-        if head_first:
-            sb.copy_(sb.roll(Q6_K_HEAD, -1))
+        sb.copy_(sb[:, :, index])
 
 
 def place_q6_k(w: torch.Tensor) -> torch.Tensor:
@@ -232,14 +236,14 @@ def place_q6_k(w: torch.Tensor) -> torch.Tensor:
         y = (b & f0) | ((h << 2) & f3) | (b & c0)  # q1 (B low, qh 2-3), q3's bits 2-3 (B's bits 6-7)
         h.copy_(((a >> 4) & f0) | (h & t0))  # q2 (A high, qh 4-5), q3's bits 4-5 (qh 6-7)
         a.copy_(x), b.copy_(y)
-    _q6_k_reorder(w, Q6_K_ORDER, head_first=True)
+    _q6_k_reorder(w, Q6_K_PLACE)
     return w
 
 
 def unplace_q6_k(w: torch.Tensor) -> torch.Tensor:
     """The inverse of place_q6_k, into a new tensor: the file's ql and qh bytes again."""
     w = w.clone(memory_format=torch.contiguous_format)  # one copy, contiguous for _q6_k_lines' views
-    _q6_k_reorder(w, Q6_K_UNORDER, head_first=False)
+    _q6_k_reorder(w, Q6_K_UNPLACE)
     f0, f3, c0, t0, m3, mc = (_bytes4(v) for v in (0x0F, 0x30, 0xC0, 0xF0, 0x03, 0x0C))
     for x, y, z in _q6_k_lines(w):
         a = (x & f0) | ((z & f0) << 4)  # q0's and q2's low nibbles
