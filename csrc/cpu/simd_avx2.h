@@ -229,10 +229,16 @@ struct Avx2 {
   using SubScale = I;  // the scale in both 16-bit halves of each lane
   static constexpr int kSubSum = 32767;
   static Sub sub_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  // The empty asm pins each sum in a register in the order written: without it GCC reassociates a Sub's chain
+  // of adds into a tree, hoists all of a pass's products ahead of it and spills them (a Q4_K super-block at
+  // T = 1 went from 67 stack moves to none: 29 GB/s from L2 on one thread where it ran at 24-26, and 16-row
+  // verify passes of Q4_K / Q5_K / Q6_K 27% / 22% / 9% quicker).
   static Sub sub_dot(Sub acc, U8 w, int32_t x4) {
     const __m256i x = _mm256_set1_epi32(x4);
-    return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(w.lo, x)),
-            _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(w.hi, x))};
+    Sub r{_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(w.lo, x)),
+          _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(w.hi, x))};
+    asm("" : "+x"(r.lo), "+x"(r.hi));
+    return r;
   }
   static SubScale sub_scale(I sc) {  // sc in 0..32767
     return {_mm256_or_si256(sc.lo, _mm256_slli_epi32(sc.lo, 16)), _mm256_or_si256(sc.hi, _mm256_slli_epi32(sc.hi, 16))};
