@@ -1,0 +1,61 @@
+"""bench/gguf_memory.py's figures from scripted children (no file is made, nothing is timed): the row's medians and
+ratios, and each run set against the probes either side of it, so a run is never judged by a probe taken minutes
+away on a box whose bandwidth drifts, nor by its neighbour's."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench import gguf_memory, random_gguf
+
+STEP_BYTES = 2e9  # a step's reads: 2 GB, so tok/s x 2 is GB/s
+
+
+def scripted(monkeypatch, tmp_path, probes: list[float], ours: list[float], bench: list[float]) -> dict:
+    path = tmp_path / "file.gguf"
+    path.write_bytes(b"x" * 1000)
+    monkeypatch.setattr(random_gguf, "kquant_file", lambda shape, folder: path)
+    probes, ours, bench = list(probes), list(ours), list(bench)
+    order = []
+
+    def in_child(kind, *args):
+        order.append(kind)
+        if kind == "probe":
+            return dict(gbs=probes.pop(0))
+        if kind == "bench":
+            return dict(tg_tok_s=bench.pop(0), peak_rss=900, tg_test="tg32@d32")
+        out = dict(load_s=1.0, notes="", peak_rss=1200, kv_bytes=100, packed_bytes=990, cache_bytes=10)
+        if args[-1] == "decode":
+            out.update(tok_s=ours.pop(0), step_bytes=STEP_BYTES)
+        return out
+
+    monkeypatch.setattr(gguf_memory, "in_child", in_child)
+    args = argparse.Namespace(folder=str(tmp_path), prompt_len=32, new_tokens=32, repeats=3, threads=2,
+                              delete_files=False)
+    row = gguf_memory.row("1.5B", args, baseline=250)
+    assert order == ["probe", "ours"] + ["ours", "probe", "bench", "probe"] * 3 and not probes
+    return row
+
+
+def test_each_run_is_set_against_the_probes_around_it(monkeypatch, tmp_path):
+    # probes: p0 | ours 10 | p1 | bench 8 | p2 | ours 12 | p3 | bench 9 | p4 | ours 11 | p5 | bench 7 | p6
+    probes = [25.0, 30.0, 40.0, 20.0, 30.0, 50.0, 25.0]
+    row = scripted(monkeypatch, tmp_path, probes, ours=[10.0, 12.0, 11.0], bench=[8.0, 9.0, 7.0])
+    assert row["ours_tok_s"] == 11.0 and row["bench_tg_tok_s"] == 8.0
+    assert row["ours_over_bench"] == pytest.approx(11 / 8)
+    assert row["bandwidth_gbs"] == 50.0 and row["probes_gbs"] == probes
+    assert row["ours_pct_of_bandwidth"] == pytest.approx(100 * 22 / 50)
+    # ours: 20 GB/s against max(25, 30), 24 against max(40, 20), 22 against max(30, 50)
+    assert row["ours_pct_of_near_probes"] == pytest.approx(100 * 24 / 40)  # the median of 66.7, 60, 44
+    # llama-bench: 16 against max(30, 40), 18 against max(20, 30), 14 against max(50, 25)
+    assert row["bench_pct_of_near_probes"] == pytest.approx(100 * 16 / 40)  # the median of 40, 60, 28
+    assert row["rss_over_file_plus_kv"] == pytest.approx(1200 / 1100)
+
+
+def test_a_steady_box_gives_the_same_figure_both_ways(monkeypatch, tmp_path):
+    row = scripted(monkeypatch, tmp_path, [40.0] * 7, ours=[15.0, 16.0, 14.0], bench=[10.0] * 3)
+    assert row["ours_pct_of_near_probes"] == pytest.approx(row["ours_pct_of_bandwidth"]) == pytest.approx(75.0)
+    assert row["bench_pct_of_near_probes"] == pytest.approx(50.0)
+    assert "ours_pct_of_near_probes" in gguf_memory.markdown(dict(repeats=3, new_tokens=32, prompt_tokens=32,
+                                                                  threads=2, rows=[row]))
