@@ -37,6 +37,20 @@ def test_stream_events_agree_with_generate(tiny):
     assert s["peak_memory_mb"] > 0
 
 
+def test_greedy_pick_on_the_cpu_is_the_general_path(tiny):
+    """Engine.pick's greedy shortcut on the CPU gives the id and p_target the general path (sample, then
+    shown_probs) gives: the first of tied maxima, the model's own softmax at it, bit for bit."""
+    from engine.sampling import SamplingParams, sample, shown_probs
+
+    greedy, g = SamplingParams(0.0), torch.Generator().manual_seed(3)
+    for i in range(20):
+        logits = torch.randn(1000, generator=g) * (1 + i)
+        logits[[7, 700]] = logits.max() + 0.5  # tied: the first one wins
+        tok, dist = sample(logits[None], greedy, None)
+        want = (int(tok[0]), float(shown_probs(logits[None], dist, greedy)[0, tok[0]]))
+        assert want[0] == 7 and tiny.pick(logits, greedy, None) == want
+
+
 def test_sampled_runs_reproduce_per_seed(tiny):
     a = tiny.generate([1, 2, 3], max_new_tokens=20, temperature=1.0, seed=3, stop_ids=[])[0]
     b = tiny.generate([1, 2, 3], max_new_tokens=20, temperature=1.0, seed=3, stop_ids=[])[0]
