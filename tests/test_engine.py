@@ -38,8 +38,8 @@ def test_stream_events_agree_with_generate(tiny):
 
 
 def test_greedy_pick_on_the_cpu_is_the_general_path(tiny):
-    """Engine.pick's greedy shortcut on the CPU gives the id and p_target the general path (sample, then
-    shown_probs) gives: the first of tied maxima, the model's own softmax at it, bit for bit."""
+    """Engine.pick's direct read on the CPU gives the id and p_target that sample and shown_probs give: the first
+    of tied maxima, the model's own softmax at it, bit for bit."""
     from engine.sampling import SamplingParams, sample, shown_probs
 
     greedy, g = SamplingParams(0.0), torch.Generator().manual_seed(3)
