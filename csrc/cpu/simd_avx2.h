@@ -236,7 +236,7 @@ struct Avx2 {
   // The empty asm pins each sum in a register in the order written: without it GCC reassociates a Sub's chain
   // of adds into a tree, hoists all of a pass's products ahead of it and spills them (a Q4_K super-block at
   // T = 1 went from 67 stack moves to none: 29 GB/s from L2 on one thread where it ran at 24-26, and 16-row
-  // verify passes of Q4_K / Q5_K / Q6_K 27% / 22% / 9% quicker).
+  // verify passes of Q4_K 23-27%, Q5_K 17-22% and Q6_K 0-9% quicker).
   static Sub sub_dot(Sub acc, U8 w, int32_t x4) {
     const __m256i x = _mm256_set1_epi32(x4);
     Sub r{_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(w.lo, x)),
