@@ -130,7 +130,8 @@ struct Gemm {
 #pragma GCC unroll 1
       for (int c = 0; c < 4; ++c) {
         const typename S::U8 q = S::u8_load(wb + c * kQ4Chunk);
-        const typename S::U8 wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
+        typename S::U8 wl, wh;
+        KQuants<S>::nibbles(q, wl, wh);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const int8_t* xr = a.qx + (r0 + r) * ldq + b * kBlock + 8 * c;

@@ -108,6 +108,14 @@ struct KQuants {
     return imin;
   }
 
+  // A byte's low and high nibbles as two vectors of bytes 0..15. The high ones masked before the (16-bit) shift, so
+  // no bit crosses into the byte below, and both ANDs read q itself: on a core with 128-bit SIMD halves (a Zen 1
+  // EPYC) a Q4_K tile from L2 ran 3-4% quicker than with the shift first (one thread, 1024 x 1536).
+  static void nibbles(U8 q, U8& lo, U8& hi) {
+    lo = S::u8_and(q, 15);
+    hi = S::u8_shr(S::u8_and(q, 0xF0), 4);
+  }
+
   // Bit k of every byte moved to bit `to` (the rest zero).
   static U8 bit_to(U8 v, int k, int to, int width) {
     const int mask = ((1 << width) - 1) << to;
@@ -138,7 +146,7 @@ struct KQuants {
   static void q45k_group(const uint8_t* wb, int i, int g, U8& wl, U8& wh) {
     constexpr int kQs = q45k_quants(High);
     const U8 q = S::u8_load(wb + kQs + (8 * i + g) * 64);
-    wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
+    nibbles(q, wl, wh);
     if constexpr (High) {
       const U8 h = S::u8_load(wb + kQh + g * 64);
       wl = S::u8_or(wl, bit_to(h, 2 * i, 4, 1));

@@ -53,7 +53,8 @@ struct Legacy {
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
         const U8 q = S::u8_load(wb + kQs + 64 * g);
-        U8 wl = S::u8_and(q, 15), wh = S::u8_and(S::u8_shr(q, 4), 15);
+        U8 wl, wh;
+        K::nibbles(q, wl, wh);
         if constexpr (High) {
           wl = S::u8_or(wl, spread(mask, 4 * g));
           wh = S::u8_or(wh, spread(mask, 16 + 4 * g));

@@ -155,7 +155,7 @@ struct Avx2 {
     for (int h = 0; h < 2; ++h) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h));
       w.w0[h] = _mm256_and_si256(v, nib);
-      w.w1[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+      w.w1[h] = _mm256_srli_epi16(_mm256_andnot_si256(nib, v), 4);  // masked first: KQuants::nibbles
     }
     return w;
   }
