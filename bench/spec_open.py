@@ -16,7 +16,7 @@ inside the mode's runs over the median plain step of plain decoding's runs in th
 Related requests: one rename applied to variants of a function, in order, each answer copying its prompt with
 the same edits; n-gram lookup alone, and with a SessionIndex shared by the sequence (fresh each repeat).
 
-    python -m bench.spec_open [--quick] [--repeats 3] [--out bench/results]
+    python -m bench.spec_open [--quick] [--repeats 3] [--out bench/results] [--name spec-open-cpu-<kind>]
 """
 from __future__ import annotations
 
@@ -178,8 +178,9 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="32 tokens, 2 prompts a half, one repeat")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--name", default="spec-open-cpu", help="the results' file name (one per CPU kind)")
     args = p.parse_args(argv)
-    run_and_save(args.out, "spec-open-cpu" + ("-quick" if args.quick else ""), "cpu",
+    run_and_save(args.out, args.name + ("-quick" if args.quick else ""), "cpu",
                  lambda save: bench(args, save), markdown)
 
 
