@@ -29,13 +29,6 @@ struct Legacy {
   using K = KQuants<S>;  // its row store and 4-byte activation loads
   static constexpr int kRows = S::kRegs == 32 ? 8 : 2;
 
-  // Bits k..k+3 of each lane's mask -> bit 4 of its bytes 0..3: t * 0x00204081 puts bit r of t at bit 8r (the
-  // shifted copies of t occupy disjoint bits, so nothing carries).
-  static U8 spread(I mask, int k) {
-    const I t = S::i32_and(S::i32_shr(mask, k), 15);
-    return S::u8_from_i32(S::i32_shl(S::i32_and(S::i32_mul(t, S::i32_set1(0x00204081)), 0x01010101), 4));
-  }
-
   template <int R, bool High>
   static void q50_tile(const LinearArgs& a, int64_t p, int r0) {
     constexpr int kBytes = High ? kQ5_0Bytes : kQ4_0Bytes, kQs = High ? 96 : 32, kShift = High ? 3 : 4;
@@ -56,8 +49,8 @@ struct Legacy {
         U8 wl, wh;
         K::nibbles(q, wl, wh);
         if constexpr (High) {
-          wl = S::u8_or(wl, spread(mask, 4 * g));
-          wh = S::u8_or(wh, spread(mask, 16 + 4 * g));
+          wl = S::u8_or(wl, S::fifth_bits(mask, 4 * g));
+          wh = S::u8_or(wh, S::fifth_bits(mask, 16 + 4 * g));
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {

@@ -184,12 +184,15 @@ struct Avx512 {
   static I i32_set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I i32_add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I i32_sub(I a, I b) { return _mm512_sub_epi32(a, b); }
-  static I i32_mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
-  static I i32_and(I a, int32_t m) { return _mm512_and_si512(a, _mm512_set1_epi32(m)); }
   static I i32_shl(I a, int n) { return _mm512_sll_epi32(a, _mm_cvtsi32_si128(n)); }
-  static I i32_shr(I a, int n) { return _mm512_srl_epi32(a, _mm_cvtsi32_si128(n)); }
   static I i32_load(const uint8_t* p) { return _mm512_loadu_si512(p); }  // 64 bytes: 16 int32
-  static U8 u8_from_i32(I v) { return v; }  // the same 64 bytes
+  // Q5_0's fifth bits (legacy.h): bits k..k+3 of each lane's mask -> bit 4 of its bytes 0..3. t * 0x00204081
+  // puts bit r of t at bit 8r (the shifted copies of t occupy disjoint bits, so nothing carries).
+  static U8 fifth_bits(I mask, int k) {
+    const I t = _mm512_and_si512(_mm512_srl_epi32(mask, _mm_cvtsi32_si128(k)), _mm512_set1_epi32(15));
+    const I spread = _mm512_and_si512(_mm512_mullo_epi32(t, _mm512_set1_epi32(0x00204081)), _mm512_set1_epi32(0x01010101));
+    return _mm512_slli_epi32(spread, 4);
+  }
 
   // v[0..15] -> one vector whose lane i is the sum of v[i]'s lanes: a transpose-and-add tree, 15 adds.
   static F hsum16(const F* v) {
