@@ -295,9 +295,9 @@ struct Avx2 {
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
   }
   // Q5_0's fifth bits (legacy.h): bits k..k+3 of each lane's mask -> bit 4 of its bytes 0..3. The mask's byte k / 8
-  // copied into the lane's four bytes (VPSHUFB), then byte b tests bit k % 8 + b. No multiply: with AVX-512's
-  // VPMULLD spread a Zen 1 core (128-bit halves) ran Q5_0 from L2 at 0.6x Q4_0's speed, and this is 1.46x that
-  // (one thread, 1024 x 1536, 3 alternating rounds: 205-212 -> 141-144 us; 6 rows 865 -> 713 us).
+  // copied into the lane's four bytes (VPSHUFB), then byte b tests bit k % 8 + b. No multiply: with the VPMULLD
+  // spread (the one simd_avx512.h keeps) a Zen 1 core (128-bit halves) ran Q5_0 from L2 at 0.6x Q4_0's speed, and
+  // this is 1.46x that (one thread, 1024 x 1536, 3 alternating rounds: 205-212 -> 141-144 us; 6 rows 865 -> 713 us).
   static U8 fifth_bits(I mask, int k) {
     const __m256i lanes = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808, 0x0C0C0C0C);
     const __m256i idx = _mm256_add_epi8(lanes, _mm256_set1_epi8(static_cast<char>(k / 8)));
