@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 
 
-def _version(cmd: list[str]) -> str | None:
+def _version(cmd: list[str], line: int = -1) -> str | None:
+    """One line of a tool's version output: nvcc puts its version last, gcc first."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.splitlines()[-1] if out else None
+    return out.splitlines()[line] if out else None
 
 
 def covers(archs: list[str], capability: tuple[int, int]) -> bool:
@@ -53,7 +54,7 @@ def check() -> tuple[dict, str | None]:
     facts = dict(python=sys.version.split()[0], torch=torch.__version__, torch_cuda=torch.version.cuda,
                  cuda_home=cpp_extension.CUDA_HOME, nvcc=_version(["nvcc", "--version"]),
                  ninja=_version(["ninja", "--version"]),
-                 cxx=_version([os.environ.get("CXX", "c++"), "--version"]), python_h=python_header(),
+                 cxx=_version([os.environ.get("CXX", "c++"), "--version"], line=0), python_h=python_header(),
                  nvidia_smi=_version(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                                       "--format=csv,noheader"]),
                  pytest=importlib.util.find_spec("pytest") is not None,

@@ -16,6 +16,9 @@ A device call hands back at most 8 files, two folders deep, so OUT_DIR holds fou
 step: gpu_check.tar.gz (every log, the tests' records and junit XML, the benchmarks' JSON and markdown, the
 preflight's facts), summary.md and summary.json (each step, the tests, the goals against their targets), and
 running.log, the live log of the step under way (inside the tarball once it ends).
+
+GPU_CHECK_DESELECT: pytest node ids (space-separated) the test steps leave out, so a rerun gets past a test that
+kills its process (a segfault ends the rest of its group) and the summary's commands name what was left out.
 """
 from __future__ import annotations
 
@@ -177,6 +180,8 @@ def main(argv=None) -> int:
         limit = min(step.cap_s, left)
         print(f"=== {step.name} (limit {limit:.0f} s): {step.saves}", flush=True)
         cmd = [a.replace("{py}", sys.executable).replace("{work}", str(work)) for a in step.argv]
+        if step.plugins:
+            cmd += [arg for node in os.environ.get("GPU_CHECK_DESELECT", "").split() for arg in ("--deselect", node)]
         live = out / "running.log"
         step_env = env
         if step.plugins:

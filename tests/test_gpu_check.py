@@ -111,6 +111,26 @@ def test_a_run_saves_every_step_and_keeps_to_its_budget(tmp_path, monkeypatch):
     assert "nvcc: error" in build_log
 
 
+def test_a_rerun_leaves_out_the_tests_named(tmp_path, monkeypatch):
+    """GPU_CHECK_DESELECT reaches every test step's pytest (and the summary's command), no other step."""
+    py = sys.executable
+    (tmp_path / "test_two.py").write_text("def test_crashes():\n    import os; os.abort()\n\n"
+                                          "def test_runs():\n    pass\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr(gpu_check, "STEPS", (
+        gpu_check.tests("tests_a", 30, 20, "-", str(tmp_path / "test_two.py")),
+        gpu_check.Step("bench", 5, "-", (py, "-c", "import sys; sys.exit(len(sys.argv) != 1)")),
+    ))
+    # a file outside the repository: pytest's root is its folder, and its node ids start at the file's name
+    monkeypatch.setenv("GPU_CHECK_DESELECT", "test_two.py::test_crashes")
+    assert gpu_check.main([str(out)]) == 0
+    facts = json.loads((out / "summary.json").read_text())
+    steps = {s["name"]: s for s in facts["steps"]}
+    assert steps["tests_a"]["status"] == "ok" and steps["bench"]["status"] == "ok"
+    assert "--deselect" in steps["tests_a"]["command"] and "--deselect" not in steps["bench"]["command"]
+    assert facts["tests"]["tests_a"]["passed"] == 1 and facts["tests"]["tests_a"]["failed"] == 0
+
+
 def test_plan_lists_every_step_within_the_budget():
     proc = subprocess.run(["bash", str(SCRIPT), "--plan"], capture_output=True, text=True, env=offline_env(),
                           timeout=60)

@@ -115,7 +115,7 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
     with torch.no_grad():
         for ours, names in our_targets(cfg).items():
             if ours in targets:
-                linear_of(model, ours).weight = plan.weight(ours, names, targets[ours][1][1])
+                linear_of(model, ours).weight = wts.to_device(plan.weight(ours, names, targets[ours][1][1]), device)
             elif ours == "embed.weight" and blocks_embed:
                 model.embed = BlockEmbedding(stored_format(src, names[0]), src.raw(names[0]), cfg.hidden_size)
             else:

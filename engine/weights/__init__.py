@@ -24,9 +24,9 @@ from engine.weights.panels import PANEL
 from engine.weights.q4_1 import pack_nibbles, unpack_nibbles
 from engine.weights.registry import (BITS, BY_GGUF, DENSE_DTYPES, FORMATS, PANEL_FORMATS, QUANTIZED, REGISTRY,
                                      check_format, dequantize, from_panels, get, pack, place, quantize, reblock,
-                                     rows, stack, to_panels, unpack)
+                                     rows, stack, to_device, to_panels, unpack)
 
 __all__ = ["BITS", "BLOCK", "BY_GGUF", "Blocks", "DENSE_DTYPES", "FORMATS", "LAYOUTS", "Layout", "PANEL",
            "PANEL_FORMATS", "Packed", "QUANTIZED", "REGISTRY", "Stacked", "WeightFormat", "check_format",
            "dequantize", "from_panels", "get", "pack", "pack_nibbles", "place", "quantize", "reblock", "rows", "stack",
-           "to_panels", "unpack", "unpack_nibbles"]
+           "to_device", "to_panels", "unpack", "unpack_nibbles"]

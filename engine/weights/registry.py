@@ -72,6 +72,11 @@ def stack(segments: list[Packed]) -> Packed | Stacked:
     return segments[0] if len(segments) == 1 else Stacked(tuple(segments))
 
 
+def to_device(w: Packed | Stacked, device: torch.device) -> Packed | Stacked:
+    """w with every tensor on `device`: a load packs a file's bytes in host memory, then places each weight."""
+    return stack([dataclasses.replace(s, tensors=tuple(t.to(device) for t in s.tensors)) for s in w.segments])
+
+
 def place(w: Packed | Stacked, name: str) -> Packed | Stacked:
     """w in layout `name`, each segment repacked from its Blocks (exact: switching paths never changes a weight)."""
     if w.layout == name:
