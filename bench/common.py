@@ -39,9 +39,13 @@ def provenance(device: str | torch.device, telemetry: Telemetry | None = None) -
     # bench/results/ is where the benchmarks write: one that saves as it goes (or runs after another) must
     # not call its own output a change to the code
     status = _run("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results")
+    commit, dirty = _run("git", "rev-parse", "HEAD"), None if status is None else bool(status)
+    named = os.environ.get("GPU_CHECK_COMMIT")  # a device machine's copy of the tree: its commit comes by name
+    if named:
+        commit, dirty = named.removesuffix("-dirty"), named.endswith("-dirty")
     info = dict(
-        commit=_run("git", "rev-parse", "HEAD"),
-        dirty=None if status is None else bool(status),
+        commit=commit,
+        dirty=dirty,
         time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         python=platform.python_version(),
         torch=torch.__version__,

@@ -19,6 +19,8 @@ running.log, the live log of the step under way (inside the tarball once it ends
 
 GPU_CHECK_DESELECT: pytest node ids (space-separated) the test steps leave out, so a rerun gets past a test that
 kills its process (a segfault ends the rest of its group) and the summary's commands name what was left out.
+GPU_CHECK_ONLY: the steps to run (space-separated names; the preflight always runs), for a rerun of what a fix
+touched in the device time left; the others are reported skipped.
 """
 from __future__ import annotations
 
@@ -169,8 +171,12 @@ def main(argv=None) -> int:
     run = gpu_summary.Run(budget_s=budget, arch=arch, preset_arch=os.environ.get("TORCH_CUDA_ARCH_LIST"),
                           python=sys.executable, commit=os.environ.get("GPU_CHECK_COMMIT") or git_commit())
     stopped = False
+    only = os.environ.get("GPU_CHECK_ONLY", "").split()
     for step in STEPS:
         left = budget - PACK_RESERVE_S - (time.monotonic() - start)
+        if only and step.name not in only and not step.stops_run:
+            run.add(step.name, "SKIPPED: not in GPU_CHECK_ONLY", 0, step.cap_s)
+            continue
         if stopped:
             run.add(step.name, "not run: the preflight stopped the run", 0, step.cap_s)
             continue

@@ -10,8 +10,9 @@
 # (the tree travels without .git; README's GPU notes give the device command); GPU_CHECK_ARCH: the arch the kernels build for
 # (default 9.0, an H200), whatever TORCH_CUDA_ARCH_LIST the machine presets; GPU_CHECK_BUDGET_S: the whole run's
 # budget (default 540); GPU_CHECK_DESELECT: pytest node ids the test steps leave out (a rerun past a test that
-# crashes its process). Exit status: 2 when the preflight finds no usable GPU (nothing else runs), 1 when a step
-# failed, timed out or was skipped, else 0. No step needs the network or a model download.
+# crashes its process); GPU_CHECK_ONLY: the steps to run (a rerun in the device time left). Exit status: 2
+# when the preflight finds no usable GPU (nothing else runs), 1 when a step failed, timed out or was skipped,
+# else 0. No step needs the network or a model download.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}

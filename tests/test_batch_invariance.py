@@ -5,11 +5,11 @@ torch.equal, no tolerance, full and windowed attention.
 CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0 and
 q5_0) and merged weights stacked in segments of two formats, every instruction-set path this CPU runs (amx with its
 tiles from one row up, and at its default crossover), the native block loop and Block.forward in Python. CUDA
-kernels (on a GPU, and on the CPU emulation of CUDA threads): every format the GEMV runs (int8, q8, q4 and dense
-fp16 / bf16, whose products are the GEMV at every T up to 17, and q4 and int8 segments of one stacked weight) and
-the split-KV attention at every T, in bf16 and fp32 activations. fp32 weights on CUDA multiply with cuBLAS, which
-promises no fixed order across row counts: not covered here (engine/ops/cuda.py). A prefill (more than 17 rows) runs
-cuBLAS too; its logits are never compared with a decode step's."""
+kernels (on a GPU, and on the CPU emulation of CUDA threads): every format the GEMV runs (int8, q4 with its q8 head,
+and dense fp16 / bf16, whose products are the GEMV at every T up to 17, and q4 and int8 segments of one stacked
+weight) and the split-KV attention at every T, in bf16 and fp32 activations. fp32 weights on CUDA multiply with
+cuBLAS, which promises no fixed order across row counts: not covered here (engine/ops/cuda.py). A prefill (more
+than 17 rows) runs cuBLAS too; its logits are never compared with a decode step's."""
 from __future__ import annotations
 
 import pytest
@@ -130,7 +130,7 @@ def test_the_default_model_in_q4(cpu_module, default_model_dir):
     decode_then_verify(Engine(model, max_seq_len=len(prompt) + MAX_T + 8), prompt, tokens)
 
 
-CUDA_FORMATS = ["int8", "q8", "q4", "fp16", "bf16"]  # the formats the GEMV runs (q4 with its int8 head)
+CUDA_FORMATS = ["int8", "q4", "fp16", "bf16"]  # the formats a user picks that the GEMV runs (q4 brings its q8 head)
 CUDA_PROMPT = 200  # fp32 at head_dim 64: 32 keys a tile, 2 tiles a split at least, so several splits
 # The emulation runs every CUDA thread as a coroutine: one layer, and the verify lengths that reach each of the
 # GEMV's token tiles (1, 2, 4, 8, 16) and two launches (17 = 16 + 1); the GPU runs every T and four layers.

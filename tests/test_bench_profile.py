@@ -37,6 +37,15 @@ def test_provenance_carries_what_was_sampled_during_the_run():
     assert provenance("cpu")["telemetry"]["sampled"] is False  # a snapshot when nothing was sampled
 
 
+def test_a_device_run_takes_its_commit_by_name(monkeypatch):
+    """The tree reaches a GPU machine without its own history: scripts/gpu_check.sh names the commit, and a
+    '-dirty' suffix says the tree had changes."""
+    monkeypatch.setenv("GPU_CHECK_COMMIT", "2ef267b-dirty")
+    assert (provenance("cpu")["commit"], provenance("cpu")["dirty"]) == ("2ef267b", True)
+    monkeypatch.setenv("GPU_CHECK_COMMIT", "2ef267b")
+    assert (provenance("cpu")["commit"], provenance("cpu")["dirty"]) == ("2ef267b", False)
+
+
 def test_results_md_shows_conditions_and_flags_under_each_table(tmp_path):
     quiet = provenance("cpu")
     quiet["telemetry"]["flags"] = []

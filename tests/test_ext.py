@@ -229,3 +229,28 @@ def test_the_cpu_kernels_build_wherever_a_compiler_is():
     on the twins alone: this one fails instead, with the compiler's own words."""
     status = ext.load("cpu")
     assert status.module is not None, status.reason
+
+
+# --- the module's C++ runtime ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ on PATH")
+def test_a_compiler_that_links_its_own_cpp_runtime_still_formats_numbers(tmp_path):
+    """A CXX that adds -static-libstdc++ (one CUDA image's wrapper does) put a second C++ runtime in the module:
+    its TORCH_CHECK messages lost every number (on that GPU machine the process crashed). Built with the link
+    flags ext.py passes, the module uses torch's runtime and the message names the size."""
+    wrapper = tmp_path / "g++"
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("g++")} "$@" -static-libstdc++\n')
+    wrapper.chmod(0o755)
+    source = tmp_path / "check.cpp"
+    source.write_text('#include <torch/python.h>\n'
+                      'void check(const at::Tensor& t) { TORCH_CHECK(false, "got ", t.sizes(), " and ", 7); }\n'
+                      'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("check", &check); }\n')
+    script = ("import torch; from torch.utils import cpp_extension; from engine.ops import ext\n"
+              f"m = cpp_extension.load(name='runtime_check', sources=[{str(source)!r}], build_directory="
+              f"{str(tmp_path)!r}, extra_ldflags=ext.LINK_FLAGS)\n"
+              "try:\n    m.check(torch.zeros(2, 3))\nexcept RuntimeError as e:\n    print(str(e).splitlines()[0])\n")
+    env = {**os.environ, "CXX": str(wrapper)}
+    repo = Path(ext.__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=repo)
+    assert proc.stdout.strip() == "got [2, 3] and 7", proc.stdout + proc.stderr[-2000:]

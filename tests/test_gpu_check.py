@@ -131,6 +131,18 @@ def test_a_rerun_leaves_out_the_tests_named(tmp_path, monkeypatch):
     assert facts["tests"]["tests_a"]["passed"] == 1 and facts["tests"]["tests_a"]["failed"] == 0
 
 
+def test_a_rerun_runs_only_the_steps_named(tmp_path, monkeypatch):
+    """GPU_CHECK_ONLY: the preflight and the steps named run, the rest are reported skipped (exit 1: not all ran)."""
+    py = sys.executable
+    monkeypatch.setattr(gpu_check, "STEPS", tuple(
+        gpu_check.Step(name, 5, "-", (py, "-c", f"print('{name} ran')"), stops_run=name == "preflight")
+        for name in ("preflight", "build", "bench", "tests")))
+    monkeypatch.setenv("GPU_CHECK_ONLY", "build tests")
+    assert gpu_check.main([str(tmp_path)]) == 1
+    status = {s["name"]: s["status"] for s in json.loads((tmp_path / "summary.json").read_text())["steps"]}
+    assert status == {"preflight": "ok", "build": "ok", "bench": "SKIPPED: not in GPU_CHECK_ONLY", "tests": "ok"}
+
+
 def test_plan_lists_every_step_within_the_budget():
     proc = subprocess.run(["bash", str(SCRIPT), "--plan"], capture_output=True, text=True, env=offline_env(),
                           timeout=60)

@@ -114,7 +114,8 @@ def test_graphs_captured_at_the_end_of_the_cache_match_eager(folder):
         eng.use_graphs(True)  # at a full cache
         assert eng.graph is not None, eng.graph_status
         eng.prefill(ids[:58].tolist())
-        got_verify = eng.chunk(ids[None, 58:])  # captures the 6-token graph with the cache full
+        # captures the 6-token graph with the cache full; its logits are a buffer the graphs' next replay reuses
+        got_verify = eng.chunk(ids[None, 58:]).clone()
         eng.prefill(ids[:63].tolist())
         got_step = eng.decode(ids[63:])
         torch.cuda.synchronize()  # an out-of-bounds write would surface here

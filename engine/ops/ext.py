@@ -42,6 +42,11 @@ MIN_ARCH = (7, 5)  # the oldest compute capability nvcc 13 builds for
 CPU_FLAGS = ["-O3", "-std=c++20"]  # C++20 for designated initializers (the kernel tables, the format records)
 CXX_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3", "-lineinfo"]  # line info costs nothing at run time and lets Nsight map time to source
+# The C++ runtime torch already loaded, by name: a compiler that links its own copy in (a wrapper adding
+# -static-libstdc++, as the CXX of some CUDA images does) gives the module a second runtime whose streams cannot
+# format a number (an error message naming a size came out cut short, or crashed the process). Named on the link
+# line ahead of the driver's own, the shared library resolves every symbol before a static copy is looked at.
+LINK_FLAGS = ["-lstdc++"]
 TARGETS = ("cpu", "cuda")
 
 
@@ -102,7 +107,7 @@ def sources(target: str, csrc: Path) -> list[Path]:
 def source_hash(target: str, csrc: Path) -> str:
     """Hash of every file under csrc/ (both targets' sources and the headers they may share) and of what
     else makes a binary incompatible. A CUDA-only edit also rebuilds the CPU module: a rare half minute."""
-    flags = CPU_FLAGS if target == "cpu" else CXX_FLAGS + CUDA_FLAGS
+    flags = (CPU_FLAGS if target == "cpu" else CXX_FLAGS + CUDA_FLAGS) + LINK_FLAGS
     h = hashlib.sha256(f"{target} torch={torch.__version__} cuda={torch.version.cuda} {flags}".encode())
     for f in sorted(p for p in csrc.rglob("*") if p.is_file()):
         h.update(f.relative_to(csrc).as_posix().encode() + b"\0" + f.read_bytes())
@@ -145,12 +150,14 @@ def _compile(target: str, name: str, directory: Path, archs: list[str], csrc: Pa
 
     if target == "cpu":
         return cpp_extension.load(name=name, sources=[str(s) for s in sources("cpu", csrc)], extra_cflags=CPU_FLAGS,
-                                  extra_include_paths=[str(csrc)], build_directory=str(directory), verbose=verbose)
+                                  extra_ldflags=LINK_FLAGS, extra_include_paths=[str(csrc)],
+                                  build_directory=str(directory), verbose=verbose)
     return cpp_extension.load(
         name=name,
         sources=[str(s) for s in sources("cuda", csrc)],
         extra_cflags=CXX_FLAGS,
         extra_cuda_cflags=CUDA_FLAGS + gencode_flags(archs),
+        extra_ldflags=LINK_FLAGS,
         extra_include_paths=[str(csrc / "cuda")],
         build_directory=str(directory),
         verbose=verbose,
