@@ -234,13 +234,28 @@ def test_the_cpu_kernels_build_wherever_a_compiler_is():
 # --- the module's C++ runtime ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ on PATH")
-def test_a_compiler_that_links_its_own_cpp_runtime_still_formats_numbers(tmp_path):
-    """A CXX that adds -static-libstdc++ (one CUDA image's wrapper does) put a second C++ runtime in the module:
-    its TORCH_CHECK messages lost every number (on that GPU machine the process crashed). Built with the link
-    flags ext.py passes, the module uses torch's runtime and the message names the size."""
+def archive_only_folder(tmp_path: Path) -> str:
+    """A folder holding libstdc++.a and no shared libstdc++, as the H200 image's /opt/gcc/lib/gcc/.../13/ is."""
+    folder = tmp_path / "gcc-lib"
+    folder.mkdir()
+    archive = subprocess.run(["g++", "-print-file-name=libstdc++.a"], capture_output=True, text=True).stdout.strip()
+    if not Path(archive).is_file():
+        pytest.skip("this g++ has no static libstdc++.a")
+    (folder / "libstdc++.a").symlink_to(archive)
+    return f"-B{folder}/"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"),
+                    reason="needs g++ on PATH, on Linux")
+@pytest.mark.parametrize("wrapper_flag", ["-static-libstdc++", "archive-only -B folder"])
+def test_a_compiler_that_links_its_own_cpp_runtime_still_formats_numbers(tmp_path, wrapper_flag):
+    """A CXX that links libstdc++.a into the module (the H200 image's wrapper passes -B to a folder holding only
+    the archive; -static-libstdc++ does the same) gave it a second C++ runtime: its TORCH_CHECK messages lost every
+    number, and on that GPU machine the process crashed. Built with the link flags ext.py passes, the module uses
+    torch's runtime and the message names the size."""
+    flag = archive_only_folder(tmp_path) if wrapper_flag.startswith("archive") else wrapper_flag
     wrapper = tmp_path / "g++"
-    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("g++")} "$@" -static-libstdc++\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("g++")} {flag} "$@"\n')
     wrapper.chmod(0o755)
     source = tmp_path / "check.cpp"
     source.write_text('#include <torch/python.h>\n'
@@ -253,4 +268,4 @@ def test_a_compiler_that_links_its_own_cpp_runtime_still_formats_numbers(tmp_pat
     env = {**os.environ, "CXX": str(wrapper)}
     repo = Path(ext.__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=repo)
-    assert proc.stdout.strip() == "got [2, 3] and 7", proc.stdout + proc.stderr[-2000:]
+    assert proc.returncode == 0 and proc.stdout.strip() == "got [2, 3] and 7", proc.stdout + proc.stderr[-2000:]

@@ -42,11 +42,11 @@ MIN_ARCH = (7, 5)  # the oldest compute capability nvcc 13 builds for
 CPU_FLAGS = ["-O3", "-std=c++20"]  # C++20 for designated initializers (the kernel tables, the format records)
 CXX_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3", "-lineinfo"]  # line info costs nothing at run time and lets Nsight map time to source
-# The C++ runtime torch already loaded, by name: a compiler that links its own copy in (a wrapper adding
-# -static-libstdc++, as the CXX of some CUDA images does) gives the module a second runtime whose streams cannot
-# format a number (an error message naming a size came out cut short, or crashed the process). Named on the link
-# line ahead of the driver's own, the shared library resolves every symbol before a static copy is looked at.
-LINK_FLAGS = ["-lstdc++"]
+# The C++ runtime torch already loaded, by its file name: a compiler whose own folders hold only the static
+# libstdc++.a (the H200 image's CXX is a wrapper passing -B/opt/gcc/lib/gcc/x86_64-linux-gnu/13/) links a second
+# runtime into the module, whose streams cannot format a number: every error message naming a size crashed the
+# process. -lstdc++ would find that archive first; -l:libstdc++.so.6 names the shared one. Linux (glibc) only.
+LINK_FLAGS = ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
 TARGETS = ("cpu", "cuda")
 
 
