@@ -8,6 +8,7 @@ from bench.common import Telemetry, provenance, write_results
 from bench.render_results import conditions_lines, render
 from engine import Engine, load_model
 from engine.observe import profile
+from engine.observe.provenance import describe
 from engine.tiny import tiny_config, write_tiny_model
 
 
@@ -35,6 +36,14 @@ def test_provenance_carries_what_was_sampled_during_the_run():
     prov = provenance("cpu", tel)
     assert prov["telemetry"]["sampled"] and prov["telemetry"]["load_before"]
     assert provenance("cpu")["telemetry"]["sampled"] is False  # a snapshot when nothing was sampled
+
+
+def test_a_summary_taken_inside_the_run_renders_without_its_load_after():
+    """bench.gemv and bench.profile record provenance while their telemetry still samples: no load_after yet."""
+    with Telemetry("cpu", interval_s=0.02) as tel:
+        prov = provenance("cpu", tel)
+    assert prov["telemetry"]["load_after"] is None
+    assert describe(prov["telemetry"])["load average"].endswith("(1 min)")
 
 
 def test_a_device_run_takes_its_commit_by_name(monkeypatch):

@@ -220,7 +220,7 @@ def describe(t: dict) -> dict[str, str]:
         "CPU": f"{t['cpu_model']}, {t['cpu_count']} cores ({t['cpu_flags'] or 'no AVX2/AVX-512/NEON flags'})",
         "CPU clock": f"{_mid(t.get('cpu_mhz'))} MHz, governor {t.get('governor') or 'not exposed'}",
         "load average": (f"{t['load_before'][0]:.2f} before, {t['load_after'][0]:.2f} after (1 min)"
-                         if t.get("sampled") else f"{t['load_before'][0]:.2f} (1 min)"),
+                         if t.get("sampled") and t.get("load_after") else f"{t['load_before'][0]:.2f} (1 min)"),
     }
     if "gpu_telemetry" in t:
         if t.get("gpu_name"):
