@@ -109,6 +109,24 @@ def test_a_module_that_does_not_load_is_built_again(monkeypatch, tmp_path):
     assert compiled == [name]
 
 
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_build_leaves_the_flags_it_hashes_as_they_were(monkeypatch, target):
+    """cpp_extension.load appends torch's libraries to the lists it is given: given ours, the next load in the
+    process hashed other flags, built the module again into a new folder and failed to import it twice."""
+    from torch.utils import cpp_extension
+
+    def load(**kw):
+        for key in ("extra_cflags", "extra_ldflags", "extra_cuda_cflags"):
+            if key in kw:
+                kw[key].append("-ltorch_cpu")
+        return SimpleNamespace()
+
+    before = ext.build_dir(target, ["9.0"], ext.CSRC)
+    monkeypatch.setattr(cpp_extension, "load", load)
+    ext._compile(target, "m", before, ["9.0"], ext.CSRC, False)
+    assert ext.build_dir(target, ["9.0"], ext.CSRC) == before
+
+
 def test_missing_sources_are_a_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(ext, "toolkit_problem", lambda target: None)
     status = ext.build("cuda", csrc=tmp_path)
@@ -263,7 +281,7 @@ def test_a_compiler_that_links_its_own_cpp_runtime_still_formats_numbers(tmp_pat
                       'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("check", &check); }\n')
     script = ("import torch; from torch.utils import cpp_extension; from engine.ops import ext\n"
               f"m = cpp_extension.load(name='runtime_check', sources=[{str(source)!r}], build_directory="
-              f"{str(tmp_path)!r}, extra_ldflags=ext.LINK_FLAGS)\n"
+              f"{str(tmp_path)!r}, extra_ldflags=list(ext.LINK_FLAGS))\n"
               "try:\n    m.check(torch.zeros(2, 3))\nexcept RuntimeError as e:\n    print(str(e).splitlines()[0])\n")
     env = {**os.environ, "CXX": str(wrapper)}
     repo = Path(ext.__file__).resolve().parents[2]

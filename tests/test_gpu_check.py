@@ -121,8 +121,11 @@ def test_a_rerun_leaves_out_the_tests_named(tmp_path, monkeypatch):
         gpu_check.tests("tests_a", 30, 20, "-", str(tmp_path / "test_two.py")),
         gpu_check.Step("bench", 5, "-", (py, "-c", "import sys; sys.exit(len(sys.argv) != 1)")),
     ))
-    # a file outside the repository: pytest's root is its folder, and its node ids start at the file's name
-    monkeypatch.setenv("GPU_CHECK_DESELECT", "test_two.py::test_crashes")
+    # the node id as pytest names it from the repository, where the step runs (the file lies outside it)
+    listed = subprocess.run([py, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             str(tmp_path / "test_two.py")], cwd=gpu_check.REPO, capture_output=True, text=True)
+    node = next(line for line in listed.stdout.splitlines() if line.endswith("::test_crashes"))
+    monkeypatch.setenv("GPU_CHECK_DESELECT", node)
     assert gpu_check.main([str(out)]) == 0
     facts = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in facts["steps"]}

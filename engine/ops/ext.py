@@ -46,7 +46,7 @@ CUDA_FLAGS = ["-O3", "-lineinfo"]  # line info costs nothing at run time and let
 # libstdc++.a (the H200 image's CXX is a wrapper passing -B/opt/gcc/lib/gcc/x86_64-linux-gnu/13/) links a second
 # runtime into the module, whose streams cannot format a number: every error message naming a size crashed the
 # process. -lstdc++ would find that archive first; -l:libstdc++.so.6 names the shared one. Linux (glibc) only.
-LINK_FLAGS = ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
+LINK_FLAGS = ("-l:libstdc++.so.6",) if sys.platform.startswith("linux") else ()
 TARGETS = ("cpu", "cuda")
 
 
@@ -107,7 +107,7 @@ def sources(target: str, csrc: Path) -> list[Path]:
 def source_hash(target: str, csrc: Path) -> str:
     """Hash of every file under csrc/ (both targets' sources and the headers they may share) and of what
     else makes a binary incompatible. A CUDA-only edit also rebuilds the CPU module: a rare half minute."""
-    flags = (CPU_FLAGS if target == "cpu" else CXX_FLAGS + CUDA_FLAGS) + LINK_FLAGS
+    flags = (CPU_FLAGS if target == "cpu" else CXX_FLAGS + CUDA_FLAGS) + list(LINK_FLAGS)
     h = hashlib.sha256(f"{target} torch={torch.__version__} cuda={torch.version.cuda} {flags}".encode())
     for f in sorted(p for p in csrc.rglob("*") if p.is_file()):
         h.update(f.relative_to(csrc).as_posix().encode() + b"\0" + f.read_bytes())
@@ -146,18 +146,20 @@ def compiler_error(text: str, max_lines: int = 6) -> str:
 
 
 def _compile(target: str, name: str, directory: Path, archs: list[str], csrc: Path, verbose: bool) -> ModuleType:
+    """cpp_extension.load appends torch's libraries to the flag lists it is given, in place: it gets copies, or the
+    next build_dir in this process would hash different flags and build the module a second time."""
     from torch.utils import cpp_extension
 
     if target == "cpu":
-        return cpp_extension.load(name=name, sources=[str(s) for s in sources("cpu", csrc)], extra_cflags=CPU_FLAGS,
-                                  extra_ldflags=LINK_FLAGS, extra_include_paths=[str(csrc)],
-                                  build_directory=str(directory), verbose=verbose)
+        return cpp_extension.load(name=name, sources=[str(s) for s in sources("cpu", csrc)],
+                                  extra_cflags=list(CPU_FLAGS), extra_ldflags=list(LINK_FLAGS),
+                                  extra_include_paths=[str(csrc)], build_directory=str(directory), verbose=verbose)
     return cpp_extension.load(
         name=name,
         sources=[str(s) for s in sources("cuda", csrc)],
-        extra_cflags=CXX_FLAGS,
+        extra_cflags=list(CXX_FLAGS),
         extra_cuda_cflags=CUDA_FLAGS + gencode_flags(archs),
-        extra_ldflags=LINK_FLAGS,
+        extra_ldflags=list(LINK_FLAGS),
         extra_include_paths=[str(csrc / "cuda")],
         build_directory=str(directory),
         verbose=verbose,
