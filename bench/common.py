@@ -36,13 +36,14 @@ def provenance(device: str | torch.device, telemetry: Telemetry | None = None) -
     threads, time, and the machine's state: what `telemetry` sampled during the run, or a snapshot taken now
     (sampled=False)."""
     device = torch.device(device)
-    # bench/results/ is where the benchmarks write: one that saves as it goes (or runs after another) must
-    # not call its own output a change to the code
-    status = _run("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results")
-    commit, dirty = _run("git", "rev-parse", "HEAD"), None if status is None else bool(status)
     named = os.environ.get("GPU_CHECK_COMMIT")  # a device machine's copy of the tree: its commit comes by name
     if named:
         commit, dirty = named.removesuffix("-dirty"), named.endswith("-dirty")
+    else:
+        # bench/results/ is where the benchmarks write: one that saves as it goes (or runs after another) must
+        # not call its own output a change to the code
+        status = _run("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results")
+        commit, dirty = _run("git", "rev-parse", "HEAD"), None if status is None else bool(status)
     info = dict(
         commit=commit,
         dirty=dirty,

@@ -172,6 +172,7 @@ def main(argv=None) -> int:
                           python=sys.executable, commit=os.environ.get("GPU_CHECK_COMMIT") or git_commit())
     stopped = False
     only = os.environ.get("GPU_CHECK_ONLY", "").split()
+    deselect = [arg for node in os.environ.get("GPU_CHECK_DESELECT", "").split() for arg in ("--deselect", node)]
     for step in STEPS:
         left = budget - PACK_RESERVE_S - (time.monotonic() - start)
         if only and step.name not in only and not step.stops_run:
@@ -186,11 +187,10 @@ def main(argv=None) -> int:
         limit = min(step.cap_s, left)
         print(f"=== {step.name} (limit {limit:.0f} s): {step.saves}", flush=True)
         cmd = [a.replace("{py}", sys.executable).replace("{work}", str(work)) for a in step.argv]
-        if step.plugins:
-            cmd += [arg for node in os.environ.get("GPU_CHECK_DESELECT", "").split() for arg in ("--deselect", node)]
         live = out / "running.log"
         step_env = env
         if step.plugins:
+            cmd += deselect
             step_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "scripts"),
                                                                            env.get("PYTHONPATH")]))}
         t0 = time.monotonic()
