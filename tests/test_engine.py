@@ -38,17 +38,40 @@ def test_stream_events_agree_with_generate(tiny):
 
 
 def test_greedy_pick_on_the_cpu_is_the_general_path(tiny):
-    """Engine.pick's direct read on the CPU gives the id and p_target that sample and shown_probs give: the first
-    of tied maxima, the model's own softmax at it, bit for bit."""
-    from engine.sampling import SamplingParams, sample, shown_probs
+    """Engine.pick's direct read on the CPU gives the id and p_target that sample and shown_at give: the first of
+    tied maxima, and the model's own softmax at it (exp(logit - logsumexp) through the engine's ops: logsumexp
+    rounded to fp32 moves p by up to an ulp of it, 4e-6 relative below 64, against torch's softmax there)."""
+    from engine.sampling import SamplingParams, sample, shown_at
 
     greedy, g = SamplingParams(0.0), torch.Generator().manual_seed(3)
     for i in range(20):
         logits = torch.randn(1000, generator=g) * (1 + i)
         logits[[7, 700]] = logits.max() + 0.5  # tied: the first one wins
         tok, dist = sample(logits[None], greedy, None)
-        want = (int(tok[0]), float(shown_probs(logits[None], dist, greedy)[0, tok[0]]))
-        assert want[0] == 7 and tiny.pick(logits, greedy, None) == want
+        p = float(shown_at(logits[None], torch.zeros(1, dtype=torch.long), tok, dist, greedy, tiny.model.ops.logsumexp))
+        got = tiny.pick(logits, greedy, None)
+        assert int(tok[0]) == 7 and got == (7, p)
+        assert got[1] == pytest.approx(float(logits.softmax(-1)[7]), rel=1e-5)
+
+
+def test_shown_at_is_the_shown_distribution_at_the_ids():
+    """Greedy: the model's softmax at each (row, id), through the twin and the CPU kernel alike (within an ulp of
+    the fp32 logsumexp, as above); sampled: the sampling distribution's entries there, as drawn from."""
+    from engine.sampling import SamplingParams, probs, shown_at
+    from cpu_paths import load_module
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(5, 20000, generator=g) * 6
+    rows, ids = torch.tensor([0, 1, 2, 3, 4, 2]), torch.tensor([3, 19999, 0, 777, 5, 12])
+    want = logits.softmax(-1)[rows, ids]
+    greedy = SamplingParams(0.0)
+    torch.testing.assert_close(shown_at(logits, rows, ids, None, greedy), want, rtol=1e-5, atol=0)
+    from engine.ops.cpu import CpuOps
+    kernel = CpuOps(load_module()).logsumexp
+    torch.testing.assert_close(shown_at(logits, rows, ids, None, greedy, kernel), want, rtol=1e-5, atol=0)
+    sampled = SamplingParams(0.8, top_k=50)
+    dist = probs(logits, sampled)
+    assert torch.equal(shown_at(logits, rows, ids, dist, sampled), dist[rows, ids])
 
 
 def test_sampled_runs_reproduce_per_seed(tiny):

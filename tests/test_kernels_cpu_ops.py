@@ -118,13 +118,14 @@ def native_calls(m) -> dict:
             "gelu_tanh_mul": lambda n: partial(m.gelu_tanh_mul, torch.empty(16 * n, 2048), rows(n)),
             "rmsnorm_heads": lambda n: partial(m.rmsnorm_heads, rows(n).view(16 * n, 32, 128), torch.ones(128), 1e-5),
             "rope": lambda n: rope(16 * n),
+            "logsumexp": lambda n: partial(m.logsumexp, torch.empty(16 * n), rows(n)),
             "BlockPlan.run": blocks}
 
 
 def test_native_calls_release_the_gil(cpu_module):
-    """Every binding that does real work (linear, attention, the norms, rope, the gated activations, the block
-    loop) runs without the GIL: a Python thread keeps running through a long native call (one kernel thread, so the loop
-    has a core)."""
+    """Every binding that does real work (linear, attention, the norms, rope, the gated activations, logsumexp,
+    the block loop) runs without the GIL: a Python thread keeps running through a long native call (one kernel
+    thread, so the loop has a core)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -185,6 +186,50 @@ def test_gelu_tanh_mul(m, inter):
         gate, up = gate_up.chunk(2, dim=-1)
         bound = TOL["rtol"] * want.abs() + TOL["atol"] + 1.2e-7 * (gate * up).abs()
         assert ((out - want).abs() <= bound).all(), (out - want).abs().max()
+
+
+@pytest.mark.parametrize("V", [1, 17, 4097, 16400, 49152, 262144])
+def test_logsumexp(m, V):
+    """torch.logsumexp's value per row, within 2e-7 of the row's scale: a row's max, then e^(x - max) summed in
+    4096-value stretches into a double; rows of 16,384 values or more are split in spans across the threads when
+    there are fewer rows than threads (one row: a greedy pick), and the spans' (max, sum) folded. Inputs at
+    the scale of real logits (a spread of ~60) and far past exp's range."""
+    for rows in (1, 2, 9):
+        for scale in (8.0, 300.0):
+            x = randn(rows, V, seed=V + rows, scale=scale)
+            out = torch.full((rows,), NAN)
+            m.logsumexp(out, x)
+            want = torch.logsumexp(x.double(), -1).float()
+            assert ((out - want).abs() <= 2e-7 * want.abs().clamp_min(1)).all(), (out - want).abs().max()
+
+
+def test_logsumexp_inf_and_nan(m):
+    """torch's answers wherever the row holds inf or NaN, in a span of its own or not: NaN for a NaN, +inf for
+    a +inf, -inf for a row of -inf, and a -inf among finite values counts as e^-inf = 0 (a masked logit)."""
+    for V in (40, 20000):  # one span; two spans (one row, two threads)
+        x = randn(7, V, seed=V, scale=5)
+        x[0, 5] = NAN
+        x[1, V - 1] = float("inf")
+        x[2] = -float("inf")
+        x[3, : V - 30] = -float("inf")
+        x[4, V // 2 + 3] = NAN
+        x[5, 0], x[5, V - 1] = float("inf"), -float("inf")
+        x[6, 1::2] = -float("inf")
+        want = torch.logsumexp(x, -1)
+        out = torch.full((7,), 0.0)
+        m.logsumexp(out, x)
+        torch.testing.assert_close(out, want, rtol=2e-7, atol=0, equal_nan=True)
+        for r in range(7):  # each row alone: the split path
+            one = torch.full((1,), 0.0)
+            m.logsumexp(one, x[r:r + 1].clone())
+            torch.testing.assert_close(one, want[r:r + 1], rtol=2e-7, atol=0, equal_nan=True)
+
+
+def test_logsumexp_rejects_bad_shapes(cpu_module):
+    with pytest.raises(RuntimeError, match=r"x must be \[R, V\]"):
+        cpu_module.logsumexp(torch.empty(2), torch.zeros(2, 3, 4))
+    with pytest.raises(RuntimeError, match=r"out must be \[R\] = \[3\]"):
+        cpu_module.logsumexp(torch.empty(2), torch.zeros(3, 4))
 
 
 @pytest.mark.parametrize("heads,head_dim", [(4, 256), (9, 64), (3, 6)])

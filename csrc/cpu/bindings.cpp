@@ -33,6 +33,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("gate_up"));
   m.def("gelu_tanh_mul", &c::gelu_tanh_mul, "out = gelu_tanh(gate) * up for gate_up = [gate | up]", nogil(),
         py::arg("out"), py::arg("gate_up"));
+  m.def("logsumexp", &c::logsumexp, "out[r] = log(sum(exp(x[r]))) for x [R, V]", nogil(), py::arg("out"),
+        py::arg("x"));
   m.def("rmsnorm_heads", &c::rmsnorm_heads, "rmsnorm of each head of x [N, H, D] in place", nogil(),
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("attention", &c::attention, "T new queries per row against a [B, Hkv, S, D] cache, split across threads",

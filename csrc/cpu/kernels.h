@@ -122,6 +122,8 @@ using NormFn = void (*)(const NormArgs&, int64_t r0, int64_t r1);
 
 // out[r, :I] = silu(gate_up[r, :I]) * gate_up[r, I:], rows [r0, r1), both dense (and gelu_tanh the same way).
 using SiluMulFn = void (*)(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1);
+// A span v[0, n) of a logsumexp row -> its max m and s = sum e^(v - m) (rowwise.h lse_span).
+using LseSpanFn = void (*)(const float* v, int n, float* m, float* s);
 
 // Rotary embedding in place on tokens [t0, t1): q [N, H, D] and k [N, Hkv, D] with dense heads and token
 // strides q_stride / k_stride; cos, sin [max_pos, D/2]; pos[t] as int64 (the host converts int32).
@@ -180,6 +182,7 @@ struct KernelTable {
   NormFn norm;
   SiluMulFn silu_mul;
   SiluMulFn gelu_tanh_mul;
+  LseSpanFn lse_span;
   RopeFn rope;
   AttentionFn attention;
   AttentionMergeFn attention_merge;

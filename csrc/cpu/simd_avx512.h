@@ -83,6 +83,9 @@ struct Avx512 {
     return _mm512_mask_blend_ps(nan, y, x);
   }
 
+  // e^x for x <= 0 (logsumexp's x - max; simd_avx2.h has a leaner one): exp itself, its scalef is already lean.
+  static F exp_le0(F x) { return exp(x); }
+
   // 0 when every lane of a and b is finite, NaN when one holds inf or NaN (0 * inf = NaN; the sum of zeros is 0).
   static float nonfinite(F a, F b) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_mul_ps(a, zero()), _mm512_mul_ps(b, zero())));

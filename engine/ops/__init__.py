@@ -34,6 +34,7 @@ class OpSet:
     # module has the kernel
     gelu_tanh_mul: Callable = ref.gelu_tanh_mul
     rmsnorm_heads_: Callable = ref.rmsnorm_heads_
+    logsumexp: Callable = ref.logsumexp  # [R, V] -> [R]: the greedy pick's shown probability (engine/sampling.py)
 
     def matmul(self, w: weights.Packed | weights.Stacked) -> Callable:
         """The matmul of weight w: its format's, or for a Stacked weight each segment's, their outputs side by side

@@ -58,6 +58,12 @@ def gelu_tanh_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> tor
     return out.copy_(y)
 
 
+def logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """log(sum(exp(x[r]))) of each row: [R, V] -> [R] float32 (the greedy pick's shown probability,
+    engine/sampling.py shown_at)."""
+    return torch.logsumexp(x.float(), dim=-1)
+
+
 def rmsnorm_heads_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """RMSNorm over each head in place (Qwen3's and Gemma 3's q/k norms): x [N, H, D] with dense heads and a
     free token stride (a view into the qkv output), weight [D]."""

@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import torch
 
-from engine.sampling import SamplingParams, sample, shown_probs
+from engine.sampling import SamplingParams, sample, shown_at
 
 
 GRAPHED_CATCH_UP = 8
@@ -208,7 +208,7 @@ class ModelDrafter(Drafter):
             tok, row = sample(logits, sampling, noise)  # [1], [1, V] (None when greedy)
             if row is not None:
                 rows.append(row)  # kept: a graph's logits buffer is overwritten by the next step
-            ps.append(shown_probs(logits, row, sampling).gather(1, tok[:, None])[:, 0])
+            ps.append(shown_at(logits, tok.new_zeros(1), tok, row, sampling, e.model.ops.logsumexp))
             ids.append(tok)
         self.written = k - 1
         return Draft(torch.cat(ids), torch.cat(rows) if rows else None, torch.cat(ps))

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.sampling import Noise, SamplingParams, sample, shown_probs
+from engine.ops import ref
+from engine.sampling import Noise, SamplingParams, sample, shown_at
 from engine.speculative.drafters import Draft, Drafter
 from engine.speculative.schedule import Schedule
 from engine.stats import EMITTED_KINDS, Round, Stats, Token
@@ -41,19 +42,20 @@ def accept(draft: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: Noise,
-          position: int) -> tuple[list[Token], int]:
+          position: int, logsumexp=ref.logsumexp) -> tuple[list[Token], int]:
     """Verify logits [k+1, V] against a draft whose first token is output position `position` -> the round's
     tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync."""
     k = draft.ids.shape[0]
     target, p_t = sample(logits, sampling, noise.at(position))  # row r: plain decoding's draw at `position` + r
     n, nxt = accept(draft.ids, target)
-    shown = shown_probs(logits, p_t, sampling)
-    rows = torch.arange(k, device=logits.device)
+    # the drafts' shown probabilities, then the next token's: one shown_at over k + 1 (row, id) pairs
+    rows = torch.cat([torch.arange(k, device=logits.device), n[None]])
+    shown = shown_at(logits, rows, torch.cat([draft.ids, nxt[None]]), p_t, sampling, logsumexp)
     pd = torch.ones(k, device=logits.device) if draft.p is None else draft.p
     nan = torch.full((1,), float("nan"), device=logits.device)
     pd_next = nan if draft.probs is None else torch.cat([draft.probs[:, nxt], nan])[n, None]
-    packed = torch.cat([torch.stack([n, nxt]).double(), draft.ids.double(), shown[rows, draft.ids].double(),
-                        pd.double(), shown[n, nxt][None].double(), pd_next.double()]).tolist()
+    packed = torch.cat([torch.stack([n, nxt]).double(), draft.ids.double(), shown[:k].double(),
+                        pd.double(), shown[k:].double(), pd_next.double()]).tolist()
     n, nxt, pt_next, pd_next = int(packed[0]), int(packed[1]), packed[-2], packed[-1]
     ids, pt, pd = (packed[2 + i * k:2 + (i + 1) * k] for i in range(3))
     tokens = [Token(int(ids[i]), "accepted", i, pt[i], pd[i]) for i in range(n)]
@@ -131,7 +133,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = K_DEFAULT, max_new_tokens
             base = eng.length
             logits = eng.chunk(torch.cat([last, draft.ids])[None])[0]  # [k'+1, V]
             c = clock.mark()
-            tokens, n_acc = judge(draft, logits, sampling, noise, n_out)
+            tokens, n_acc = judge(draft, logits, sampling, noise, n_out, eng.model.ops.logsumexp)
             eng.rollback(base + 1 + n_acc)
             n_drafted = draft.ids.shape[0]
         d = clock.mark()
