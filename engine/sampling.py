@@ -44,14 +44,15 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self, device) -> Noise:
-        """The run's noise: from the seed, or from a fresh random seed where seed is None."""
-        return Noise(torch.seed() if self.seed is None else self.seed, device)
+    def generator(self, device, fill=ref.exp_noise) -> Noise:
+        """The run's noise: from the seed, or from a fresh random seed where seed is None; `fill` makes a row
+        (the engine passes its OpSet's exp_noise)."""
+        return Noise(torch.seed() if self.seed is None else self.seed, device, fill)
 
 
 def position_key(seed: int, position: int) -> int:
-    """A 63-bit generator seed for (seed, position): splitmix64's finalizer, so nearby pairs give unrelated
-    streams (seed s at position i + 1 and seed s + 1 at position i never share one)."""
+    """A 63-bit key for (seed, position), its noise row's: splitmix64's finalizer, so nearby pairs give unrelated
+    rows (seed s at position i + 1 and seed s + 1 at position i never share one)."""
     x = (seed * 0x9E3779B97F4A7C15 + position) & MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
@@ -61,16 +62,16 @@ def position_key(seed: int, position: int) -> int:
 class Noise:
     """The random draws of one run, keyed by output position.
 
-    Row i is V independent Exp(1) values (-log U, U uniform in [0, 1)) from a generator seeded with
-    position_key(seed, i): the noise output token i is drawn with, whichever loop draws it and whenever. A
-    cursor (`position`) says which row the next draw takes; a draw of R rows takes R positions and moves it on.
-    Plain decoding never moves it otherwise, so its i-th draw is position i; the speculative loop sets it with
-    at() before each draw. Rows drawn ahead (a drafter's, a verify pass's past a rejection) are kept until the
-    cursor passes them (at most ROWS_KEPT), so a position's row is made once."""
+    Row i is V independent Exp(1) values (-log U, U uniform in (0, 1)) made by `fill` (an OpSet's exp_noise:
+    engine/ops/ref.py, or the CPU kernel, the same uniforms) from position_key(seed, i) alone: the noise output
+    token i is drawn with, whichever loop draws it and whenever. A cursor (`position`) says which row the next
+    draw takes; a draw of R rows takes R positions and moves it on. Plain decoding never moves it otherwise, so
+    its i-th draw is position i; the speculative loop sets it with at() before each draw. Rows drawn ahead (a
+    drafter's, a verify pass's past a rejection) are kept until the cursor passes them (at most ROWS_KEPT), so a
+    position's row is made once."""
 
-    def __init__(self, seed: int, device):
-        self.seed, self.device = int(seed), torch.device(device)
-        self.gen = torch.Generator(device=self.device)
+    def __init__(self, seed: int, device, fill=ref.exp_noise):
+        self.seed, self.device, self.fill = int(seed), torch.device(device), fill
         self.position = 0
         self.rows: dict[int, torch.Tensor] = {}  # position -> [V] float32, for positions >= self.position
 
@@ -83,9 +84,7 @@ class Noise:
     def row(self, position: int, V: int) -> torch.Tensor:
         r = self.rows.get(position)
         if r is None or r.shape[0] != V:
-            self.gen.manual_seed(position_key(self.seed, position))
-            # U = 0 gives E = inf: that token loses this draw, never a NaN (w / inf = 0, also for w = 0)
-            r = torch.rand(V, generator=self.gen, device=self.device).log_().neg_()
+            r = self.fill(torch.empty(V, device=self.device), position_key(self.seed, position))
             self.rows[position] = r
             while len(self.rows) > ROWS_KEPT:
                 del self.rows[min(self.rows)]

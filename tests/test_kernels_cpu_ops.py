@@ -119,13 +119,14 @@ def native_calls(m) -> dict:
             "rmsnorm_heads": lambda n: partial(m.rmsnorm_heads, rows(n).view(16 * n, 32, 128), torch.ones(128), 1e-5),
             "rope": lambda n: rope(16 * n),
             "logsumexp": lambda n: partial(m.logsumexp, torch.empty(16 * n), rows(n)),
+            "exp_noise": lambda n: partial(m.exp_noise, torch.empty(16 * 4096 * n), 12345),
             "BlockPlan.run": blocks}
 
 
 def test_native_calls_release_the_gil(cpu_module):
     """Every binding that does real work (linear, attention, the norms, rope, the gated activations, logsumexp,
-    the block loop) runs without the GIL: a Python thread keeps running through a long native call (one kernel
-    thread, so the loop has a core)."""
+    exp_noise, the block loop) runs without the GIL: a Python thread keeps running through a long native call
+    (one kernel thread, so the loop has a core)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -230,6 +231,40 @@ def test_logsumexp_rejects_bad_shapes(cpu_module):
         cpu_module.logsumexp(torch.empty(2), torch.zeros(2, 3, 4))
     with pytest.raises(RuntimeError, match=r"out must be \[R\] = \[3\]"):
         cpu_module.logsumexp(torch.empty(2), torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("V", [1, 7, 9, 1000, 16391, 49152])
+def test_exp_noise_is_the_twins(cpu_module, V):
+    """The CPU kernel's noise row is the twin's (ref.exp_noise: the same hashed uniforms, torch's log) within 2
+    ulp, every value finite and > 0, the same whichever threads made which slice (rows of 16,384 values or
+    more are split), and another key gives another row."""
+    from engine.sampling import position_key
+
+    for position in (0, 1, 500):
+        key = position_key(7, position)
+        out = torch.full((V,), NAN)
+        cpu_module.exp_noise(out, key)
+        want = ref.exp_noise(torch.empty(V), key)
+        torch.testing.assert_close(out, want, rtol=2.4e-7, atol=0)
+        assert torch.isfinite(out).all() and (out > 0).all()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            alone = torch.empty(V)
+            cpu_module.exp_noise(alone, key)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(alone, out)
+    other = torch.empty(V)
+    cpu_module.exp_noise(other, position_key(8, 500))
+    assert V < 9 or not torch.equal(other, out)
+
+
+def test_exp_noise_rejects_bad_input(cpu_module):
+    with pytest.raises(RuntimeError, match="out must be \\[V\\]"):
+        cpu_module.exp_noise(torch.empty(2, 3), 1)
+    with pytest.raises(RuntimeError, match="key must be >= 0"):
+        cpu_module.exp_noise(torch.empty(3), -1)
 
 
 @pytest.mark.parametrize("heads,head_dim", [(4, 256), (9, 64), (3, 6)])

@@ -188,6 +188,9 @@ struct KernelTable {
   AttentionMergeFn attention_merge;
 };
 
+// out[i - i0] = -log(u_i) for i in [i0, i1), the sampling noise of one position's key (noise.h); AVX2, the floor.
+void exp_noise(uint32_t key_lo, uint32_t key_hi, float* out, int64_t i0, int64_t i1);
+
 const KernelTable& avx2_table();    // kernels_avx2.cpp: AVX2 + FMA + F16C
 const KernelTable& avx512_table();  // kernels_avx512.cpp: AVX-512 F/BW/VL/DQ + VNNI
 const KernelTable& amx_table();     // kernels_amx.cpp: the avx512 table, q4 and q8 on AMX-INT8 tiles from T rows up

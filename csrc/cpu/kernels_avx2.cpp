@@ -14,10 +14,15 @@
 
 #include "attention.h"
 #include "gemm.h"
+#include "noise.h"
 #include "rowwise.h"
 #include "simd_avx2.h"
 
 namespace decodescope::cpu {
+
+void exp_noise(uint32_t key_lo, uint32_t key_hi, float* out, int64_t i0, int64_t i1) {
+  exp_noise_rows(key_lo, key_hi, out, i0, i1);
+}
 
 const KernelTable& avx2_table() {
   using G = Gemm<Avx2>;

@@ -34,6 +34,9 @@ void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up);  // gelu's tanh 
 // x: [R, V] dense -> out: [R], log(sum(exp(x[r]))) (torch.logsumexp over the last dim).
 void logsumexp(at::Tensor& out, const at::Tensor& x);
 
+// out: [V] -> the Exp(1) sampling noise of one position's key (noise.h; twin: engine/ops/ref.py exp_noise).
+void exp_noise(at::Tensor& out, int64_t key);
+
 // x: [N, H, D] (dense heads, free token stride) -> rmsnorm of each head in place, weight [D] (q/k norms).
 void rmsnorm_heads(at::Tensor& x, const at::Tensor& weight, double eps);
 

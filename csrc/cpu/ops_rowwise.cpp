@@ -129,6 +129,21 @@ void logsumexp(at::Tensor& out, const at::Tensor& x) {
   }
 }
 
+void exp_noise(at::Tensor& out, int64_t key) {
+  RECORD_FUNCTION("decodescope::exp_noise", std::vector<c10::IValue>({out}));
+  check_cpu(out, "out");
+  TORCH_CHECK(out.dim() == 1, "out must be [V], got ", out.sizes());
+  check_dtype(out, "out", at::kFloat);
+  check_dense(out, "out");
+  checked_int(out.size(0), "V");
+  TORCH_CHECK(key >= 0, "key must be >= 0 (engine/sampling.py position_key), got ", key);
+  const auto k = static_cast<uint64_t>(key);
+  float* y = out.data_ptr<float>();
+  parallel_chunks(out.size(0), kMinChunkElems, [&](int64_t i0, int64_t i1) {
+    cpu::exp_noise(static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32), y + i0, i0, i1);
+  });
+}
+
 void rmsnorm_heads(at::Tensor& x, const at::Tensor& weight, double eps) {
   RECORD_FUNCTION("decodescope::rmsnorm_heads", std::vector<c10::IValue>({x}));
   check_cpu(x, "x");

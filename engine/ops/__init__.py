@@ -35,6 +35,7 @@ class OpSet:
     gelu_tanh_mul: Callable = ref.gelu_tanh_mul
     rmsnorm_heads_: Callable = ref.rmsnorm_heads_
     logsumexp: Callable = ref.logsumexp  # [R, V] -> [R]: the greedy pick's shown probability (engine/sampling.py)
+    exp_noise: Callable = ref.exp_noise  # (out [V], key) -> out: a position's sampling noise (engine/sampling.py)
 
     def matmul(self, w: weights.Packed | weights.Stacked) -> Callable:
         """The matmul of weight w: its format's, or for a Stacked weight each segment's, their outputs side by side

@@ -64,6 +64,28 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(x.float(), dim=-1)
 
 
+MASK32 = 0xFFFFFFFF
+
+
+def fmix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finalizer in place over an int64 tensor of 32-bit values (products wrap, then are masked)."""
+    h.bitwise_xor_(h >> 16).mul_(0x85EBCA6B).bitwise_and_(MASK32)
+    h.bitwise_xor_(h >> 13).mul_(0xC2B2AE35).bitwise_and_(MASK32)
+    return h.bitwise_xor_(h >> 16)
+
+
+def exp_noise(out: torch.Tensor, key: int) -> torch.Tensor:
+    """The sampling noise of one output position (engine/sampling.py Noise) into out [V] float32: Exp(1) values
+    -log(u_i), u_i = (2k + 1) / 2^24 of 23 hashed bits, k = fmix32(fmix32(i * 0x9E3779B9 ^ key_lo) ^ key_hi) >> 9:
+    a function of (key, i) alone, so the CPU kernel (csrc/cpu/noise.h) makes the same u_i; its log agrees with
+    torch's to ~1 ulp. u never reaches 0 or 1, so every value is finite and > 0 (at most 16.6)."""
+    x = torch.arange(out.shape[0], dtype=torch.int64, device=out.device)
+    x.mul_(0x9E3779B9).bitwise_and_(MASK32).bitwise_xor_(key & MASK32)
+    x = fmix32(fmix32(x).bitwise_xor_(key >> 32))
+    u = x.bitwise_right_shift_(9).mul_(2).add_(1).to(torch.float32).mul_(2.0 ** -24)  # exact: below 2^24
+    return out.copy_(u.log_().neg_())
+
+
 def rmsnorm_heads_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """RMSNorm over each head in place (Qwen3's and Gemma 3's q/k norms): x [N, H, D] with dense heads and a
     free token stride (a view into the qkv output), weight [D]."""
