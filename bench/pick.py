@@ -1,0 +1,106 @@
+"""What one token's pick costs on the CPU: the draw (argmax at temperature 0; at T > 0 the sampling distribution
+and the exponential race against a new position's noise row) and the probability the token is shown with,
+through Engine.pick, per vocabulary size and path, the paths alternating round by round.
+
+    python -m bench.pick [--vocab 49152 151936 262144] [--repeats 5] [--picks 40] [--name pick-cpu]
+
+Paths: `kernels`, the CPU module's logsumexp (the shown probability is exp(logit - logsumexp)) and exp_noise (a
+noise row: hashed uniforms, -log); `twins`, the same recipe in torch (engine/ops/ref.py); `torch`, a pick as it
+was before those two: the whole softmax of the row for the shown probability and noise rows from torch's
+generator (torch.rand, then -log). Every pick takes a position never drawn before, so at T > 0 each makes its
+noise row, as a plain decode step does. us: microseconds a pick, the median over the repeats of each round's
+mean over `picks` picks; vs_torch: the torch path's over this one's, round by round (median).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from bench.common import alternation, markdown_table, run_and_save
+from engine.engine import Engine
+from engine.ops import ext, ref
+from engine.ops.cpu import CpuOps
+from engine.sampling import Noise, SamplingParams
+
+TEMPERATURES = (0.0, 0.7)
+VOCABS = {49152: "SmolLM2", 151936: "Qwen2.5", 262144: "Gemma 3"}
+
+
+def torch_noise(out: torch.Tensor, key: int) -> torch.Tensor:
+    """A noise row from torch's generator (mt19937 seeded with the key): -log of its uniforms."""
+    return out.copy_(torch.rand(out.shape[0], generator=torch.Generator().manual_seed(key)).log_().neg_())
+
+
+def softmax_logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """logsumexp by way of the whole softmax (x_0 - log softmax(x)_0): the cost of taking the softmax first."""
+    x = x.float()
+    return x[:, 0] - x.softmax(-1)[:, 0].log()
+
+
+def paths() -> dict[str, tuple]:
+    """path -> (logsumexp, exp_noise), what Engine.pick is handed through its OpSet."""
+    module = ext.load("cpu").module
+    kernels = {} if module is None else {"kernels": (CpuOps(module).logsumexp, CpuOps(module).exp_noise)}
+    return {**kernels, "twins": (ref.logsumexp, ref.exp_noise), "torch": (softmax_logsumexp, torch_noise)}
+
+
+def pick_us(ops: tuple, logits: torch.Tensor, temperature: float, picks: int, first: int) -> float:
+    """Mean microseconds of Engine.pick over `picks` positions from `first`, with these ops."""
+    logsumexp, fill = ops
+    eng = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(logsumexp=logsumexp)))
+    sampling, noise = SamplingParams(temperature=temperature, seed=1), Noise(1, "cpu", fill)
+    t = time.perf_counter()
+    for pos in range(first, first + picks):
+        Engine.pick(eng, logits, sampling, noise.at(pos))
+    return (time.perf_counter() - t) / picks * 1e6
+
+
+def run(args, save) -> dict:
+    modes = paths()
+    names = list(modes)
+    result = dict(vocab=args.vocab, repeats=args.repeats, picks=args.picks, rows=[])
+    for V in args.vocab:
+        logits = torch.randn(V, generator=torch.Generator().manual_seed(V)) * 4  # a spread like real logits'
+        for temperature in TEMPERATURES:
+            us = {name: [] for name in names}
+            for name in names:  # warm: first calls, allocations
+                pick_us(modes[name], logits, temperature, 3, 10**6)
+            for rep, _, m in alternation(len(names), 1, args.repeats):
+                us[names[m]].append(pick_us(modes[names[m]], logits, temperature, args.picks, rep * args.picks))
+            for name in names:
+                vs = [t / o for t, o in zip(us["torch"], us[name], strict=True)]
+                result["rows"].append(dict(vocab=V, like=VOCABS.get(V, ""), temperature=temperature, path=name,
+                                           us=statistics.median(us[name]), vs_torch=statistics.median(vs),
+                                           rounds_us=us[name]))
+            save(result)
+    return result
+
+
+def markdown(result: dict) -> str:
+    p = result.get("provenance", {})
+    tel = p.get("telemetry") or {}
+    head = (f"One token's pick through Engine.pick on the CPU ({tel.get('cpu_model', p.get('cpu', ''))}, "
+            f"{p.get('torch_threads', '?')} threads), {result['picks']} new positions a round, "
+            f"{result['repeats']} alternating rounds (medians). " + __doc__.split("\n\n")[2].replace("\n", " "))
+    return head + "\n\n" + markdown_table(result["rows"], ["vocab", "like", "temperature", "path", "us",
+                                                           "vs_torch"]) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", type=int, nargs="+", default=list(VOCABS))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--picks", type=int, default=40)
+    p.add_argument("--name", default="pick-cpu")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    run_and_save(args.out, args.name, "cpu", lambda save: run(args, save), markdown)
+
+
+if __name__ == "__main__":
+    main()
