@@ -356,11 +356,9 @@ struct Avx2 {
   static __m256 pow2(__m256i k) {  // 2^k for k in [-126, 127], from its exponent bits
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
   }
-  static __m256 exp8_le0(__m256 x) {
-    const __m256 magic = _mm256_set1_ps(12582912.f);  // 1.5 * 2^23: t's low bits hold n + 2^22
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
-    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
-    const __m256 n = _mm256_sub_ps(t, magic);
+  // e^(x - n ln 2) for n = round(x / ln 2): r = x - n ln 2 (ln 2 in two parts, |r| <= ln 2 / 2) into cephes'
+  // expf polynomial; exp8 and exp8_le0 scale it by 2^n
+  static __m256 exp_reduced(__m256 x, __m256 n) {
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
     __m256 p = _mm256_set1_ps(1.9875691500e-4f);
@@ -369,7 +367,14 @@ struct Avx2 {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    return _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  }
+  static __m256 exp8_le0(__m256 x) {
+    const __m256 magic = _mm256_set1_ps(12582912.f);  // 1.5 * 2^23: t's low bits hold n + 2^22
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
+    const __m256 n = _mm256_sub_ps(t, magic);
+    const __m256 p = exp_reduced(x, n);
     const __m256i e = _mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127 - (1 << 22)));  // n + 127
     return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));  // n in [-126, 0]: 2^n normal
   }
@@ -381,15 +386,7 @@ struct Avx2 {
     const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);  // NaN lanes become lo here, restored below
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256 p = exp_reduced(xc, n);
     // p * 2^n as p * 2^n1 * 2^n2 with n1 + n2 = n: the clamp keeps n in [-126, 128], and 2^128 has no exponent
     // bits, its halves do (one rounding, as AVX-512's scalef: the first product is exact)
     const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1);
