@@ -5,11 +5,12 @@ through Engine.pick, per vocabulary size and path, the paths alternating round b
     python -m bench.pick [--vocab 49152 151936 262144] [--repeats 5] [--picks 40] [--name pick-cpu]
 
 Paths: `kernels`, the CPU module's logsumexp (the shown probability is exp(logit - logsumexp)) and exp_noise (a
-noise row: hashed uniforms, -log); `twins`, the same recipe in torch (engine/ops/ref.py); `torch`, a pick as it
-was before those two: the whole softmax of the row for the shown probability and noise rows from torch's
-generator (torch.rand, then -log). Every pick takes a position never drawn before, so at T > 0 each makes its
-noise row, as a plain decode step does. us: microseconds a pick, the median over the repeats of each round's
-mean over `picks` picks; vs_torch: the torch path's over this one's, round by round (median).
+noise row: hashed uniforms, -log); `twins`, the same recipe in torch (engine/ops/ref.py); `torch`, a pick as
+Engine.pick made it before those two: the whole softmax of the row for a greedy token's shown probability, and
+noise rows from torch's generator (torch.rand, then -log). Every pick takes a position never drawn before, so
+at T > 0 each makes its noise row, as a plain decode step does. us: microseconds a pick, the median over the
+repeats of each round's mean over `picks` picks; vs_torch: the torch path's over this one's, round by round
+(median).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from bench.common import alternation, markdown_table, run_and_save
 from engine.engine import Engine
 from engine.ops import ext, ref
 from engine.ops.cpu import CpuOps
-from engine.sampling import Noise, SamplingParams
+from engine.sampling import Noise, SamplingParams, sample
 
 TEMPERATURES = (0.0, 0.7)
 VOCABS = {49152: "SmolLM2", 151936: "Qwen2.5", 262144: "Gemma 3"}
@@ -36,27 +37,34 @@ def torch_noise(out: torch.Tensor, key: int) -> torch.Tensor:
     return out.copy_(torch.rand(out.shape[0], generator=torch.Generator().manual_seed(key)).log_().neg_())
 
 
-def softmax_logsumexp(x: torch.Tensor) -> torch.Tensor:
-    """logsumexp by way of the whole softmax (x_0 - log softmax(x)_0): the cost of taking the softmax first."""
-    x = x.float()
-    return x[:, 0] - x.softmax(-1)[:, 0].log()
+def torch_pick(logits: torch.Tensor, sampling: SamplingParams, noise: Noise) -> tuple[int, float]:
+    """A pick as Engine.pick made it before the two kernels: the draw, then the whole softmax of the row for the
+    shown probability when greedy (the sampling distribution otherwise), read at the token."""
+    tok, dist = sample(logits[None], sampling, noise)
+    shown = (logits[None].float().softmax(-1) if sampling.greedy else dist)[0]
+    tok_id = int(tok[0])
+    return tok_id, float(shown[tok_id])
 
 
 def paths() -> dict[str, tuple]:
-    """path -> (logsumexp, exp_noise), what Engine.pick is handed through its OpSet."""
+    """path -> (pick(logits, sampling, noise), exp_noise): Engine.pick with the kernels' or the twins' logsumexp,
+    or the pick before them."""
+    def engine_pick(logsumexp):
+        eng = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(logsumexp=logsumexp)))
+        return lambda logits, sampling, noise: Engine.pick(eng, logits, sampling, noise)
+
     module = ext.load("cpu").module
-    kernels = {} if module is None else {"kernels": (CpuOps(module).logsumexp, CpuOps(module).exp_noise)}
-    return {**kernels, "twins": (ref.logsumexp, ref.exp_noise), "torch": (softmax_logsumexp, torch_noise)}
+    kernels = {} if module is None else {"kernels": (engine_pick(CpuOps(module).logsumexp), CpuOps(module).exp_noise)}
+    return {**kernels, "twins": (engine_pick(ref.logsumexp), ref.exp_noise), "torch": (torch_pick, torch_noise)}
 
 
-def pick_us(ops: tuple, logits: torch.Tensor, temperature: float, picks: int, first: int) -> float:
-    """Mean microseconds of Engine.pick over `picks` positions from `first`, with these ops."""
-    logsumexp, fill = ops
-    eng = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(logsumexp=logsumexp)))
+def pick_us(path: tuple, logits: torch.Tensor, temperature: float, picks: int, first: int) -> float:
+    """Mean microseconds of a path's pick over `picks` positions from `first`."""
+    pick, fill = path
     sampling, noise = SamplingParams(temperature=temperature, seed=1), Noise(1, "cpu", fill)
     t = time.perf_counter()
     for pos in range(first, first + picks):
-        Engine.pick(eng, logits, sampling, noise.at(pos))
+        pick(logits, sampling, noise.at(pos))
     return (time.perf_counter() - t) / picks * 1e6
 
 

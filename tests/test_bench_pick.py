@@ -20,15 +20,15 @@ def test_the_paths_pick_the_same_tokens():
     """The paths differ in cost, not in what a greedy pick returns: the argmax, and its probability within the
     fp32 logsumexp's rounding."""
     import torch
-    from types import SimpleNamespace
 
-    from engine.engine import Engine
     from engine.sampling import Noise, SamplingParams
 
     logits = torch.randn(5000, generator=torch.Generator().manual_seed(1)) * 4
-    got = []
-    for logsumexp, fill in pick.paths().values():
-        eng = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(logsumexp=logsumexp)))
-        got.append(Engine.pick(eng, logits, SamplingParams(0.0), Noise(0, "cpu", fill)))
+    got = [pick_fn(logits, SamplingParams(0.0), Noise(0, "cpu", fill)) for pick_fn, fill in pick.paths().values()]
     assert len({tok for tok, _ in got}) == 1
     assert max(p for _, p in got) - min(p for _, p in got) <= 1e-5 * max(p for _, p in got)
+    sampled = SamplingParams(0.7, seed=3)  # at T > 0 the kernels' and twins' rows are the same uniforms
+    kernels_and_twins = [pick.paths()[name] for name in ("kernels", "twins") if name in pick.paths()]
+    draws = [[pick_fn(logits, sampled, Noise(3, "cpu", fill).at(i))[0] for i in range(50)]
+             for pick_fn, fill in kernels_and_twins]
+    assert all(d == draws[0] for d in draws)
