@@ -38,9 +38,10 @@ def test_stream_events_agree_with_generate(tiny):
 
 
 def test_greedy_pick_on_the_cpu_is_the_general_path(tiny):
-    """Engine.pick's direct read on the CPU gives the id and p_target that sample and shown_at give: the first of
-    tied maxima, and the model's own softmax at it (exp(logit - logsumexp) through the engine's ops: logsumexp
-    rounded to fp32 moves p by up to an ulp of it, 4e-6 relative below 64, against torch's softmax there)."""
+    """Engine.pick's direct read on the CPU (sampling.shown_one) gives the id and p_target that sample and shown_at
+    give: the first of tied maxima, and the model's own softmax at it, exp(logit - logsumexp) through the engine's
+    ops (here in doubles, there in fp32: within 1e-6; logsumexp rounded to fp32 moves p by up to an ulp of it, 4e-6
+    relative below 64, against torch's softmax); at T > 0 the sampling distribution's entry, the same float."""
     from engine.sampling import SamplingParams, sample, shown_at
 
     greedy, g = SamplingParams(0.0), torch.Generator().manual_seed(3)
@@ -50,8 +51,15 @@ def test_greedy_pick_on_the_cpu_is_the_general_path(tiny):
         tok, dist = sample(logits[None], greedy, None)
         p = float(shown_at(logits[None], torch.zeros(1, dtype=torch.long), tok, dist, greedy, tiny.model.ops.logsumexp))
         got = tiny.pick(logits, greedy, None)
-        assert int(tok[0]) == 7 and got == (7, p)
+        assert int(tok[0]) == 7 and got[0] == 7 and got[1] == pytest.approx(p, rel=1e-6)
         assert got[1] == pytest.approx(float(logits.softmax(-1)[7]), rel=1e-5)
+    sampled = SamplingParams(0.8, seed=2)
+    for position in range(20):
+        logits = torch.randn(1000, generator=g) * 3
+        noise = sampled.generator("cpu", tiny.model.ops.exp_noise)
+        tok, dist = sample(logits[None], sampled, noise.at(position))
+        p = float(shown_at(logits[None], torch.zeros(1, dtype=torch.long), tok, dist, sampled))
+        assert tiny.pick(logits, sampled, noise.at(position)) == (int(tok[0]), p)
 
 
 def test_shown_at_is_the_shown_distribution_at_the_ids():
