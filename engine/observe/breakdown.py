@@ -38,7 +38,8 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 # the OpSet's ops (scopes "decodescope/op:<op>") and our kernels' RECORD_FUNCTION names ("decodescope::<op>");
 # linear_<format> -> matmul
 KERNEL_CLASSES = {"rmsnorm": "norm", "add_rmsnorm": "norm", "rope": "rope", "silu_mul": "activation",
-                  "attention": "attention", "decode_attention": "attention", "kv_write": "kv_write"}
+                  "attention": "attention", "decode_attention": "attention", "kv_write": "kv_write",
+                  "logsumexp": "sampling", "exp_noise": "sampling"}
 ATEN_CLASSES = {
     "matmul": ("mm", "addmm", "matmul", "linear", "bmm", "baddbmm", "_int_mm", "_weight_int8pack_mm",
                "_weight_int4pack_mm", "embedding_bag"),
@@ -48,7 +49,7 @@ ATEN_CLASSES = {
     "norm": ("rms_norm", "_fused_rms_norm", "layer_norm", "native_layer_norm"),
     "activation": ("silu", "silu_", "gelu", "relu"),
     "kv_write": ("index_put_", "index_put", "_index_put_impl_", "index_copy_"),
-    "sampling": ("argmax", "multinomial", "exponential_", "topk", "sort", "cumsum"),
+    "sampling": ("argmax", "multinomial", "exponential_", "topk", "sort", "cumsum", "logsumexp"),
 }
 ATEN = {f"aten::{op}": cls for cls, ops in ATEN_CLASSES.items() for op in ops}
 # ops that make views or allocate: no arithmetic, their time is dispatch
