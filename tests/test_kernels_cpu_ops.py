@@ -204,6 +204,21 @@ def test_logsumexp(m, V):
             assert ((out - want).abs() <= 2e-7 * want.abs().clamp_min(1)).all(), (out - want).abs().max()
 
 
+def test_logsumexp_spans_on_many_threads(cpu_module):
+    """One row split across many threads: each span's length is rounded up to 16 values, so with 48 threads a
+    17,000-value row makes fewer spans than threads, the last one shorter, none empty or past the row's end."""
+    x = randn(1, 17000, seed=17, scale=5)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (3, 48):
+            torch.set_num_threads(n_threads)
+            out = torch.full((1,), NAN)
+            cpu_module.logsumexp(out, x)
+            torch.testing.assert_close(out, torch.logsumexp(x.double(), -1).float(), rtol=2e-7, atol=0)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_logsumexp_inf_and_nan(m):
     """torch's answers wherever the row holds inf or NaN, in a span of its own or not: NaN for a NaN, +inf for
     a +inf, -inf for a row of -inf, and a -inf among finite values counts as e^-inf = 0 (a masked logit)."""

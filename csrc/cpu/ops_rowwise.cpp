@@ -101,14 +101,16 @@ void logsumexp(at::Tensor& out, const at::Tensor& x) {
   const int64_t rows = x.size(0);
   const int n = checked_int(x.size(1), "V");
   // fewer rows than threads (a pick's one row): each row in spans, one a thread, their (max, sum) folded here
+  // (a span's length rounded up to 16 values: so the spans may be fewer than the threads, none of them empty)
   const int threads = at::get_num_threads();
-  const int spans = rows < threads && n >= kMinChunkElems ? threads : 1;
-  const int span = (n / spans + 15) / 16 * 16;
+  const int asked = rows < threads && n >= kMinChunkElems ? threads : 1;
+  const int span = ((n + asked - 1) / asked + 15) / 16 * 16;
+  const int spans = (n + span - 1) / span;
   std::vector<float> m(rows * spans), s(rows * spans);
   const float* v = x.data_ptr<float>();
   parallel_chunks(rows * spans, spans > 1 ? 1 : min_rows(n), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / spans, c0 = (t % spans) * span, c1 = t % spans == spans - 1 ? n : c0 + span;
+      const int64_t r = t / spans, c0 = (t % spans) * span, c1 = c0 + span < n ? c0 + span : n;
       kernels().lse_span(v + r * n + c0, static_cast<int>(c1 - c0), &m[t], &s[t]);
     }
   });
