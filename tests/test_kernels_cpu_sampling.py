@@ -1,0 +1,115 @@
+"""The CPU kernels of a token's pick (engine/sampling.py): logsumexp (csrc/cpu/rowwise.h lse_span, the shown
+probability exp(logit - logsumexp)) against torch.logsumexp on every instruction-set path, and the sampling noise
+(csrc/cpu/noise.h) against its torch twin, ref.exp_noise. Their release of the GIL is checked with the other
+bindings' in tests/test_kernels_cpu_ops.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpu_paths import NAN, PATHS, load_module, on_path, randn
+from engine.ops import ref
+
+
+@pytest.fixture(scope="module")
+def cpu_module():
+    return load_module()
+
+
+@pytest.fixture(params=PATHS)
+def m(request, cpu_module):
+    """The module on one instruction-set path."""
+    yield from on_path(cpu_module, request.param)
+
+
+@pytest.mark.parametrize("V", [1, 17, 4097, 16400, 49152, 262144])
+def test_logsumexp(m, V):
+    """torch.logsumexp's value per row, within 2e-7 of the row's scale: a row's max, then e^(x - max) summed in
+    4096-value stretches into a double; rows of 16,384 values or more are split in spans across the threads when
+    there are fewer rows than threads (one row: a greedy pick), and the spans' (max, sum) folded. Inputs at
+    the scale of real logits (a spread of ~60) and far past exp's range."""
+    for rows in (1, 2, 9):
+        for scale in (8.0, 300.0):
+            x = randn(rows, V, seed=V + rows, scale=scale)
+            out = torch.full((rows,), NAN)
+            m.logsumexp(out, x)
+            want = torch.logsumexp(x.double(), -1).float()
+            assert ((out - want).abs() <= 2e-7 * want.abs().clamp_min(1)).all(), (out - want).abs().max()
+
+
+def test_logsumexp_spans_on_many_threads(cpu_module):
+    """One row split across many threads: each span's length is rounded up to 16 values, so with 48 threads a
+    17,000-value row makes fewer spans than threads, the last one shorter, none empty or past the row's end."""
+    x = randn(1, 17000, seed=17, scale=5)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (3, 48):
+            torch.set_num_threads(n_threads)
+            out = torch.full((1,), NAN)
+            cpu_module.logsumexp(out, x)
+            torch.testing.assert_close(out, torch.logsumexp(x.double(), -1).float(), rtol=2e-7, atol=0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_logsumexp_inf_and_nan(m):
+    """torch's answers wherever the row holds inf or NaN, in a span of its own or not: NaN for a NaN, +inf for
+    a +inf, -inf for a row of -inf, and a -inf among finite values counts as e^-inf = 0 (a masked logit)."""
+    for V in (40, 20000):  # one span; two spans (one row, two threads)
+        x = randn(7, V, seed=V, scale=5)
+        x[0, 5] = NAN
+        x[1, V - 1] = float("inf")
+        x[2] = -float("inf")
+        x[3, : V - 30] = -float("inf")
+        x[4, V // 2 + 3] = NAN
+        x[5, 0], x[5, V - 1] = float("inf"), -float("inf")
+        x[6, 1::2] = -float("inf")
+        want = torch.logsumexp(x, -1)
+        out = torch.full((7,), 0.0)
+        m.logsumexp(out, x)
+        torch.testing.assert_close(out, want, rtol=2e-7, atol=0, equal_nan=True)
+        for r in range(7):  # each row alone: the split path
+            one = torch.full((1,), 0.0)
+            m.logsumexp(one, x[r:r + 1].clone())
+            torch.testing.assert_close(one, want[r:r + 1], rtol=2e-7, atol=0, equal_nan=True)
+
+
+def test_logsumexp_rejects_bad_shapes(cpu_module):
+    with pytest.raises(RuntimeError, match=r"x must be \[R, V\]"):
+        cpu_module.logsumexp(torch.empty(2), torch.zeros(2, 3, 4))
+    with pytest.raises(RuntimeError, match=r"out must be \[R\] = \[3\]"):
+        cpu_module.logsumexp(torch.empty(2), torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("V", [1, 7, 9, 1000, 16391, 49152])
+def test_exp_noise_is_the_twins(cpu_module, V):
+    """The CPU kernel's noise row is the twin's (ref.exp_noise: the same hashed uniforms, torch's log) within 2
+    ulp, every value finite and > 0, the same whichever threads made which slice (rows of 16,384 values or
+    more are split), and another key gives another row."""
+    from engine.sampling import position_key
+
+    for position in (0, 1, 500):
+        key = position_key(7, position)
+        out = torch.full((V,), NAN)
+        cpu_module.exp_noise(out, key)
+        want = ref.exp_noise(torch.empty(V), key)
+        torch.testing.assert_close(out, want, rtol=2.4e-7, atol=0)
+        assert torch.isfinite(out).all() and (out > 0).all()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            alone = torch.empty(V)
+            cpu_module.exp_noise(alone, key)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(alone, out)
+    other = torch.empty(V)
+    cpu_module.exp_noise(other, position_key(8, 500))
+    assert V < 9 or not torch.equal(other, out)
+
+
+def test_exp_noise_rejects_bad_input(cpu_module):
+    with pytest.raises(RuntimeError, match="out must be \\[V\\]"):
+        cpu_module.exp_noise(torch.empty(2, 3), 1)
+    with pytest.raises(RuntimeError, match="key must be >= 0"):
+        cpu_module.exp_noise(torch.empty(3), -1)
