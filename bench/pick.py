@@ -54,7 +54,8 @@ def paths() -> dict[str, tuple]:
         return lambda logits, sampling, noise: Engine.pick(eng, logits, sampling, noise)
 
     module = ext.load("cpu").module
-    kernels = {} if module is None else {"kernels": (engine_pick(CpuOps(module).logsumexp), CpuOps(module).exp_noise)}
+    ops = None if module is None else CpuOps(module)
+    kernels = {} if ops is None else {"kernels": (engine_pick(ops.logsumexp), ops.exp_noise)}
     return {**kernels, "twins": (engine_pick(ref.logsumexp), ref.exp_noise), "torch": (torch_pick, torch_noise)}
 
 
