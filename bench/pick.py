@@ -4,10 +4,11 @@ through Engine.pick, per vocabulary size and path, the paths alternating round b
 
     python -m bench.pick [--vocab 49152 151936 262144] [--repeats 5] [--picks 40] [--name pick-cpu]
 
-Paths: `kernels`, the CPU module's logsumexp (the shown probability is exp(logit - logsumexp)) and exp_noise (a
-noise row: hashed uniforms, -log); `twins`, the same recipe in torch (engine/ops/ref.py); `torch`, a pick as
-Engine.pick made it before those two: the whole softmax of the row for a greedy token's shown probability, and
-noise rows from torch's generator (torch.rand, then -log). Every pick takes a position never drawn before, so
+Paths: `kernels`, the CPU module's logsumexp (the shown probability is exp(logit - logsumexp)), softmax (the
+sampling distribution at T > 0, the temperature in the same pass) and exp_noise (a noise row: hashed uniforms,
+-log); `twins`, the same recipe in torch (engine/ops/ref.py); `torch`, a pick as Engine.pick made it before those
+kernels: the whole softmax of the row for a greedy token's shown probability, torch's softmax of logits /
+temperature, and noise rows from torch's generator (torch.rand, then -log). Every pick takes a position never drawn before, so
 at T > 0 each makes its noise row, as a plain decode step does. us: microseconds a pick, the median over the
 repeats of each round's mean over `picks` picks; vs_torch: the torch path's over this one's, round by round
 (median).
@@ -38,25 +39,26 @@ def torch_noise(out: torch.Tensor, key: int) -> torch.Tensor:
 
 
 def torch_pick(logits: torch.Tensor, sampling: SamplingParams, noise: Noise) -> tuple[int, float]:
-    """A pick as Engine.pick made it before the two kernels: the draw, then the whole softmax of the row for the
-    shown probability when greedy (the sampling distribution otherwise), read at the token."""
-    tok, dist = sample(logits[None], sampling, noise)
+    """A pick as Engine.pick made it before the kernels: the draw (torch's softmax of logits / temperature), then
+    the whole softmax of the row for the shown probability when greedy (the sampling distribution otherwise),
+    read at the token."""
+    tok, dist = sample(logits[None], sampling, noise, ref.softmax)
     shown = (logits[None].float().softmax(-1) if sampling.greedy else dist)[0]
     tok_id = int(tok[0])
     return tok_id, float(shown[tok_id])
 
 
 def paths() -> dict[str, tuple]:
-    """path -> (pick(logits, sampling, noise), exp_noise): Engine.pick with the kernels' or the twins' logsumexp,
-    or the pick before them."""
-    def engine_pick(logsumexp):
-        eng = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(logsumexp=logsumexp)))
+    """path -> (pick(logits, sampling, noise), exp_noise): Engine.pick with the kernels' or the twins' logsumexp
+    and softmax, or the pick before them."""
+    def engine_pick(ops):
+        eng = SimpleNamespace(model=SimpleNamespace(ops=ops))
         return lambda logits, sampling, noise: Engine.pick(eng, logits, sampling, noise)
 
     module = ext.load("cpu").module
     ops = None if module is None else CpuOps(module)
-    kernels = {} if ops is None else {"kernels": (engine_pick(ops.logsumexp), ops.exp_noise)}
-    return {**kernels, "twins": (engine_pick(ref.logsumexp), ref.exp_noise), "torch": (torch_pick, torch_noise)}
+    kernels = {} if ops is None else {"kernels": (engine_pick(ops), ops.exp_noise)}
+    return {**kernels, "twins": (engine_pick(ref), ref.exp_noise), "torch": (torch_pick, torch_noise)}
 
 
 def pick_us(path: tuple, logits: torch.Tensor, temperature: float, picks: int, first: int) -> float:

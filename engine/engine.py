@@ -160,7 +160,7 @@ class Engine:
 
     def pick(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[int, float]:
         """Sample one token from logits [V]; returns (id, p_target) in one host sync."""
-        tok, dist = sample(logits[None], sampling, gen)
+        tok, dist = sample(logits[None], sampling, gen, self.model.ops.softmax)
         if logits.device.type == "cpu":
             # nothing to sync with: the two numbers read directly, without the stack of doubles a device needs
             # (a default-model greedy step's pick 0.19-0.25 -> 0.12-0.19 ms, of a ~5 ms step)

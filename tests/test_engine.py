@@ -41,7 +41,8 @@ def test_greedy_pick_on_the_cpu_is_the_general_path(tiny):
     """Engine.pick's direct read on the CPU (sampling.shown_one) gives the id and p_target that sample and shown_at
     give: the first of tied maxima, and the model's own softmax at it, exp(logit - logsumexp) through the engine's
     ops (here in doubles, there in fp32: within 1e-6; logsumexp rounded to fp32 moves p by up to an ulp of it, 4e-6
-    relative below 64, against torch's softmax); at T > 0 the sampling distribution's entry, the same float."""
+    relative below 64, against torch's softmax); at T > 0 the sampling distribution's entry (the engine's softmax),
+    the same float."""
     from engine.sampling import SamplingParams, sample, shown_at
 
     greedy, g = SamplingParams(0.0), torch.Generator().manual_seed(3)
@@ -57,7 +58,7 @@ def test_greedy_pick_on_the_cpu_is_the_general_path(tiny):
     for position in range(20):
         logits = torch.randn(1000, generator=g) * 3
         noise = sampled.generator("cpu", tiny.model.ops.exp_noise)
-        tok, dist = sample(logits[None], sampled, noise.at(position))
+        tok, dist = sample(logits[None], sampled, noise.at(position), tiny.model.ops.softmax)
         p = float(shown_at(logits[None], torch.zeros(1, dtype=torch.long), tok, dist, sampled))
         assert tiny.pick(logits, sampled, noise.at(position)) == (int(tok[0]), p)
 

@@ -119,13 +119,14 @@ def native_calls(m) -> dict:
             "rmsnorm_heads": lambda n: partial(m.rmsnorm_heads, rows(n).view(16 * n, 32, 128), torch.ones(128), 1e-5),
             "rope": lambda n: rope(16 * n),
             "logsumexp": lambda n: partial(m.logsumexp, torch.empty(16 * n), rows(n)),
+            "softmax": lambda n: partial(m.softmax, torch.empty(16 * n, 4096), rows(n), 0.7),
             "exp_noise": lambda n: partial(m.exp_noise, torch.empty(16 * 4096 * n), 12345),
             "BlockPlan.run": blocks}
 
 
 def test_native_calls_release_the_gil(cpu_module):
     """Every binding that does real work (linear, attention, the norms, rope, the gated activations, logsumexp,
-    exp_noise, the block loop) runs without the GIL: a Python thread keeps running through a long native call
+    softmax, exp_noise, the block loop) runs without the GIL: a Python thread keeps running through a long native call
     (one kernel thread, so the loop has a core)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

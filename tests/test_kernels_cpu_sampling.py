@@ -1,5 +1,6 @@
-"""The CPU kernels of a token's pick (engine/sampling.py): logsumexp (csrc/cpu/rowwise.h lse_span, the shown
-probability exp(logit - logsumexp)) against torch.logsumexp on every instruction-set path, and the sampling noise
+"""The CPU kernels of a token's pick (engine/sampling.py): logsumexp (csrc/cpu/rowwise.h exp_span, the shown
+probability exp(logit - logsumexp)) against torch.logsumexp and softmax (the same pass, the sampling distribution)
+against torch's in doubles, on every instruction-set path, and the sampling noise
 (csrc/cpu/noise.h) against its torch twin, ref.exp_noise. Their release of the GIL is checked with the other
 bindings' in tests/test_kernels_cpu_ops.py."""
 from __future__ import annotations
@@ -20,6 +21,85 @@ def cpu_module():
 def m(request, cpu_module):
     """The module on one instruction-set path."""
     yield from on_path(cpu_module, request.param)
+
+
+def assert_softmax(out, x, temperature):
+    """out within (1e-6 + 5e-7 x |argument|) of softmax(x / temperature) in doubles, relative: the row's sum in
+    fp32 stretches (~1e-6), and each value's argument c (x - max) as exp sees it (its rounding's error grows with
+    it, torch's float softmax's as much); or within 2 FLT_MIN where the argument is past -87.3, which the kernel's
+    exp clamps (terms of ~1e-38 that torch makes subnormal or 0, beside a row's sum of >= 1)."""
+    y = x.double() / temperature
+    arg = (y - y.amax(-1, keepdim=True)).abs().nan_to_num(posinf=0.0)  # a masked -inf: want and out both 0
+    want = y.softmax(-1)
+    err = (out.double() - want).abs()
+    tol = (1e-6 + 5e-7 * arg) * want + 2 * torch.finfo(torch.float32).tiny
+    assert (err <= tol).all(), (err / tol).max()
+    torch.testing.assert_close(out.double().sum(-1), torch.ones(x.shape[0], dtype=torch.float64), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("V", [1, 17, 4097, 16400, 49152, 262144])
+def test_softmax(m, V):
+    """torch's softmax(x / temperature) per row: the row's max, then e^(c (x - max)) written and summed in the same
+    pass (c = 1 / temperature), split in spans across the threads for fewer rows than threads, each span then
+    scaled by e^(c (its max - the row's)) / the row's sum. Logits at real scale and far past exp's range."""
+    for rows in (1, 2, 9):
+        for scale in (8.0, 300.0):
+            for temperature in (0.7, 1.0, 1.9):
+                x = randn(rows, V, seed=V + rows, scale=scale)
+                out = torch.full((rows, V), NAN)
+                m.softmax(out, x, temperature)
+                assert_softmax(out, x, temperature)
+
+
+def test_softmax_spans_on_many_threads(cpu_module):
+    """One row in spans over 3 and 48 threads (fewer spans than threads, the last one shorter): the same values."""
+    x = randn(1, 17000, seed=18, scale=5)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (3, 48):
+            torch.set_num_threads(n_threads)
+            out = torch.full((1, 17000), NAN)
+            cpu_module.softmax(out, x, 0.8)
+            assert_softmax(out, x, 0.8)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_softmax_inf_and_nan(m):
+    """torch's answers where the row holds inf or NaN, in a span of its own or not: a row of NaN for a NaN, a
+    +inf, or a row of -inf; a -inf among finite values (a top-k or top-p mask) gives exactly 0 there and leaves
+    the rest a distribution over the finite values."""
+    for V in (40, 20000):  # one span; two spans (one row, two threads)
+        x = randn(8, V, seed=V + 1, scale=5)
+        x[0, 5] = NAN
+        x[1, V - 1] = float("inf")
+        x[2] = -float("inf")
+        x[3, : V - 30] = -float("inf")
+        x[4, V // 2 + 3] = NAN
+        x[5, 0], x[5, V - 1] = float("inf"), -float("inf")
+        x[6, 1::2] = -float("inf")
+        x[7, V // 2:] = -float("inf")  # a span (of two) all -inf, the row's max in the other
+        want = (x / 0.7).softmax(-1)
+        for r in range(8):
+            for rows in (x, x[r:r + 1].clone()):  # all rows (one span each); this row alone (split)
+                out = torch.full(rows.shape, 0.0)
+                m.softmax(out, rows, 0.7)
+                got = out[r] if rows.shape[0] == 8 else out[0]
+                if want[r].isnan().any():
+                    assert r in (0, 1, 2, 4, 5) and got.isnan().all()
+                else:
+                    assert_softmax(got[None], x[r:r + 1], 0.7)
+                    assert (got[x[r] == -float("inf")] == 0).all()
+
+
+def test_softmax_rejects_bad_input(cpu_module):
+    with pytest.raises(RuntimeError, match=r"x must be \[R, V\]"):
+        cpu_module.softmax(torch.empty(2, 3, 4), torch.zeros(2, 3, 4), 1.0)
+    with pytest.raises(RuntimeError, match=r"out must have x's shape"):
+        cpu_module.softmax(torch.empty(3, 5), torch.zeros(3, 4), 1.0)
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-300):
+        with pytest.raises(RuntimeError, match="temperature must be a finite number > 0"):
+            cpu_module.softmax(torch.empty(3, 4), torch.zeros(3, 4), bad)
 
 
 @pytest.mark.parametrize("V", [1, 17, 4097, 16400, 49152, 262144])

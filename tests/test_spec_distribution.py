@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, load_model, speculative
+from engine.ops import ref
 from engine.sampling import Noise, SamplingParams, draw, probs, sample
 from engine.speculative import drafters, loop
 from engine.tiny import tiny_config, write_tiny_model
@@ -48,23 +49,24 @@ def chi2_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
 # ---- broken twins --------------------------------------------------------------------------------------
 def verify_ignores(**wrong):
     """The verify pass shaping p_target with some sampling setting dropped (temperature=1.0 or top_k=0)."""
-    return lambda logits, sampling, noise: sample(logits, replace(sampling, **wrong), noise)
+    return lambda logits, sampling, noise, softmax=ref.softmax: sample(logits, replace(sampling, **wrong), noise,
+                                                                       softmax)
 
 
-def bonus_from_the_last_draft_row(logits, sampling, noise):
+def bonus_from_the_last_draft_row(logits, sampling, noise, softmax=ref.softmax):
     """Every draft judged right, but the token after them drawn from the last draft position's distribution
     instead of the row after it."""
     if sampling.greedy or logits.shape[0] < 2:
-        return sample(logits, sampling, noise)
-    p = probs(logits, sampling)
+        return sample(logits, sampling, noise, softmax)
+    p = probs(logits, sampling, softmax)
     return draw(torch.cat([p[:-1], p[-2:-1]]), noise), p
 
 
-def noise_keyed_by_round(logits, sampling, noise):
+def noise_keyed_by_round(logits, sampling, noise, softmax=ref.softmax):
     """Every position of a verify pass drawn with the noise of the round's first position."""
     if sampling.greedy:
-        return sample(logits, sampling, noise)
-    p = probs(logits, sampling)
+        return sample(logits, sampling, noise, softmax)
+    p = probs(logits, sampling, softmax)
     e = noise.take(1, p.shape[-1]).expand_as(p)
     return (p / e).argmax(-1), p
 
@@ -75,9 +77,9 @@ def keeps_drafts_past_a_mismatch(draft, target):
     return n, target[n]
 
 
-def raw_q(logits, sampling, noise):
+def raw_q(logits, sampling, noise, softmax=ref.softmax):
     """A drafter that draws from its unprocessed softmax (no temperature, top-k or top-p) and reports it."""
-    dist = logits.float().softmax(-1)
+    dist = softmax(logits)
     return draw(dist, noise), dist
 
 

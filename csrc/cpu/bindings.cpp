@@ -35,6 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("gate_up"));
   m.def("logsumexp", &c::logsumexp, "out[r] = log(sum(exp(x[r]))) for x [R, V]", nogil(), py::arg("out"),
         py::arg("x"));
+  m.def("softmax", &c::softmax, "out[r] = softmax(x[r] / temperature) for x [R, V]", nogil(), py::arg("out"),
+        py::arg("x"), py::arg("temperature"));
   m.def("exp_noise", &c::exp_noise, "out[i] = -log(u_i), the sampling noise of one position's key", nogil(),
         py::arg("out"), py::arg("key"));
   m.def("rmsnorm_heads", &c::rmsnorm_heads, "rmsnorm of each head of x [N, H, D] in place", nogil(),

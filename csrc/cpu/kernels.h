@@ -122,8 +122,9 @@ using NormFn = void (*)(const NormArgs&, int64_t r0, int64_t r1);
 
 // out[r, :I] = silu(gate_up[r, :I]) * gate_up[r, I:], rows [r0, r1), both dense (and gelu_tanh the same way).
 using SiluMulFn = void (*)(float* out, const float* gate_up, int inter, int64_t r0, int64_t r1);
-// A span v[0, n) of a logsumexp row -> its max m and s = sum e^(v - m) (rowwise.h lse_span).
-using LseSpanFn = void (*)(const float* v, int n, float* m, float* s);
+// A span v[0, n) of a logsumexp or softmax row -> its max m and s = sum e^(c (v - m)), and those terms into out
+// unless it is null (rowwise.h exp_span).
+using ExpSpanFn = void (*)(const float* v, int n, float c, float* out, float* m, float* s);
 
 // Rotary embedding in place on tokens [t0, t1): q [N, H, D] and k [N, Hkv, D] with dense heads and token
 // strides q_stride / k_stride; cos, sin [max_pos, D/2]; pos[t] as int64 (the host converts int32).
@@ -182,7 +183,7 @@ struct KernelTable {
   NormFn norm;
   SiluMulFn silu_mul;
   SiluMulFn gelu_tanh_mul;
-  LseSpanFn lse_span;
+  ExpSpanFn exp_span;
   RopeFn rope;
   AttentionFn attention;
   AttentionMergeFn attention_merge;

@@ -31,7 +31,7 @@ const KernelTable& avx512_table() {
                                  .norm = R::norm,
                                  .silu_mul = R::silu_mul,
                                  .gelu_tanh_mul = R::gelu_tanh_mul,
-                                 .lse_span = R::lse_span,
+                                 .exp_span = R::exp_span,
                                  .rope = R::rope,
                                  .attention = A::run,
                                  .attention_merge = A::merge};

@@ -33,6 +33,8 @@ void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up);  // gelu's tanh 
 
 // x: [R, V] dense -> out: [R], log(sum(exp(x[r]))) (torch.logsumexp over the last dim).
 void logsumexp(at::Tensor& out, const at::Tensor& x);
+// x: [R, V] dense -> out (x's shape): softmax(x / temperature) of each row (torch's, NaN rows where it gives NaN).
+void softmax(at::Tensor& out, const at::Tensor& x, double temperature);
 
 // out: [V] -> the Exp(1) sampling noise of one position's key (noise.h; twin: engine/ops/ref.py exp_noise).
 void exp_noise(at::Tensor& out, int64_t key);

@@ -2,6 +2,7 @@
 #include <ATen/record_function.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
@@ -36,6 +37,61 @@ void check_norm_weight(const at::Tensor& weight, const at::Tensor& x) {
 void run_norm(const NormArgs& a, int64_t rows) {
   parallel_chunks(rows, min_rows(a.hidden), [&](int64_t r0, int64_t r1) { kernels().norm(a, r0, r1); });
 }
+
+void check_exp_rows(const at::Tensor& x) {
+  check_fp32_rows(x, "x");
+  TORCH_CHECK(x.dim() == 2, "x must be [R, V], got ", x.sizes());
+  checked_int(x.size(1), "V");
+}
+
+// The first pass of logsumexp and softmax over x [R, V]: each row's spans through the kernel's exp_span (m, s and,
+// with out, the terms), then fold(r) gives the row's max and sum. With fewer rows than threads (a pick's one row),
+// each row is split in spans, one a thread; a span's length is rounded up to 16 values, so the spans may be fewer
+// than the threads, none of them empty.
+struct RowSpans {
+  int64_t rows;
+  int n, span, spans;
+  float c;
+  std::vector<float> m, s;  // [rows * spans]: each span's max and sum of e^(c (v - max))
+
+  RowSpans(const at::Tensor& x, float c_, float* out) : rows(x.size(0)), n(static_cast<int>(x.size(1))), c(c_) {
+    const int threads = at::get_num_threads();
+    const int asked = rows < threads && n >= kMinChunkElems ? threads : 1;
+    span = ((n + asked - 1) / asked + 15) / 16 * 16;
+    spans = (n + span - 1) / span;
+    m.resize(rows * spans), s.resize(rows * spans);
+    const float* v = x.data_ptr<float>();
+    parallel_chunks(rows * spans, spans > 1 ? 1 : min_rows(n), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const auto [c0, c1] = range(t);
+        const int64_t o = (t / spans) * n + c0;
+        kernels().exp_span(v + o, static_cast<int>(c1 - c0), c, out ? out + o : nullptr, &m[t], &s[t]);
+      }
+    });
+  }
+
+  std::pair<int64_t, int64_t> range(int64_t t) const {
+    const int64_t c0 = (t % spans) * span;
+    return {c0, c0 + span < n ? c0 + span : n};
+  }
+
+  struct Fold {
+    float max;     // the row's max (+inf, -inf when every value is)
+    double total;  // sum e^(c (v - max)) over the row, when max is finite
+    bool nan;      // the row holds a NaN
+  };
+  Fold fold(int64_t r) const {
+    Fold f{-INFINITY, 0.0, false};
+    for (int k = 0; k < spans; ++k) {
+      f.max = m[r * spans + k] > f.max ? m[r * spans + k] : f.max;
+      f.nan = f.nan || std::isnan(s[r * spans + k]);
+    }
+    if (!f.nan && std::isfinite(f.max))
+      for (int k = 0; k < spans; ++k)
+        f.total += s[r * spans + k] * std::exp(static_cast<double>(c) * (m[r * spans + k] - f.max));
+    return f;
+  }
+};
 
 void run_gated(at::Tensor& out, const at::Tensor& gate_up, SiluMulFn fn) {
   check_fp32_rows(gate_up, "gate_up");
@@ -92,43 +148,49 @@ void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up) {
 
 void logsumexp(at::Tensor& out, const at::Tensor& x) {
   RECORD_FUNCTION("decodescope::logsumexp", std::vector<c10::IValue>({x}));
-  check_fp32_rows(x, "x");
-  TORCH_CHECK(x.dim() == 2, "x must be [R, V], got ", x.sizes());
+  check_exp_rows(x);
   check_cpu(out, "out");
   TORCH_CHECK(out.dim() == 1 && out.size(0) == x.size(0), "out must be [R] = [", x.size(0), "], got ", out.sizes());
   check_dtype(out, "out", at::kFloat);
   check_dense(out, "out");
-  const int64_t rows = x.size(0);
-  const int n = checked_int(x.size(1), "V");
-  // fewer rows than threads (a pick's one row): each row in spans, one a thread, their (max, sum) folded here
-  // (a span's length rounded up to 16 values: so the spans may be fewer than the threads, none of them empty)
-  const int threads = at::get_num_threads();
-  const int asked = rows < threads && n >= kMinChunkElems ? threads : 1;
-  const int span = ((n + asked - 1) / asked + 15) / 16 * 16;
-  const int spans = (n + span - 1) / span;
-  std::vector<float> m(rows * spans), s(rows * spans);
-  const float* v = x.data_ptr<float>();
-  parallel_chunks(rows * spans, spans > 1 ? 1 : min_rows(n), [&](int64_t t0, int64_t t1) {
+  const RowSpans sp(x, 1.f, nullptr);
+  float* y = out.data_ptr<float>();
+  for (int64_t r = 0; r < sp.rows; ++r) {
+    const RowSpans::Fold f = sp.fold(r);
+    y[r] = f.nan ? NAN : std::isinf(f.max) ? f.max : f.max + static_cast<float>(std::log(f.total));
+  }
+}
+
+void softmax(at::Tensor& out, const at::Tensor& x, double temperature) {
+  RECORD_FUNCTION("decodescope::softmax", std::vector<c10::IValue>({x}));
+  check_exp_rows(x);
+  check_cpu(out, "out");
+  TORCH_CHECK(out.sizes() == x.sizes(), "out must have x's shape ", x.sizes(), ", got ", out.sizes());
+  check_dtype(out, "out", at::kFloat);
+  check_dense(out, "out");
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature) && std::isfinite(static_cast<float>(1.0 / temperature)),
+              "temperature must be a finite number > 0 whose inverse is a finite float, got ", temperature);
+  float* y = out.data_ptr<float>();
+  const RowSpans sp(x, static_cast<float>(1.0 / temperature), y);
+  // each span's terms were e^(c (v - its own max)): one factor per span puts them over the row's max and sum
+  std::vector<float> factor(sp.m.size());
+  for (int64_t r = 0; r < sp.rows; ++r) {
+    const RowSpans::Fold f = sp.fold(r);
+    for (int k = 0; k < sp.spans; ++k) {
+      const int64_t t = r * sp.spans + k;
+      // NaN, +inf or a row of -inf: torch's softmax gives NaN for the whole row
+      factor[t] = f.nan || std::isinf(f.max) ? NAN
+                  : static_cast<float>(std::exp(static_cast<double>(sp.c) * (sp.m[t] - f.max)) / f.total);
+    }
+  }
+  parallel_chunks(sp.rows * sp.spans, sp.spans > 1 ? 1 : min_rows(sp.n), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / spans, c0 = (t % spans) * span, c1 = c0 + span < n ? c0 + span : n;
-      kernels().lse_span(v + r * n + c0, static_cast<int>(c1 - c0), &m[t], &s[t]);
+      const auto [c0, c1] = sp.range(t);
+      float* row = y + (t / sp.spans) * sp.n;
+      const float g = factor[t];
+      for (int64_t i = c0; i < c1; ++i) row[i] *= g;
     }
   });
-  float* y = out.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    float mx = -INFINITY, nan = 0.f;
-    for (int c = 0; c < spans; ++c) {
-      mx = m[r * spans + c] > mx ? m[r * spans + c] : mx;
-      nan += s[r * spans + c] * 0.f;  // NaN from a span that held one
-    }
-    if (nan != 0.f || std::isinf(mx)) {  // NaN; +inf; every value -inf
-      y[r] = nan != 0.f ? NAN : mx;
-      continue;
-    }
-    double total = 0.0;
-    for (int c = 0; c < spans; ++c) total += s[r * spans + c] * std::exp(static_cast<double>(m[r * spans + c]) - mx);
-    y[r] = mx + static_cast<float>(std::log(total));
-  }
 }
 
 void exp_noise(at::Tensor& out, int64_t key) {

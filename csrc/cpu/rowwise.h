@@ -44,27 +44,36 @@ struct Rowwise {
     }
   }
 
-  // A span of a row for logsumexp (ops_rowwise.cpp folds a row's spans): m = its max, s = sum e^(v - m),
-  // torch.logsumexp's recipe, so nothing overflows; e^(v - m) by S::exp_le0 (its argument is <= 0). The sum runs
+  // A span of a row for logsumexp and softmax (ops_rowwise.cpp folds a row's spans): m = its max and
+  // s = sum e^(c (v - m)) for c = 1 / temperature > 0, torch's recipe, so nothing overflows; with `out`, also
+  // out[i] = e^(c (v_i - m)), the span's unnormalized softmax. e^x by S::exp_le0 (its argument is <= 0). The sum runs
   // in 16 lanes over 4096 values at a time, each stretch folded into a double (~1e-7 relative at 262,144 values).
-  // A span holding inf or NaN takes the scalar path: s = NaN for a NaN, m = +inf for a +inf, m = -inf and s = 0
-  // when every value is -inf, and a -inf among finite values counts as e^-inf = 0.
-  static void lse_span_special(const float* v, int n, float* m_out, float* s_out) {
+  // A span holding inf or NaN takes the scalar path, in doubles: s = NaN for a NaN, m = +inf for a +inf (s = 1),
+  // m = -inf and s = 0 when every value is -inf, and a -inf among finite values counts as e^-inf = 0 (a top-k or
+  // top-p mask's tokens: exactly 0 in out).
+  static void exp_span_special(const float* v, int n, float c, float* out, float* m_out, float* s_out) {
     float m = -INFINITY;
     for (int i = 0; i < n; ++i) {
       if (std::isnan(v[i])) {
         *m_out = NAN, *s_out = NAN;
+        for (int j = 0; out && j < n; ++j) out[j] = NAN;
         return;
       }
       m = v[i] > m ? v[i] : m;
     }
     double s = 0.0;
+    if (!std::isfinite(m) && out)  // every value -inf: terms of 0; a +inf: NaN (torch's softmax row)
+      for (int i = 0; i < n; ++i) out[i] = m < 0 ? 0.f : NAN;
     if (std::isfinite(m))
-      for (int i = 0; i < n; ++i) s += std::exp(static_cast<double>(v[i]) - m);
+      for (int i = 0; i < n; ++i) {
+        const double e = v[i] == -INFINITY ? 0.0 : std::exp(static_cast<double>(c) * (static_cast<double>(v[i]) - m));
+        s += e;
+        if (out) out[i] = static_cast<float>(e);
+      }
     *m_out = m, *s_out = std::isinf(m) ? (m > 0 ? 1.f : 0.f) : static_cast<float>(s);
   }
 
-  static void lse_span(const float* v, int n, float* m_out, float* s_out) {
+  static void exp_span(const float* v, int n, float c, float* out, float* m_out, float* s_out) {
     constexpr int kStretch = 4096;
     const int body = n - n % 16;
     F mv = S::set1(-INFINITY), bad = S::zero();  // bad: the values times 0 summed, NaN once an inf or NaN went by
@@ -79,21 +88,32 @@ struct Rowwise {
       tail_bad += v[i] * 0.f;
     }
     if (S::nonfinite(bad, bad) != 0.f || tail_bad != 0.f || !std::isfinite(m))  // NaN != 0
-      return lse_span_special(v, n, m_out, s_out);
-    const F M = S::set1(m);
+      return exp_span_special(v, n, c, out, m_out, s_out);
+    const F M = S::set1(m), C = S::set1(c);
+    auto term = [&](int i) { return S::exp_le0(S::mul(S::sub(S::load(v + i), M), C)); };
     double s = 0.0;
     for (int i0 = 0; i0 < body; i0 += kStretch) {
       const int i1 = body - i0 < kStretch ? body : i0 + kStretch;
       F a = S::zero(), b = S::zero();  // two chains, so two exps overlap
       int i = i0;
       for (; i + 32 <= i1; i += 32) {
-        a = S::add(a, S::exp_le0(S::sub(S::load(v + i), M)));
-        b = S::add(b, S::exp_le0(S::sub(S::load(v + i + 16), M)));
+        const F ea = term(i), eb = term(i + 16);
+        if (out) S::store(out + i, ea), S::store(out + i + 16, eb);
+        a = S::add(a, ea);
+        b = S::add(b, eb);
       }
-      if (i < i1) a = S::add(a, S::exp_le0(S::sub(S::load(v + i), M)));
+      if (i < i1) {
+        const F ea = term(i);
+        if (out) S::store(out + i, ea);
+        a = S::add(a, ea);
+      }
       s += static_cast<double>(S::reduce_add(S::add(a, b)));
     }
-    for (int i = body; i < n; ++i) s += std::exp(static_cast<double>(v[i]) - m);
+    for (int i = body; i < n; ++i) {
+      const double e = std::exp(static_cast<double>(c) * (static_cast<double>(v[i]) - m));
+      s += e;
+      if (out) out[i] = static_cast<float>(e);
+    }
     *m_out = m, *s_out = static_cast<float>(s);
   }
 

@@ -44,6 +44,15 @@ class CpuOps(RowwiseOps):
         self.module.logsumexp(out, x.contiguous())
         return out
 
+    def softmax(self, x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """ref.softmax through the module for float32 rows on the CPU: the temperature, the row's max and its
+        exps in one pass, split across the threads, then one scaling pass; anything else through the twin."""
+        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+            return ref.softmax(x, temperature)
+        out = torch.empty(x.shape)
+        self.module.softmax(out, x.contiguous(), float(temperature))
+        return out
+
     def exp_noise(self, out: torch.Tensor, key: int) -> torch.Tensor:
         """ref.exp_noise through the module: the same uniforms, a 49,152-token row in ~86 us where the twin's
         torch integer ops take ~760 (and torch.rand's generator, the noise before, ~350; 2 AVX2 cores)."""
@@ -104,6 +113,6 @@ def ops(module: ModuleType) -> dict:
     c = CpuOps(module)
     return dict(rmsnorm=c.rmsnorm, add_rmsnorm=c.add_rmsnorm, rope_=c.rope_, silu_mul=c.silu_mul,
                 gelu_tanh_mul=c.gelu_tanh_mul, rmsnorm_heads_=c.rmsnorm_heads_, logsumexp=c.logsumexp,
-                exp_noise=c.exp_noise,
+                softmax=c.softmax, exp_noise=c.exp_noise,
                 attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in c.codes},
                 blocks=c.blocks, block_fields=tuple(module.block_fields()))

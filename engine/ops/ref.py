@@ -64,6 +64,12 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(x.float(), dim=-1)
 
 
+def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """softmax(x / temperature) of each row in float32: [R, V] -> [R, V] (a sampled pick's distribution,
+    engine/sampling.py probs)."""
+    return (x.float() / temperature).softmax(-1)
+
+
 MASK32 = 0xFFFFFFFF
 
 

@@ -205,7 +205,7 @@ class ModelDrafter(Drafter):
         for i in range(k):
             if i:
                 logits = e.decode(ids[-1])
-            tok, row = sample(logits, sampling, noise)  # [1], [1, V] (None when greedy)
+            tok, row = sample(logits, sampling, noise, e.model.ops.softmax)  # [1], [1, V] (None when greedy)
             if row is not None:
                 rows.append(row)  # kept: a graph's logits buffer is overwritten by the next step
             ps.append(shown_at(logits, tok.new_zeros(1), tok, row, sampling, e.model.ops.logsumexp))

@@ -127,13 +127,13 @@ def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int
     model.ensure_rope(len(ids))
     L = model.config.n_layers
     scores, logits, cache = influence(model, ids, window)
-    p_target = probs(logits, sampling)
+    p_target = probs(logits, sampling, model.ops.softmax)
     order = sorted(range(L), key=scores.__getitem__)  # least influence first
     counts = sorted({min(L - 1, max(1, round(f * L))) for f in SKIP_FRACTIONS})
     head, best, candidates = step_share(model), None, {}
     for n_skip in counts:  # fewest skipped first; acceptance falls faster than cost, so stop once it stops paying
         keep = sorted(order[n_skip:])
-        p_draft = probs(drafted(model, keep, ids, window, cache), sampling)
+        p_draft = probs(drafted(model, keep, ids, window, cache), sampling, model.ops.softmax)
         acc = torch.minimum(p_target, p_draft).sum(-1).mean().item()
         candidates[n_skip] = acc
         cost = head + (1 - head) * len(keep) / L

@@ -42,11 +42,13 @@ def accept(draft: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: Noise,
-          position: int, logsumexp=ref.logsumexp) -> tuple[list[Token], int]:
+          position: int, logsumexp=ref.logsumexp, softmax=ref.softmax) -> tuple[list[Token], int]:
     """Verify logits [k+1, V] against a draft whose first token is output position `position` -> the round's
-    tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync."""
+    tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync.
+    `logsumexp` and `softmax` are the engine's OpSet's (engine/sampling.py shown_at, probs)."""
     k = draft.ids.shape[0]
-    target, p_t = sample(logits, sampling, noise.at(position))  # row r: plain decoding's draw at `position` + r
+    # row r: plain decoding's draw at `position` + r
+    target, p_t = sample(logits, sampling, noise.at(position), softmax)
     n, nxt = accept(draft.ids, target)
     # the drafts' shown probabilities, then the next token's: one shown_at over k + 1 (row, id) pairs
     rows = torch.cat([torch.arange(k, device=logits.device), n[None]])
@@ -133,7 +135,8 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = K_DEFAULT, max_new_tokens
             base = eng.length
             logits = eng.chunk(torch.cat([last, draft.ids])[None])[0]  # [k'+1, V]
             c = clock.mark()
-            tokens, n_acc = judge(draft, logits, sampling, noise, n_out, eng.model.ops.logsumexp)
+            tokens, n_acc = judge(draft, logits, sampling, noise, n_out, eng.model.ops.logsumexp,
+                                  eng.model.ops.softmax)
             eng.rollback(base + 1 + n_acc)
             n_drafted = draft.ids.shape[0]
         d = clock.mark()
