@@ -8,8 +8,8 @@ Paths: `kernels`, the CPU module's logsumexp (the shown probability is exp(logit
 sampling distribution at T > 0, the temperature in the same pass) and exp_noise (a noise row: hashed uniforms,
 -log); `twins`, the same recipe in torch (engine/ops/ref.py); `torch`, a pick as Engine.pick made it before those
 kernels: the whole softmax of the row for a greedy token's shown probability, torch's softmax of logits /
-temperature, and noise rows from torch's generator (torch.rand, then -log). Every pick takes a position never drawn before, so
-at T > 0 each makes its noise row, as a plain decode step does. us: microseconds a pick, the median over the
+temperature, and noise rows from torch's generator (torch.rand, then -log). Every pick takes a position never drawn
+before, so at T > 0 each makes its noise row, as a plain decode step does. us: microseconds a pick, the median over the
 repeats of each round's mean over `picks` picks; vs_torch: the torch path's over this one's, round by round
 (median).
 """

@@ -156,7 +156,7 @@ class Engine:
     def begin(self, prompt_ids, max_new_tokens: int, sampling: SamplingParams, extra: int = 0) -> torch.Generator:
         self.check_request(prompt_ids, max_new_tokens, extra)
         self.clock.reset_peak()
-        return sampling.generator(self.device, self.model.ops.exp_noise)
+        return sampling.generator(self.device, self.model.ops.exp_noise, self.model.ops.race)
 
     def pick(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[int, float]:
         """Sample one token from logits [V]; returns (id, p_target) in one host sync."""

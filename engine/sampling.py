@@ -45,10 +45,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self, device, fill=ref.exp_noise) -> Noise:
-        """The run's noise: from the seed, or from a fresh random seed where seed is None; `fill` makes a row
-        (the engine passes its OpSet's exp_noise)."""
-        return Noise(torch.seed() if self.seed is None else self.seed, device, fill)
+    def generator(self, device, fill=ref.exp_noise, race=ref.race) -> Noise:
+        """The run's noise: from the seed, or from a fresh random seed where seed is None; `fill` makes a row and
+        `race` draws against the rows (the engine passes its OpSet's exp_noise and race)."""
+        return Noise(torch.seed() if self.seed is None else self.seed, device, fill, race)
 
 
 def position_key(seed: int, position: int) -> int:
@@ -64,15 +64,16 @@ class Noise:
     """The random draws of one run, keyed by output position.
 
     Row i is V independent Exp(1) values (-log U, U uniform in (0, 1)) made by `fill` (an OpSet's exp_noise:
-    engine/ops/ref.py, or the CPU kernel, the same uniforms) from position_key(seed, i) alone: the noise output
+    engine/ops/ref.py, or the CPU kernel, the same uniforms) from position_key(seed, i) alone, and `race` (the
+    OpSet's) draws a token against it (draw()): the noise output
     token i is drawn with, whichever loop draws it and whenever. A cursor (`position`) says which row the next
     draw takes; a draw of R rows takes R positions and moves it on. Plain decoding never moves it otherwise, so
     its i-th draw is position i; the speculative loop sets it with at() before each draw. Rows drawn ahead (a
     drafter's, a verify pass's past a rejection) are kept until the cursor passes them (at most ROWS_KEPT), so a
     position's row is made once."""
 
-    def __init__(self, seed: int, device, fill=ref.exp_noise):
-        self.seed, self.device, self.fill = int(seed), torch.device(device), fill
+    def __init__(self, seed: int, device, fill=ref.exp_noise, race=ref.race):
+        self.seed, self.device, self.fill, self.race = int(seed), torch.device(device), fill, race
         self.position = 0
         self.rows: dict[int, torch.Tensor] = {}  # position -> [V] float32, for positions >= self.position
 
@@ -93,7 +94,11 @@ class Noise:
 
     def take(self, n: int, V: int) -> torch.Tensor:
         """Rows [n, V] for the n positions from the cursor on; the cursor moves past them."""
-        rows = torch.stack([self.row(self.position + i, V) for i in range(n)])
+        return torch.stack(self.take_rows(n, V))
+
+    def take_rows(self, n: int, V: int) -> list[torch.Tensor]:
+        """take()'s rows, each [V] as kept, uncopied."""
+        rows = [self.row(self.position + i, V) for i in range(n)]
         self.position += n
         return rows
 
@@ -164,10 +169,8 @@ def draw(weights: torch.Tensor, noise: Noise | None) -> torch.Tensor:
     unkeyed noise (a caller that needs no reproducibility)."""
     R, V = weights.shape
     if noise is None:
-        e = torch.rand(R, V, device=weights.device).log_().neg_()
-    else:
-        e = noise.take(R, V)
-    return argmax(weights / e)
+        return argmax(weights / torch.rand(R, V, device=weights.device).log_().neg_())
+    return noise.race(weights, noise.take_rows(R, V))
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, noise: Noise | None, softmax=ref.softmax,

@@ -64,12 +64,12 @@ def test_one_small_chunk_that_claims_200000_tokens_costs_what_its_bytes_allow():
 def test_rendering_and_stats_are_linear_in_a_rounds_tokens():
     from ui import render
 
-    n = 20_000  # n * n steps would take minutes
+    n = 20_000  # n * n steps would take minutes; linear work took 0.6 s here, 1.2 s with a build beside it
     rnd = Round(1, [Token(-1, "target", text="x") for _ in range(n)], 0.0, 5.0)
     stats = Stats([Round(0, [Token(-1, "target", text="a")], 0.0, 1.0), rnd], 1)
     t = time.perf_counter()
     stats.summary(), stats.rows(), render.render_rounds(stats.rounds, str)
-    assert time.perf_counter() - t < 1.0
+    assert time.perf_counter() - t < 10.0
 
 
 @pytest.mark.parametrize("name, raw, says", [

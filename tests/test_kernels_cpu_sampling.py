@@ -10,6 +10,7 @@ import torch
 
 from cpu_paths import NAN, PATHS, load_module, on_path, randn
 from engine.ops import ref
+from engine.sampling import position_key
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,67 @@ def test_softmax_rejects_bad_input(cpu_module):
     for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-300):
         with pytest.raises(RuntimeError, match="temperature must be a finite number > 0"):
             cpu_module.softmax(torch.empty(3, 4), torch.zeros(3, 4), bad)
+
+
+def noise_rows(R, V, seed):
+    return [ref.exp_noise(torch.empty(V), position_key(seed, i)) for i in range(R)]
+
+
+@pytest.mark.parametrize("V", [1, 15, 17, 300, 4097, 16400, 49152, 262144])
+def test_race_is_the_twins(m, V):
+    """The index ref.race gives (torch's argmax of weights / noise), exactly: sampling distributions at several
+    temperatures, with top-k's zeros, one row (split in spans across the threads) or several."""
+    for rows in (1, 2, 9):
+        logits = randn(rows, V, seed=V + 3 * rows, scale=4)
+        for temperature in (0.3, 1.0, 3.0):
+            w = (logits / temperature).softmax(-1)
+            if V > 10:
+                w[:, ::3] = 0  # masked tokens
+            e = noise_rows(rows, V, V + rows)
+            out = torch.full((rows,), -1, dtype=torch.long)
+            m.race(out, w, e)
+            assert torch.equal(out, ref.race(w, e)), (out, ref.race(w, e))
+
+
+def test_race_ties_nan_and_spans(m, cpu_module):
+    """Ties go to the first index, within a block, across blocks and across spans; a NaN quotient wins at its first
+    index (torch's argmax), wherever it sits; the same on 3 and 48 threads."""
+    V = 20000
+    ones = [torch.ones(V)]
+    w = torch.zeros(1, V)
+    for where in ([5, 7], [300, 40, 19999], [15000, 10001], [19998, 19999]):
+        w.zero_()
+        w[0, where] = 1.0
+        out = torch.zeros(1, dtype=torch.long)
+        m.race(out, w, ones)
+        assert out.item() == min(where) == ref.race(w, ones).item()
+    for nan_at in (0, 17, 9999, 10000, 19999):
+        w = torch.rand(1, V, generator=torch.Generator().manual_seed(nan_at))
+        w[0, nan_at], w[0, 3] = float("nan"), 2.0
+        out = torch.zeros(1, dtype=torch.long)
+        m.race(out, w, ones)
+        assert out.item() == nan_at == ref.race(w, ones).item()
+    threads = torch.get_num_threads()
+    try:
+        w = torch.rand(1, 17000, generator=torch.Generator().manual_seed(4))
+        e = noise_rows(1, 17000, 4)
+        for n_threads in (3, 48):
+            torch.set_num_threads(n_threads)
+            out = torch.zeros(1, dtype=torch.long)
+            cpu_module.race(out, w, e)
+            assert torch.equal(out, ref.race(w, e))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_race_rejects_bad_input(cpu_module):
+    w, e = torch.rand(2, 30), noise_rows(2, 30, 0)
+    with pytest.raises(RuntimeError, match="noise must be 2 rows"):
+        cpu_module.race(torch.empty(2, dtype=torch.long), w, e[:1])
+    with pytest.raises(RuntimeError, match=r"noise\[1\] must be \[V\] = \[30\]"):
+        cpu_module.race(torch.empty(2, dtype=torch.long), w, [e[0], torch.ones(31)])
+    with pytest.raises(RuntimeError, match="out must be"):
+        cpu_module.race(torch.empty(2), w, e)
 
 
 @pytest.mark.parametrize("V", [1, 17, 4097, 16400, 49152, 262144])

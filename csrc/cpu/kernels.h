@@ -125,6 +125,8 @@ using SiluMulFn = void (*)(float* out, const float* gate_up, int inter, int64_t 
 // A span v[0, n) of a logsumexp or softmax row -> its max m and s = sum e^(c (v - m)), and those terms into out
 // unless it is null (rowwise.h exp_span).
 using ExpSpanFn = void (*)(const float* v, int n, float c, float* out, float* m, float* s);
+// A span [0, n) of an exponential race -> the largest w[i] / e[i] and its first index (rowwise.h race_span).
+using RaceSpanFn = void (*)(const float* w, const float* e, int n, float* best, int* at);
 
 // Rotary embedding in place on tokens [t0, t1): q [N, H, D] and k [N, Hkv, D] with dense heads and token
 // strides q_stride / k_stride; cos, sin [max_pos, D/2]; pos[t] as int64 (the host converts int32).
@@ -184,6 +186,7 @@ struct KernelTable {
   SiluMulFn silu_mul;
   SiluMulFn gelu_tanh_mul;
   ExpSpanFn exp_span;
+  RaceSpanFn race_span;
   RopeFn rope;
   AttentionFn attention;
   AttentionMergeFn attention_merge;

@@ -44,28 +44,27 @@ void check_exp_rows(const at::Tensor& x) {
   checked_int(x.size(1), "V");
 }
 
-// The first pass of logsumexp and softmax over x [R, V]: each row's spans through the kernel's exp_span (m, s and,
-// with out, the terms), then fold(r) gives the row's max and sum. With fewer rows than threads (a pick's one row),
-// each row is split in spans, one a thread; a span's length is rounded up to 16 values, so the spans may be fewer
-// than the threads, none of them empty.
-struct RowSpans {
+// A row pass's work items: each of `rows` rows of n values in `spans` spans of `span` values. With fewer rows than
+// threads (a pick's one row), each row is split in spans, one a thread; a span's length is rounded up to 16 values,
+// so the spans may be fewer than the threads, none of them empty.
+struct Spans {
   int64_t rows;
   int n, span, spans;
-  float c;
-  std::vector<float> m, s;  // [rows * spans]: each span's max and sum of e^(c (v - max))
 
-  RowSpans(const at::Tensor& x, float c_, float* out) : rows(x.size(0)), n(static_cast<int>(x.size(1))), c(c_) {
+  Spans(int64_t rows_, int n_) : rows(rows_), n(n_) {
     const int threads = at::get_num_threads();
     const int asked = rows < threads && n >= kMinChunkElems ? threads : 1;
     span = ((n + asked - 1) / asked + 15) / 16 * 16;
     spans = (n + span - 1) / span;
-    m.resize(rows * spans), s.resize(rows * spans);
-    const float* v = x.data_ptr<float>();
+  }
+
+  // fn(t, c0, c1) for every item t = r * spans + k, span k of row r covering [c0, c1), across the threads
+  template <class Fn>
+  void run(Fn fn) const {
     parallel_chunks(rows * spans, spans > 1 ? 1 : min_rows(n), [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const auto [c0, c1] = range(t);
-        const int64_t o = (t / spans) * n + c0;
-        kernels().exp_span(v + o, static_cast<int>(c1 - c0), c, out ? out + o : nullptr, &m[t], &s[t]);
+        fn(t, c0, c1);
       }
     });
   }
@@ -73,6 +72,22 @@ struct RowSpans {
   std::pair<int64_t, int64_t> range(int64_t t) const {
     const int64_t c0 = (t % spans) * span;
     return {c0, c0 + span < n ? c0 + span : n};
+  }
+};
+
+// The first pass of logsumexp and softmax over x [R, V]: each span's max m and s = sum e^(c (v - m)) through the
+// kernel's exp_span (with out, the terms too); fold(r) gives the row's max and sum.
+struct ExpPass : Spans {
+  float c;
+  std::vector<float> m, s;  // [rows * spans]
+
+  ExpPass(const at::Tensor& x, float c_, float* out)
+      : Spans(x.size(0), static_cast<int>(x.size(1))), c(c_), m(rows * spans), s(rows * spans) {
+    const float* v = x.data_ptr<float>();
+    run([&](int64_t t, int64_t c0, int64_t c1) {
+      const int64_t o = (t / spans) * n + c0;
+      kernels().exp_span(v + o, static_cast<int>(c1 - c0), c, out ? out + o : nullptr, &m[t], &s[t]);
+    });
   }
 
   struct Fold {
@@ -153,10 +168,10 @@ void logsumexp(at::Tensor& out, const at::Tensor& x) {
   TORCH_CHECK(out.dim() == 1 && out.size(0) == x.size(0), "out must be [R] = [", x.size(0), "], got ", out.sizes());
   check_dtype(out, "out", at::kFloat);
   check_dense(out, "out");
-  const RowSpans sp(x, 1.f, nullptr);
+  const ExpPass sp(x, 1.f, nullptr);
   float* y = out.data_ptr<float>();
   for (int64_t r = 0; r < sp.rows; ++r) {
-    const RowSpans::Fold f = sp.fold(r);
+    const ExpPass::Fold f = sp.fold(r);
     y[r] = f.nan ? NAN : std::isinf(f.max) ? f.max : f.max + static_cast<float>(std::log(f.total));
   }
 }
@@ -171,11 +186,11 @@ void softmax(at::Tensor& out, const at::Tensor& x, double temperature) {
   TORCH_CHECK(temperature > 0 && std::isfinite(temperature) && std::isfinite(static_cast<float>(1.0 / temperature)),
               "temperature must be a finite number > 0 whose inverse is a finite float, got ", temperature);
   float* y = out.data_ptr<float>();
-  const RowSpans sp(x, static_cast<float>(1.0 / temperature), y);
+  const ExpPass sp(x, static_cast<float>(1.0 / temperature), y);
   // each span's terms were e^(c (v - its own max)): one factor per span puts them over the row's max and sum
   std::vector<float> factor(sp.m.size());
   for (int64_t r = 0; r < sp.rows; ++r) {
-    const RowSpans::Fold f = sp.fold(r);
+    const ExpPass::Fold f = sp.fold(r);
     for (int k = 0; k < sp.spans; ++k) {
       const int64_t t = r * sp.spans + k;
       // NaN, +inf or a row of -inf: torch's softmax gives NaN for the whole row
@@ -183,14 +198,50 @@ void softmax(at::Tensor& out, const at::Tensor& x, double temperature) {
                   : static_cast<float>(std::exp(static_cast<double>(sp.c) * (sp.m[t] - f.max)) / f.total);
     }
   }
-  parallel_chunks(sp.rows * sp.spans, sp.spans > 1 ? 1 : min_rows(sp.n), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const auto [c0, c1] = sp.range(t);
-      float* row = y + (t / sp.spans) * sp.n;
-      const float g = factor[t];
-      for (int64_t i = c0; i < c1; ++i) row[i] *= g;
-    }
+  sp.run([&](int64_t t, int64_t c0, int64_t c1) {
+    float* row = y + (t / sp.spans) * sp.n;
+    for (int64_t i = c0; i < c1; ++i) row[i] *= factor[t];
   });
+}
+
+void race(at::Tensor& out, const at::Tensor& weights, const std::vector<at::Tensor>& noise) {
+  RECORD_FUNCTION("decodescope::race", std::vector<c10::IValue>({weights}));
+  check_exp_rows(weights);
+  const int64_t rows = weights.size(0), n = weights.size(1);
+  TORCH_CHECK(static_cast<int64_t>(noise.size()) == rows, "noise must be ", rows, " rows (one a weights row), got ",
+              noise.size());
+  std::vector<const float*> e(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const at::Tensor& row = noise[r];
+    check_cpu(row, "noise row");
+    TORCH_CHECK(row.dim() == 1 && row.size(0) == n, "noise[", r, "] must be [V] = [", n, "], got ", row.sizes());
+    check_dtype(row, "noise row", at::kFloat);
+    check_dense(row, "noise row");
+    e[r] = row.data_ptr<float>();
+  }
+  check_tensor(out, "out", at::kLong, "[R]", {rows});
+  const Spans sp(rows, static_cast<int>(n));
+  std::vector<float> best(rows * sp.spans);
+  std::vector<int> where(rows * sp.spans);
+  const float* w = weights.data_ptr<float>();
+  sp.run([&](int64_t t, int64_t c0, int64_t c1) {
+    const int64_t r = t / sp.spans;
+    kernels().race_span(w + r * n + c0, e[r] + c0, static_cast<int>(c1 - c0), &best[t], &where[t]);
+  });
+  int64_t* y = out.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {  // the spans in order: the first NaN, else the first of the largest
+    int64_t won = -1;
+    float top = 0.f;
+    for (int k = 0; k < sp.spans; ++k) {
+      const int64_t t = r * sp.spans + k;
+      if (std::isnan(best[t])) {
+        won = sp.range(t).first + where[t];
+        break;
+      }
+      if (won < 0 || best[t] > top) top = best[t], won = sp.range(t).first + where[t];
+    }
+    y[r] = won;
+  }
 }
 
 void exp_noise(at::Tensor& out, int64_t key) {

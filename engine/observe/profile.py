@@ -136,7 +136,7 @@ class Recorder:
         eng.check_prompt(context, WARMUP + steps + self.T + 1, " + the profiled steps")
         self.context = context
         self.sampling = SamplingParams()
-        self.gen = self.sampling.generator(eng.device, eng.model.ops.exp_noise)
+        self.gen = self.sampling.generator(eng.device, eng.model.ops.exp_noise, eng.model.ops.race)
         self.chunk = torch.tensor([(context * self.T)[-self.T:]], device=eng.device)  # [1, T]
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
         self.traces: list[dict] = []

@@ -53,6 +53,16 @@ class CpuOps(RowwiseOps):
         self.module.softmax(out, x.contiguous(), float(temperature))
         return out
 
+    def race(self, weights: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
+        """ref.race through the module for float32 rows on the CPU: each quotient made and compared once, split
+        across the threads, without the [R, V] quotients torch writes; anything else through the twin."""
+        if (weights.dim() != 2 or weights.dtype != torch.float32 or weights.device.type != "cpu"
+                or any(e.dtype != torch.float32 or not e.is_contiguous() for e in noise)):
+            return ref.race(weights, noise)
+        out = torch.empty(weights.shape[0], dtype=torch.long)
+        self.module.race(out, weights.contiguous(), list(noise))
+        return out
+
     def exp_noise(self, out: torch.Tensor, key: int) -> torch.Tensor:
         """ref.exp_noise through the module: the same uniforms, a 49,152-token row in ~86 us where the twin's
         torch integer ops take ~760 (and torch.rand's generator, the noise before, ~350; 2 AVX2 cores)."""
@@ -113,6 +123,6 @@ def ops(module: ModuleType) -> dict:
     c = CpuOps(module)
     return dict(rmsnorm=c.rmsnorm, add_rmsnorm=c.add_rmsnorm, rope_=c.rope_, silu_mul=c.silu_mul,
                 gelu_tanh_mul=c.gelu_tanh_mul, rmsnorm_heads_=c.rmsnorm_heads_, logsumexp=c.logsumexp,
-                softmax=c.softmax, exp_noise=c.exp_noise,
+                softmax=c.softmax, race=c.race, exp_noise=c.exp_noise,
                 attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in c.codes},
                 blocks=c.blocks, block_fields=tuple(module.block_fields()))

@@ -70,6 +70,12 @@ def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     return (x.float() / temperature).softmax(-1)
 
 
+def race(weights: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
+    """The exponential race of each row: weights [R, V] >= 0 and R noise rows [V] of Exp(1) values -> [R] long,
+    argmax(weights[r] / noise[r]) (engine/sampling.py draw)."""
+    return (weights / torch.stack(list(noise))).argmax(-1)
+
+
 MASK32 = 0xFFFFFFFF
 
 
