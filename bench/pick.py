@@ -5,11 +5,12 @@ through Engine.pick, per vocabulary size and path, the paths alternating round b
     python -m bench.pick [--vocab 49152 151936 262144] [--repeats 5] [--picks 40] [--name pick-cpu]
 
 Paths: `kernels`, the CPU module's logsumexp (the shown probability is exp(logit - logsumexp)), softmax (the
-sampling distribution at T > 0, the temperature in the same pass) and exp_noise (a noise row: hashed uniforms,
--log); `twins`, the same recipe in torch (engine/ops/ref.py); `torch`, a pick as Engine.pick made it before those
-kernels: the whole softmax of the row for a greedy token's shown probability, torch's softmax of logits /
-temperature, and noise rows from torch's generator (torch.rand, then -log). Every pick takes a position never drawn
-before, so at T > 0 each makes its noise row, as a plain decode step does. us: microseconds a pick, the median over the
+sampling distribution at T > 0, the temperature in the same pass), exp_noise (a noise row: hashed uniforms, -log)
+and race (the draw: the argmax of the distribution over the noise); `twins`, the same recipe in torch
+(engine/ops/ref.py); `torch`, a pick as Engine.pick made it before those kernels: the whole softmax of the row for a
+greedy token's shown probability, torch's softmax of logits / temperature, noise rows from torch's generator
+(torch.rand, then -log) and the race in torch. Every pick takes a position never drawn before, so at T > 0 each
+makes its noise row, as a plain decode step does. us: microseconds a pick, the median over the
 repeats of each round's mean over `picks` picks; vs_torch: the torch path's over this one's, round by round
 (median).
 """
@@ -27,7 +28,7 @@ from bench.common import alternation, markdown_table, run_and_save
 from engine.engine import Engine
 from engine.ops import ext, ref
 from engine.ops.cpu import CpuOps
-from engine.sampling import Noise, SamplingParams, sample
+from engine.sampling import Noise, SamplingParams, argmax, sample
 
 TEMPERATURES = (0.0, 0.7)
 VOCABS = {49152: "SmolLM2", 151936: "Qwen2.5", 262144: "Gemma 3"}
@@ -36,6 +37,11 @@ VOCABS = {49152: "SmolLM2", 151936: "Qwen2.5", 262144: "Gemma 3"}
 def torch_noise(out: torch.Tensor, key: int) -> torch.Tensor:
     """A noise row from torch's generator (mt19937 seeded with the key): -log of its uniforms."""
     return out.copy_(torch.rand(out.shape[0], generator=torch.Generator().manual_seed(key)).log_().neg_())
+
+
+def torch_race(weights: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
+    """The race as draw() ran it before the kernel: the quotients stacked and written, then numpy's argmax."""
+    return argmax(weights / torch.stack(noise))
 
 
 def torch_pick(logits: torch.Tensor, sampling: SamplingParams, noise: Noise) -> tuple[int, float]:
@@ -49,25 +55,31 @@ def torch_pick(logits: torch.Tensor, sampling: SamplingParams, noise: Noise) -> 
 
 
 def paths() -> dict[str, tuple]:
-    """path -> (pick(logits, sampling, noise), exp_noise): Engine.pick with the kernels' or the twins' logsumexp
-    and softmax, or the pick before them."""
+    """path -> (pick(logits, sampling, noise), its noise's ops: exp_noise and race): Engine.pick with the kernels'
+    or the twins' logsumexp and softmax, or the pick before them."""
     def engine_pick(ops):
         eng = SimpleNamespace(model=SimpleNamespace(ops=ops))
         return lambda logits, sampling, noise: Engine.pick(eng, logits, sampling, noise)
 
     module = ext.load("cpu").module
     ops = None if module is None else CpuOps(module)
-    kernels = {} if ops is None else {"kernels": (engine_pick(ops), ops.exp_noise)}
-    return {**kernels, "twins": (engine_pick(ref), ref.exp_noise), "torch": (torch_pick, torch_noise)}
+    kernels = {} if ops is None else {"kernels": (engine_pick(ops), ops)}
+    before = SimpleNamespace(exp_noise=torch_noise, race=torch_race)
+    return {**kernels, "twins": (engine_pick(ref), ref), "torch": (torch_pick, before)}
+
+
+def noise(ops, seed: int) -> Noise:
+    """A run's noise through a path's exp_noise and race."""
+    return Noise(seed, "cpu", ops.exp_noise, ops.race)
 
 
 def pick_us(path: tuple, logits: torch.Tensor, temperature: float, picks: int, first: int) -> float:
     """Mean microseconds of a path's pick over `picks` positions from `first`."""
-    pick, fill = path
-    sampling, noise = SamplingParams(temperature=temperature, seed=1), Noise(1, "cpu", fill)
+    pick, ops = path
+    sampling, gen = SamplingParams(temperature=temperature, seed=1), noise(ops, 1)
     t = time.perf_counter()
     for pos in range(first, first + picks):
-        pick(logits, sampling, noise.at(pos))
+        pick(logits, sampling, gen.at(pos))
     return (time.perf_counter() - t) / picks * 1e6
 
 

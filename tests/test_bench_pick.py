@@ -21,14 +21,14 @@ def test_the_paths_pick_the_same_tokens():
     fp32 logsumexp's rounding."""
     import torch
 
-    from engine.sampling import Noise, SamplingParams
+    from engine.sampling import SamplingParams
 
     logits = torch.randn(5000, generator=torch.Generator().manual_seed(1)) * 4
-    got = [pick_fn(logits, SamplingParams(0.0), Noise(0, "cpu", fill)) for pick_fn, fill in pick.paths().values()]
+    got = [pick_fn(logits, SamplingParams(0.0), pick.noise(ops, 0)) for pick_fn, ops in pick.paths().values()]
     assert len({tok for tok, _ in got}) == 1
     assert max(p for _, p in got) - min(p for _, p in got) <= 1e-5 * max(p for _, p in got)
     sampled = SamplingParams(0.7, seed=3)  # at T > 0 the kernels' and twins' rows are the same uniforms
     kernels_and_twins = [pick.paths()[name] for name in ("kernels", "twins") if name in pick.paths()]
-    draws = [[pick_fn(logits, sampled, Noise(3, "cpu", fill).at(i))[0] for i in range(50)]
-             for pick_fn, fill in kernels_and_twins]
+    draws = [[pick_fn(logits, sampled, pick.noise(ops, 3).at(i))[0] for i in range(50)]
+             for pick_fn, ops in kernels_and_twins]
     assert all(d == draws[0] for d in draws)

@@ -128,8 +128,8 @@ def native_calls(m) -> dict:
 
 def test_native_calls_release_the_gil(cpu_module):
     """Every binding that does real work (linear, attention, the norms, rope, the gated activations, logsumexp,
-    softmax, race, exp_noise, the block loop) runs without the GIL: a Python thread keeps running through a long native call
-    (one kernel thread, so the loop has a core)."""
+    softmax, race, exp_noise, the block loop) runs without the GIL: a Python thread keeps running through a long
+    native call (one kernel thread, so the loop has a core)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
