@@ -28,7 +28,7 @@ from bench.common import alternation, markdown_table, run_and_save
 from engine.engine import Engine
 from engine.ops import ext, ref
 from engine.ops.cpu import CpuOps
-from engine.sampling import Noise, SamplingParams, argmax, sample
+from engine.sampling import Noise, SamplingParams, sample
 
 TEMPERATURES = (0.0, 0.7)
 VOCABS = {49152: "SmolLM2", 151936: "Qwen2.5", 262144: "Gemma 3"}
@@ -37,11 +37,6 @@ VOCABS = {49152: "SmolLM2", 151936: "Qwen2.5", 262144: "Gemma 3"}
 def torch_noise(out: torch.Tensor, key: int) -> torch.Tensor:
     """A noise row from torch's generator (mt19937 seeded with the key): -log of its uniforms."""
     return out.copy_(torch.rand(out.shape[0], generator=torch.Generator().manual_seed(key)).log_().neg_())
-
-
-def torch_race(weights: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
-    """The race as draw() ran it before the kernel: the quotients stacked and written, then numpy's argmax."""
-    return argmax(weights / torch.stack(noise))
 
 
 def torch_pick(logits: torch.Tensor, sampling: SamplingParams, noise: Noise) -> tuple[int, float]:
@@ -55,22 +50,24 @@ def torch_pick(logits: torch.Tensor, sampling: SamplingParams, noise: Noise) -> 
 
 
 def paths() -> dict[str, tuple]:
-    """path -> (pick(logits, sampling, noise), its noise's ops: exp_noise and race): Engine.pick with the kernels'
-    or the twins' logsumexp and softmax, or the pick before them."""
+    """path -> (pick(logits, sampling, noise), its noise's exp_noise and race): Engine.pick with the kernels' or
+    the twins' logsumexp and softmax, or the pick before them; without a race kernel the noise races over its rows
+    in torch (engine/sampling.py draw)."""
     def engine_pick(ops):
         eng = SimpleNamespace(model=SimpleNamespace(ops=ops))
         return lambda logits, sampling, noise: Engine.pick(eng, logits, sampling, noise)
 
     module = ext.load("cpu").module
     ops = None if module is None else CpuOps(module)
-    kernels = {} if ops is None else {"kernels": (engine_pick(ops), ops)}
-    before = SimpleNamespace(exp_noise=torch_noise, race=torch_race)
-    return {**kernels, "twins": (engine_pick(ref), ref), "torch": (torch_pick, before)}
+    kernels = {} if ops is None else {"kernels": (engine_pick(ops), SimpleNamespace(fill=ops.exp_noise,
+                                                                                     race=ops.race))}
+    return {**kernels, "twins": (engine_pick(ref), SimpleNamespace(fill=ref.exp_noise, race=None)),
+            "torch": (torch_pick, SimpleNamespace(fill=torch_noise, race=None))}
 
 
 def noise(ops, seed: int) -> Noise:
     """A run's noise through a path's exp_noise and race."""
-    return Noise(seed, "cpu", ops.exp_noise, ops.race)
+    return Noise(seed, "cpu", ops.fill, ops.race)
 
 
 def pick_us(path: tuple, logits: torch.Tensor, temperature: float, picks: int, first: int) -> float:

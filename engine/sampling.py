@@ -45,9 +45,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self, device, fill=ref.exp_noise, race=ref.race) -> Noise:
+    def generator(self, device, fill=ref.exp_noise, race=None) -> Noise:
         """The run's noise: from the seed, or from a fresh random seed where seed is None; `fill` makes a row and
-        `race` draws against the rows (the engine passes its OpSet's exp_noise and race)."""
+        `race`, where given, draws with the noise made on the fly (the engine passes its OpSet's exp_noise and
+        race)."""
         return Noise(torch.seed() if self.seed is None else self.seed, device, fill, race)
 
 
@@ -64,15 +65,15 @@ class Noise:
     """The random draws of one run, keyed by output position.
 
     Row i is V independent Exp(1) values (-log U, U uniform in (0, 1)) made by `fill` (an OpSet's exp_noise:
-    engine/ops/ref.py, or the CPU kernel, the same uniforms) from position_key(seed, i) alone, and `race` (the
-    OpSet's) draws a token against it (draw()): the noise output
+    engine/ops/ref.py, or the CPU kernel, the same uniforms) from position_key(seed, i) alone: the noise output
     token i is drawn with, whichever loop draws it and whenever. A cursor (`position`) says which row the next
     draw takes; a draw of R rows takes R positions and moves it on. Plain decoding never moves it otherwise, so
-    its i-th draw is position i; the speculative loop sets it with at() before each draw. Rows drawn ahead (a
-    drafter's, a verify pass's past a rejection) are kept until the cursor passes them (at most ROWS_KEPT), so a
-    position's row is made once."""
+    its i-th draw is position i; the speculative loop sets it with at() before each draw. With `race` (an
+    OpSet's race kernel) a draw hands it the positions' keys and the rows are made on the fly, never written;
+    without, draw() races over rows made by `fill`, and rows drawn ahead (a drafter's, a verify pass's past a
+    rejection) are kept until the cursor passes them (at most ROWS_KEPT), so a position's row is made once."""
 
-    def __init__(self, seed: int, device, fill=ref.exp_noise, race=ref.race):
+    def __init__(self, seed: int, device, fill=ref.exp_noise, race=None):
         self.seed, self.device, self.fill, self.race = int(seed), torch.device(device), fill, race
         self.position = 0
         self.rows: dict[int, torch.Tensor] = {}  # position -> [V] float32, for positions >= self.position
@@ -94,13 +95,15 @@ class Noise:
 
     def take(self, n: int, V: int) -> torch.Tensor:
         """Rows [n, V] for the n positions from the cursor on; the cursor moves past them."""
-        return torch.stack(self.take_rows(n, V))
-
-    def take_rows(self, n: int, V: int) -> list[torch.Tensor]:
-        """take()'s rows, each [V] as kept, uncopied."""
-        rows = [self.row(self.position + i, V) for i in range(n)]
+        rows = torch.stack([self.row(self.position + i, V) for i in range(n)])
         self.position += n
         return rows
+
+    def keys(self, n: int) -> list[int]:
+        """The keys of the n positions from the cursor on, whose rows take() would give; the cursor moves past."""
+        keys = [position_key(self.seed, self.position + i) for i in range(n)]
+        self.position += n
+        return keys
 
 
 def mask_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -165,12 +168,15 @@ def draw(weights: torch.Tensor, noise: Noise | None) -> torch.Tensor:
 
     argmax(w / E) with E ~ Exp(1) picks index i with probability w_i / sum(w) (the exponential race, the
     Gumbel-max trick with G = -log E), so the row never needs normalizing, and unlike torch.multinomial it
-    never synchronizes on CUDA (gpt-fast samples this way for the same reason). noise=None draws fresh,
-    unkeyed noise (a caller that needs no reproducibility)."""
+    never synchronizes on CUDA (gpt-fast samples this way for the same reason). The noise's race kernel, where
+    it has one, makes the same quotients without writing a row (Noise). noise=None draws fresh, unkeyed noise (a
+    caller that needs no reproducibility)."""
     R, V = weights.shape
     if noise is None:
         return argmax(weights / torch.rand(R, V, device=weights.device).log_().neg_())
-    return noise.race(weights, noise.take_rows(R, V))
+    if noise.race is not None:
+        return noise.race(weights, noise.keys(R))
+    return argmax(weights / noise.take(R, V))
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, noise: Noise | None, softmax=ref.softmax,

@@ -103,65 +103,98 @@ def test_softmax_rejects_bad_input(cpu_module):
             cpu_module.softmax(torch.empty(3, 4), torch.zeros(3, 4), bad)
 
 
-def noise_rows(R, V, seed):
-    return [ref.exp_noise(torch.empty(V), position_key(seed, i)) for i in range(R)]
+def keys_of(R, seed):
+    return [position_key(seed, i) for i in range(R)]
 
 
-@pytest.mark.parametrize("V", [1, 15, 17, 300, 4097, 16400, 49152, 262144])
-def test_race_is_the_twins(m, V):
-    """The index ref.race gives (torch's argmax of weights / noise), exactly: sampling distributions at several
-    temperatures, with top-k's zeros, one row (split in spans across the threads) or several."""
+def kernel_rows(m, keys, V):
+    """The CPU kernel's noise rows of the keys (what the race makes on the fly)."""
+    rows = []
+    for key in keys:
+        row = torch.empty(V)
+        m.exp_noise(row, key)
+        rows.append(row)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("V", [1, 7, 8, 15, 17, 300, 4097, 16400, 49152, 262144])
+def test_race_is_the_argmax_over_the_noise(cpu_module, V):
+    """The index torch's argmax gives over weights / the kernel's noise rows of the keys, exactly (the race makes
+    the same values on the fly, and skips a log only where the token cannot win), and the twin's (ref.race, over
+    torch's log): sampling distributions at several temperatures, with top-k's zeros, one row (split in spans
+    across the threads) or several."""
     for rows in (1, 2, 9):
         logits = randn(rows, V, seed=V + 3 * rows, scale=4)
         for temperature in (0.3, 1.0, 3.0):
             w = (logits / temperature).softmax(-1)
             if V > 10:
                 w[:, ::3] = 0  # masked tokens
-            e = noise_rows(rows, V, V + rows)
+            keys = keys_of(rows, V + rows)
             out = torch.full((rows,), -1, dtype=torch.long)
-            m.race(out, w, e)
-            assert torch.equal(out, ref.race(w, e)), (out, ref.race(w, e))
+            cpu_module.race(out, w, keys)
+            assert torch.equal(out, (w / kernel_rows(cpu_module, keys, V)).argmax(-1))
+            assert torch.equal(out, ref.race(w, keys))
 
 
-def test_race_ties_nan_and_spans(m, cpu_module):
-    """Ties go to the first index, within a block, across blocks and across spans; a NaN quotient wins at its first
-    index (torch's argmax), wherever it sits; the same on 3 and 48 threads."""
-    V = 20000
-    ones = [torch.ones(V)]
-    w = torch.zeros(1, V)
+def test_race_skips_only_what_cannot_win(cpu_module):
+    """Weights set at the skipping bound's edge: token 0's quotient is 1 - 2^-14, every other
+    w_i = (1 - u_i)(1 + d_i) for small d_i of either sign, so thousands of tokens sit just above or below the bound
+    and those with u_i near 1 (a few a row) beat token 0. The index is still torch's argmax over the noise."""
+    V, winners = 40000, set()
+    for seed in range(6):
+        key = position_key(seed, 7)
+        e = kernel_rows(cpu_module, [key], V)[0]
+        one_minus_u = -torch.expm1(-e.double())  # 1 - u_i
+        d = (torch.rand(V, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) - 0.5) * 2 ** -19
+        w = (one_minus_u * (1 + d)).float()[None]
+        w[0, 0] = e[0] * (1 - 2 ** -14)
+        out = torch.zeros(1, dtype=torch.long)
+        cpu_module.race(out, w, [key])
+        want = (w / e).argmax(-1).item()
+        assert out.item() == want
+        winners.add(want)
+    assert len(winners - {0}) >= 4  # the rows' answers are not token 0's
+
+
+def test_race_ties_nan_inf_and_spans(cpu_module):
+    """Ties go to the first index, within 8 lanes, across them and across spans (w_i = the noise value gives a
+    quotient of exactly 1); a row of zeros gives 0; a NaN weight wins at its first index and an inf at its first
+    (torch's argmax), wherever they sit; the same answers on 3 and 48 threads."""
+    V, key = 20000, position_key(1, 1)
+    e = kernel_rows(cpu_module, [key], V)[0]
+    out = torch.zeros(1, dtype=torch.long)
     for where in ([5, 7], [300, 40, 19999], [15000, 10001], [19998, 19999]):
-        w.zero_()
-        w[0, where] = 1.0
-        out = torch.zeros(1, dtype=torch.long)
-        m.race(out, w, ones)
-        assert out.item() == min(where) == ref.race(w, ones).item()
-    for nan_at in (0, 17, 9999, 10000, 19999):
-        w = torch.rand(1, V, generator=torch.Generator().manual_seed(nan_at))
-        w[0, nan_at], w[0, 3] = float("nan"), 2.0
-        out = torch.zeros(1, dtype=torch.long)
-        m.race(out, w, ones)
-        assert out.item() == nan_at == ref.race(w, ones).item()
+        w = torch.zeros(1, V)
+        w[0, where] = e[where]
+        cpu_module.race(out, w, [key])
+        assert out.item() == min(where)
+    cpu_module.race(out, torch.zeros(1, V), [key])
+    assert out.item() == 0
+    for bad, at in ((float("nan"), (0, 17, 9999, 10000, 19999)), (float("inf"), (3, 10002, 19990))):
+        for i in at:
+            w = torch.rand(1, V, generator=torch.Generator().manual_seed(i))
+            w[0, i], w[0, min(i + 5, V - 1)] = bad, bad
+            cpu_module.race(out, w, [key])
+            assert out.item() == i == ref.race(w, [key]).item()
     threads = torch.get_num_threads()
     try:
         w = torch.rand(1, 17000, generator=torch.Generator().manual_seed(4))
-        e = noise_rows(1, 17000, 4)
         for n_threads in (3, 48):
             torch.set_num_threads(n_threads)
-            out = torch.zeros(1, dtype=torch.long)
-            cpu_module.race(out, w, e)
-            assert torch.equal(out, ref.race(w, e))
+            cpu_module.race(out, w, [key])
+            assert torch.equal(out, ref.race(w, [key]))
     finally:
         torch.set_num_threads(threads)
 
 
 def test_race_rejects_bad_input(cpu_module):
-    w, e = torch.rand(2, 30), noise_rows(2, 30, 0)
-    with pytest.raises(RuntimeError, match="noise must be 2 rows"):
-        cpu_module.race(torch.empty(2, dtype=torch.long), w, e[:1])
-    with pytest.raises(RuntimeError, match=r"noise\[1\] must be \[V\] = \[30\]"):
-        cpu_module.race(torch.empty(2, dtype=torch.long), w, [e[0], torch.ones(31)])
+    w = torch.rand(2, 30)
+    with pytest.raises(RuntimeError, match="keys must be 2"):
+        cpu_module.race(torch.empty(2, dtype=torch.long), w, [1])
+    with pytest.raises(RuntimeError, match=r"keys\[1\] must be >= 0"):
+        cpu_module.race(torch.empty(2, dtype=torch.long), w, [1, -3])
     with pytest.raises(RuntimeError, match="out must be"):
-        cpu_module.race(torch.empty(2), w, e)
+        cpu_module.race(torch.empty(2), w, [1, 2])
 
 
 @pytest.mark.parametrize("V", [1, 17, 4097, 16400, 49152, 262144])

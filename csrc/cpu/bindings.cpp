@@ -37,8 +37,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"));
   m.def("softmax", &c::softmax, "out[r] = softmax(x[r] / temperature) for x [R, V]", nogil(), py::arg("out"),
         py::arg("x"), py::arg("temperature"));
-  m.def("race", &c::race, "out[r] = argmax(weights[r] / noise[r]), the exponential race of each row", nogil(),
-        py::arg("out"), py::arg("weights"), py::arg("noise"));
+  m.def("race", &c::race, "out[r] = argmax(weights[r] / the noise of keys[r]), the exponential race of each row",
+        nogil(), py::arg("out"), py::arg("weights"), py::arg("keys"));
   m.def("exp_noise", &c::exp_noise, "out[i] = -log(u_i), the sampling noise of one position's key", nogil(),
         py::arg("out"), py::arg("key"));
   m.def("rmsnorm_heads", &c::rmsnorm_heads, "rmsnorm of each head of x [N, H, D] in place", nogil(),

@@ -125,8 +125,6 @@ using SiluMulFn = void (*)(float* out, const float* gate_up, int inter, int64_t 
 // A span v[0, n) of a logsumexp or softmax row -> its max m and s = sum e^(c (v - m)), and those terms into out
 // unless it is null (rowwise.h exp_span).
 using ExpSpanFn = void (*)(const float* v, int n, float c, float* out, float* m, float* s);
-// A span [0, n) of an exponential race -> the largest w[i] / e[i] and its first index (rowwise.h race_span).
-using RaceSpanFn = void (*)(const float* w, const float* e, int n, float* best, int* at);
 
 // Rotary embedding in place on tokens [t0, t1): q [N, H, D] and k [N, Hkv, D] with dense heads and token
 // strides q_stride / k_stride; cos, sin [max_pos, D/2]; pos[t] as int64 (the host converts int32).
@@ -186,7 +184,6 @@ struct KernelTable {
   SiluMulFn silu_mul;
   SiluMulFn gelu_tanh_mul;
   ExpSpanFn exp_span;
-  RaceSpanFn race_span;
   RopeFn rope;
   AttentionFn attention;
   AttentionMergeFn attention_merge;
@@ -194,6 +191,8 @@ struct KernelTable {
 
 // out[i - i0] = -log(u_i) for i in [i0, i1), the sampling noise of one position's key (noise.h); AVX2, the floor.
 void exp_noise(uint32_t key_lo, uint32_t key_hi, float* out, int64_t i0, int64_t i1);
+// The largest w[i] / (that noise's value at i) for i in [i0, i1) and the first i holding it (noise.h race_keyed_span).
+void race_keyed(uint32_t key_lo, uint32_t key_hi, const float* w, int64_t i0, int64_t i1, float* best, int64_t* at);
 
 const KernelTable& avx2_table();    // kernels_avx2.cpp: AVX2 + FMA + F16C
 const KernelTable& avx512_table();  // kernels_avx512.cpp: AVX-512 F/BW/VL/DQ + VNNI

@@ -24,6 +24,10 @@ void exp_noise(uint32_t key_lo, uint32_t key_hi, float* out, int64_t i0, int64_t
   exp_noise_rows(key_lo, key_hi, out, i0, i1);
 }
 
+void race_keyed(uint32_t key_lo, uint32_t key_hi, const float* w, int64_t i0, int64_t i1, float* best, int64_t* at) {
+  race_keyed_span(key_lo, key_hi, w, i0, i1, best, at);
+}
+
 const KernelTable& avx2_table() {
   using G = Gemm<Avx2>;
   using R = Rowwise<Avx2>;
@@ -37,7 +41,6 @@ const KernelTable& avx2_table() {
                                  .silu_mul = R::silu_mul,
                                  .gelu_tanh_mul = R::gelu_tanh_mul,
                                  .exp_span = R::exp_span,
-                                 .race_span = R::race_span,
                                  .rope = R::rope,
                                  .attention = A::run,
                                  .attention_merge = A::merge};

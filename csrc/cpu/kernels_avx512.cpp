@@ -32,7 +32,6 @@ const KernelTable& avx512_table() {
                                  .silu_mul = R::silu_mul,
                                  .gelu_tanh_mul = R::gelu_tanh_mul,
                                  .exp_span = R::exp_span,
-                                 .race_span = R::race_span,
                                  .rope = R::rope,
                                  .attention = A::run,
                                  .attention_merge = A::merge};

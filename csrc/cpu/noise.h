@@ -9,6 +9,7 @@
 // (kernels.h), which every CPU the module runs on has: a row is a few tens of microseconds. Torch-free.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <immintrin.h>
@@ -52,27 +53,91 @@ inline __m256 log8_unit(__m256 x) {
   return _mm256_fmadd_ps(e, _mm256_set1_ps(0.693359375f), x);
 }
 
-// out[i - i0] = -log(u_i) for i in [i0, i1) (i < 2^31)
-inline void exp_noise_rows(uint32_t key_lo, uint32_t key_hi, float* out, int64_t i0, int64_t i1) {
-  constexpr uint32_t kGolden = 0x9E3779B9u;
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i klo = _mm256_set1_epi32(static_cast<int>(key_lo)), khi = _mm256_set1_epi32(static_cast<int>(key_hi));
-  const __m256 scale = _mm256_set1_ps(1.f / 16777216.f);  // 2^-24
-  // i * kGolden (mod 2^32) by adding 8 kGolden a step: one VPMULLD fewer per 8 values (slow on some cores)
-  const __m256i step = _mm256_set1_epi32(static_cast<int>(8u * kGolden));
-  __m256i ig = _mm256_mullo_epi32(_mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(i0)), lanes),
-                                  _mm256_set1_epi32(static_cast<int>(kGolden)));
-  for (int64_t i = i0; i < i1; i += 8, ig = _mm256_add_epi32(ig, step)) {
+// The uniforms u_i of one key, 8 at a time from i0 on (i < 2^31): next() gives those of i, i + 1, ..., i + 7 and
+// moves on by 8.
+struct Uniforms {
+  static constexpr uint32_t kGolden = 0x9E3779B9u;
+  __m256i klo, khi, ig;
+
+  Uniforms(uint32_t key_lo, uint32_t key_hi, int64_t i0)
+      : klo(_mm256_set1_epi32(static_cast<int>(key_lo))), khi(_mm256_set1_epi32(static_cast<int>(key_hi))),
+        ig(_mm256_mullo_epi32(_mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(i0)), lanes()),
+                              _mm256_set1_epi32(static_cast<int>(kGolden)))) {}
+
+  static __m256i lanes() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+
+  __m256 next() {
     __m256i x = _mm256_xor_si256(ig, klo);
     x = fmix32_8(_mm256_xor_si256(fmix32_8(x), khi));
+    // i * kGolden (mod 2^32) by adding 8 kGolden a step: one VPMULLD fewer per 8 values (slow on some cores)
+    ig = _mm256_add_epi32(ig, _mm256_set1_epi32(static_cast<int>(8u * kGolden)));
     const __m256i odd = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(x, 9), 1), _mm256_set1_epi32(1));
-    const __m256 e = _mm256_sub_ps(_mm256_setzero_ps(), log8_unit(_mm256_mul_ps(_mm256_cvtepi32_ps(odd), scale)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(odd), _mm256_set1_ps(1.f / 16777216.f));  // exact: odd < 2^24
+  }
+};
+
+inline __m256 exp_noise8(__m256 u) { return _mm256_sub_ps(_mm256_setzero_ps(), log8_unit(u)); }
+
+// out[i - i0] = -log(u_i) for i in [i0, i1) (i < 2^31)
+inline void exp_noise_rows(uint32_t key_lo, uint32_t key_hi, float* out, int64_t i0, int64_t i1) {
+  const __m256i lanes = Uniforms::lanes();
+  Uniforms uniforms(key_lo, key_hi, i0);
+  for (int64_t i = i0; i < i1; i += 8) {
+    const __m256 e = exp_noise8(uniforms.next());
     const int64_t left = i1 - i;
     if (left >= 8) {
       _mm256_storeu_ps(out + (i - i0), e);
     } else {  // the last lanes computed as every other's, stored as far as the row goes
       const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lanes);
       _mm256_maskstore_ps(out + (i - i0), mask, e);
+    }
+  }
+}
+
+// The exponential race of w[i] >= 0 for i in [i0, i1) against the noise of one key, made on the fly: *best = the largest
+// w[i] / e_i and *at = the first i holding it, e_i exactly exp_noise_rows's value, so the answer is torch's argmax
+// of w / that row (engine/ops/ref.py race). Since -log u >= 1 - u, a value with w_i <= best (1 - u_i) cannot beat
+// the best so far (the bound shrunk by 2^-20 for the roundings: the log is within ~2 ulp), and its log is skipped;
+// only 8 lanes holding a candidate take one. Over a row a few dozen lanes are candidates (~ln V where each new best
+// is a record), so a value costs its hash and a compare. A NaN or inf w sends the span to the plain race, where
+// the first NaN wins (torch's argmax).
+inline void race_keyed_span(uint32_t key_lo, uint32_t key_hi, const float* w, int64_t i0, int64_t i1, float* best_out,
+                            int64_t* at_out) {
+  const __m256i lanes = Uniforms::lanes();
+  const __m256 shrink = _mm256_set1_ps(1.f - 1.f / 1048576.f), one = _mm256_set1_ps(1.f);
+  for (bool prune : {true, false}) {
+    Uniforms uniforms(key_lo, key_hi, i0);
+    float best = -INFINITY;
+    int64_t at = i0;
+    __m256 bound = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();  // bound: best, shrunk
+    alignas(32) float q[8];
+    for (int64_t i = i0; i < i1; i += 8) {
+      const int64_t left = i1 - i;
+      const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left < 8 ? left : 8)), lanes);
+      const __m256 wv = left >= 8 ? _mm256_loadu_ps(w + i) : _mm256_maskload_ps(w + i, live);
+      const __m256 u = uniforms.next();
+      bad = _mm256_add_ps(bad, _mm256_mul_ps(wv, _mm256_setzero_ps()));
+      int mask = _mm256_movemask_ps(_mm256_castsi256_ps(live));
+      if (prune) mask &= _mm256_movemask_ps(_mm256_cmp_ps(wv, _mm256_mul_ps(bound, _mm256_sub_ps(one, u)), _CMP_GT_OQ));
+      if (mask == 0) continue;
+      _mm256_store_ps(q, _mm256_div_ps(wv, exp_noise8(u)));
+      for (int lane = 0; lane < 8; ++lane) {
+        if (!(mask >> lane & 1)) continue;
+        if (!prune && std::isnan(q[lane])) {  // the plain race: the first NaN wins
+          *best_out = q[lane], *at_out = i + lane;
+          return;
+        }
+        if (q[lane] > best) best = q[lane], at = i + lane;
+      }
+      // w >= 0 (a distribution); were the best negative, nothing would be pruned
+      bound = best > 0.f ? _mm256_mul_ps(_mm256_set1_ps(best), shrink) : _mm256_set1_ps(best == 0.f ? 0.f : -INFINITY);
+    }
+    float b[8];
+    _mm256_storeu_ps(b, bad);
+    const bool finite = b[0] + b[1] + b[2] + b[3] + b[4] + b[5] + b[6] + b[7] == 0.f;  // NaN otherwise
+    if (!prune || finite) {
+      *best_out = best, *at_out = at;
+      return;
     }
   }
 }

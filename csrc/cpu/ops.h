@@ -35,9 +35,10 @@ void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up);  // gelu's tanh 
 void logsumexp(at::Tensor& out, const at::Tensor& x);
 // x: [R, V] dense -> out (x's shape): softmax(x / temperature) of each row (torch's, NaN rows where it gives NaN).
 void softmax(at::Tensor& out, const at::Tensor& x, double temperature);
-// weights: [R, V] dense, noise: R rows [V] -> out [R] int64, the exponential race of each row:
-// argmax(weights[r] / noise[r]) as torch's argmax (the first index of the largest; a NaN wins).
-void race(at::Tensor& out, const at::Tensor& weights, const std::vector<at::Tensor>& noise);
+// weights: [R, V] dense, >= 0; keys: R position keys -> out [R] int64, the exponential race of each row against its
+// key's noise (exp_noise's values, made on the fly): argmax(weights[r] / noise) as torch's argmax (the first index
+// of the largest; a NaN wins).
+void race(at::Tensor& out, const at::Tensor& weights, const std::vector<int64_t>& keys);
 
 // out: [V] -> the Exp(1) sampling noise of one position's key (noise.h; twin: engine/ops/ref.py exp_noise).
 void exp_noise(at::Tensor& out, int64_t key);

@@ -204,29 +204,24 @@ void softmax(at::Tensor& out, const at::Tensor& x, double temperature) {
   });
 }
 
-void race(at::Tensor& out, const at::Tensor& weights, const std::vector<at::Tensor>& noise) {
+void race(at::Tensor& out, const at::Tensor& weights, const std::vector<int64_t>& keys) {
   RECORD_FUNCTION("decodescope::race", std::vector<c10::IValue>({weights}));
   check_exp_rows(weights);
-  const int64_t rows = weights.size(0), n = weights.size(1);
-  TORCH_CHECK(static_cast<int64_t>(noise.size()) == rows, "noise must be ", rows, " rows (one a weights row), got ",
-              noise.size());
-  std::vector<const float*> e(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    const at::Tensor& row = noise[r];
-    check_cpu(row, "noise row");
-    TORCH_CHECK(row.dim() == 1 && row.size(0) == n, "noise[", r, "] must be [V] = [", n, "], got ", row.sizes());
-    check_dtype(row, "noise row", at::kFloat);
-    check_dense(row, "noise row");
-    e[r] = row.data_ptr<float>();
-  }
+  const int64_t rows = weights.size(0);
+  TORCH_CHECK(static_cast<int64_t>(keys.size()) == rows, "keys must be ", rows, " (one a weights row), got ",
+              keys.size());
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(keys[r] >= 0, "keys[", r, "] must be >= 0 (engine/sampling.py position_key), got ", keys[r]);
   check_tensor(out, "out", at::kLong, "[R]", {rows});
-  const Spans sp(rows, static_cast<int>(n));
+  const Spans sp(rows, static_cast<int>(weights.size(1)));
   std::vector<float> best(rows * sp.spans);
-  std::vector<int> where(rows * sp.spans);
+  std::vector<int64_t> where(rows * sp.spans);
   const float* w = weights.data_ptr<float>();
   sp.run([&](int64_t t, int64_t c0, int64_t c1) {
     const int64_t r = t / sp.spans;
-    kernels().race_span(w + r * n + c0, e[r] + c0, static_cast<int>(c1 - c0), &best[t], &where[t]);
+    const auto key = static_cast<uint64_t>(keys[r]);
+    cpu::race_keyed(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), w + r * sp.n, c0, c1, &best[t],
+                    &where[t]);
   });
   int64_t* y = out.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {  // the spans in order: the first NaN, else the first of the largest
@@ -235,10 +230,10 @@ void race(at::Tensor& out, const at::Tensor& weights, const std::vector<at::Tens
     for (int k = 0; k < sp.spans; ++k) {
       const int64_t t = r * sp.spans + k;
       if (std::isnan(best[t])) {
-        won = sp.range(t).first + where[t];
+        won = where[t];
         break;
       }
-      if (won < 0 || best[t] > top) top = best[t], won = sp.range(t).first + where[t];
+      if (won < 0 || best[t] > top) top = best[t], won = where[t];
     }
     y[r] = won;
   }

@@ -117,49 +117,6 @@ struct Rowwise {
     *m_out = m, *s_out = static_cast<float>(s);
   }
 
-  // A span of an exponential race (ops_rowwise.cpp race): the largest w[i] / e[i] and the first index holding
-  // it, torch's argmax of weights / noise (the same correctly rounded quotients, so the same index): each block of
-  // 256 quotients reduced to its max, the first block whose max beats the best so far rescanned for the index. A
-  // span with an inf or NaN quotient takes the scalar path, where the first NaN wins, as in torch's argmax.
-  static void race_span_special(const float* w, const float* e, int n, float* best_out, int* at_out) {
-    float best = w[0] / e[0];
-    int at = 0;
-    for (int i = 0; i < n && !std::isnan(best); ++i) {
-      const float q = w[i] / e[i];
-      if (q > best || std::isnan(q)) best = q, at = i;
-    }
-    *best_out = best, *at_out = at;
-  }
-
-  static void race_span(const float* w, const float* e, int n, float* best_out, int* at_out) {
-    constexpr int kBlock = 256;
-    const int body = n - n % 16;
-    float best = -INFINITY;
-    int block = -1;
-    F bad = S::zero();  // the quotients times 0 summed: NaN once an inf or NaN went by
-    for (int b0 = 0; b0 < body; b0 += kBlock) {
-      const int b1 = body - b0 < kBlock ? body : b0 + kBlock;
-      F mv = S::set1(-INFINITY);
-      for (int i = b0; i < b1; i += 16) {
-        const F q = S::div(S::load(w + i), S::load(e + i));
-        mv = S::max(mv, q);
-        bad = S::fma(q, S::zero(), bad);
-      }
-      const float m = S::reduce_max(mv);
-      if (m > best) best = m, block = b0;
-    }
-    if (S::nonfinite(bad, bad) != 0.f) return race_span_special(w, e, n, best_out, at_out);
-    int at = -1;
-    for (int i = block; block >= 0 && at < 0 && i < body; ++i)
-      if (w[i] / e[i] == best) at = i;
-    for (int i = body; i < n; ++i) {
-      const float q = w[i] / e[i];
-      if (std::isnan(q) || std::isinf(q)) return race_span_special(w, e, n, best_out, at_out);
-      if (q > best || at < 0) best = q, at = i;
-    }
-    *best_out = best, *at_out = at;
-  }
-
   // Both gates are g * sigmoid(z(g)) = g / (1 + e^-z): silu has z = g; gelu's tanh form,
   // 0.5 g (1 + tanh(u)) with u = sqrt(2/pi) (g + 0.044715 g^3), is the same with z = 2u, which keeps tanh's
   // cancellation near 0 out of it. `neg_z` gives -z.

@@ -36,7 +36,9 @@ class OpSet:
     rmsnorm_heads_: Callable = ref.rmsnorm_heads_
     logsumexp: Callable = ref.logsumexp  # [R, V] -> [R]: the greedy pick's shown probability (engine/sampling.py)
     softmax: Callable = ref.softmax  # (x [R, V], temperature) -> [R, V]: a sampled pick's distribution (sampling.py)
-    race: Callable = ref.race  # (weights [R, V], R noise rows [V]) -> [R] long: a sampled draw (sampling.py)
+    # (weights [R, V], R position keys) -> [R] long: a sampled draw with the keys' noise made on the fly (twin:
+    # ref.race); None: sampling.Noise races over the rows exp_noise makes, in torch
+    race: Callable | None = None
     exp_noise: Callable = ref.exp_noise  # (out [V], key) -> out: a position's sampling noise (engine/sampling.py)
 
     def matmul(self, w: weights.Packed | weights.Stacked) -> Callable:

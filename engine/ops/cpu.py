@@ -53,14 +53,14 @@ class CpuOps(RowwiseOps):
         self.module.softmax(out, x.contiguous(), float(temperature))
         return out
 
-    def race(self, weights: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
-        """ref.race through the module for float32 rows on the CPU: each quotient made and compared once, split
-        across the threads, without the [R, V] quotients torch writes; anything else through the twin."""
-        if (weights.dim() != 2 or weights.dtype != torch.float32 or weights.device.type != "cpu"
-                or any(e.dtype != torch.float32 or not e.is_contiguous() for e in noise)):
-            return ref.race(weights, noise)
+    def race(self, weights: torch.Tensor, keys: list[int]) -> torch.Tensor:
+        """ref.race through the module for float32 rows on the CPU: the noise made on the fly (its log only where
+        a token could still win, csrc/cpu/noise.h race_keyed_span), no row or quotients written, the row split
+        across the threads; anything else through the twin."""
+        if weights.dim() != 2 or weights.dtype != torch.float32 or weights.device.type != "cpu":
+            return ref.race(weights, keys)
         out = torch.empty(weights.shape[0], dtype=torch.long)
-        self.module.race(out, weights.contiguous(), list(noise))
+        self.module.race(out, weights.contiguous(), list(keys))
         return out
 
     def exp_noise(self, out: torch.Tensor, key: int) -> torch.Tensor:

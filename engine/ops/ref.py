@@ -70,10 +70,14 @@ def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     return (x.float() / temperature).softmax(-1)
 
 
-def race(weights: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
-    """The exponential race of each row: weights [R, V] >= 0 and R noise rows [V] of Exp(1) values -> [R] long,
-    argmax(weights[r] / noise[r]) (engine/sampling.py draw)."""
-    return (weights / torch.stack(list(noise))).argmax(-1)
+def race(weights: torch.Tensor, keys: list[int]) -> torch.Tensor:
+    """The exponential race of each row: weights [R, V] >= 0 against the noise of R position keys (exp_noise's
+    rows) -> [R] long, argmax(weights[r] / noise row r): the CPU kernel's twin. Where an OpSet has no race kernel,
+    engine/sampling.py's Noise races the same way over the rows it keeps (a speculative round draws a position
+    twice: the drafter's draw, then the verify pass's)."""
+    V = weights.shape[-1]
+    noise = torch.stack([exp_noise(torch.empty(V, device=weights.device), key) for key in keys])
+    return (weights / noise).argmax(-1)
 
 
 MASK32 = 0xFFFFFFFF
