@@ -66,20 +66,28 @@ def test_softmax_spans_on_many_threads(cpu_module):
         torch.set_num_threads(threads)
 
 
+def special_rows(V):
+    """8 rows of V logits holding NaN, inf and -inf: a NaN (rows 0, 4), a +inf (1; 5 with a -inf too), all -inf
+    (2), -inf but for 30 values (3), every other value -inf (6), the second half -inf (7: with two spans, one of
+    them all -inf and the row's max in the other)."""
+    x = randn(8, V, seed=V, scale=5)
+    x[0, 5] = NAN
+    x[1, V - 1] = float("inf")
+    x[2] = -float("inf")
+    x[3, : V - 30] = -float("inf")
+    x[4, V // 2 + 3] = NAN
+    x[5, 0], x[5, V - 1] = float("inf"), -float("inf")
+    x[6, 1::2] = -float("inf")
+    x[7, V // 2:] = -float("inf")
+    return x
+
+
 def test_softmax_inf_and_nan(m):
     """torch's answers where the row holds inf or NaN, in a span of its own or not: a row of NaN for a NaN, a
     +inf, or a row of -inf; a -inf among finite values (a top-k or top-p mask) gives exactly 0 there and leaves
     the rest a distribution over the finite values."""
     for V in (40, 20000):  # one span; two spans (one row, two threads)
-        x = randn(8, V, seed=V + 1, scale=5)
-        x[0, 5] = NAN
-        x[1, V - 1] = float("inf")
-        x[2] = -float("inf")
-        x[3, : V - 30] = -float("inf")
-        x[4, V // 2 + 3] = NAN
-        x[5, 0], x[5, V - 1] = float("inf"), -float("inf")
-        x[6, 1::2] = -float("inf")
-        x[7, V // 2:] = -float("inf")  # a span (of two) all -inf, the row's max in the other
+        x = special_rows(V)
         want = (x / 0.7).softmax(-1)
         for r in range(8):
             for rows in (x, x[r:r + 1].clone()):  # all rows (one span each); this row alone (split)
@@ -231,19 +239,12 @@ def test_logsumexp_inf_and_nan(m):
     """torch's answers wherever the row holds inf or NaN, in a span of its own or not: NaN for a NaN, +inf for
     a +inf, -inf for a row of -inf, and a -inf among finite values counts as e^-inf = 0 (a masked logit)."""
     for V in (40, 20000):  # one span; two spans (one row, two threads)
-        x = randn(7, V, seed=V, scale=5)
-        x[0, 5] = NAN
-        x[1, V - 1] = float("inf")
-        x[2] = -float("inf")
-        x[3, : V - 30] = -float("inf")
-        x[4, V // 2 + 3] = NAN
-        x[5, 0], x[5, V - 1] = float("inf"), -float("inf")
-        x[6, 1::2] = -float("inf")
+        x = special_rows(V)
         want = torch.logsumexp(x, -1)
-        out = torch.full((7,), 0.0)
+        out = torch.full((8,), 0.0)
         m.logsumexp(out, x)
         torch.testing.assert_close(out, want, rtol=2e-7, atol=0, equal_nan=True)
-        for r in range(7):  # each row alone: the split path
+        for r in range(8):  # each row alone: the split path
             one = torch.full((1,), 0.0)
             m.logsumexp(one, x[r:r + 1].clone())
             torch.testing.assert_close(one, want[r:r + 1], rtol=2e-7, atol=0, equal_nan=True)
