@@ -5,8 +5,9 @@
 //
 //   x = i * 0x9E3779B9 ^ key_lo,  x = fmix32(x) ^ key_hi,  x = fmix32(x),  k = x >> 9
 //
-// (fmix32: murmur3's finalizer, a bijection of 32 bits.) AVX2 only, compiled in kernels_avx2.cpp as exp_noise
-// (kernels.h), which every CPU the module runs on has: a row is a few tens of microseconds. Torch-free.
+// (fmix32: murmur3's finalizer, a bijection of 32 bits.) race_keyed_span draws against those values without writing
+// them. AVX2 only, compiled in kernels_avx2.cpp as exp_noise and race_keyed (kernels.h), which every CPU the module
+// runs on has: a row is a few tens of microseconds. Torch-free.
 #pragma once
 
 #include <cmath>
@@ -94,13 +95,13 @@ inline void exp_noise_rows(uint32_t key_lo, uint32_t key_hi, float* out, int64_t
   }
 }
 
-// The exponential race of w[i] >= 0 for i in [i0, i1) against the noise of one key, made on the fly: *best = the largest
-// w[i] / e_i and *at = the first i holding it, e_i exactly exp_noise_rows's value, so the answer is torch's argmax
-// of w / that row (engine/ops/ref.py race). Since -log u >= 1 - u, a value with w_i <= best (1 - u_i) cannot beat
-// the best so far (the bound shrunk by 2^-20 for the roundings: the log is within ~2 ulp), and its log is skipped;
-// only 8 lanes holding a candidate take one. Over a row a few dozen lanes are candidates (~ln V where each new best
-// is a record), so a value costs its hash and a compare. A NaN or inf w sends the span to the plain race, where
-// the first NaN wins (torch's argmax).
+// The exponential race of w[i] >= 0 for i in [i0, i1) against the noise of one key, made on the fly: *best = the
+// largest w[i] / e_i and *at = the first i holding it, e_i exactly exp_noise_rows's value, so the answer is torch's
+// argmax of w / that row (engine/ops/ref.py race). Since -log u >= 1 - u, a value with w_i <= best (1 - u_i) cannot
+// beat the best so far (the bound shrunk by 2^-20 for the roundings: the log is within ~2 ulp), and its log is
+// skipped; only 8 lanes holding a candidate take one. Over a row a few dozen lanes are candidates (~ln V where each
+// new best is a record), so a value costs its hash and a compare. A NaN or inf w sends the span to the plain race,
+// where the first NaN wins (torch's argmax).
 inline void race_keyed_span(uint32_t key_lo, uint32_t key_hi, const float* w, int64_t i0, int64_t i1, float* best_out,
                             int64_t* at_out) {
   const __m256i lanes = Uniforms::lanes();
@@ -118,7 +119,10 @@ inline void race_keyed_span(uint32_t key_lo, uint32_t key_hi, const float* w, in
       const __m256 u = uniforms.next();
       bad = _mm256_add_ps(bad, _mm256_mul_ps(wv, _mm256_setzero_ps()));
       int mask = _mm256_movemask_ps(_mm256_castsi256_ps(live));
-      if (prune) mask &= _mm256_movemask_ps(_mm256_cmp_ps(wv, _mm256_mul_ps(bound, _mm256_sub_ps(one, u)), _CMP_GT_OQ));
+      if (prune) {  // a candidate: w_i > bound (1 - u_i)
+        const __m256 edge = _mm256_mul_ps(bound, _mm256_sub_ps(one, u));
+        mask &= _mm256_movemask_ps(_mm256_cmp_ps(wv, edge, _CMP_GT_OQ));
+      }
       if (mask == 0) continue;
       _mm256_store_ps(q, _mm256_div_ps(wv, exp_noise8(u)));
       for (int lane = 0; lane < 8; ++lane) {
@@ -130,7 +134,8 @@ inline void race_keyed_span(uint32_t key_lo, uint32_t key_hi, const float* w, in
         if (q[lane] > best) best = q[lane], at = i + lane;
       }
       // w >= 0 (a distribution); were the best negative, nothing would be pruned
-      bound = best > 0.f ? _mm256_mul_ps(_mm256_set1_ps(best), shrink) : _mm256_set1_ps(best == 0.f ? 0.f : -INFINITY);
+      bound = best > 0.f ? _mm256_mul_ps(_mm256_set1_ps(best), shrink)
+                         : _mm256_set1_ps(best == 0.f ? 0.f : -INFINITY);
     }
     float b[8];
     _mm256_storeu_ps(b, bad);
