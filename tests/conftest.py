@@ -8,11 +8,26 @@ import pytest
 from engine.checkpoint import default_model
 import torch  # after engine, which sets OpenMP's wait policy before torch loads
 
+from cpu_paths import PATHS, load_module, on_path
+
 
 @pytest.fixture(scope="session")
 def default_model_dir():
     """The converted SmolLM2-135M-Instruct folder; the first run downloads and converts it (~10 s)."""
     return default_model.ensure()
+
+
+@pytest.fixture(scope="module")
+def cpu_module():
+    """The CPU kernel module (tests/cpu_paths.py), or a skip saying why it did not build. Only the tests that ask
+    for it build it, so a run of the CUDA tests never does."""
+    return load_module()
+
+
+@pytest.fixture(params=PATHS)
+def m(request, cpu_module):
+    """The CPU kernel module on one instruction-set path (amx with its tiles at every row count)."""
+    yield from on_path(cpu_module, request.param)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The CPU kernel module on each instruction-set path, for the tests of csrc/cpu/ (tests/test_kernels_cpu.py,
-tests/test_kernels_cpu_activations.py, tests/test_kernels_cpu_ops.py): the module (or a skip saying why not), the
+"""The CPU kernel module on each instruction-set path, for the tests of csrc/cpu/ (tests/test_kernels_cpu*.py,
+whose fixtures `cpu_module` and `m` are these in tests/conftest.py): the module (or a skip saying why not), the
 module switched to one path, and a loop over the paths. amx runs with its tiles forced on at every row count, so
 the tiles meet every row count the tests sweep."""
 from __future__ import annotations

@@ -28,21 +28,10 @@ import threading
 import pytest
 import torch
 
-from cpu_paths import (K_QUANTS, KERNEL_FORMATS, NAN, PATHS, assert_within, each_path, linear, load_module, on_path,
-                       randn)
+from cpu_paths import K_QUANTS, KERNEL_FORMATS, NAN, assert_within, each_path, linear, randn
 from engine import weights as W
 from engine.ops import ext, ref
 
-
-@pytest.fixture(scope="module")
-def cpu_module():
-    return load_module()
-
-
-@pytest.fixture(params=PATHS)
-def m(request, cpu_module):
-    """The module on one instruction-set path (amx with its tiles at every row count)."""
-    yield from on_path(cpu_module, request.param)
 
 # --- GEMM ---------------------------------------------------------------------------------------------
 

@@ -8,14 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpu_paths import K_QUANTS, NAN, assert_within, each_path, linear, load_module, randn
+from cpu_paths import K_QUANTS, NAN, assert_within, each_path, linear, randn
 from engine import weights as W
 from engine.ops import ref
-
-
-@pytest.fixture(scope="module")
-def cpu_module():
-    return load_module()
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])

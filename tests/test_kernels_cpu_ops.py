@@ -20,20 +20,9 @@ import time
 import pytest
 import torch
 
-from cpu_paths import NAN, PATHS, linear, load_module, on_path, randn
+from cpu_paths import NAN, linear, randn
 from engine import weights as W
 from engine.ops import ref
-
-
-@pytest.fixture(scope="module")
-def cpu_module():
-    return load_module()
-
-
-@pytest.fixture(params=PATHS)
-def m(request, cpu_module):
-    """The module on one instruction-set path (amx with its tiles at every row count)."""
-    yield from on_path(cpu_module, request.param)
 
 
 # --- the GIL ------------------------------------------------------------------------------------------

@@ -8,20 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpu_paths import NAN, PATHS, load_module, on_path, randn
+from cpu_paths import NAN, randn
 from engine.ops import ref
 from engine.sampling import position_key
-
-
-@pytest.fixture(scope="module")
-def cpu_module():
-    return load_module()
-
-
-@pytest.fixture(params=PATHS)
-def m(request, cpu_module):
-    """The module on one instruction-set path."""
-    yield from on_path(cpu_module, request.param)
 
 
 def assert_softmax(out, x, temperature):
