@@ -121,6 +121,34 @@ def test_a_tensor_read_in_chunks_is_its_rows(llama):
         src.close()
 
 
+def test_q8_0_and_q4_1_tensors_are_decoded_a_chunk_at_a_time(llama, monkeypatch):
+    """Q8_0 and Q4_1 tensors, whose panels are not the file's bytes, are decoded and packed a chunk of rows at a
+    time as the file is read (panels.blocks_pack_gguf), never as one tensor's Blocks (a Q8_0 embedding's int16
+    intermediates were 4x its bytes at load): read 1 KB at a time, no decode of the load sees more than 16 rows,
+    and the model gives the logits of a load that reads each of these tensors whole."""
+    from engine.weights import gguf_bytes
+
+    gguf_file, _, cache = llama
+    ids = list(range(3, 40))
+    model = quiet(gguf_file, cache_dir=cache)
+    if model.ops.name != "fused":
+        pytest.skip("the CPU kernels do not run here")
+    want = Engine(model, 64).logits(ids)
+    decoded, blocks, raw_chunks = [], gguf_bytes.blocks, sources.GGUFSource.raw_chunks
+
+    def seen(raw, out, size):
+        decoded.append((size, out))
+        return blocks(raw, out, size)
+
+    monkeypatch.setattr(gguf_bytes, "blocks", seen)
+    monkeypatch.setattr(sources.GGUFSource, "raw_chunks", lambda self, name, _=0: raw_chunks(self, name, 1024))
+    model = quiet(gguf_file, cache_dir=cache)
+    monkeypatch.undo()  # the embedding's lookups decode their rows from here on
+    assert {size for size, _ in decoded} == {34, 20}  # Q8_0's blocks (attn_v), Q4_1's (ffn_gate)
+    assert max(out for _, out in decoded) == 16 and len(decoded) > 2 * model.config.n_layers  # each of several chunks
+    assert torch.equal(Engine(model, 64).logits(ids), want)
+
+
 def test_a_warm_start_reads_no_header_and_a_rewritten_header_is_indexed_again(llama, tmp_path, monkeypatch):
     """The cache key holds a hash of the file's first MiB besides its size and time: a warm start parses nothing
     (GGUFReader is not called), and a file rewritten in place, its size and time kept, is indexed again."""

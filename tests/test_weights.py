@@ -102,6 +102,9 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         assert q - 32 == int(q6k.q[o, i]), (o, i)
 
 
+GGUF_FIELDS = {**k_quants.FIELDS, **q4_0.FIELDS}  # every format whose panels are its file's bytes interleaved
+
+
 @pytest.mark.parametrize("fmt", [f for f in W.PANEL_FORMATS if W.get(f).layouts["cpu"].pack_gguf])
 def test_pack_gguf_is_pack_of_the_files_blocks(fmt):
     """A file's tensor packed straight from its bytes equals its Blocks packed; a wrong row size is refused."""
@@ -148,7 +151,7 @@ def test_padded_outputs_are_zero(fmt):
     elif fmt == "q4":  # zero scales and mins: whatever the codes, the padded weights are 0
         scales = last[0][:, 256:].view(torch.float16)
         assert not scales[:, 1:16].any() and not scales[:, 17:].any()
-    elif W.get(fmt).layouts["cpu"].pack_gguf:  # the file's bytes: padded rows have zero scales, so weigh 0
+    elif fmt in GGUF_FIELDS:  # the file's bytes: padded rows have zero scales, so weigh 0
         assert torch.equal(W.rows(W.Packed(fmt, "cpu", 32, 64, panels), torch.arange(17, 32)), torch.zeros(15, 64))
     else:  # zero scales: whatever the codes, the padded weights are 0
         assert all(not t[:, 1:].any() for t in last[1:])
@@ -185,11 +188,8 @@ def test_rows_of_every_layout_dequantize_the_blocks(fmt):
     for layout in W.REGISTRY[fmt].layouts:
         got = W.rows(W.pack(b, layout), ids)
         assert torch.equal(got, want), layout
-        if layout == "cpu" and W.REGISTRY[fmt].layouts["cpu"].pack_gguf:  # in 100 is padded to 256 inside
+        if layout == "cpu" and fmt in GGUF_FIELDS:  # in 100 is padded to 256 inside
             assert got.is_contiguous()
-
-
-GGUF_FIELDS = {**k_quants.FIELDS, **q4_0.FIELDS}  # every format whose panels are its file's bytes interleaved
 
 
 @pytest.mark.parametrize("fmt", sorted(GGUF_FIELDS))

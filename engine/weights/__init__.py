@@ -17,7 +17,8 @@ records through it. A new format: its record (quantizer, twin, layouts) in its m
 in registry.py), its row in csrc/format_list.h (the native modules' one list, checked against the records at
 load), its CPU kernel (csrc/cpu/formats.h packed tensors + gemm.h) and its tests. A GGUF type whose CPU
 panels are its file's bytes interleaved by 16 rows (panels.gguf_layout: q4_0, q5_0, the K-quants) gets
-pack_gguf with them: a file's tensor packs without Blocks.
+pack_gguf with them: a file's tensor packs without Blocks. Q8_0's and Q4_1's panels are not their bytes (offset
+codes, regrouped nibbles): their pack_gguf decodes and packs a chunk of rows at a time (panels.blocks_pack_gguf).
 """
 from engine.weights.format import BLOCK, LAYOUTS, Blocks, Layout, Packed, Stacked, WeightFormat
 from engine.weights.panels import PANEL

@@ -55,6 +55,53 @@ def check(fmt: str, out: int, n_in: int, tensors: tuple[torch.Tensor, ...], lead
             raise ValueError(f"{fmt} scales for [{out}, {n_in}] must be {list(want)}, got {list(s.shape)}")
 
 
+# ---- a GGUF tensor's bytes packed a chunk of rows at a time ----------------------------------------------
+
+def pack_chunks(raw, out: int, n_in: int, block: int, size: int, put) -> None:
+    """Feed a GGUF tensor's rows to put(rows, p0) in runs of whole panels (the tensor's last may be partial), p0
+    the run's first panel. raw: the tensor's bytes uint8 [out, row bytes] (`size`-byte blocks of `block` inputs),
+    or its rows in order as chunks of any sizes, read into a reused buffer (each is put before the next is asked
+    for), so a tensor never needs its bytes twice; a chunk's rows past its last whole panel are carried into the
+    next."""
+    nb = -(-n_in // block)
+    row, carry = 0, None
+    for chunk in [raw] if isinstance(raw, torch.Tensor) else raw:
+        if chunk.dim() != 2 or chunk.shape[1] != nb * size or row + chunk.shape[0] > out:
+            raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows of "
+                             f"{nb * size} bytes, got {list(chunk.shape)} after {row} rows")
+        chunk = chunk if carry is None else torch.cat((carry, chunk))
+        whole = chunk.shape[0] // PANEL * PANEL
+        carry = chunk[whole:].clone() if whole < chunk.shape[0] else None
+        if whole:
+            put(chunk[:whole], row // PANEL)
+        row += whole
+    if carry is not None:
+        put(carry, row // PANEL)
+        row += len(carry)
+    if row != out:
+        raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows, got {row}")
+
+
+def blocks_pack_gguf(size: int, from_gguf, pack):
+    """pack_gguf for a format whose panels are not its file's bytes (Q8_0's and Q4_1's: offset codes, nibbles
+    regrouped, scales apart): each run of whole panels is decoded to Blocks and packed (`pack`, the layout's),
+    then copied into the tensor's panels, so the tensor's Blocks never exist whole (a Q8_0 embedding's int16
+    intermediates were 4x its bytes at load). The panels equal pack(from_gguf(the whole tensor))."""
+    def pack_gguf(raw, out: int, n_in: int) -> tuple[torch.Tensor, ...]:
+        into: list[torch.Tensor] = []
+
+        def put(rows: torch.Tensor, p0: int) -> None:
+            parts = pack(from_gguf(rows, len(rows), n_in))
+            if not into:  # every tensor of the layout leads with the panel index
+                into.extend(torch.empty(-(-out // PANEL), *t.shape[1:], dtype=t.dtype) for t in parts)
+            for whole, part in zip(into, parts, strict=True):
+                whole[p0:p0 + len(part)].copy_(part)
+
+        pack_chunks(raw, out, n_in, BLOCK, size, put)
+        return tuple(into)
+    return pack_gguf
+
+
 # ---- a GGUF block type's bytes, interleaved by 16 rows --------------------------------------------------
 # A format whose panels are its file's bytes: each block's fields (ggml-common.h's struct, in order) as
 # (bytes, unit): a field of `bytes` per row is cut into units and a panel stores unit u of its 16 rows side by
@@ -134,25 +181,12 @@ def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_g
     place, unplace = bits or (lambda w: w, lambda w: w)
 
     def pack_gguf(raw, out: int, n_in: int) -> tuple[torch.Tensor, ...]:
-        """raw: the tensor's bytes uint8 [out, row bytes], or its rows in order as chunks of any sizes (read into a
-        reused buffer: each is packed before the next is asked for), so a tensor never needs its bytes twice."""
-        nb = -(-n_in // block)
-        into = torch.empty(-(-out // PANEL), nb, PANEL * size, dtype=torch.uint8)
-        row, carry = 0, None  # carry: a chunk's rows past its last whole panel, packed with the next chunk's
-        for chunk in [raw] if isinstance(raw, torch.Tensor) else raw:
-            if chunk.dim() != 2 or chunk.shape[1] != nb * size or row + chunk.shape[0] > out:
-                raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows of "
-                                 f"{nb * size} bytes, got {list(chunk.shape)} after {row} rows")
-            chunk = chunk if carry is None else torch.cat((carry, chunk))
-            whole = chunk.shape[0] // PANEL * PANEL
-            carry = chunk[whole:].clone() if whole < chunk.shape[0] else None
-            place(interleave(chunk[:whole], whole, fields, into[row // PANEL:(row + whole) // PANEL]))
-            row += whole
-        if carry is not None:
-            place(interleave(carry, len(carry), fields, into[row // PANEL:]))
-            row += len(carry)
-        if row != out:
-            raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows, got {row}")
+        into = torch.empty(-(-out // PANEL), -(-n_in // block), PANEL * size, dtype=torch.uint8)
+
+        def put(rows: torch.Tensor, p0: int) -> None:
+            place(interleave(rows, len(rows), fields, into[p0:p0 + -(-len(rows) // PANEL)]))
+
+        pack_chunks(raw, out, n_in, block, size, put)
         return (into,)
 
     def pack(b) -> tuple[torch.Tensor, ...]:

@@ -128,7 +128,7 @@ def to_gguf(b: Blocks) -> torch.Tensor:
 
 LAYOUTS = {"torch": Layout(canonical, from_canonical, canonical_rows),
            "cuda": Layout(to_nibble_rows, from_nibble_rows, nibble_rows),
-           "cpu": Layout(to_panels, from_panels, panel_rows)}
+           "cpu": Layout(to_panels, from_panels, panel_rows, panels.blocks_pack_gguf(20, from_gguf, to_panels))}
 
 FORMATS = (
     WeightFormat(name="q4", bits=5.0, block=BLOCK, quantize=quantizer("q4"), dequantize=dequantize, layouts=LAYOUTS,

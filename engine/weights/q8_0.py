@@ -83,7 +83,9 @@ def to_gguf(b: Blocks) -> torch.Tensor:
 
 
 ROWS = Layout(canonical, from_canonical, canonical_rows)  # the torch twins and the CUDA GEMV read the rows
-LAYOUTS = {"torch": ROWS, "cuda": ROWS, "cpu": Layout(to_panels, from_panels, panel_rows)}
+# a file's Q8_0 tensor packs a chunk of rows at a time (panels.blocks_pack_gguf): the fmt its Blocks carry is not read
+LAYOUTS = {"torch": ROWS, "cuda": ROWS, "cpu": Layout(to_panels, from_panels, panel_rows,
+                                                   panels.blocks_pack_gguf(34, decoder("int8"), to_panels))}
 
 FORMATS = (
     WeightFormat(name="int8", bits=8.5, block=BLOCK, quantize=quantizer("int8"), dequantize=dequantize,
