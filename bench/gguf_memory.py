@@ -17,6 +17,7 @@ is reported beside its RSS (the goal: peak RSS <= 1.3x the file plus that cache)
 only imported engine and loaded the CPU kernels (`baseline`), the share of that figure no model brings.
 
     python -m bench.gguf_memory --shapes 1.5B 3B --folder /tmp/kq   # -> bench/results/gguf-memory-cpu.{json,md}
+    python -m bench.gguf_memory --shapes --files gemma-3-270m-q4_k_m.gguf   # real files, as they are
     nice -n 5 python -m bench.gguf_memory --shapes 7B --folder /tmp/kq --delete-files --name gguf-memory-7b-cpu
 """
 from __future__ import annotations
@@ -63,7 +64,8 @@ def child_ours(path: Path, cache: Path, prompt_len: int, new_tokens: int, decode
     if decode:
         eng = Engine(model, max_seq_len=prompt_len + new_tokens + 64)
         out["kv_bytes"] = sum(t.numel() * t.element_size() for t in (eng.cache.k, eng.cache.v))
-        r = ours_decode(eng, prompt_ids(random_gguf.VOCAB, prompt_len), new_tokens, repeats=1)
+        ids = prompt_ids(min(random_gguf.VOCAB, model.config.vocab_size), prompt_len)
+        r = ours_decode(eng, ids, new_tokens, repeats=1)
         # a step's reads: every weight it streams, and the K/V of the positions it attends over (mid-run)
         out["step_bytes"] = eng.weight_bytes + eng.cache.bytes_per_token * (prompt_len + new_tokens // 2)
         out["tok_s"] = r["tok_s"]
@@ -102,8 +104,10 @@ def in_child(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def row(shape: str, args, baseline: int) -> dict:
-    path = random_gguf.kquant_file(shape, Path(args.folder))
+def row(shape: str, args, baseline: int, path: Path | None = None) -> dict:
+    """One shape's row (its random Q4_K_M file, made if missing), or a real file's (path; shape: its name)."""
+    made = path is None
+    path = random_gguf.kquant_file(shape, Path(args.folder)) if made else path
     size = path.stat().st_size
     run = (str(args.prompt_len), str(args.new_tokens))
     probes, ours, bench = [in_child("probe")["gbs"]], [], []
@@ -114,7 +118,7 @@ def row(shape: str, args, baseline: int) -> dict:
             probes.append(in_child("probe")["gbs"])
             bench.append(in_child("bench", str(path), str(args.threads), *run))
             probes.append(in_child("probe")["gbs"])
-    if args.delete_files:
+    if args.delete_files and made:
         path.unlink()
     gb, med = 1e9, statistics.median
     peak, kv, ceiling = max(r["peak_rss"] for r in ours), ours[0]["kv_bytes"], max(probes)
@@ -123,7 +127,8 @@ def row(shape: str, args, baseline: int) -> dict:
     # run i of ours sits between probes 2i and 2i + 1, llama-bench's run i between 2i + 1 and 2i + 2
     near = [max(probes[2 * i], probes[2 * i + 1]) for i in range(len(ours))]
     near_bench = [max(probes[2 * i + 1], probes[2 * i + 2]) for i in range(len(bench))]
-    return dict(shape=shape, like=random_gguf.BIG_SHAPES[shape]["like"], file_gb=size / gb,
+    like = random_gguf.BIG_SHAPES[shape]["like"] if made else "a real file"
+    return dict(shape=shape, like=like, file_gb=size / gb,
                 ours_peak_rss_gb=peak / gb, kv_gb=kv / gb, rss_over_file_plus_kv=peak / (size + kv),
                 baseline_rss_gb=baseline / gb, baseline_over_file_plus_kv=baseline / (size + kv),
                 cold_peak_rss_gb=cold["peak_rss"] / gb, bench_peak_rss_gb=max(r["peak_rss"] for r in bench) / gb,
@@ -147,7 +152,8 @@ def markdown(result: dict) -> str:
 
     head = (f"Random-weight Q4_K_M files (llama-quantize from a random F16 file) of the shapes named, with their "
             f"vocabulary's {random_gguf.QWEN25_VOCAB} embedding rows (SmolLM2's {random_gguf.VOCAB} tokens, the rest "
-            "unused [PAD] tokens, as llama.cpp pads Qwen2.5's). Each figure from a fresh process: ours cold (a fresh "
+            "unused [PAD] tokens, as llama.cpp pads Qwen2.5's), and real files as they are (`like`: a real file). "
+            "Each figure from a fresh process: ours cold (a fresh "
             f"model cache) once, then ours warm and llama-bench alternating, {result['repeats']} of each (medians; "
             f"peak RSS the largest, ru_maxrss). Ours: load_model, then Engine.stream's median step over "
             f"{result['new_tokens']} greedy tokens after a {result['prompt_tokens']}-token prompt; llama-bench: tg "
@@ -178,7 +184,9 @@ def main(argv=None):
     from bench.common import run_and_save
 
     p = argparse.ArgumentParser(description="RSS, disk, load time and tok/s on K-quant files against llama.cpp")
-    p.add_argument("--shapes", nargs="+", default=["1.5B"], choices=list(random_gguf.BIG_SHAPES))
+    p.add_argument("--shapes", nargs="*", default=["1.5B"], choices=list(random_gguf.BIG_SHAPES))
+    p.add_argument("--files", nargs="*", default=[], type=Path, metavar="GGUF",
+                   help="real GGUF files to measure as they are (after the shapes; never deleted)")
     p.add_argument("--folder", default=str(Path(tempfile.gettempdir()) / "decodescope-kquant"),
                    help="where the random files are made (the F16 one is removed once quantized)")
     p.add_argument("--delete-files", action="store_true", help="remove each Q4_K_M file after its row")
@@ -195,8 +203,8 @@ def main(argv=None):
         out = dict(prompt_tokens=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
                    threads=args.threads, rows=[])
         baseline = in_child("baseline")["peak_rss"]
-        for shape in args.shapes:
-            out["rows"].append(row(shape, args, baseline))
+        for shape, path in [(s, None) for s in args.shapes] + [(f.name, f) for f in args.files]:
+            out["rows"].append(row(shape, args, baseline, path))
             print({k: v for k, v in out["rows"][-1].items() if k != "notes"}, flush=True)
             save(out)
         return out

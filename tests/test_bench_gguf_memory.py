@@ -12,10 +12,12 @@ from bench import gguf_memory, random_gguf
 STEP_BYTES = 2e9  # a step's reads: 2 GB, so tok/s x 2 is GB/s
 
 
-def scripted(monkeypatch, tmp_path, probes: list[float], ours: list[float], bench: list[float]) -> dict:
+def scripted(monkeypatch, tmp_path, probes: list[float], ours: list[float], bench: list[float], real=None,
+             delete_files=False) -> dict:
+    """A row from children that answer from the lists; real: a real file's row (no random file is made)."""
     path = tmp_path / "file.gguf"
     path.write_bytes(b"x" * 1000)
-    monkeypatch.setattr(random_gguf, "kquant_file", lambda shape, folder: path)
+    monkeypatch.setattr(random_gguf, "kquant_file", lambda shape, folder: path if real is None else 1 / 0)
     probes, ours, bench = list(probes), list(ours), list(bench)
     order = []
 
@@ -32,8 +34,8 @@ def scripted(monkeypatch, tmp_path, probes: list[float], ours: list[float], benc
 
     monkeypatch.setattr(gguf_memory, "in_child", in_child)
     args = argparse.Namespace(folder=str(tmp_path), prompt_len=32, new_tokens=32, repeats=3, threads=2,
-                              delete_files=False)
-    row = gguf_memory.row("1.5B", args, baseline=250)
+                              delete_files=delete_files)
+    row = gguf_memory.row("1.5B", args, baseline=250) if real is None else gguf_memory.row(real.name, args, 250, real)
     assert order == ["probe", "ours"] + ["ours", "probe", "bench", "probe"] * 3 and not probes
     return row
 
@@ -59,3 +61,14 @@ def test_a_steady_box_gives_the_same_figure_both_ways(monkeypatch, tmp_path):
     assert row["bench_pct_of_near_probes"] == pytest.approx(50.0)
     assert "ours_pct_of_near_probes" in gguf_memory.markdown(dict(repeats=3, new_tokens=32, prompt_tokens=32,
                                                                   threads=2, rows=[row]))
+
+
+def test_a_real_file_is_measured_as_it_is_and_never_deleted(monkeypatch, tmp_path):
+    """--files: a user's file gets the same row, named by its file, and --delete-files (for the random files the
+    bench makes) leaves it alone."""
+    real = tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    real.write_bytes(b"y" * 3000)
+    row = scripted(monkeypatch, tmp_path, [40.0] * 7, ours=[15.0] * 3, bench=[10.0] * 3, real=real,
+                   delete_files=True)
+    assert real.exists() and row["shape"] == real.name and row["like"] == "a real file"
+    assert row["file_gb"] == 3000 / 1e9 and row["rss_over_file_plus_kv"] == pytest.approx(1200 / 3100)
