@@ -63,9 +63,10 @@ FORMATS = ("default", "fp32", "int8", "q4", "default+head-q4", "q4+head-q4", "de
 REFERENCE = "transformers"
 
 
-def load(name: str, fmt: str):
+def load(name: str, fmt: str, cache_dir=None):
     base, _, experiment = fmt.partition("+")
-    model = load_model(name, weights=None if base == "default" else base, progress=lambda msg: None)
+    model = load_model(name, weights=None if base == "default" else base, cache_dir=cache_dir,
+                       progress=lambda msg: None)
     if experiment.startswith("head-"):
         head = experiment.removeprefix("head-")
         w = model.lm_head.weight

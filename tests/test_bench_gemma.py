@@ -20,6 +20,11 @@ PROMPT = [5, 300, 17, 42, 99, 256, 8, 77]
 needs_binding = pytest.mark.skipif(llamacpp.unavailable() is not None, reason=str(llamacpp.unavailable()))
 
 
+def tiny_load(tiny_files, kind: str, fmt: str):
+    """gemma.load on a tiny file, with a model cache of the test's own (a user's cache keeps no test files)."""
+    return gemma.load(str(random_gguf.path(tiny_files, "tiny", kind)), fmt, tiny_files / "cache")
+
+
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-gguf")
@@ -38,8 +43,7 @@ def test_gguf_split_names_the_head_and_its_bytes(tiny_files):
 
 
 def test_head_experiment_requantizes_only_the_head(tiny_files):
-    path = random_gguf.path(tiny_files, "tiny", "Q4_1")
-    base, variant = gemma.load(str(path), "q4"), gemma.load(str(path), "q4+head-q4")
+    base, variant = tiny_load(tiny_files, "Q4_1", "q4"), tiny_load(tiny_files, "Q4_1", "q4+head-q4")
     a, b = gemma.our_split(base), gemma.our_split(variant)
     assert (a["head_type"], b["head_type"]) == ("q8", "q4")
     assert b["head_mb"] < a["head_mb"] and b["weight_mb"] - b["head_mb"] == pytest.approx(a["weight_mb"] - a["head_mb"])
@@ -56,7 +60,7 @@ def test_head_experiment_requantizes_only_the_head(tiny_files):
 @needs_binding
 def test_compare_finds_agreement_and_a_tampered_divergence(tiny_files):
     path = random_gguf.path(tiny_files, "tiny", "F32")
-    eng = Engine(gemma.load(str(path), "fp32"), max_seq_len=64)
+    eng = Engine(tiny_load(tiny_files, "F32", "fp32"), max_seq_len=64)
     theirs = llamacpp.time_decode(path, PROMPT, 12, threads=1, repeats=1)
     same = gemma.compare(eng, PROMPT, theirs, 12)
     assert same["ids_match"] and same["ids_vs_llamacpp"] == "same" and same["top1_agreement"] == 1.0
@@ -72,7 +76,7 @@ def test_compare_finds_agreement_and_a_tampered_divergence(tiny_files):
 def test_llamacpp_reference_gives_our_ids_on_f32_weights(tiny_files):
     """llama.cpp (llama-server, else the binding) on the F32 file: the same greedy ids as ours, a margin a pick."""
     path = random_gguf.path(tiny_files, "tiny", "F32")
-    eng = Engine(gemma.load(str(path), "fp32"), max_seq_len=64)
+    eng = Engine(tiny_load(tiny_files, "F32", "fp32"), max_seq_len=64)
     with reference.reference(path, threads=1) as greedy:
         theirs = greedy(PROMPT, 12)
     assert len(theirs["ids"]) == len(theirs["margins"]) == 12 and all(m >= 0 for m in theirs["margins"])
@@ -81,7 +85,7 @@ def test_llamacpp_reference_gives_our_ids_on_f32_weights(tiny_files):
 
 
 def test_summarize_takes_ratios_round_by_round(tiny_files):
-    model = gemma.load(str(random_gguf.path(tiny_files, "tiny", "Q4_1")), "q4")
+    model = tiny_load(tiny_files, "Q4_1", "q4")
     split = gemma.our_split(model)
     out = dict(formats={"q4": dict(split)}, llamacpp_split=dict(split))
     timed = {"ours q4": [dict(tok_s=100.0, ms_per_token=10.0, bandwidth_gbs=50.0, head_ms=6.0),
@@ -109,7 +113,7 @@ def test_agreement_names_each_split_with_both_margins(tiny_files):
     """Our own greedy ids stand in for llama.cpp's: full agreement; the last id changed is one split, at its place,
     with our margin against that id (an earlier one would change the prefixes after it), and it is a near-tie or
     not by the margins alone."""
-    eng = Engine(gemma.load(str(random_gguf.path(tiny_files, "tiny", "F32")), "fp32"), max_seq_len=64)
+    eng = Engine(tiny_load(tiny_files, "F32", "fp32"), max_seq_len=64)
     ours, _ = eng.generate(PROMPT, 12, temperature=0.0, stop_ids=[])
     theirs = dict(ids=list(ours), margins=[5.0] * 12)
     same = gemma.compare(eng, PROMPT, theirs, 12)
@@ -128,7 +132,7 @@ def test_agreement_names_each_split_with_both_margins(tiny_files):
 def test_agreement_leaves_out_the_end_tokens_a_reference_banned(tiny_files):
     """llama-server's greedy ids come with ignore_eos, which bans the end tokens: where our top-1 is an end token
     and its pick the best of the rest, that is agreement for such a reference and a split for any other."""
-    eng = Engine(gemma.load(str(random_gguf.path(tiny_files, "tiny", "F32")), "fp32"), max_seq_len=64)
+    eng = Engine(tiny_load(tiny_files, "F32", "fp32"), max_seq_len=64)
     ours, _ = eng.generate(PROMPT, 6, temperature=0.0, stop_ids=[])
     logits = eng.logits(PROMPT + ours[:5])[-1]
     second = int(logits.topk(2).indices[1])
@@ -193,7 +197,7 @@ def test_geglu_fp16_reads_the_gate_through_fp16_as_llamacpp_does():
 
 
 def test_geglu_experiment_runs_the_blocks_one_by_one_with_llamacpps_gate(tiny_files):
-    model = gemma.load(str(random_gguf.path(tiny_files, "tiny", "Q4_1")), "q4+geglu-fp16")
+    model = tiny_load(tiny_files, "Q4_1", "q4+geglu-fp16")
     assert model.ops.blocks is None and model.ops.gelu_tanh_mul is gemma.geglu_fp16
     assert "GeGLU as llama.cpp" in model.load_notes[-1]
 
@@ -204,7 +208,7 @@ def test_reference_gives_our_fp32_logits_and_greedy_ids(tiny_files):
     float rounding) and the same greedy ids; compare() scores it as it scores an engine."""
     pytest.importorskip("transformers")
     path = random_gguf.path(tiny_files, "tiny", "F32")
-    eng = Engine(gemma.load(str(path), "fp32"), max_seq_len=64)
+    eng = Engine(tiny_load(tiny_files, "F32", "fp32"), max_seq_len=64)
     ref = gemma.Reference(path, eng.model.eos_ids)
     assert gemma.logit_distance(ref, eng, PROMPT) < 1e-3
     ours, _ = eng.generate(PROMPT, 12, temperature=0.0, stop_ids=[])
