@@ -83,3 +83,37 @@ def test_a_gguf_load_imports_only_what_it_runs(tmp_path):
     done = subprocess.run([sys.executable, "-c", LOAD, str(gguf_file), str(tmp_path / "cache"), *UNUSED],
                           capture_output=True, text=True, cwd=Path(__file__).parents[1], check=True)
     assert done.stdout.split() == []
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp16", "int8", "q4", "q4_0", "q4_k", "q6_k"])
+def test_an_hf_folders_values_are_read_and_packed_a_few_rows_at_a_time(fmt, tmp_path, monkeypatch):
+    """A safetensors weight is read from the file and packed for the CPU kernels a chunk of whole panels of rows at
+    a time (sources.dense_chunks, panels.pack_runs), never whole in its dtype or in fp32 (a 0.5B's tied head took
+    1.8 GB of transients in q8): read 1 KB at a time, no chunk is more than 16 rows, and every weight holds the
+    values of the same tensor quantized whole (the torch twins' load, which packs the whole tensor's Blocks)."""
+    import torch
+
+    from engine import weights
+    from engine.checkpoint import sources
+    from engine.tiny import write_tiny_model
+
+    folder = write_tiny_model(tmp_path / "model")
+    want = load_model(folder, weights=fmt, fused=False, progress=lambda s: None)
+    dense_chunks = sources.SafetensorsSource.dense_chunks
+    for chunk_bytes, rows in ((1024, 16), (8192, 32)):  # one panel a run, and two (fp32 rows of 64 or 160 inputs)
+        seen = []
+
+        def small(self, name, _=0, chunk_bytes=chunk_bytes, seen=seen):
+            for chunk in dense_chunks(self, name, chunk_bytes):
+                seen.append(len(chunk))
+                yield chunk
+
+        monkeypatch.setattr(sources.SafetensorsSource, "dense_chunks", small)
+        got = load_model(folder, weights=fmt, progress=lambda s: None)
+        if got.ops.layout != "cpu":
+            pytest.skip("the CPU kernels do not run here")
+        assert max(seen) == rows and len(seen) > 4 * got.config.n_layers  # each of several chunks
+        for a, b in zip(want.linears(), got.linears(), strict=True):
+            for s, t in zip(a.weight.segments, b.weight.segments, strict=True):
+                assert (s.fmt, t.layout) == (t.fmt, "cpu") and all(x.is_contiguous() for x in t.tensors)
+                assert torch.equal(weights.dequantize(weights.unpack(s)), weights.dequantize(weights.unpack(t)))

@@ -20,6 +20,7 @@ import torch
 
 from engine import ops
 from engine import weights as wts
+from engine.weights import panels
 from engine.checkpoint.hf import ModelLoadError
 
 DENSE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -153,8 +154,9 @@ class FormatPlan:
 
     def segment(self, fmt: str, names: list[str], n_in: int) -> wts.Packed:
         """HF tensors `names` in one format: a layout that packs GGUF bytes itself takes the file's rows as they
-        are, a chunk at a time (the packed weight is the only copy made), else the canonical Blocks of every part
-        (its blocks, reblocked or re-quantized) are concatenated and packed."""
+        are, a chunk at a time (the packed weight is the only copy made), and so do the CPU panels take dense
+        values; else the canonical Blocks of every part (its blocks, reblocked or re-quantized) are concatenated
+        and packed."""
         src = self.src
         layout = wts.get(fmt).layouts[self.opset.layout]
         gguf = wts.get(fmt).gguf
@@ -162,6 +164,15 @@ class FormatPlan:
             rows = sum(src.shapes[n][0] for n in names)
             chunks = (chunk for n in names for chunk in src.raw_chunks(n))
             return wts.Packed(fmt, self.opset.layout, rows, n_in, layout.pack_gguf(chunks, rows, n_in))
+        if self.opset.layout == "cpu" and all(stored_format(src, n) is None for n in names):
+            # dense values (safetensors, a GGUF's F32 / F16): quantized and packed a chunk of rows at a time, so the
+            # tensor is never in memory whole in its file's dtype, nor in fp32 (a 0.5B's tied head was 1.8 GB of
+            # transients in q8)
+            rows, dtype = sum(src.shapes[n][0] for n in names), wts.get(fmt).dtype
+            chunks = (chunk for n in names for chunk in src.dense_chunks(n))
+            pack = ((lambda x: (panels.dense_view(x.to(dtype)),)) if dtype is not None  # a dense format's panels
+                    else (lambda x: layout.pack(wts.quantize(x, fmt))))
+            return wts.Packed(fmt, self.opset.layout, rows, n_in, panels.pack_runs(chunks, rows, n_in, 1, 1, pack))
         parts = [self.part(n, fmt, n_in) for n in names]
         return wts.pack(parts[0] if len(parts) == 1 else concat(parts), self.opset.layout)
 

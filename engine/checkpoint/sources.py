@@ -2,8 +2,9 @@
 
 A source answers, for every HF tensor name the family's recipe asks for: its shape, the GGUF type it is stored in
 (None for a safetensors tensor), its bytes as the file stores them (`raw`: uint8 [out, row bytes]) and its values
-(`dense`). Nothing is read before a tensor is asked for, and each is read once: the loader packs it and lets it go,
-so no fp32 copy of a quantized model exists anywhere.
+(`dense`), and both a chunk of rows at a time (`raw_chunks`, `dense_chunks`: what the CPU path packs from). Nothing
+is read before a tensor is asked for, and each is read once: the loader packs it and lets it go, so no fp32 copy of
+a quantized model exists anywhere.
 
 A GGUF file is read through the index its cached folder keeps (INDEX_FILE, written once by gguf_convert.py: each
 tensor's GGUF name, type, offset and shape), so a warm load parses no header. Its bytes are read with a plain
@@ -38,6 +39,7 @@ class SafetensorsSource:
         self.handles = {f: safe_open(f, framework="pt") for f, _ in set(found.values())}
         self.shapes = {name: shape for name, (_, shape) in found.items()}
         self.path = next(iter(self.handles), None)
+        self.spans: dict[Path, tuple[int, dict]] = {}  # file -> (where its data starts, its header), as read
 
     def gguf_type(self, name: str) -> str | None:
         return None
@@ -47,6 +49,35 @@ class SafetensorsSource:
 
     def dense(self, name: str) -> torch.Tensor:
         return self.handles[self.found[name][0]].get_tensor(name)
+
+    def dense_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES):
+        """dense(name) of a matrix [out, in], a chunk of whole panels of rows at a time, read from the file into
+        one reused buffer (valid until the next is asked for): the tensor is never in memory whole, nor mapped
+        (safe_open's mmap would leave every page read in RSS until the load ends). The byte span comes from the
+        file's header (8 bytes of length, then JSON: each tensor's dtype, shape and data_offsets after it)."""
+        path = self.found[name][0]
+        if path not in self.spans:
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                self.spans[path] = (8 + n, json.loads(f.read(n)))
+        start, header = self.spans[path]
+        entry = header[name]
+        dtype = DENSE_TYPES.get(entry["dtype"])
+        if dtype is None or len(entry["shape"]) != 2:  # not a dense matrix: whole, as safetensors reads it
+            yield self.dense(name)
+            return
+        (out, n_in), item = entry["shape"], dtype.itemsize
+        rows = min(out, max(PANEL, chunk_bytes // (n_in * item) // PANEL * PANEL))
+        buf = torch.empty(rows * n_in * item, dtype=torch.uint8)
+        with open(path, "rb", buffering=0) as f:
+            for r0 in range(0, out, rows):
+                r = min(rows, out - r0)
+                f.seek(start + entry["data_offsets"][0] + r0 * n_in * item)
+                view = buf[:r * n_in * item]
+                if f.readinto(memoryview(view.numpy())) != len(view):
+                    raise ModelLoadError(f"{path} ends inside tensor {name!r}; the file is truncated: download it "
+                                         "again")
+                yield view.view(dtype).view(r, n_in)
 
     def close(self) -> None:
         self.handles.clear()
@@ -131,6 +162,13 @@ class GGUFSource:
         out = self.shapes[name][0]
         x = self._read(name).view(out, -1)
         return unpermute_rows(x, self.heads[name]) if name in self.heads else x
+
+    def dense_chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES):
+        """dense(name) of a matrix [out, in] (F32, F16, BF16), a chunk of rows at a time: raw_chunks' bytes as
+        values (its buffer, valid until the next is asked for)."""
+        dtype = DENSE_TYPES[self.gguf_type(name)]
+        for x in self.raw_chunks(name, chunk_bytes):
+            yield x.view(dtype)
 
     def dense(self, name: str) -> torch.Tensor:
         """The tensor's values as HF holds them ([out, in] or [n]), for the dense GGUF types."""

@@ -48,8 +48,7 @@ def rows_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
 
 
 def to_panels(b: Blocks) -> tuple[torch.Tensor, ...]:
-    w = panels.pad_outputs(b.q)
-    return (w.view(w.shape[0] // PANEL, PANEL, b.in_features).transpose(1, 2).contiguous(),)
+    return (panels.dense_view(b.q).contiguous(),)
 
 
 def from_panels(fmt: str, out: int, n_in: int, tensors) -> Blocks:

@@ -26,6 +26,14 @@ def pad_outputs(t: torch.Tensor) -> torch.Tensor:
     return torch.cat((t, t.new_zeros(pad, *t.shape[1:]))) if pad else t
 
 
+def dense_view(w: torch.Tensor) -> torch.Tensor:
+    """A dense weight [out, in] -> its panels [P, in, 16] as a view (padded rows zero): the dense formats'
+    to_panels before the copy that makes it contiguous, which a chunked load leaves to its copy into the whole
+    tensor's panels (one pass where the conversion, the transposition and that copy were three)."""
+    w = pad_outputs(w)
+    return w.view(w.shape[0] // PANEL, PANEL, w.shape[1]).transpose(1, 2)
+
+
 def scales(s: torch.Tensor) -> torch.Tensor:
     """Per-block scales [out, nb] -> [P, nb, 16]."""
     s = pad_outputs(s)
@@ -82,23 +90,30 @@ def pack_chunks(raw, out: int, n_in: int, block: int, size: int, put) -> None:
         raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows, got {row}")
 
 
+def pack_runs(chunks, out: int, n_in: int, block: int, size: int, pack) -> tuple[torch.Tensor, ...]:
+    """A tensor's panels in a layout whose every tensor leads with the panel index, packed a run of whole panels
+    at a time (pack_chunks): pack(rows) gives the layout's tensors for those rows, copied into the whole tensor's
+    (made at the first run). Rows are independent in every format (a block is 32 or 256 inputs of one row), so
+    the panels equal pack(all the rows)."""
+    into: list[torch.Tensor] = []
+
+    def put(rows: torch.Tensor, p0: int) -> None:
+        parts = pack(rows)
+        if not into:
+            into.extend(torch.empty(-(-out // PANEL), *t.shape[1:], dtype=t.dtype) for t in parts)
+        for whole, part in zip(into, parts, strict=True):
+            whole[p0:p0 + len(part)].copy_(part)
+
+    pack_chunks(chunks, out, n_in, block, size, put)
+    return tuple(into)
+
+
 def blocks_pack_gguf(size: int, from_gguf, pack):
     """pack_gguf for a format whose panels are not its file's bytes (Q8_0's and Q4_1's: offset codes, nibbles
-    regrouped, scales apart): each run of whole panels is decoded to Blocks and packed (`pack`, the layout's),
-    then copied into the tensor's panels, so the tensor's Blocks never exist whole (a Q8_0 embedding's int16
-    intermediates were 4x its bytes at load). The panels equal pack(from_gguf(the whole tensor))."""
+    regrouped, scales apart): each run of whole panels is decoded to Blocks and packed (`pack`, the layout's), so
+    the tensor's Blocks never exist whole (a Q8_0 embedding's int16 intermediates were 4x its bytes at load)."""
     def pack_gguf(raw, out: int, n_in: int) -> tuple[torch.Tensor, ...]:
-        into: list[torch.Tensor] = []
-
-        def put(rows: torch.Tensor, p0: int) -> None:
-            parts = pack(from_gguf(rows, len(rows), n_in))
-            if not into:  # every tensor of the layout leads with the panel index
-                into.extend(torch.empty(-(-out // PANEL), *t.shape[1:], dtype=t.dtype) for t in parts)
-            for whole, part in zip(into, parts, strict=True):
-                whole[p0:p0 + len(part)].copy_(part)
-
-        pack_chunks(raw, out, n_in, BLOCK, size, put)
-        return tuple(into)
+        return pack_runs(raw, out, n_in, BLOCK, size, lambda rows: pack(from_gguf(rows, len(rows), n_in)))
     return pack_gguf
 
 
