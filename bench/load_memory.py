@@ -60,15 +60,11 @@ def random_folder(shape: str, folder: Path) -> Path:
     if (out / "model.safetensors").is_file():
         return out
     import torch
-    from safetensors.torch import save_file
 
-    from engine.tiny import random_weights, tiny_config, write_tiny_model
+    from engine.tiny import tiny_config, write_tiny_model
 
     keys = {k: v for k, v in RANDOM[shape].items() if k not in ("model_type", "like")}
-    cfg = tiny_config(RANDOM[shape]["model_type"], **keys)
-    write_tiny_model(out, cfg)  # config, tokenizer, and fp32 weights, replaced by their bf16 values below
-    save_file({k: v.to(torch.bfloat16) for k, v in random_weights(cfg, std=0.02).items()}, out / "model.safetensors")
-    return out
+    return write_tiny_model(out, tiny_config(RANDOM[shape]["model_type"], **keys), std=0.02, dtype=torch.bfloat16)
 
 
 def file_bytes(path: Path) -> int:

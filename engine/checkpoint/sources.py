@@ -32,6 +32,12 @@ DENSE_CHUNK_BYTES = 16 << 20
 DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
+def chunk_rows(out: int, row_bytes: int, chunk_bytes: int, step: int = PANEL) -> int:
+    """Rows a chunk of a tensor's `out` rows holds: about chunk_bytes of them, a whole number of steps (panels of
+    the CPU kernels, and whole heads where q/k rows are reordered), at least one step, at most the tensor."""
+    return min(out, max(step, chunk_bytes // row_bytes // step * step))
+
+
 class SafetensorsSource:
     """An HF folder's *.safetensors (sharded or not), opened once; `found` is hf.index_tensors'."""
 
@@ -70,7 +76,7 @@ class SafetensorsSource:
             yield self.dense(name)
             return
         (out, n_in), item = entry["shape"], dtype.itemsize
-        rows = min(out, max(PANEL, chunk_bytes // (n_in * item) // PANEL * PANEL))
+        rows = chunk_rows(out, n_in * item, chunk_bytes)
         buf = torch.empty(rows * n_in * item, dtype=torch.uint8)
         with open(path, "rb", buffering=0) as f:
             for r0 in range(0, out, rows):
@@ -149,7 +155,7 @@ class GGUFSource:
         out, row_bytes = shape[0], n // shape[0]
         heads = self.heads.get(name)
         step = math.lcm(out // heads if heads else 1, PANEL)
-        rows = min(out, max(step, chunk_bytes // row_bytes // step * step))
+        rows = chunk_rows(out, row_bytes, chunk_bytes, step)
         buf = torch.empty(rows * row_bytes, dtype=torch.uint8)
         order = torch.empty_like(buf) if heads else None
         for r0 in range(0, out, rows):

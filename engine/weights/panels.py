@@ -63,14 +63,14 @@ def check(fmt: str, out: int, n_in: int, tensors: tuple[torch.Tensor, ...], lead
             raise ValueError(f"{fmt} scales for [{out}, {n_in}] must be {list(want)}, got {list(s.shape)}")
 
 
-# ---- a GGUF tensor's bytes packed a chunk of rows at a time ----------------------------------------------
+# ---- a tensor packed a chunk of rows at a time ----------------------------------------------------------
 
 def pack_chunks(raw, out: int, n_in: int, block: int, size: int, put) -> None:
-    """Feed a GGUF tensor's rows to put(rows, p0) in runs of whole panels (the tensor's last may be partial), p0
-    the run's first panel. raw: the tensor's bytes uint8 [out, row bytes] (`size`-byte blocks of `block` inputs),
-    or its rows in order as chunks of any sizes, read into a reused buffer (each is put before the next is asked
-    for), so a tensor never needs its bytes twice; a chunk's rows past its last whole panel are carried into the
-    next."""
+    """Feed a tensor's rows to put(rows, p0) in runs of whole panels (the tensor's last may be partial), p0 the
+    run's first panel. raw: a GGUF tensor's bytes uint8 [out, row bytes] (`size`-byte blocks of `block` inputs; a
+    dense tensor's values are blocks of 1 of size 1), or its rows in order as chunks of any sizes, read into a
+    reused buffer (each is put before the next is asked for), so a tensor never needs its bytes twice; a chunk's
+    rows past its last whole panel are carried into the next."""
     nb = -(-n_in // block)
     row, carry = 0, None
     for chunk in [raw] if isinstance(raw, torch.Tensor) else raw:
