@@ -26,7 +26,7 @@ import numpy as np
 
 from engine import families, tokenizer
 from engine import weights as wts
-from engine.checkpoint import gguf_tokenizer, store
+from engine.checkpoint import gguf_header, gguf_tokenizer, store
 from engine.checkpoint.sources import INDEX_FILE
 from engine.checkpoint.store import Progress
 from engine.families import Family
@@ -48,37 +48,30 @@ class GGUFError(ValueError):
 class Meta:
     """A GGUF file's metadata by key: meta("tokenizer.ggml.tokens"), meta.hp("block_count") for "<arch>.<key>"."""
 
-    def __init__(self, reader, path: Path):
-        self.reader, self.path = reader, path
+    def __init__(self, header: gguf_header.Header, path: Path):
+        self.header, self.tensors, self.path = header, header.tensors, path
         self.arch = self("general.architecture")
 
     def __call__(self, key: str, default=MISSING):
-        field = self.reader.fields.get(key)
-        if field is None:
+        value = self.header.fields.get(key, MISSING)
+        if value is MISSING:
             if default is not MISSING:
                 return default
             raise GGUFError(f"{self.path} has no GGUF metadata key {key!r}; the file is incomplete or not a model "
                             "GGUF: download it again, or load the model's HF folder")
-        return field.contents()
+        return value
 
     def hp(self, key: str, default=MISSING):
         return self(f"{self.arch}.{key}", default)
 
 
-def open_gguf(path: Path):
-    """GGUFReader over the file, with every tensor's bytes inside it; a corrupt or truncated file fails here."""
-    from gguf import GGUFReader  # only a conversion needs it
-
+def open_gguf(path: Path) -> gguf_header.Header:
+    """The file's header, with every tensor's bytes inside the file; a corrupt or truncated file fails here."""
     try:
-        reader = GGUFReader(path)
-        size = path.stat().st_size
-        for t in reader.tensors:
-            if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
-                raise ValueError(f"tensor {t.name!r} ends at byte {t.data_offset + t.n_bytes}, past the end")
-    except (ValueError, IndexError, KeyError, OSError, EOFError) as e:
+        return gguf_header.read(path)
+    except (ValueError, OSError) as e:
         raise GGUFError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it is corrupt or "
                         "truncated: download it again") from None
-    return reader
 
 
 def family_of(meta: Meta) -> Family:
@@ -105,12 +98,13 @@ def convert(gguf_file: Path, out: Path, progress: Progress = print) -> None:
              "tensors": tensor_index(meta, family)}
     _write_json(out / INDEX_FILE, index)
     progress("decodescope: writing the tokenizer and configs")
-    gguf_tokenizer.build(meta, meta.arch).save(str(out / "tokenizer.json"))
+    built = gguf_tokenizer.build(meta, meta.arch)
+    built.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", tokenizer_config(meta))
     _write_json(out / "config.json", config)
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     _write_json(out / "generation_config.json", {key: config.get(key) for key in ids})
-    tokenizer.write_facts(out)  # so a load need not parse the tokenizer (tokenizer.facts)
+    tokenizer.write_facts(out, built)  # so a load need not parse the tokenizer (tokenizer.facts)
     progress(f"decodescope: indexed {len(index['tensors'])} tensors of {gguf_file.name} in "
              f"{time.perf_counter() - start:.1f} s (they are read from the file itself at each load)")
 
@@ -119,7 +113,7 @@ def cached(gguf_file: Path, cache_dir: Path | None = None, progress: Progress = 
     """The folder of a GGUF file, writing it on the first call. The folder is keyed by the file's
     path, size, modification time and a hash of its first MiB, and the converter's version, so a changed file is
     converted again (and the folder of its previous version removed); a warm start reads that MiB and the
-    folder's index, never the file's header through GGUFReader."""
+    folder's index, never the file's header."""
     gguf_file = Path(gguf_file).expanduser().resolve()
     st = gguf_file.stat()
     with gguf_file.open("rb") as f:  # a file rewritten in place with its size and time kept is still another file
@@ -163,11 +157,11 @@ def hf_config(meta: Meta, family: Family) -> dict:
         "rope_theta": float(meta.hp("rope.freq_base", 10000.0)), "rope_scaling": rope_scaling(meta),
         "max_position_embeddings": meta.hp("context_length"),
         # no output.weight tensor: the lm head reuses the embeddings
-        "tie_word_embeddings": all(t.name != "output.weight" for t in meta.reader.tensors), "torch_dtype": "float32",
+        "tie_word_embeddings": all(t.name != "output.weight" for t in meta.tensors), "torch_dtype": "float32",
         "bos_token_id": meta("tokenizer.ggml.bos_token_id", None), "eos_token_id": meta("tokenizer.ggml.eos_token_id"),
         "pad_token_id": meta("tokenizer.ggml.padding_token_id", None),
     }
-    config["attention_bias"] = any(t.name.endswith("attn_q.bias") for t in meta.reader.tensors)
+    config["attention_bias"] = any(t.name.endswith("attn_q.bias") for t in meta.tensors)
     window = meta.hp("attention.sliding_window", None)
     if window:
         config["sliding_window"] = window
@@ -177,9 +171,11 @@ def hf_config(meta: Meta, family: Family) -> dict:
 def rope_scaling(meta: Meta) -> dict | None:
     """HF's rope_scaling from <arch>.rope.scaling.* or, for Llama 3.x, from its rope_freqs tensor."""
     kind = meta.hp("rope.scaling.type", None)
-    freqs = next((t for t in meta.reader.tensors if t.name == "rope_freqs.weight"), None)
+    freqs = next((t for t in meta.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
-        return llama3_scaling(meta, np.asarray(freqs.data, np.float32))
+        if freqs.type != "F32":
+            raise GGUFError(f"{meta.path} stores rope_freqs.weight as {freqs.type}; llama.cpp writes it as F32")
+        return llama3_scaling(meta, np.fromfile(meta.path, np.float32, freqs.n_bytes // 4, offset=freqs.offset))
     if kind in (None, "none"):
         return None
     if kind == "linear":
@@ -235,17 +231,16 @@ def tensor_index(meta: Meta, family: Family) -> dict[str, list]:
     refusing a type no weight format of ours reads (IQ-quants among them) by the tensor's name and type."""
     vocab = len(meta("tokenizer.ggml.tokens"))
     out, unread = {}, []
-    for t in meta.reader.tensors:
+    for t in meta.tensors:
         if t.name in SKIPPED:
             continue
-        shape = [int(n) for n in reversed(t.shape.tolist())]  # GGUF lists dims fastest-first ([in, out])
+        shape = list(reversed(t.shape))  # GGUF lists dims fastest-first ([in, out])
         if t.name.startswith("token_embd") and shape[0] != vocab:
             raise GGUFError(f"{meta.path}: the tokenizer lists {vocab} tokens but token_embd.weight has "
                             f"{shape[0]} rows; the file is inconsistent: download it again")
-        gtype = t.tensor_type.name
-        if gtype not in DENSE and gtype not in wts.BY_GGUF:
-            unread.append(f"{t.name} ({gtype})")
-        out[hf_name(t.name, family)] = [t.name, gtype, int(t.data_offset), int(t.n_bytes), shape]
+        if t.type not in DENSE and t.type not in wts.BY_GGUF:
+            unread.append(f"{t.name} ({t.type})")
+        out[hf_name(t.name, family)] = [t.name, t.type, t.offset, t.n_bytes, shape]
     if unread:
         iq = " (IQ-quants are not read)" if any("(IQ" in u for u in unread) else ""
         raise GGUFError(f"{meta.path} stores {len(unread)} tensors in types decodescope does not read{iq}: "
