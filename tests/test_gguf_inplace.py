@@ -10,7 +10,13 @@ from safetensors.torch import load_file
 
 from engine import Engine, ModelLoadError, load_model, weights
 from engine.checkpoint import memory, sources
-from gguf_files import family_files
+from gguf_files import MIX, family_files
+
+# our merged projections: their HF parts, and each part's kind of GGUF tensor
+PARTS = {"attn.wqkv": [("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v")],
+         "attn.wo": [("self_attn.o_proj", "attn_output")],
+         "mlp.w_gate_up": [("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up")],
+         "mlp.w_down": [("mlp.down_proj", "ffn_down")]}
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +212,53 @@ def test_a_load_takes_the_tokenizers_facts_from_the_cache_and_parses_an_edited_o
         with pytest.raises(AssertionError, match="parsed"):
             tokenizer.facts(copy)
     assert tokenizer.facts(copy) == (want[0], tuple(sorted({*want[1], 7})))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp16", "int8", "q4", "q4_a8", "q4_0", "q4_k", "q6_k"])
+def test_a_files_blocks_in_another_format_are_converted_a_chunk_at_a_time(llama, fmt, monkeypatch):
+    """Loaded in a format other than its own (weights=, the Compare panel's formats), a file's blocks are read,
+    converted and packed for the CPU kernels a chunk of rows at a time: no projection is read whole (a 1.5B
+    Q4_K_M's tied head in q4 held 678 MB of transients), and every weight holds the values of the torch twins'
+    load, which converts each tensor whole and packs the concatenated Blocks."""
+    gguf_file, values, cache = llama
+    want = quiet(gguf_file, weights=fmt, fused=False, cache_dir=cache)
+    whole, raw, raw_chunks = [], sources.GGUFSource.raw, sources.GGUFSource.raw_chunks
+    seen = []
+
+    def small(self, name, _=0):
+        for chunk in raw_chunks(self, name, 1024):
+            seen.append(len(chunk))
+            yield chunk
+
+    monkeypatch.setattr(sources.GGUFSource, "raw", lambda self, name: whole.append(name) or raw(self, name))
+    monkeypatch.setattr(sources.GGUFSource, "raw_chunks", small)
+    got = quiet(gguf_file, weights=fmt, cache_dir=cache)
+    monkeypatch.undo()
+    if got.ops.layout != "cpu":
+        pytest.skip("the CPU kernels do not run here")
+    assert not [n for n in whole if n.endswith("proj.weight") or n == "lm_head.weight"], whole
+    # a panel of 16 rows a chunk, a head of 64 rows for the q / k rows put back in HF order; every projection in
+    # several chunks
+    assert max(seen) == 64 and 16 in seen and len(seen) > 7 * got.config.n_layers
+    for a, b in zip(want.linears(), got.linears(), strict=True):
+        for s, t in zip(a.weight.segments, b.weight.segments, strict=True):
+            assert (s.fmt, t.layout) == (t.fmt, "cpu") and all(x.is_contiguous() for x in t.tensors)
+            assert torch.equal(weights.dequantize(weights.unpack(s)), weights.dequantize(weights.unpack(t)))
+    # the parts whose blocks the format holds or converts exactly are the file's values (the twins share the
+    # conversion code, so this is what tells a conversion from a re-quantization)
+    from engine.checkpoint.formats import CONVERSIONS, holds
+
+    state, exact = load_file(values / "model.safetensors"), 0
+    for layer in range(got.config.n_layers):
+        for ours, parts in PARTS.items():
+            w = got.get_submodule(f"layers.{layer}.{ours}").weight
+            w = torch.cat([weights.dequantize(weights.unpack(s)) for s in w.segments])
+            row = 0
+            for hf, kind in parts:
+                v, stored = state[f"model.layers.{layer}.{hf}.weight"], weights.BY_GGUF[MIX[kind]]
+                converts = CONVERSIONS.get((stored, fmt), (None, "rounds"))[1] is None
+                if not weights.get(fmt).quantized or holds(fmt, stored) or converts:
+                    assert torch.equal(w[row:row + len(v)], v.to(weights.get(fmt).dtype or v.dtype).float()), hf
+                    exact += 1
+                row += len(v)
+    assert exact >= got.config.n_layers  # each format holds at least one of the mix's types

@@ -153,55 +153,85 @@ class FormatPlan:
         return wts.stack([self.segment(fmt, list(part), n_in) for fmt, part in runs])
 
     def segment(self, fmt: str, names: list[str], n_in: int) -> wts.Packed:
-        """HF tensors `names` in one format: a layout that packs GGUF bytes itself takes the file's rows as they
-        are, a chunk at a time (the packed weight is the only copy made), and so do the CPU panels take dense
-        values; else the canonical Blocks of every part (its blocks, reblocked or re-quantized) are concatenated
-        and packed."""
-        src = self.src
-        layout = wts.get(fmt).layouts[self.opset.layout]
-        gguf = wts.get(fmt).gguf
-        if gguf and layout.pack_gguf is not None and all(src.gguf_type(n) == gguf for n in names):
-            rows = sum(src.shapes[n][0] for n in names)
+        """HF tensors `names` in one format. A layout that packs GGUF bytes itself takes the file's rows as they
+        are, a chunk at a time (the packed weight is the only copy made); on a CPU every other load is packed a
+        chunk of rows at a time too: dense values (or a file's blocks dequantized for a dense format) through
+        pack_runs, a file's blocks in another block format converted and written as that format's GGUF blocks.
+        Else (a CUDA layout, a merged projection mixing dense and block parts) the canonical Blocks of every part
+        are concatenated and packed."""
+        src, f = self.src, wts.get(fmt)
+        layout, cpu = f.layouts[self.opset.layout], self.opset.layout == "cpu"
+        rows = sum(src.shapes[n][0] for n in names)
+        stored = [stored_format(src, n) for n in names]
+        if f.gguf and layout.pack_gguf is not None and all(src.gguf_type(n) == f.gguf for n in names):
             chunks = (chunk for n in names for chunk in src.raw_chunks(n))
             return wts.Packed(fmt, self.opset.layout, rows, n_in, layout.pack_gguf(chunks, rows, n_in))
-        if self.opset.layout == "cpu" and all(stored_format(src, n) is None for n in names):
+        if cpu and (f.dtype is not None or all(s is None for s in stored)):
             # dense values (safetensors, a GGUF's F32 / F16): quantized and packed a chunk of rows at a time, so the
             # tensor is never in memory whole in its file's dtype, nor in fp32 (a 0.5B's tied head was 1.8 GB of
             # transients in q8)
-            rows, dtype = sum(src.shapes[n][0] for n in names), wts.get(fmt).dtype
-            chunks = (chunk for n in names for chunk in src.dense_chunks(n))
-            pack = ((lambda x: (panels.dense_view(x.to(dtype)),)) if dtype is not None  # a dense format's panels
+            chunks = (chunk for n in names for chunk in self.value_chunks(n, fmt, n_in))
+            pack = ((lambda x: (panels.dense_view(x.to(f.dtype)),)) if f.dtype is not None  # a dense format's panels
                     else (lambda x: layout.pack(wts.quantize(x, fmt))))
             return wts.Packed(fmt, self.opset.layout, rows, n_in, panels.pack_runs(chunks, rows, n_in, 1, 1, pack))
+        if cpu and layout.pack_gguf is not None and None not in stored:
+            # a file's blocks in another block format (weights= asked, or a stand-in): each chunk of rows converted,
+            # then written as the format's own GGUF blocks and packed as a file of them is, so a part is never whole
+            # in Blocks or fp32 (a 1.5B Q4_K_M's tied Q6_K head in q4 was 678 MB of transients)
+            chunks = (f.to_gguf(b) for n in names for b in self.converted(n, fmt, n_in, src.raw_chunks(n)))
+            return wts.Packed(fmt, self.opset.layout, rows, n_in, layout.pack_gguf(chunks, rows, n_in))
         parts = [self.part(n, fmt, n_in) for n in names]
         return wts.pack(parts[0] if len(parts) == 1 else concat(parts), self.opset.layout)
 
     def part(self, name: str, fmt: str, n_in: int) -> wts.Blocks:
+        if stored_format(self.src, name) is None:
+            return wts.quantize(self.src.dense(name), fmt)
+        chunks = (raw.clone() for raw in self.src.raw_chunks(name))  # raw_chunks reuses its buffer; these are kept
+        return concat(list(self.converted(name, fmt, n_in, chunks)))
+
+    def converted(self, name: str, fmt: str, n_in: int, chunks):
+        """Tensor `name`'s blocks as Blocks of `fmt`, one per chunk of its rows as the file stores them (uint8
+        [rows, row bytes]): as they are, converted (CONVERSIONS), or re-quantized from their values. Every format
+        keeps its rows apart, so the chunks' Blocks are the whole tensor's rows."""
+        stored = stored_format(self.src, name)
+        self.note_conversion(name, stored, fmt)
+        for raw in chunks:
+            b = wts.get(stored).from_gguf(raw, raw.shape[0], n_in)
+            if holds(fmt, stored):
+                yield wts.reblock(b, fmt)
+            elif (stored, fmt) in CONVERSIONS:
+                yield CONVERSIONS[stored, fmt][0](b)
+            else:
+                yield wts.quantize(wts.dequantize(b), fmt)
+
+    def value_chunks(self, name: str, fmt: str, n_in: int):
+        """Tensor `name`'s values a chunk of rows at a time: a dense tensor's from the file, a block tensor's
+        dequantized (for a dense format)."""
         stored = stored_format(self.src, name)
         if stored is None:
-            return wts.quantize(self.src.dense(name), fmt)
-        raw = self.src.raw(name)
+            yield from self.src.dense_chunks(name)
+            return
+        self.note_conversion(name, stored, fmt)
+        for raw in self.src.raw_chunks(name):
+            yield wts.dequantize(wts.get(stored).from_gguf(raw, raw.shape[0], n_in))
+
+    def note_conversion(self, name: str, stored: str, fmt: str) -> None:
+        """Note what running tensor `name`'s `stored` blocks as `fmt` rounds, and why it was done."""
+        where = self.opset.layout.upper()
         if holds(fmt, stored):
-            return wts.reblock(wts.get(stored).from_gguf(raw, raw.shape[0], n_in), fmt)
+            return
         if (stored, fmt) in CONVERSIONS:
-            convert, rounds = CONVERSIONS[stored, fmt]
-            if rounds and self.asked:
-                self.note([name], f"converted to {fmt} blocks (weights={self.asked!r}), {rounds}")
-            elif rounds:
-                self.note([name], f"run as {fmt} blocks, {rounds}: the {self.opset.layout.upper()} kernels do not "
-                                  f"run {stored} blocks yet")
-            return convert(wts.get(stored).from_gguf(raw, raw.shape[0], n_in))
-        if wts.get(fmt).quantized:
+            rounds = CONVERSIONS[stored, fmt][1]
+            why = rounds and (f"converted to {fmt} blocks (weights={self.asked!r}), {rounds}" if self.asked else
+                              f"run as {fmt} blocks, {rounds}: the {where} kernels do not run {stored} blocks yet")
+        elif wts.get(fmt).quantized:
             why = (f"re-quantized to {fmt} from their dequantized values (weights={self.asked!r}): a second rounding"
                    if self.asked else f"run as {fmt} blocks re-quantized from their dequantized values, a second "
-                   f"rounding: the {self.opset.layout.upper()} kernels do not run {stored} blocks yet")
-        elif self.asked is None:
-            why = f"dequantized to {fmt}: no {self.opset.layout.upper()} kernel holds their blocks"
+                   f"rounding: the {where} kernels do not run {stored} blocks yet")
         else:
-            why = None
+            why = None if self.asked else f"dequantized to {fmt}: no {where} kernel holds their blocks"
         if why:
             self.note([name], why)
-        return concat([wts.quantize(w, fmt) for w in dequantized_rows(raw, stored, n_in)])
 
     def values(self, names: list[str]) -> torch.Tensor:
         """The fp32 values of HF tensors `names`, concatenated (norms, biases, a dense embedding)."""
@@ -225,7 +255,7 @@ class FormatPlan:
         return [f"decodescope: {len(names)} tensors {why}: {compress(names)}" for why, names in self.noted.items()]
 
 
-ROWS_AT_ONCE = 1 << 22  # weights per re-quantized slice: 16 MB of fp32, whatever the tensor's size
+ROWS_AT_ONCE = 1 << 22  # weights per dequantized slice: 16 MB of fp32, whatever the tensor's size
 
 
 def dequantized_rows(raw: torch.Tensor, stored: str, n_in: int):
