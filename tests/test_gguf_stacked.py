@@ -96,3 +96,26 @@ def test_an_asked_format_still_rounds_again_and_says_so(gguf_file, tmp_path):
     notes = " ".join(model.load_notes)
     assert "re-quantized to q6_k from their dequantized values (weights='q6_k'): a second rounding" in notes
     assert "attn_q.weight (Q4_K)" in notes and "attn_v.weight" not in notes
+
+
+def test_parts_ending_inside_a_panel_convert_a_chunk_at_a_time(tmp_path):
+    """Loaded in another format, a merged projection is converted and packed a run of whole panels at a time
+    (formats.whole_panels): q's 32 rows, then k's 8 and v's 8 (one head each), so k's rows end inside a panel and
+    are carried into v's. Every weight holds the values of the twins' load, which converts each part whole."""
+    from gguf_files import write_gguf
+
+    shape = dict(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                 num_hidden_layers=2)
+    mix = {"attn_q": "Q4_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q4_1", "ffn_gate": "Q8_0",
+           "ffn_up": "Q4_0", "ffn_down": "Q5_0", "token_embd": "Q8_0", "output": "Q4_1"}
+    folder = write_tiny_model(tmp_path / "hf", tiny_config("qwen2", **shape), seed=5)
+    path = tmp_path / "m.gguf"
+    write_gguf(folder, path, mix)
+    for fmt in ("q4", "int8", "q5_0", "fp16"):
+        want = load(path, tmp_path / "cache", weights=fmt, fused=False)
+        got = load(path, tmp_path / "cache", weights=fmt)
+        if got.ops.layout != "cpu":
+            pytest.skip("the CPU kernels do not run here")
+        assert got.layers[0].attn.wqkv.weight.out_features == 48
+        for a, b in zip(want.linears(), got.linears(), strict=True):
+            assert torch.equal(dequantized(a.weight), dequantized(b.weight)), fmt

@@ -174,12 +174,12 @@ class FormatPlan:
             pack = ((lambda x: (panels.dense_view(x.to(f.dtype)),)) if f.dtype is not None  # a dense format's panels
                     else (lambda x: layout.pack(wts.quantize(x, fmt))))
             return wts.Packed(fmt, self.opset.layout, rows, n_in, panels.pack_runs(chunks, rows, n_in, 1, 1, pack))
-        if cpu and layout.pack_gguf is not None and None not in stored:
-            # a file's blocks in another block format (weights= asked, or a stand-in): each chunk of rows converted,
-            # then written as the format's own GGUF blocks and packed as a file of them is, so a part is never whole
-            # in Blocks or fp32 (a 1.5B Q4_K_M's tied Q6_K head in q4 was 678 MB of transients)
-            chunks = (f.to_gguf(b) for n in names for b in self.converted(n, fmt, n_in, src.raw_chunks(n)))
-            return wts.Packed(fmt, self.opset.layout, rows, n_in, layout.pack_gguf(chunks, rows, n_in))
+        if cpu and None not in stored:
+            # a file's blocks in another block format (weights= asked, or a stand-in): converted and packed a chunk
+            # of rows at a time, so a part is never whole in Blocks or fp32 (a 1.5B Q4_K_M's tied Q6_K head in q4
+            # was 678 MB of transients)
+            chunks = (b for n in names for b in self.converted(n, fmt, n_in, src.raw_chunks(n)))
+            return wts.Packed(fmt, self.opset.layout, rows, n_in, panels.fill(whole_panels(chunks), rows, layout.pack))
         parts = [self.part(n, fmt, n_in) for n in names]
         return wts.pack(parts[0] if len(parts) == 1 else concat(parts), self.opset.layout)
 
@@ -267,11 +267,33 @@ def dequantized_rows(raw: torch.Tensor, stored: str, n_in: int):
         yield wts.dequantize(f.from_gguf(chunk, chunk.shape[0], n_in))
 
 
+FIELDS = ("q", "d", "m", "sc", "mn")  # a Blocks' tensors, each leading with the outputs
+
+
 def concat(parts: list[wts.Blocks]) -> wts.Blocks:
-    """Blocks of one format stacked along the outputs (every canonical field leads with them)."""
-    fields = {k: torch.cat([getattr(p, k) for p in parts]) for k in ("q", "d", "m", "sc", "mn")
-              if getattr(parts[0], k) is not None}
+    """Blocks of one format stacked along the outputs."""
+    fields = {k: torch.cat([getattr(p, k) for p in parts]) for k in FIELDS if getattr(parts[0], k) is not None}
     return wts.Blocks(parts[0].fmt, sum(p.out_features for p in parts), parts[0].in_features, **fields)
+
+
+def rows_of(b: wts.Blocks, start: int, stop: int, copy: bool = False) -> wts.Blocks:
+    fields = {k: getattr(b, k)[start:stop] for k in FIELDS if getattr(b, k) is not None}
+    return wts.Blocks(b.fmt, stop - start, b.in_features, **{k: t.clone() if copy else t for k, t in fields.items()})
+
+
+def whole_panels(chunks):
+    """Blocks of a weight's rows in order -> the same rows in runs of whole panels (the last may be partial), as
+    panels.runs cuts a file's bytes: a part whose rows are not whole panels has its last rows carried into the
+    next part's (copied: a chunk's Blocks may be views of a buffer its source reuses)."""
+    carry = None
+    for b in chunks:
+        b = b if carry is None else concat([carry, b])
+        whole = b.out_features // panels.PANEL * panels.PANEL
+        carry = rows_of(b, whole, b.out_features, copy=True) if whole < b.out_features else None
+        if whole:
+            yield rows_of(b, 0, whole)
+    if carry is not None:
+        yield carry
 
 
 def compress(names: list[str]) -> str:

@@ -98,7 +98,7 @@ class Layout:
     pack: Callable[[Blocks], tuple[torch.Tensor, ...]]
     unpack: Callable[[str, int, int, tuple[torch.Tensor, ...]], Blocks]  # (fmt, out, in, tensors) -> Blocks
     rows: Callable[[Packed, torch.Tensor], torch.Tensor]  # (packed, ids [n]) -> [n, in] fp32
-    # a GGUF tensor's bytes into this layout, a chunk of rows at a time (panels.pack_chunks), never the whole
+    # a GGUF tensor's bytes into this layout, a chunk of rows at a time (panels.runs), never the whole
     # tensor's Blocks: (raw uint8 [out, row bytes] as in the file, or its rows in chunks, out, in) -> the layout's
     # tensors; None where the loader goes through Blocks (the torch and CUDA layouts)
     pack_gguf: Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]] | None = None

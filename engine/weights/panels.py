@@ -65,12 +65,12 @@ def check(fmt: str, out: int, n_in: int, tensors: tuple[torch.Tensor, ...], lead
 
 # ---- a tensor packed a chunk of rows at a time ----------------------------------------------------------
 
-def pack_chunks(raw, out: int, n_in: int, block: int, size: int, put) -> None:
-    """Feed a tensor's rows to put(rows, p0) in runs of whole panels (the tensor's last may be partial), p0 the
-    run's first panel. raw: a GGUF tensor's bytes uint8 [out, row bytes] (`size`-byte blocks of `block` inputs; a
-    dense tensor's values are blocks of 1 of size 1), or its rows in order as chunks of any sizes, read into a
-    reused buffer (each is put before the next is asked for), so a tensor never needs its bytes twice; a chunk's
-    rows past its last whole panel are carried into the next."""
+def runs(raw, out: int, n_in: int, block: int, size: int):
+    """A tensor's rows in runs of whole panels (the tensor's last may be partial), in order. raw: a GGUF tensor's
+    bytes uint8 [out, row bytes] (`size`-byte blocks of `block` inputs; a dense tensor's values are blocks of 1 of
+    size 1), or its rows in order as chunks of any sizes, read into a reused buffer (each run is used before the
+    next chunk is asked for), so a tensor never needs its bytes twice; a chunk's rows past its last whole panel are
+    carried into the next."""
     nb = -(-n_in // block)
     row, carry = 0, None
     for chunk in [raw] if isinstance(raw, torch.Tensor) else raw:
@@ -81,31 +81,35 @@ def pack_chunks(raw, out: int, n_in: int, block: int, size: int, put) -> None:
         whole = chunk.shape[0] // PANEL * PANEL
         carry = chunk[whole:].clone() if whole < chunk.shape[0] else None
         if whole:
-            put(chunk[:whole], row // PANEL)
+            yield chunk[:whole]
         row += whole
     if carry is not None:
-        put(carry, row // PANEL)
+        yield carry
         row += len(carry)
     if row != out:
         raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows, got {row}")
 
 
-def pack_runs(chunks, out: int, n_in: int, block: int, size: int, pack) -> tuple[torch.Tensor, ...]:
-    """A tensor's panels in a layout whose every tensor leads with the panel index, packed a run of whole panels
-    at a time (pack_chunks): pack(rows) gives the layout's tensors for those rows, copied into the whole tensor's
-    (made at the first run). Rows are independent in every format (a block is 32 or 256 inputs of one row), so
-    the panels equal pack(all the rows)."""
+def fill(runs, out: int, pack) -> tuple[torch.Tensor, ...]:
+    """A tensor's panels in a layout whose every tensor leads with the panel index, from its rows in runs of whole
+    panels (the last may be partial) in order: pack(run) gives the layout's tensors for those rows, copied into the
+    whole tensor's (made at the first run). Rows are independent in every format (a block is 32 or 256 inputs of
+    one row), so the panels equal pack(all the rows)."""
     into: list[torch.Tensor] = []
-
-    def put(rows: torch.Tensor, p0: int) -> None:
-        parts = pack(rows)
+    p0 = 0
+    for run in runs:
+        parts = pack(run)
         if not into:
             into.extend(torch.empty(-(-out // PANEL), *t.shape[1:], dtype=t.dtype) for t in parts)
         for whole, part in zip(into, parts, strict=True):
             whole[p0:p0 + len(part)].copy_(part)
-
-    pack_chunks(chunks, out, n_in, block, size, put)
+        p0 += len(parts[0])
     return tuple(into)
+
+
+def pack_runs(chunks, out: int, n_in: int, block: int, size: int, pack) -> tuple[torch.Tensor, ...]:
+    """A tensor's panels packed a run of whole panels at a time as its chunks are read (runs, fill)."""
+    return fill(runs(chunks, out, n_in, block, size), out, pack)
 
 
 def blocks_pack_gguf(size: int, from_gguf, pack):
@@ -197,11 +201,11 @@ def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_g
 
     def pack_gguf(raw, out: int, n_in: int) -> tuple[torch.Tensor, ...]:
         into = torch.empty(-(-out // PANEL), -(-n_in // block), PANEL * size, dtype=torch.uint8)
-
-        def put(rows: torch.Tensor, p0: int) -> None:
-            place(interleave(rows, len(rows), fields, into[p0:p0 + -(-len(rows) // PANEL)]))
-
-        pack_chunks(raw, out, n_in, block, size, put)
+        p0 = 0
+        for rows in runs(raw, out, n_in, block, size):
+            n = -(-len(rows) // PANEL)
+            place(interleave(rows, len(rows), fields, into[p0:p0 + n]))
+            p0 += n
         return (into,)
 
     def pack(b) -> tuple[torch.Tensor, ...]:
