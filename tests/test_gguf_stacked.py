@@ -100,7 +100,7 @@ def test_an_asked_format_still_rounds_again_and_says_so(gguf_file, tmp_path):
 
 def test_parts_ending_inside_a_panel_convert_a_chunk_at_a_time(tmp_path):
     """Loaded in another format, a merged projection is converted and packed a run of whole panels at a time
-    (formats.whole_panels): q's 32 rows, then k's 8 and v's 8 (one head each), so k's rows end inside a panel and
+    (panels.block_runs): q's 32 rows, then k's 8 and v's 8 (one head each), so k's rows end inside a panel and
     are carried into v's. Every weight holds the values of the twins' load, which converts each part whole."""
     from gguf_files import write_gguf
 

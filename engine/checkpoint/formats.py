@@ -179,15 +179,16 @@ class FormatPlan:
             # of rows at a time, so a part is never whole in Blocks or fp32 (a 1.5B Q4_K_M's tied Q6_K head in q4
             # was 678 MB of transients)
             chunks = (b for n in names for b in self.converted(n, fmt, n_in, src.raw_chunks(n)))
-            return wts.Packed(fmt, self.opset.layout, rows, n_in, panels.fill(whole_panels(chunks), rows, layout.pack))
+            packed = panels.fill(panels.block_runs(chunks), rows, layout.pack)
+            return wts.Packed(fmt, self.opset.layout, rows, n_in, packed)
         parts = [self.part(n, fmt, n_in) for n in names]
-        return wts.pack(parts[0] if len(parts) == 1 else concat(parts), self.opset.layout)
+        return wts.pack(parts[0] if len(parts) == 1 else wts.Blocks.cat(parts), self.opset.layout)
 
     def part(self, name: str, fmt: str, n_in: int) -> wts.Blocks:
         if stored_format(self.src, name) is None:
             return wts.quantize(self.src.dense(name), fmt)
         chunks = (raw.clone() for raw in self.src.raw_chunks(name))  # raw_chunks reuses its buffer; these are kept
-        return concat(list(self.converted(name, fmt, n_in, chunks)))
+        return wts.Blocks.cat(list(self.converted(name, fmt, n_in, chunks)))
 
     def converted(self, name: str, fmt: str, n_in: int, chunks):
         """Tensor `name`'s blocks as Blocks of `fmt`, one per chunk of its rows as the file stores them (uint8
@@ -265,35 +266,6 @@ def dequantized_rows(raw: torch.Tensor, stored: str, n_in: int):
     for i in range(0, raw.shape[0], step):
         chunk = raw[i:i + step]
         yield wts.dequantize(f.from_gguf(chunk, chunk.shape[0], n_in))
-
-
-FIELDS = ("q", "d", "m", "sc", "mn")  # a Blocks' tensors, each leading with the outputs
-
-
-def concat(parts: list[wts.Blocks]) -> wts.Blocks:
-    """Blocks of one format stacked along the outputs."""
-    fields = {k: torch.cat([getattr(p, k) for p in parts]) for k in FIELDS if getattr(parts[0], k) is not None}
-    return wts.Blocks(parts[0].fmt, sum(p.out_features for p in parts), parts[0].in_features, **fields)
-
-
-def rows_of(b: wts.Blocks, start: int, stop: int, copy: bool = False) -> wts.Blocks:
-    fields = {k: getattr(b, k)[start:stop] for k in FIELDS if getattr(b, k) is not None}
-    return wts.Blocks(b.fmt, stop - start, b.in_features, **{k: t.clone() if copy else t for k, t in fields.items()})
-
-
-def whole_panels(chunks):
-    """Blocks of a weight's rows in order -> the same rows in runs of whole panels (the last may be partial), as
-    panels.runs cuts a file's bytes: a part whose rows are not whole panels has its last rows carried into the
-    next part's (copied: a chunk's Blocks may be views of a buffer its source reuses)."""
-    carry = None
-    for b in chunks:
-        b = b if carry is None else concat([carry, b])
-        whole = b.out_features // panels.PANEL * panels.PANEL
-        carry = rows_of(b, whole, b.out_features, copy=True) if whole < b.out_features else None
-        if whole:
-            yield rows_of(b, 0, whole)
-    if carry is not None:
-        yield carry
 
 
 def compress(names: list[str]) -> str:

@@ -48,6 +48,21 @@ class Blocks:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(t for t in (self.q, self.d, self.m, self.sc, self.mn) if t is not None)
 
+    def fields(self) -> dict[str, torch.Tensor]:
+        """The tensors by name; every one leads with the outputs."""
+        return {k: t for k in ("q", "d", "m", "sc", "mn") if (t := getattr(self, k)) is not None}
+
+    def rows(self, start: int, stop: int, copy: bool = False) -> Blocks:
+        """Outputs start..stop, as views (or copies)."""
+        return Blocks(self.fmt, stop - start, self.in_features,
+                      **{k: t[start:stop].clone() if copy else t[start:stop] for k, t in self.fields().items()})
+
+    @staticmethod
+    def cat(parts: list[Blocks]) -> Blocks:
+        """Blocks of one format stacked along the outputs."""
+        fields = {k: torch.cat([p.fields()[k] for p in parts]) for k in parts[0].fields()}
+        return Blocks(parts[0].fmt, sum(p.out_features for p in parts), parts[0].in_features, **fields)
+
 
 @dataclass
 class Packed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.weights.format import BLOCK
+from engine.weights.format import BLOCK, Blocks
 
 PANEL = 16
 WIDE = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -105,6 +105,21 @@ def fill(runs, out: int, pack) -> tuple[torch.Tensor, ...]:
             whole[p0:p0 + len(part)].copy_(part)
         p0 += len(parts[0])
     return tuple(into)
+
+
+def block_runs(chunks):
+    """Blocks of a tensor's rows in order -> the same rows in runs of whole panels (the last may be partial), as
+    runs cuts a file's bytes: a part of a merged projection whose rows end inside a panel has its last rows
+    carried into the next part's (copied: a chunk's Blocks may be views of a buffer its source reuses)."""
+    carry = None
+    for b in chunks:
+        b = b if carry is None else Blocks.cat([carry, b])
+        whole = b.out_features // PANEL * PANEL
+        carry = b.rows(whole, b.out_features, copy=True) if whole < b.out_features else None
+        if whole:
+            yield b.rows(0, whole)
+    if carry is not None:
+        yield carry
 
 
 def pack_runs(chunks, out: int, n_in: int, block: int, size: int, pack) -> tuple[torch.Tensor, ...]:
