@@ -125,6 +125,8 @@ def main(argv=None) -> None:
                 write_results(args.out, "gemv-cuda", result, head + markdown_table(result["rows"], cols))
             del ws
             torch.cuda.empty_cache()
+    result["provenance"] = provenance("cuda", tel)  # once more, the telemetry complete (the load after the run)
+    write_results(args.out, "gemv-cuda", result, head + markdown_table(result["rows"], cols))
     print(head + markdown_table(result["rows"], cols))
 
 

@@ -119,6 +119,8 @@ def main(argv=None):
                           summary=[s for r in results for s in r.summary], rows=[x for r in results for x in r.rows])
             result["provenance"] = provenance(args.device, tel)
             write_results(args.out, f"profile-{args.device}", result, markdown(result, results))
+    result["provenance"] = provenance(args.device, tel)  # once more, the telemetry complete (the load after the run)
+    write_results(args.out, f"profile-{args.device}", result, markdown(result, results))
     if args.trace_dir:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
         for i, r in enumerate(x for x in results if x.trace):

@@ -39,7 +39,7 @@ def test_provenance_carries_what_was_sampled_during_the_run():
 
 
 def test_a_summary_taken_inside_the_run_renders_without_its_load_after():
-    """bench.gemv and bench.profile record provenance while their telemetry still samples: no load_after yet."""
+    """A results file saved while the telemetry still samples (after each row of a run) has no load_after yet."""
     with Telemetry("cpu", interval_s=0.02) as tel:
         prov = provenance("cpu", tel)
     assert prov["telemetry"]["load_after"] is None
@@ -104,3 +104,12 @@ def test_markdown_has_the_summary_the_class_table_and_the_reasons(results):
     rows = bench_profile.class_rows(results)
     assert [r["op_class"] for r in rows][:2] == ["matmul", "attention"]
     assert rows[0]["eager · torch · fp32 GB/s"] > 0
+
+
+def test_a_finished_profile_run_saves_its_provenance_with_the_load_after(tmp_path):
+    """The results file is written after each configuration (a run cut short keeps them) and once more when the run
+    ends, its telemetry complete: the load average after the run is recorded."""
+    bench_profile.main(["--device", "cpu", "--weights", "q4", "--steps", "2", "--k", "1", "--context", "8",
+                        "--out", str(tmp_path)])
+    prov = json.loads((tmp_path / "profile-cpu.json").read_text())["provenance"]
+    assert prov["telemetry"]["sampled"] and prov["telemetry"]["load_after"] is not None
