@@ -125,14 +125,13 @@ class Reference:
 
 def gguf_split(path: Path) -> dict:
     """llama.cpp's bytes per step: every tensor once (the tied head is token_embd, read whole), head vs rest."""
-    from gguf import GGUFReader
+    from engine.checkpoint import gguf_header
 
-    tensors = GGUFReader(path).tensors
+    tensors = gguf_header.read(Path(path)).tensors
     head = next((t for t in tensors if t.name == "output.weight"), None) or \
         next(t for t in tensors if t.name == "token_embd.weight")
-    total = sum(int(t.n_bytes) for t in tensors)
-    return dict(weight_mb=total / 1e6, head_mb=int(head.n_bytes) / 1e6, head_type=head.tensor_type.name,
-                head_share=int(head.n_bytes) / total)
+    total = sum(t.n_bytes for t in tensors)
+    return dict(weight_mb=total / 1e6, head_mb=head.n_bytes / 1e6, head_type=head.type, head_share=head.n_bytes / total)
 
 
 def our_split(model) -> dict:
