@@ -184,19 +184,19 @@ def tokenizer_fields(gguf_file: Path, vocab: int | None = None) -> dict:
     """The default model's tokenizer metadata, to copy into every file. `vocab` keeps its first tokens only
     (and the merges among them), for the tests' tiny models: reading and writing 49152 tokens and 48900 merges
     is most of the time a small file takes."""
-    from gguf import GGUFReader
+    from engine.checkpoint import gguf_header
 
-    f = GGUFReader(gguf_file).fields
-    tokens = f["tokenizer.ggml.tokens"].contents()[:vocab]
+    f = gguf_header.read(Path(gguf_file)).fields
+    tokens = f["tokenizer.ggml.tokens"][:vocab]
     known = set(tokens)
-    merges = [m for m in f["tokenizer.ggml.merges"].contents()
+    merges = [m for m in f["tokenizer.ggml.merges"]
               if vocab is None or (set(m.split(" ")) <= known and m.replace(" ", "") in known)]
-    out = dict(tokens=tokens, token_type=f["tokenizer.ggml.token_type"].contents()[:vocab], merges=merges)
+    out = dict(tokens=tokens, token_type=f["tokenizer.ggml.token_type"][:vocab], merges=merges)
     for key in ("model", "pre", "bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         if f"tokenizer.ggml.{key}" in f:
-            out[key] = f[f"tokenizer.ggml.{key}"].contents()
+            out[key] = f[f"tokenizer.ggml.{key}"]
     if "tokenizer.chat_template" in f:
-        out["chat_template"] = f["tokenizer.chat_template"].contents()
+        out["chat_template"] = f["tokenizer.chat_template"]
     return out
 
 
