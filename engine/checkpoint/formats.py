@@ -155,10 +155,10 @@ class FormatPlan:
     def segment(self, fmt: str, names: list[str], n_in: int) -> wts.Packed:
         """HF tensors `names` in one format. A layout that packs GGUF bytes itself takes the file's rows as they
         are, a chunk at a time (the packed weight is the only copy made); on a CPU every other load is packed a
-        chunk of rows at a time too: dense values (or a file's blocks dequantized for a dense format) through
-        pack_runs, a file's blocks in another block format converted and written as that format's GGUF blocks.
-        Else (a CUDA layout, a merged projection mixing dense and block parts) the canonical Blocks of every part
-        are concatenated and packed."""
+        run of whole panels at a time too: dense values (or a file's blocks dequantized for a dense format)
+        quantized run by run, a file's blocks in another block format converted chunk by chunk. Else (a CUDA
+        layout, a merged projection mixing dense and block parts) the canonical Blocks of every part are
+        concatenated and packed."""
         src, f = self.src, wts.get(fmt)
         layout, cpu = f.layouts[self.opset.layout], self.opset.layout == "cpu"
         rows = sum(src.shapes[n][0] for n in names)
@@ -167,9 +167,9 @@ class FormatPlan:
             chunks = (chunk for n in names for chunk in src.raw_chunks(n))
             return wts.Packed(fmt, self.opset.layout, rows, n_in, layout.pack_gguf(chunks, rows, n_in))
         if cpu and (f.dtype is not None or all(s is None for s in stored)):
-            # dense values (safetensors, a GGUF's F32 / F16): quantized and packed a chunk of rows at a time, so the
-            # tensor is never in memory whole in its file's dtype, nor in fp32 (a 0.5B's tied head was 1.8 GB of
-            # transients in q8)
+            # dense values (safetensors, a GGUF's F32 / F16, a file's blocks for a dense format): quantized and
+            # packed a chunk of rows at a time, so the tensor is never in memory whole in its file's dtype, nor in
+            # fp32 (a 0.5B's tied head was 1.8 GB of transients in q8)
             chunks = (chunk for n in names for chunk in self.value_chunks(n, fmt, n_in))
             pack = ((lambda x: (panels.dense_view(x.to(f.dtype)),)) if f.dtype is not None  # a dense format's panels
                     else (lambda x: layout.pack(wts.quantize(x, fmt))))

@@ -90,14 +90,14 @@ def runs(raw, out: int, n_in: int, block: int, size: int):
         raise ValueError(f"a [{out}, {n_in}] tensor of {size}-byte blocks of {block} is {out} rows, got {row}")
 
 
-def fill(runs, out: int, pack) -> tuple[torch.Tensor, ...]:
+def fill(row_runs, out: int, pack) -> tuple[torch.Tensor, ...]:
     """A tensor's panels in a layout whose every tensor leads with the panel index, from its rows in runs of whole
     panels (the last may be partial) in order: pack(run) gives the layout's tensors for those rows, copied into the
     whole tensor's (made at the first run). Rows are independent in every format (a block is 32 or 256 inputs of
     one row), so the panels equal pack(all the rows)."""
     into: list[torch.Tensor] = []
     p0 = 0
-    for run in runs:
+    for run in row_runs:
         parts = pack(run)
         if not into:
             into.extend(torch.empty(-(-out // PANEL), *t.shape[1:], dtype=t.dtype) for t in parts)
