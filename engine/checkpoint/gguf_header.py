@@ -88,10 +88,9 @@ class _Cursor:
         if kind == ARRAY:
             item, n = GGUFValueType(self.scalar("I")), self.scalar("Q")
             if item in SCALARS:
-                code = SCALARS[item]
-                n = self.count(n, struct.calcsize(code))
-                at = self.take(n * struct.calcsize(code))
-                return np.frombuffer(self.buf[at:self.at], np.dtype("<" + code)).tolist()
+                dtype = np.dtype("<" + SCALARS[item])
+                at = self.take(self.count(n, dtype.itemsize) * dtype.itemsize)
+                return np.frombuffer(self.buf[at:self.at], dtype).tolist()
             if depth == MAX_NESTING:
                 raise ValueError(f"arrays nest more than {MAX_NESTING} deep at byte {self.at}")
             return [self.value(item, depth + 1) for _ in range(self.count(n, 8 if item == STRING else 12))]

@@ -46,7 +46,7 @@ class Blocks:
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return tuple(t for t in (self.q, self.d, self.m, self.sc, self.mn) if t is not None)
+        return tuple(self.fields().values())
 
     def fields(self) -> dict[str, torch.Tensor]:
         """The tensors by name; every one leads with the outputs."""
