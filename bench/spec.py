@@ -22,6 +22,7 @@ that does not draft against a plain step, layer-skip at the page's defaults and 
 outputs: bench/spec_open.py.
 
     python -m bench.spec --device cpu [--out bench/results] [--quick] [--repeats 3]
+    python -m bench.spec --targets q4 q4_a8 fp32 --name spec-cpu-zen4   # one CPU kind's table beside the others
 """
 from __future__ import annotations
 
@@ -318,13 +319,16 @@ def main(argv=None):
     p.add_argument("--targets", nargs="+", default=["q4", "fp32"], help="the weight formats timed (default q4 fp32)")
     p.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--name", help="the results' file name (one per CPU kind; default spec-DEVICE plus the targets "
+                                   "and sets that differ from the defaults)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
     chosen = ([] if args.targets == ["q4", "fp32"] else args.targets) + ([] if args.sets == list(SETS) else args.sets)
-    run_and_save(args.out, "-".join([f"spec-{args.device}", *chosen] + (["quick"] if args.quick else [])), args.device,
+    name = args.name or "-".join([f"spec-{args.device}", *chosen] + (["quick"] if args.quick else []))
+    run_and_save(args.out, name, args.device,
                  lambda save: cuda_bench(args, save) if args.device == "cuda" else bench(args, save), markdown)
 
 
