@@ -3,8 +3,8 @@ against the file's size, on random-weight Q4_K_M files of Qwen2.5's shapes (1.5B
 llama-quantize (bench/random_gguf.py kquant_file: from a random F16 file written a tensor at a time, removed
 afterwards).
 
-Every measurement runs in a fresh process of its own, so its peak RSS (getrusage's ru_maxrss) is that
-measurement's alone and each start is a user's start: first ours on a fresh model cache (the cold start: the file
+Every measurement runs in a fresh process of its own, so its peak RSS (VmHWM) is that measurement's alone and
+each start is a user's start: first ours on a fresh model cache (the cold start: the file
 indexed), then ours (a warm start: load, then greedy decoding through Engine.stream) and llama-bench tg on the same
 file, alternating, `--repeats` times each (median of each; llama-bench from a bare environment, PATH and HOME only,
 with ours' thread count). The read bandwidth is probed in a process of its own (its 512 MB buffer in no measured
@@ -30,14 +30,47 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from bench import random_gguf
 
 
+def hwm(pid: int | str = "self") -> int | None:
+    """A process's peak RSS in bytes: VmHWM in /proc/PID/status (None once it has exited, or without /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")), None)
+    except OSError:
+        return None
+
+
 def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's own peak RSS. VmHWM starts afresh at exec; getrusage's ru_maxrss does not: Linux carries
+    the spawning process's RSS into it across fork and exec, so every child of this benchmark's process once it
+    held 2 GB (it had just written a random file) reported at least 2 GB."""
+    own = hwm()
+    return own if own is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_watched(cmd: list[str], env: dict, every_s: float = 0.01) -> tuple[subprocess.CompletedProcess, int]:
+    """Run cmd to its end, its output captured; -> (the finished process, its own peak RSS in bytes): its VmHWM,
+    read every `every_s` until it exits (a high-water mark, so a read only misses what grew in its last
+    moment). Not getrusage's RUSAGE_CHILDREN: that carries this process's RSS into the child's (peak_rss)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = [0]
+
+    def watch():
+        while proc.poll() is None:
+            peak[0] = max(peak[0], hwm(proc.pid) or 0)
+            time.sleep(every_s)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out, err = proc.communicate()
+    watcher.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), peak[0]
 
 
 def child_baseline() -> dict:
@@ -88,12 +121,12 @@ def child_bench(path: Path, threads: int, prompt_len: int, new_tokens: int) -> d
     cmd = [str(exe), "-m", str(path), "-t", str(threads), "-r", "2", "-o", "json", "-lm", "none",
            "-fa", llamacpp.SETTINGS["llama_bench_flash_attn"], "-p", "0", "-n", str(new_tokens), "-d", str(prompt_len)]
     bare = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=bare, check=False)
+    done, peak = run_watched(cmd, bare)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
     (test,) = json.loads(done.stdout)
     return dict(tg_tok_s=test["avg_ts"], tg_test=f"tg{new_tokens}@d{prompt_len}", threads=threads,
-                peak_rss=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+                peak_rss=peak)
 
 
 def in_child(*args: str) -> dict:
@@ -155,7 +188,7 @@ def markdown(result: dict) -> str:
             "unused [PAD] tokens, as llama.cpp pads Qwen2.5's), and real files as they are (`like`: a real file). "
             "Each figure from a fresh process: ours cold (a fresh "
             f"model cache) once, then ours warm and llama-bench alternating, {result['repeats']} of each (medians; "
-            f"peak RSS the largest, ru_maxrss). Ours: load_model, then Engine.stream's median step over "
+            f"peak RSS the largest, VmHWM). Ours: load_model, then Engine.stream's median step over "
             f"{result['new_tokens']} greedy tokens after a {result['prompt_tokens']}-token prompt; llama-bench: tg "
             f"at that depth, {result['threads']} threads, a bare environment. baseline: a process that only "
             "imported engine and loaded its CPU kernels. % of bandwidth: bytes a step reads / step time / the best "

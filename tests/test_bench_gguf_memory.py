@@ -4,6 +4,9 @@ away on a box whose bandwidth drifts, nor by its neighbour's."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +75,27 @@ def test_a_real_file_is_measured_as_it_is_and_never_deleted(monkeypatch, tmp_pat
                    delete_files=True)
     assert real.exists() and row["shape"] == real.name and row["like"] == "a real file"
     assert row["file_gb"] == 3000 / 1e9 and row["rss_over_file_plus_kv"] == pytest.approx(1200 / 3100)
+
+
+@pytest.fixture
+def a_large_parent():
+    """This process holding 1 GiB more, every page touched: what a child's peak must not include."""
+    held = bytearray(2**30)
+    held[::4096] = b"\x01" * len(held[::4096])
+    yield held
+
+
+def test_a_child_reports_its_own_peak_not_its_parents(a_large_parent):
+    """Linux carries the spawning process's RSS into a child's getrusage ru_maxrss across exec; VmHWM starts
+    afresh, so a child of a large benchmark process reports its own size (importing the bench: ~300 MB)."""
+    code = "from bench.gguf_memory import peak_rss; print(peak_rss())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(done.stdout) < 640 * 2**20
+
+
+def test_a_watched_command_reports_its_own_peak(a_large_parent):
+    """llama-bench's peak: its own VmHWM read until it exits, whatever the process that started it holds."""
+    code = "import time; b = bytearray(200 * 2**20); b[::4096] = b'\\x01' * len(b[::4096]); time.sleep(0.3)"
+    done, peak = gguf_memory.run_watched([sys.executable, "-c", code], dict(os.environ))
+    assert done.returncode == 0
+    assert 200 * 2**20 < peak < 320 * 2**20
