@@ -241,6 +241,44 @@ def test_native_q6_k_rows_are_the_torch_lookups(n_in, monkeypatch):
         lib.q6_k_rows(torch.empty(2, n_in), random.tensors[0], torch.tensor([0, 48]))
 
 
+@pytest.mark.parametrize("fmt", ["int8", "q8"])
+@pytest.mark.parametrize("n_in", [32, 100, 576])
+def test_native_q8_rows_are_the_torch_lookups(fmt, n_in, monkeypatch):
+    """A tied Q8_0 head's embedding lookup (the default model's, once a step) from the kernel library
+    (ops_pack.cpp q8_rows) against the torch form, on every byte value of the quants with scales of both signs,
+    rows from different panels and the last padded one; padded inputs (100 of 128) cut off."""
+    lib = panels.native()
+    if lib is None:
+        pytest.skip("the CPU kernel library is not loaded here")
+    g = torch.Generator().manual_seed(n_in)
+    nb = -(-n_in // 32)
+    raw = torch.randint(0, 256, (37, nb, 34), dtype=torch.uint8, generator=g)
+    raw[..., :2] = torch.randn(37, nb, generator=g).half()[..., None].view(torch.uint8)  # d of both signs
+    random = W.Packed(fmt, "cpu", 37, n_in, W.get(fmt).layouts["cpu"].pack_gguf(raw.view(37, -1), 37, n_in))
+    quantized = W.pack(blocks(fmt, 37, n_in), "cpu")
+    ids = torch.tensor([0, 36, 17, 17, 16, 5])
+    taken = []
+
+    class Spy:  # the library, noting each lookup it made
+        def q8_rows(self, *args):
+            taken.append(1)
+            return lib.q8_rows(*args)
+
+    monkeypatch.setattr(panels, "native", lambda: Spy())
+    native = [W.rows(p, ids) for p in (random, quantized)]
+    assert len(taken) == 2  # the library's path was the one taken
+    monkeypatch.setattr(panels, "native", lambda: None)
+    for got, p in zip(native, (random, quantized), strict=True):
+        want = W.rows(p, ids)
+        assert got.shape == (6, n_in) and torch.equal(got, want)
+    assert torch.equal(native[1], W.dequantize(blocks(fmt, 37, n_in))[ids])
+    qs, d = random.tensors
+    with pytest.raises(RuntimeError, match=r"ids\[1\] = 48 is not a row of 48"):
+        lib.q8_rows(torch.empty(2, n_in), qs, d, torch.tensor([0, 48]))
+    with pytest.raises(RuntimeError, match="d must be"):
+        lib.q8_rows(torch.empty(2, n_in), qs, d[:-1].contiguous(), torch.tensor([0, 1]))
+
+
 def test_native_packing_refuses_what_it_cannot_move():
     lib = panels.native()
     if lib is None:

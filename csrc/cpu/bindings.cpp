@@ -52,6 +52,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         nogil(), py::arg("w"));
   m.def("q6_k_rows", &c::q6_k_rows, "rows of placed Q6_K panels dequantized (an embedding's lookup in a tied head)",
         nogil(), py::arg("out"), py::arg("w"), py::arg("ids"));
+  m.def("q8_rows", &c::q8_rows, "rows of int8 / q8 panels dequantized (an embedding's lookup in a tied head)",
+        nogil(), py::arg("out"), py::arg("qs"), py::arg("d"), py::arg("ids"));
   m.def("formats", &c::format_names, "the weight formats' names in code order (engine/weights' records)");
   m.def("format_facts", [] {
     py::dict facts;

@@ -108,6 +108,9 @@ void place_q6_k(at::Tensor& w);
 // Rows `ids` of placed Q6_K panels [P, ns, 3360] dequantized into out float [len(ids), in] (in <= 256 ns): an
 // embedding's lookup in a tied head's blocks, as k_quants.py's unplace, deinterleave and dequantize give them.
 void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids);
+// Rows `ids` of int8 / q8 panels (qs uint8 [P, nb, 8, 16, 4] offset by 128, d fp16 [P, nb, 16]) dequantized into
+// out float [len(ids), in]: a tied Q8_0 head's embedding lookup, as q8_0.py's panel_rows gives them.
+void q8_rows(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& ids);
 
 std::string isa();          // the kernel table in use, e.g. "avx512 (vnni)"
 std::string unsupported();  // "" when this CPU can run the kernels, else what it lacks

@@ -173,4 +173,40 @@ void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids) {
   }
 }
 
+void q8_rows(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& ids) {
+  RECORD_FUNCTION("decodescope::q8_rows", std::vector<c10::IValue>({qs, ids}));
+  check_cpu(qs, "qs"), check_cpu(d, "d"), check_cpu(ids, "ids"), check_cpu(out, "out");
+  check_dtype(qs, "qs", at::kByte), check_dtype(d, "d", at::kHalf), check_dtype(ids, "ids", at::kLong);
+  check_dtype(out, "out", at::kFloat);
+  check_dense(qs, "qs"), check_dense(d, "d"), check_dense(ids, "ids"), check_dense(out, "out");
+  constexpr int kGroups = kBlock / 4;
+  TORCH_CHECK(qs.dim() == 5 && qs.size(2) == kGroups && qs.size(3) == kPanel && qs.size(4) == 4,
+              "qs must be int8 panels [P, nb, ", kGroups, ", ", kPanel, ", 4], got ", qs.sizes());
+  const int64_t P = qs.size(0), nb = qs.size(1), n = ids.numel(), in = out.size(-1);
+  TORCH_CHECK(d.dim() == 3 && d.size(0) == P && d.size(1) == nb && d.size(2) == kPanel, "d must be [", P, ", ", nb,
+              ", ", kPanel, "], got ", d.sizes());
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == n && in <= nb * kBlock && in > (nb - 1) * kBlock, "out must be [",
+              n, ", in] with in in (", (nb - 1) * kBlock, ", ", nb * kBlock, "], got ", out.sizes());
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < P * kPanel, "ids[", i, "] = ", id[i], " is not a row of ", P * kPanel);
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const uint16_t* scale = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  float* y = out.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t panel = id[i] / kPanel, j = id[i] % kPanel;
+    float* row = y + i * in;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t at = (panel * nb + b);
+      const float dv = static_cast<float>(c10::Half(scale[at * kPanel + j], c10::Half::from_bits()));
+      const uint8_t* qb = q + at * kBlock * kPanel + j * 4;  // [8 groups][16 rows][4 inputs]: row j's 4 a group
+      for (int g = 0; g < kGroups; ++g)
+        for (int r = 0; r < 4; ++r) {
+          const int64_t x = b * kBlock + 4 * g + r;
+          if (x < in) row[x] = static_cast<float>(static_cast<int>(qb[g * kPanel * 4 + r]) - 128) * dv;  // q * d
+        }
+    }
+  }
+}
+
 }  // namespace decodescope::cpu
