@@ -35,22 +35,14 @@ import time
 from pathlib import Path
 
 from bench import random_gguf
-
-
-def hwm(pid: int | str = "self") -> int | None:
-    """A process's peak RSS in bytes: VmHWM in /proc/PID/status (None once it has exited, or without /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")), None)
-    except OSError:
-        return None
+from bench.load_memory import proc_status
 
 
 def peak_rss() -> int:
     """This process's own peak RSS. VmHWM starts afresh at exec; getrusage's ru_maxrss does not: Linux carries
     the spawning process's RSS into it across fork and exec, so every child of this benchmark's process once it
     held 2 GB (it had just written a random file) reported at least 2 GB."""
-    own = hwm()
+    own = proc_status("VmHWM")
     return own if own is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -63,7 +55,7 @@ def run_watched(cmd: list[str], env: dict, every_s: float = 0.01) -> tuple[subpr
 
     def watch():
         while proc.poll() is None:
-            peak[0] = max(peak[0], hwm(proc.pid) or 0)
+            peak[0] = max(peak[0], proc_status("VmHWM", proc.pid) or 0)
             time.sleep(every_s)
 
     watcher = threading.Thread(target=watch, daemon=True)

@@ -26,9 +26,19 @@ RANDOM = {  # HF config.json keys of the shapes --random makes
 }
 
 
+def proc_status(key: str, pid: int | str = "self") -> int | None:
+    """A /proc/PID/status figure (VmHWM, VmRSS: kB there) in bytes; None once the process has exited, or
+    without /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":")), None)
+    except OSError:
+        return None
+
+
 def status_mb(key: str) -> float:
-    """A /proc/self/status figure (kB) in MB (1e6 bytes, as the files' sizes)."""
-    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key)) * 1024 / 1e6
+    """This process's /proc/self/status figure in MB (1e6 bytes, as the files' sizes)."""
+    return proc_status(key) / 1e6
 
 
 def child(path: str, fmt: str) -> dict:

@@ -126,6 +126,18 @@ void place_q6_k(at::Tensor& w) {
   });
 }
 
+namespace {
+// A row lookup's out [len(ids), in] (in within the last of nb blocks of `block` inputs) and ids (rows of P panels).
+void check_row_lookup(const at::Tensor& out, const at::Tensor& ids, int64_t P, int64_t nb, int64_t block) {
+  const int64_t n = ids.numel(), in = out.size(-1);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == n && in <= nb * block && in > (nb - 1) * block, "out must be [", n,
+              ", in] with in in (", (nb - 1) * block, ", ", nb * block, "], got ", out.sizes());
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < P * kPanel, "ids[", i, "] = ", id[i], " is not a row of ", P * kPanel);
+}
+}  // namespace
+
 void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids) {
   RECORD_FUNCTION("decodescope::q6_k_rows", std::vector<c10::IValue>({w, ids}));
   constexpr int64_t kSuperBlock = kQ6KBytes;
@@ -135,12 +147,8 @@ void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids) {
   TORCH_CHECK(w.dim() == 3 && w.size(2) == kSuperBlock, "w must be Q6_K panels [P, ns, ", kSuperBlock, "], got ",
               w.sizes());
   const int64_t n = ids.numel(), ns = w.size(1), in = out.size(-1);
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == n && in <= ns * kSuper && in > (ns - 1) * kSuper, "out must be [",
-              n, ", in] with in in (", (ns - 1) * kSuper, ", ", ns * kSuper, "], got ", out.sizes());
+  check_row_lookup(out, ids, w.size(0), ns, kSuper);
   const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(id[i] >= 0 && id[i] < w.size(0) * kPanel, "ids[", i, "] = ", id[i], " is not a row of ",
-                w.size(0) * kPanel);
   const uint8_t* base = w.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
   // the quants as kquants.h q6k_group reads them: for half h and group g, byte b of row j's 4 in the X, Y and Z
@@ -185,11 +193,8 @@ void q8_rows(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d, const a
   const int64_t P = qs.size(0), nb = qs.size(1), n = ids.numel(), in = out.size(-1);
   TORCH_CHECK(d.dim() == 3 && d.size(0) == P && d.size(1) == nb && d.size(2) == kPanel, "d must be [", P, ", ", nb,
               ", ", kPanel, "], got ", d.sizes());
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == n && in <= nb * kBlock && in > (nb - 1) * kBlock, "out must be [",
-              n, ", in] with in in (", (nb - 1) * kBlock, ", ", nb * kBlock, "], got ", out.sizes());
+  check_row_lookup(out, ids, P, nb, kBlock);
   const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(id[i] >= 0 && id[i] < P * kPanel, "ids[", i, "] = ", id[i], " is not a row of ", P * kPanel);
   const uint8_t* q = qs.data_ptr<uint8_t>();
   const uint16_t* scale = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   float* y = out.data_ptr<float>();
@@ -197,7 +202,7 @@ void q8_rows(at::Tensor& out, const at::Tensor& qs, const at::Tensor& d, const a
     const int64_t panel = id[i] / kPanel, j = id[i] % kPanel;
     float* row = y + i * in;
     for (int64_t b = 0; b < nb; ++b) {
-      const int64_t at = (panel * nb + b);
+      const int64_t at = panel * nb + b;
       const float dv = static_cast<float>(c10::Half(scale[at * kPanel + j], c10::Half::from_bits()));
       const uint8_t* qb = q + at * kBlock * kPanel + j * 4;  // [8 groups][16 rows][4 inputs]: row j's 4 a group
       for (int g = 0; g < kGroups; ++g)
