@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,15 +34,7 @@ import time
 from pathlib import Path
 
 from bench import random_gguf
-from bench.load_memory import proc_status
-
-
-def peak_rss() -> int:
-    """This process's own peak RSS. VmHWM starts afresh at exec; getrusage's ru_maxrss does not: Linux carries
-    the spawning process's RSS into it across fork and exec, so every child of this benchmark's process once it
-    held 2 GB (it had just written a random file) reported at least 2 GB."""
-    own = proc_status("VmHWM")
-    return own if own is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from engine.timing import peak_rss, proc_status
 
 
 def run_watched(cmd: list[str], env: dict, every_s: float = 0.01) -> tuple[subprocess.CompletedProcess, int]:

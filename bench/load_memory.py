@@ -20,20 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.timing import proc_status
+
 RANDOM = {  # HF config.json keys of the shapes --random makes
     "0.5B": dict(model_type="qwen2", like="Qwen2.5-0.5B", vocab_size=151936, hidden_size=896, intermediate_size=4864,
                  num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
 }
-
-
-def proc_status(key: str, pid: int | str = "self") -> int | None:
-    """A /proc/PID/status figure (VmHWM, VmRSS: kB there) in bytes; None once the process has exited, or
-    without /proc."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":")), None)
-    except OSError:
-        return None
 
 
 def status_mb(key: str) -> float:

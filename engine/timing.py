@@ -31,7 +31,25 @@ class Clock:
         """CUDA peak allocation since reset_peak on GPU; the process's peak RSS on CPU."""
         if self.cuda:
             return torch.cuda.max_memory_allocated() / 2**20
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        return peak_rss() / 2**20
+
+
+def proc_status(key: str, pid: int | str = "self") -> int | None:
+    """A /proc/PID/status figure (VmHWM, VmRSS: kB there) in bytes; None once the process has exited, or
+    without /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":")), None)
+    except OSError:
+        return None
+
+
+def peak_rss() -> int:
+    """This process's own peak RSS in bytes: VmHWM, which starts afresh at exec. Not getrusage's ru_maxrss
+    (the fallback without /proc): Linux carries the spawning process's RSS into it across fork and exec, so an
+    app started by a process holding 2 GB would report at least 2 GB."""
+    own = proc_status("VmHWM")
+    return own if own is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def now_ms(t0: float) -> float:
