@@ -16,6 +16,7 @@ back to back, rotated prompt by prompt):
                target, Q4_0 for the Q4_K_M one), on an Engine and KV cache of its own.
 
     python -m bench.spec_kquant [--folder /tmp/decodescope-spec-kquant] [--quick]   # -> bench/results/spec-kquant-cpu.*
+    python -m bench.spec_kquant --name spec-kquant-cpu-zen4   # one CPU kind's table beside the others
 """
 from __future__ import annotations
 
@@ -132,8 +133,9 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="24 tokens, one prompt per set, one repeat")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--name", help="the results' file name (one per CPU kind; default spec-kquant-cpu)")
     args = p.parse_args(argv)
-    run_and_save(args.out, "spec-kquant-cpu" + ("-quick" if args.quick else ""), "cpu",
+    run_and_save(args.out, args.name or "spec-kquant-cpu" + ("-quick" if args.quick else ""), "cpu",
                  lambda save: bench(args, save), markdown)
 
 
