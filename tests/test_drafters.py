@@ -13,6 +13,7 @@ from engine import Engine, load_model, ops, speculative
 from engine.speculative import drafters
 from engine.speculative.layerskip import truncated
 from engine.speculative.lookup import MATCH_CAP, MAX_CANDIDATES, NgramDrafter
+from engine.speculative.lookup import context as lookup_context
 from engine.sampling import SamplingParams
 from engine.ops import ext
 from engine.checkpoint import random_model
@@ -32,15 +33,9 @@ def brute_force(tokens, k, max_n, min_n, anchor):
         if not starts:
             continue
 
-        def match(s, n=n):
-            length = n
-            while length < MATCH_CAP and s - (length - n) > 0 and tokens[s - (length - n) - 1] == tokens[-length - 1]:
-                length += 1
-            return length
-
         def rank(s, n=n):
             near = (s + n >= anchor, -abs(s + n - anchor)) if anchor is not None else (False, 0)
-            return match(s), *near, s
+            return match_length(tokens, s, n), *near, s
 
         src = max(starts, key=rank) + n
         seq = list(tokens)
@@ -48,6 +43,27 @@ def brute_force(tokens, k, max_n, min_n, anchor):
             seq.append(seq[src + j])
         return seq[len(tokens):]
     return []
+
+
+def brute_force_context(tokens, max_n, min_n):
+    """The schedule's context for the lookup: the longest match's length bucket, and whether the occurrences
+    matching that far agree on the next token; None without a match."""
+    for n in range(min(max_n, len(tokens)), min_n - 1, -1):
+        suffix = tokens[len(tokens) - n:]
+        starts = [s for s in range(len(tokens) - n) if tokens[s:s + n] == suffix][-MAX_CANDIDATES:]
+        if starts:
+            lengths = {s: match_length(tokens, s, n) for s in starts}
+            longest = max(lengths.values())
+            return lookup_context(longest, len({tokens[s + n] for s in starts if lengths[s] == longest}) == 1)
+    return None
+
+
+def match_length(tokens, s, n):
+    """How far the occurrence of the last n tokens at s matches the sequence's end, followed back (MATCH_CAP)."""
+    length = n
+    while length < MATCH_CAP and s - (length - n) > 0 and tokens[s - (length - n) - 1] == tokens[-length - 1]:
+        length += 1
+    return length
 
 
 @pytest.mark.parametrize("max_n,min_n", [(3, 1), (4, 2), (1, 1)])
@@ -61,7 +77,7 @@ def test_ngram_index_matches_brute_force(max_n, min_n):
         pos = min(5, len(tokens))
         d.begin(None, tokens[:pos])
         while True:  # tokens arrive in commits of uneven sizes
-            d.context()
+            assert d.context() == brute_force_context(tokens[:pos], max_n, min_n), tokens[:pos]
             for k in (1, 3, 8):
                 assert d.lookup(k) == brute_force(tokens[:pos], k, max_n, min_n, d.anchor), (tokens[:pos], k)
                 checked += 1
