@@ -61,7 +61,7 @@ def child_baseline() -> dict:
     from engine import ops
 
     ops.select("cpu", True, 128)
-    return dict(peak_rss=peak_rss())
+    return dict(peak_rss=peak_rss(), rss_file=proc_status("RssFile"))
 
 
 def child_ours(path: Path, cache: Path, prompt_len: int, new_tokens: int, decode: bool) -> dict:
@@ -120,7 +120,7 @@ def in_child(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def row(shape: str, args, baseline: int, path: Path | None = None) -> dict:
+def row(shape: str, args, baseline: dict, path: Path | None = None) -> dict:
     """One shape's row (its random Q4_K_M file, made if missing), or a real file's (path; shape: its name)."""
     made = path is None
     path = random_gguf.kquant_file(shape, Path(args.folder)) if made else path
@@ -146,7 +146,8 @@ def row(shape: str, args, baseline: int, path: Path | None = None) -> dict:
     like = random_gguf.BIG_SHAPES[shape]["like"] if made else "a real file"
     return dict(shape=shape, like=like, file_gb=size / gb,
                 ours_peak_rss_gb=peak / gb, kv_gb=kv / gb, rss_over_file_plus_kv=peak / (size + kv),
-                baseline_rss_gb=baseline / gb, baseline_over_file_plus_kv=baseline / (size + kv),
+                baseline_rss_gb=baseline["peak_rss"] / gb, baseline_file_gb=baseline["rss_file"] / gb,
+                baseline_over_file_plus_kv=baseline["peak_rss"] / (size + kv),
                 cold_peak_rss_gb=cold["peak_rss"] / gb, bench_peak_rss_gb=max(r["peak_rss"] for r in bench) / gb,
                 cache_mb=cold["cache_bytes"] / 1e6, cache_over_file=cold["cache_bytes"] / size,
                 packed_gb=ours[0]["packed_bytes"] / gb, cold_load_s=cold["load_s"],
@@ -174,12 +175,16 @@ def markdown(result: dict) -> str:
             f"peak RSS the largest, VmHWM). Ours: load_model, then Engine.stream's median step over "
             f"{result['new_tokens']} greedy tokens after a {result['prompt_tokens']}-token prompt; llama-bench: tg "
             f"at that depth, {result['threads']} threads, a bare environment. baseline: a process that only "
-            "imported engine and loaded its CPU kernels. % of bandwidth: bytes a step reads / step time / the best "
-            "read-bandwidth probe of the row; % of near probes: the same run by run against the better of the two "
+            "imported engine and loaded its CPU kernels; baseline_file: the part of it that is shared libraries' "
+            "pages mapped from the page cache (torch's, mostly), which moves with how those pages sit there: after "
+            "a sequential read of the library (a copy, an install) its pages are cached in 2 MB folios that a "
+            "process maps whole, ~90 MB more than when they were faulted in from disk. % of bandwidth: bytes a "
+            "step reads / step time / the best read-bandwidth probe of the row; % of near probes: the same run by "
+            "run against the better of the two "
             "probes either side of it (median). cache: the model cache's bytes after the cold load.\n\n")
     cols = ["shape", "like", "file_gb", "ours_peak_rss_gb", "kv_gb", "rss_over_file_plus_kv", "baseline_rss_gb",
-            "baseline_over_file_plus_kv", "bench_peak_rss_gb", "cache_mb", "cache_over_file", "cold_load_s",
-            "warm_load_s", "ours_tok_s", "bench_tg_tok_s", "ours_over_bench", "bandwidth_gbs",
+            "baseline_file_gb", "baseline_over_file_plus_kv", "bench_peak_rss_gb", "cache_mb", "cache_over_file",
+            "cold_load_s", "warm_load_s", "ours_tok_s", "bench_tg_tok_s", "ours_over_bench", "bandwidth_gbs",
             "ours_pct_of_bandwidth", "bench_pct_of_bandwidth", "ours_pct_of_near_probes", "bench_pct_of_near_probes"]
     return head + markdown_table(result["rows"], cols)
 
@@ -218,7 +223,7 @@ def main(argv=None):
     def run(save):
         out = dict(prompt_tokens=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
                    threads=args.threads, rows=[])
-        baseline = in_child("baseline")["peak_rss"]
+        baseline = in_child("baseline")
         for shape, path in [(s, None) for s in args.shapes] + [(f.name, f) for f in args.files]:
             out["rows"].append(row(shape, args, baseline, path))
             print({k: v for k, v in out["rows"][-1].items() if k != "notes"}, flush=True)

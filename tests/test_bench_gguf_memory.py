@@ -38,7 +38,9 @@ def scripted(monkeypatch, tmp_path, probes: list[float], ours: list[float], benc
     monkeypatch.setattr(gguf_memory, "in_child", in_child)
     args = argparse.Namespace(folder=str(tmp_path), prompt_len=32, new_tokens=32, repeats=3, threads=2,
                               delete_files=delete_files)
-    row = gguf_memory.row("1.5B", args, baseline=250) if real is None else gguf_memory.row(real.name, args, 250, real)
+    baseline = dict(peak_rss=250, rss_file=80)
+    row = (gguf_memory.row("1.5B", args, baseline) if real is None
+           else gguf_memory.row(real.name, args, baseline, real))
     assert order == ["probe", "ours"] + ["ours", "probe", "bench", "probe"] * 3 and not probes
     return row
 
@@ -56,6 +58,7 @@ def test_each_run_is_set_against_the_probes_around_it(monkeypatch, tmp_path):
     # llama-bench: 16 against max(30, 40), 18 against max(20, 30), 14 against max(50, 25)
     assert row["bench_pct_of_near_probes"] == pytest.approx(100 * 16 / 40)  # the median of 40, 60, 28
     assert row["rss_over_file_plus_kv"] == pytest.approx(1200 / 1100)
+    assert row["baseline_rss_gb"] == 250 / 1e9 and row["baseline_file_gb"] == 80 / 1e9
 
 
 def test_a_steady_box_gives_the_same_figure_both_ways(monkeypatch, tmp_path):
