@@ -51,7 +51,7 @@ def from_panels(fmt: str, out: int, n_in: int, tensors) -> Blocks:
 
 def panel_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` dequantized [len(ids), in]: a tied head's embedding lookup, once a decode step. The kernel
-    library's q8_rows where it is loaded (these ~8 torch ops took ~54 us a token, 1.5% of the default model's
+    library's q8_rows where it is loaded (these ~8 torch ops took ~52 us a token, 1.5% of the default model's
     step); the torch form below is its twin."""
     qs, d = p.tensors
     if (lib := panels.native()) is not None and qs.is_contiguous() and d.is_contiguous():
