@@ -47,26 +47,40 @@ def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: N
     """Verify logits [k+1, V] against a draft whose first token is output position `position` -> the round's
     tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync.
     `logsumexp` and `softmax` are the engine's OpSet's (engine/sampling.py shown_at, probs)."""
-    if sampling.greedy and logits.device.type == "cpu" and logits.dtype == torch.float32:
-        return judge_greedy_on_host(draft, logits, logsumexp)
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return judge_on_host(draft, logits, sampling, noise, position, logsumexp, softmax)
     return judge_on_device(draft, logits, sampling, noise, position, logsumexp, softmax)
 
 
-def judge_greedy_on_host(draft: Draft, logits: torch.Tensor, logsumexp=ref.logsumexp) -> tuple[list[Token], int]:
-    """judge at temperature 0 for float32 logits on the CPU, read in place through numpy: the same tokens and
-    count as judge_on_device and the same probabilities within float rounding, without its ~25 small tensor ops,
-    each slow with the caches cold after the verify pass (default model, copy set: 353 -> 158 us a round)."""
-    rows = logits.numpy()
-    target = rows.argmax(-1).tolist()  # each row's first maximum, as sampling.argmax takes it
-    lse = logsumexp(logits).tolist()
+def judge_on_host(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: Noise,
+                  position: int, logsumexp=ref.logsumexp, softmax=ref.softmax) -> tuple[list[Token], int]:
+    """judge for float32 logits on the CPU: the same draws (sample, accept) and then the rows read in place
+    through numpy, where judge_on_device assembles the round in ~25 small tensor ops, each slow with the caches
+    cold after the verify pass (default model, copy set: 353 -> 154-158 us a round at temperature 0, 354 -> 256 at
+    0.7). Greedy takes
+    the rows' argmax on the host too, and shows exp(logit - logsumexp) as shown_at does: the same tokens and
+    count as judge_on_device, the same probabilities within float rounding (sampled: the same floats)."""
     ids = draft.ids.tolist()
-    k, n = len(ids), 0
-    while n < k and ids[n] == target[n]:  # kept up to the first draft that differs (accept)
-        n += 1
-    nxt = target[n]
+    k = len(ids)
+    if sampling.greedy:
+        rows = logits.numpy()
+        target = rows.argmax(-1).tolist()  # each row's first maximum, as sampling.argmax takes it
+        lse = logsumexp(logits).tolist()
+        n = 0
+        while n < k and ids[n] == target[n]:  # kept up to the first draft that differs, as accept keeps them
+            n += 1
+        nxt = target[n]
 
-    def shown(r: int, tok: int) -> float:  # shown_at's exp(logit - logsumexp) at row r
-        return math.exp(float(rows[r, tok]) - lse[r])
+        def shown(r: int, tok: int) -> float:
+            return math.exp(float(rows[r, tok]) - lse[r])
+    else:
+        # row r: plain decoding's draw at `position` + r
+        target, p_t = sample(logits, sampling, noise.at(position), softmax)
+        n, nxt = (int(x) for x in accept(draft.ids, target))
+        dist = p_t.numpy()
+
+        def shown(r: int, tok: int) -> float:
+            return float(dist[r, tok])
 
     pd = [1.0] * k if draft.p is None else draft.p.tolist()
     tokens = [Token(ids[i], "accepted", i, shown(i, ids[i]), pd[i]) for i in range(n)]
