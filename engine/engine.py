@@ -160,7 +160,8 @@ class Engine:
 
     def pick(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[int, float]:
         """Sample one token from logits [V]; returns (id, p_target) in one host sync."""
-        if sampling.greedy and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        if (sampling.greedy and logits.device.type == "cpu" and logits.dtype == torch.float32
+                and not logits.requires_grad):  # numpy reads it in place
             return greedy_one(logits, self.model.ops.logsumexp)
         tok, dist = sample(logits[None], sampling, gen, self.model.ops.softmax)
         if logits.device.type == "cpu":

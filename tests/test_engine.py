@@ -54,6 +54,7 @@ def test_greedy_pick_on_the_cpu_is_the_general_path(tiny):
         got = tiny.pick(logits, greedy, None)
         assert int(tok[0]) == 7 and got[0] == 7 and got[1] == pytest.approx(p, rel=1e-6)
         assert got[1] == pytest.approx(float(logits.softmax(-1)[7]), rel=1e-5)
+        assert tiny.pick(logits.clone().requires_grad_(), greedy, None) == got  # numpy cannot read it: the general path
     sampled = SamplingParams(0.8, seed=2)
     for position in range(20):
         logits = torch.randn(1000, generator=g) * 3

@@ -47,7 +47,7 @@ def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: N
     """Verify logits [k+1, V] against a draft whose first token is output position `position` -> the round's
     tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync.
     `logsumexp` and `softmax` are the engine's OpSet's (engine/sampling.py shown_at, probs)."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
         return judge_on_host(draft, logits, sampling, noise, position, logsumexp, softmax)
     return judge_on_device(draft, logits, sampling, noise, position, logsumexp, softmax)
 
