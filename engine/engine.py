@@ -13,7 +13,7 @@ import torch
 from engine import ops
 from engine.kv_cache import KVCache
 from engine.model import Transformer
-from engine.sampling import SamplingParams, greedy_one, sample, shown_at, shown_one
+from engine.sampling import SamplingParams, greedy_one, on_host, sample, shown_at, shown_one
 from engine.stats import Round, Stats, Token
 from engine.timing import Clock, now_ms
 
@@ -160,8 +160,7 @@ class Engine:
 
     def pick(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[int, float]:
         """Sample one token from logits [V]; returns (id, p_target) in one host sync."""
-        if (sampling.greedy and logits.device.type == "cpu" and logits.dtype == torch.float32
-                and not logits.requires_grad):  # numpy reads it in place
+        if sampling.greedy and on_host(logits):
             return greedy_one(logits, self.model.ops.logsumexp)
         tok, dist = sample(logits[None], sampling, gen, self.model.ops.softmax)
         if logits.device.type == "cpu":

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 
 from engine.ops import ref
-from engine.sampling import Noise, SamplingParams, sample, shown_at
+from engine.sampling import Noise, SamplingParams, on_host, sample, shown_at
 from engine.speculative.drafters import Draft, Drafter
 from engine.speculative.schedule import Schedule
 from engine.stats import EMITTED_KINDS, Round, Stats, Token
@@ -47,19 +47,19 @@ def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: N
     """Verify logits [k+1, V] against a draft whose first token is output position `position` -> the round's
     tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync.
     `logsumexp` and `softmax` are the engine's OpSet's (engine/sampling.py shown_at, probs)."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+    if on_host(logits):
         return judge_on_host(draft, logits, sampling, noise, position, logsumexp, softmax)
     return judge_on_device(draft, logits, sampling, noise, position, logsumexp, softmax)
 
 
 def judge_on_host(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: Noise,
                   position: int, logsumexp=ref.logsumexp, softmax=ref.softmax) -> tuple[list[Token], int]:
-    """judge for float32 logits on the CPU: the same draws (sample, accept) and then the rows read in place
-    through numpy, where judge_on_device assembles the round in ~25 small tensor ops, each slow with the caches
+    """judge for logits numpy reads in place (sampling.on_host): the same draws (sample, accept), then the rows
+    read on the host, where judge_on_device assembles the round in ~25 small tensor ops, each slow with the caches
     cold after the verify pass (default model, copy set: 353 -> 154-158 us a round at temperature 0, 354 -> 256 at
-    0.7). Greedy takes
-    the rows' argmax on the host too, and shows exp(logit - logsumexp) as shown_at does: the same tokens and
-    count as judge_on_device, the same probabilities within float rounding (sampled: the same floats)."""
+    0.7). Greedy takes the rows' argmax on the host too, and shows exp(logit - logsumexp) as shown_at does: the
+    same tokens and count as judge_on_device, the same probabilities within float rounding (sampled: the same
+    floats)."""
     ids = draft.ids.tolist()
     k = len(ids)
     if sampling.greedy:
@@ -83,14 +83,9 @@ def judge_on_host(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, 
             return float(dist[r, tok])
 
     pd = [1.0] * k if draft.p is None else draft.p.tolist()
-    tokens = [Token(ids[i], "accepted", i, shown(i, ids[i]), pd[i]) for i in range(n)]
-    if n < k:
-        pd_next = None if draft.probs is None else float(draft.probs[n, nxt])
-        tokens.append(Token(ids[n], "rejected", n, shown(n, ids[n]), pd[n]))
-        tokens.append(Token(nxt, "resampled", n, shown(n, nxt), None if pd_next != pd_next else pd_next))
-    else:
-        tokens.append(Token(nxt, "bonus", None, shown(k, nxt), None))
-    return tokens, n
+    pd_next = float("nan") if draft.probs is None or n == k else float(draft.probs[n, nxt])
+    pt = [shown(i, ids[i]) for i in range(min(n + 1, k))]  # the drafts judged: accepted, and the rejected one
+    return round_tokens(ids, n, nxt, pt, pd, shown(n, nxt), pd_next), n
 
 
 def judge_on_device(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: Noise,
@@ -110,13 +105,22 @@ def judge_on_device(draft: Draft, logits: torch.Tensor, sampling: SamplingParams
                         pd.double(), shown[k:].double(), pd_next.double()]).tolist()
     n, nxt, pt_next, pd_next = int(packed[0]), int(packed[1]), packed[-2], packed[-1]
     ids, pt, pd = (packed[2 + i * k:2 + (i + 1) * k] for i in range(3))
-    tokens = [Token(int(ids[i]), "accepted", i, pt[i], pd[i]) for i in range(n)]
+    return round_tokens([int(i) for i in ids], n, nxt, pt, pd, pt_next, pd_next), n
+
+
+def round_tokens(ids: list[int], n: int, nxt: int, pt: list[float], pd: list[float], pt_next: float,
+                 pd_next: float) -> list[Token]:
+    """A verify round's tokens: drafts ids[:n] accepted, then ids[n] rejected and nxt resampled in its place, or
+    nxt the bonus after all k. pt / pd: the drafts' shown probabilities (at least the first min(n + 1, k)); pt_next:
+    nxt's; pd_next: the drafter's probability of a resampled nxt (NaN: none, shown as None)."""
+    k = len(ids)
+    tokens = [Token(ids[i], "accepted", i, pt[i], pd[i]) for i in range(n)]
     if n < k:
-        tokens.append(Token(int(ids[n]), "rejected", n, pt[n], pd[n]))
+        tokens.append(Token(ids[n], "rejected", n, pt[n], pd[n]))
         tokens.append(Token(nxt, "resampled", n, pt_next, None if pd_next != pd_next else pd_next))
     else:
         tokens.append(Token(nxt, "bonus", None, pt_next, None))
-    return tokens, n
+    return tokens
 
 
 def cut(tokens: list[Token], stop: set[int], budget: int) -> tuple[list[Token], bool]:
