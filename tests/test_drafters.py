@@ -28,8 +28,7 @@ def brute_force(tokens, k, max_n, min_n, anchor):
     followed back up to MATCH_CAP tokens; the copy from the longest match, then one at or after the anchor,
     nearest first, then the latest, continuing from its own output once it reaches the end."""
     for n in range(min(max_n, len(tokens)), min_n - 1, -1):
-        suffix = tokens[len(tokens) - n:]
-        starts = [s for s in range(len(tokens) - n) if tokens[s:s + n] == suffix][-MAX_CANDIDATES:]
+        starts = occurrences(tokens, n)
         if not starts:
             continue
 
@@ -49,13 +48,18 @@ def brute_force_context(tokens, max_n, min_n):
     """The schedule's context for the lookup: the longest match's length bucket, and whether the occurrences
     matching that far agree on the next token; None without a match."""
     for n in range(min(max_n, len(tokens)), min_n - 1, -1):
-        suffix = tokens[len(tokens) - n:]
-        starts = [s for s in range(len(tokens) - n) if tokens[s:s + n] == suffix][-MAX_CANDIDATES:]
+        starts = occurrences(tokens, n)
         if starts:
             lengths = {s: match_length(tokens, s, n) for s in starts}
             longest = max(lengths.values())
             return lookup_context(longest, len({tokens[s + n] for s in starts if lengths[s] == longest}) == 1)
     return None
+
+
+def occurrences(tokens, n):
+    """The starts of the last n tokens' earlier occurrences that have a follower, the latest MAX_CANDIDATES."""
+    suffix = tokens[len(tokens) - n:]
+    return [s for s in range(len(tokens) - n) if tokens[s:s + n] == suffix][-MAX_CANDIDATES:]
 
 
 def match_length(tokens, s, n):
