@@ -111,8 +111,25 @@ struct Gemm {
   // chunk's nibbles masked and shifted are the VPDPBUSD (AVX2: VPMADDUBSW) operands of inputs 8c..8c+3 and
   // 8c+4..8c+7, so a row's block is 8 instructions, half of the 16-bit halves' 16. A block's sum stays exact in
   // a Sub (a lane's pairs at most 8 * 2 * 15 * 127 = 30480 < 2^15), then fold_q4 with xs = dx * sum(qx), the
-  // quantized block sum (qoff = -128 sum(qx)), as q16.h explains for 16 bits.
+  // quantized block sum, as q16.h explains for 16 bits; dx and xs come ready per block and row (a.fold).
+  //
+  // A verify pass is bound by the VPDPBUSD port, which the fold's FMAs share (3 a row and block beside the 8
+  // dot products; the masks, shifts, conversions and broadcast loads issue elsewhere): 6 rows of a block are
+  // at least 66 of its cycles. The tile keeps everything else off the loop: on AVX-512 the chunks unrolled
+  // (32 registers hold a block's sums), and the fold's factors one pointer away rather than recomputed per panel.
   static constexpr int kRowsA8 = S::kRegs == 32 ? 8 : 4;
+  template <int R>
+  static void a8_chunk(const LinearArgs& a, const uint8_t* wb, int b, int c, int r0, int64_t ldq,
+                       typename S::Sub* acc) {
+    const typename S::U8 q = S::u8_load(wb + c * kQ4Chunk);
+    typename S::U8 wl, wh;
+    KQuants<S>::nibbles(q, wl, wh);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xr = a.qx + (r0 + r) * ldq + b * kBlock + 8 * c;
+      acc[r] = S::sub_dot(S::sub_dot(acc[r], wl, KQuants<S>::x4(xr)), wh, KQuants<S>::x4(xr + 4));
+    }
+  }
   template <int R>
   static void q4a8_tile(const LinearArgs& a, int64_t p, int r0) {
     static_assert(S::kSubSum >= 8 * 2 * 15 * 127);
@@ -126,25 +143,19 @@ struct Gemm {
       for (int line = 0; line < kQ4BlockBytes; line += 64) prefetch(wb + line);
       typename S::Sub acc[R];
       for (int r = 0; r < R; ++r) acc[r] = S::sub_zero();
-      // one chunk at a time: unrolled, GCC hoists every chunk's products ahead of their sums and spills them
+      if constexpr (S::kRegs == 32) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) a8_chunk<R>(a, wb, b, c, r0, ldq, acc);
+      } else {
+        // one chunk at a time: unrolled, GCC hoists every chunk's products ahead of their sums and spills them
 #pragma GCC unroll 1
-      for (int c = 0; c < 4; ++c) {
-        const typename S::U8 q = S::u8_load(wb + c * kQ4Chunk);
-        typename S::U8 wl, wh;
-        KQuants<S>::nibbles(q, wl, wh);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const int8_t* xr = a.qx + (r0 + r) * ldq + b * kBlock + 8 * c;
-          acc[r] = S::sub_dot(S::sub_dot(acc[r], wl, KQuants<S>::x4(xr)), wh, KQuants<S>::x4(xr + 4));
-        }
+        for (int c = 0; c < 4; ++c) a8_chunk<R>(a, wb, b, c, r0, ldq, acc);
       }
       const F dv = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ4Nibbles));
       const F mv = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ4Nibbles + 2 * kPanel));
-      for (int r = 0; r < R; ++r) {
-        const int64_t s = (r0 + r) * a.nb + b;
-        const float xs = a.dx[s] * static_cast<float>(-(a.qoff[s] / 128));  // |sum| <= 32 * 127: exact
-        y[r] = fold_q4<S>(y[r], S::to_float(S::sub_scaled(acc[r], one)), dv, mv, a.dx[s], xs);
-      }
+      const float* f = a.fold + 2 * (static_cast<int64_t>(b) * a.rows + r0);
+      for (int r = 0; r < R; ++r)
+        y[r] = fold_q4<S>(y[r], S::to_float(S::sub_scaled(acc[r], one)), dv, mv, f[2 * r], f[2 * r + 1]);
     }
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);
   }

@@ -93,6 +93,7 @@ struct LinearArgs {
   const int8_t* qx;     // [T, nb*32] (int8)
   const float* dx;      // [T, nb] (int8)
   const int32_t* qoff;  // [T, nb] (int8)
+  const float* fold;    // [nb, T, 2] (q4_a8): each block's dx and dx * sum(qx), the rows of a block side by side
   const Act16* act;     // (q4, q8)
   const int32_t* xsum;  // [T, ns*16] (K-quants)
 };

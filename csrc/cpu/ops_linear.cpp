@@ -56,7 +56,7 @@ constexpr int64_t kMinChunkBytes = 32 << 10;
 
 // Activations prepared per call, reused across calls of the calling thread.
 struct Scratch {
-  std::vector<float> dx, xs;
+  std::vector<float> dx, xs, fold;
   std::vector<int8_t> qx, hi;
   std::vector<uint8_t> lo;
   std::vector<int16_t> xp;
@@ -75,6 +75,20 @@ void quantize_int8(LinearArgs& a, const Shape& s) {
   a.qx = scratch.qx.data();
   a.dx = scratch.dx.data();
   a.qoff = scratch.qoff.data();
+}
+
+// q4_a8's fold factors (fold_q4's dx and xs) per block and row, once per call rather than in every panel's tile,
+// and block-major so that a tile reads its rows' at one pointer.
+void fold_factors(LinearArgs& a, const Shape& s) {
+  scratch.fold.resize(2 * s.rows * s.nb);
+  for (int64_t r = 0; r < s.rows; ++r)
+    for (int64_t b = 0; b < s.nb; ++b) {
+      const int64_t i = r * s.nb + b;
+      float* f = scratch.fold.data() + 2 * (b * s.rows + r);
+      f[0] = a.dx[i];
+      f[1] = a.dx[i] * static_cast<float>(-(a.qoff[i] / 128));  // the block's sum of qx: |sum| <= 32 * 127, exact
+    }
+  a.fold = scratch.fold.data();
 }
 
 // Q8_K: int8 per super-block of 256 and the sums of every 16, once here as quantize_int8.
@@ -152,7 +166,10 @@ void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tens
   a.nb = static_cast<int>(s.nb);
   switch (f.activations) {
     case Activations::exact: break;
-    case Activations::int8: quantize_int8(a, s); break;
+    case Activations::int8:
+      quantize_int8(a, s);
+      if (format == kQ4A8) fold_factors(a, s);
+      break;
     case Activations::int16: quantize_int16(a, s); break;
     case Activations::q8_k: quantize_q8k(a, s); break;
   }
