@@ -1,0 +1,46 @@
+"""bench.kernels_ab on small shapes: a tree against itself gives the same bits and both trees' timings; a baseline
+whose outputs differ is reported as such (its weights perturbed in Python, so no second build is needed)."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import kernels_ab
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def small(monkeypatch):
+    monkeypatch.setattr(kernels_ab, "STREAM_SHAPES", [(64, 256), (48, 512)])
+    monkeypatch.setattr(kernels_ab, "COMPUTE_SHAPE", (64, 256))
+
+
+def copy_tree(dst: Path) -> Path:
+    for name in ("engine", "bench", "csrc"):
+        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    return dst
+
+
+def run(tmp_path: Path, baseline: Path) -> dict:
+    kernels_ab.main(["--baseline", str(baseline), "--formats", "int8", "--rows", "1", "6", "--rounds", "1",
+                     "--repeats", "1", "--layers", "1", "--out", str(tmp_path / "out"), "--name", "ab"])
+    return json.loads((tmp_path / "out" / "ab.json").read_text())
+
+
+def test_a_tree_against_itself(tmp_path, small):
+    result = run(tmp_path, copy_tree(tmp_path / "same"))
+    timed = [r for r in result["rows"] if "T" in r]
+    assert {(r["T"], r["timing"]) for r in timed} == {(t, k) for t in (1, 6) for k in ("compute", "stream")}
+    assert all(r["bits_equal"] and r["new"] > 0 and r["baseline"] > 0 and r["new_over_baseline"] > 0 for r in timed)
+    assert result["provenance"]["device"] == "cpu"
+    assert "| int8 |" in (tmp_path / "out" / "ab.md").read_text()
+
+
+def test_different_outputs_are_reported(tmp_path, small):
+    tree = copy_tree(tmp_path / "other")
+    with open(tree / "engine" / "weights" / "__init__.py", "a") as f:  # the baseline quantizes other weights
+        f.write("\n_quantize = quantize\n\n\ndef quantize(w, *a, **k):\n    return _quantize(w * 1.5, *a, **k)\n")
+    result = run(tmp_path, tree)
+    assert not any(r["bits_equal"] for r in result["rows"] if "T" in r)
