@@ -97,6 +97,7 @@ def main(argv=None):
     p.add_argument("--context", type=int, default=profile.CONTEXT, help="cache positions before the steps")
     p.add_argument("--trace-dir", default=None, help="also write each configuration's Chrome trace here")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--name", default=None, help="the results' file name (default profile-<device>; one per CPU kind)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device; run with --device cpu")
@@ -118,9 +119,9 @@ def main(argv=None):
                                         weights=r.config.weights, reason=r.reason) for r in results],
                           summary=[s for r in results for s in r.summary], rows=[x for r in results for x in r.rows])
             result["provenance"] = provenance(args.device, tel)
-            write_results(args.out, f"profile-{args.device}", result, markdown(result, results))
+            write_results(args.out, args.name or f"profile-{args.device}", result, markdown(result, results))
     result["provenance"] = provenance(args.device, tel)  # once more, the telemetry complete (the load after the run)
-    write_results(args.out, f"profile-{args.device}", result, markdown(result, results))
+    write_results(args.out, args.name or f"profile-{args.device}", result, markdown(result, results))
     if args.trace_dir:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
         for i, r in enumerate(x for x in results if x.trace):
