@@ -76,17 +76,20 @@ struct Attention {
     else store_d(p + 16 * c, v, D - 16 * c);
   }
 
-  // Lane k = q . key j0 + k for the n <= 16 keys from j0 on, at least one of them live; lanes whose key is not
-  // live (or past n) read a live one instead, and the caller masks them.
+  static int group_keys(int n, int g) { return n - 16 * g < 16 ? n - 16 * g : 16; }  // keys of a block's group g
+
+  // The rows of keys j0 .. j0 + 15 for dot16, one block's and group's for every query of the tile: keys that are
+  // not live (or past n) read a live one instead (stand_in), which the caller masks. At least one is live.
+  static void key_rows(const Live& live, const float* kbase, int64_t stride, int j0, int n, const float** row) {
+    const int stand_in = live.first(j0);
+    for (int k = 0; k < 16; ++k) row[k] = kbase + (k < n && live.contains(j0 + k) ? j0 + k : stand_in) * stride;
+  }
+
+  // Lane k = q . the key at row[k].
   template <int ND>
-  static F dot16(const float* q, const Live& live, const float* kbase, int64_t stride, int j0, int n, int D) {
-    const int stand_in = live.first(j0);  // the caller saw a live key among the n
-    const float* row[16];
+  static F dot16(const float* q, const float* const* row, int D) {
     F part[16];
-    for (int k = 0; k < 16; ++k) {
-      row[k] = kbase + (k < n && live.contains(j0 + k) ? j0 + k : stand_in) * stride;
-      part[k] = S::zero();
-    }
+    for (int k = 0; k < 16; ++k) part[k] = S::zero();
     for (int c = 0; c < chunks<ND>(D); ++c) {
       const F qv = ld<ND>(q, c, D);
 #pragma GCC unroll 16
@@ -122,8 +125,9 @@ struct Attention {
       }
       const float* kbase = a.k + b * a.kv_b + kvh * a.kv_h;
       const float* vbase = a.v + b * a.kv_b + kvh * a.kv_h;
-      for (int q0 = 0; q0 < Q; q0 += kQueries) {
-        const int nq = Q - q0 < kQueries ? Q - q0 : kQueries;
+      const int tiles = (Q + kQueries - 1) / kQueries, per_tile = (Q + tiles - 1) / tiles;  // 18 queries: 9 + 9
+      for (int q0 = 0; q0 < Q; q0 += per_tile) {
+        const int nq = Q - q0 < per_tile ? Q - q0 : per_tile;
         alignas(64) float qs[kQueries][kMaxDim], acc[kQueries][kMaxDim];
         float m[kQueries], l[kQueries];
         int pos[kQueries];
@@ -168,43 +172,62 @@ struct Attention {
     const bool all_live = live.all(j0, j0 + n);
     const float* kn = next ? kbase + (j0 + kKeys) * a.kv_s : nullptr;
     const float* vn = next ? vbase + (j0 + kKeys) * a.kv_s : nullptr;
-    alignas(64) float p[kKeys];
+    const float* rows[2][16];
+    for (int g = 0; g < groups; ++g)
+      if (live.any(j0 + 16 * g, j0 + 16 * g + group_keys(n, g)))
+        key_rows(live, kbase, a.kv_s, j0 + 16 * g, group_keys(n, g), rows[g]);
+    // Three passes over the tile's queries, each query's own work in the same order as one query alone: scores,
+    // then the online softmax, then the values. A query's chain (scores, max, exp, sum, the weighted rows) is
+    // serial; written query after query the core could not start the next one's before this one's ended.
+    alignas(64) float p[kQueries][kKeys];
+    float rescale[kQueries];
+    bool skip[kQueries];
     for (int i = 0; i < nq; ++i) {
       const int last = pos[i];  // the query's position: keys j <= last
-      const bool none = j0 > last || (a.window > 0 && j0 >= a.sinks && j0 + n - 1 <= last - a.window);
-      if (none) continue;
+      skip[i] = j0 > last || (a.window > 0 && j0 >= a.sinks && j0 + n - 1 <= last - a.window);
+      if (skip[i]) continue;
       const bool all = all_live && j0 + n - 1 <= last &&
                        (a.window <= 0 || j0 + n - 1 < a.sinks || j0 > last - a.window);
       for (int g = 0; g < groups; ++g) {
-        const int cnt = n - 16 * g < 16 ? n - 16 * g : 16;
+        const int cnt = group_keys(n, g);
         if (kn)
           for (int k = 16 * g; k < 16 * g + 16; ++k)
             for (int d = 0; d < D; d += 16) __builtin_prefetch(kn + k * a.kv_s + d, 0, 2);
         if (live.any(j0 + 16 * g, j0 + 16 * g + cnt))
-          S::store(p + 16 * g, dot16<ND>(qs[i], live, kbase, a.kv_s, j0 + 16 * g, cnt, D));
+          S::store(p[i] + 16 * g, dot16<ND>(qs[i], rows[g], D));
         else
-          S::store(p + 16 * g, S::set1(kNegInf));
+          S::store(p[i] + 16 * g, S::set1(kNegInf));
       }
-      for (int k = n; k < 16 * groups; ++k) p[k] = kNegInf;  // past the block: weight 0
+      kn = nullptr;  // the first query to get here prefetched the next block's keys
+      for (int k = n; k < 16 * groups; ++k) p[i][k] = kNegInf;  // past the block: weight 0
       if (!all)
         for (int k = 0; k < n; ++k)
-          if (!live.contains(j0 + k) || !valid(a, j0 + k, last)) p[k] = kNegInf;
-      F mx = S::load(p);
-      if (groups == 2) mx = S::max(mx, S::load(p + 16));
+          if (!live.contains(j0 + k) || !valid(a, j0 + k, last)) p[i][k] = kNegInf;
+    }
+    for (int i = 0; i < nq; ++i) {
+      if (skip[i]) continue;
+      F mx = S::load(p[i]);
+      if (groups == 2) mx = S::max(mx, S::load(p[i] + 16));
       const float bmax = S::reduce_max(mx);
-      if (bmax == kNegInf) continue;
+      if (bmax == kNegInf) {
+        skip[i] = true;
+        continue;
+      }
       const float m_new = bmax > m[i] ? bmax : m[i];
-      const float rescale = std::exp(m[i] - m_new);  // 0 on the first live block (m = -inf)
+      rescale[i] = std::exp(m[i] - m_new);  // 0 on the first live block (m = -inf)
       m[i] = m_new;
       F lsum = S::zero();
       for (int g = 0; g < groups; ++g) {
-        const F e = S::exp(S::sub(S::load(p + 16 * g), S::set1(m_new)));  // exp(-inf) = 0
-        S::store(p + 16 * g, e);
+        const F e = S::exp(S::sub(S::load(p[i] + 16 * g), S::set1(m_new)));  // exp(-inf) = 0
+        S::store(p[i] + 16 * g, e);
         lsum = S::add(lsum, e);
       }
-      l[i] = l[i] * rescale + S::reduce_add(lsum);
-      accumulate<ND>(acc[i], live, vbase, a.kv_s, j0, p, n, all_live, rescale, D, vn);
-      kn = vn = nullptr;  // the first query to get here prefetched the next block
+      l[i] = l[i] * rescale[i] + S::reduce_add(lsum);
+    }
+    for (int i = 0; i < nq; ++i) {
+      if (skip[i]) continue;
+      accumulate<ND>(acc[i], live, vbase, a.kv_s, j0, p[i], n, all_live, rescale[i], D, vn);
+      vn = nullptr;  // the first query to get here prefetched the next block's values
     }
   }
 
