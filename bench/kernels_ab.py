@@ -1,17 +1,20 @@
-"""Two source trees' CPU GEMM kernels against each other: a kernel change and the commit before it.
+"""Two source trees' CPU kernels against each other: a kernel change and the commit before it.
 
-    python -m bench.kernels_ab --baseline /tmp/before --formats q4_a8 --rows 1 6 16 --name kernels-ab-<change>
+    python -m bench.kernels_ab --baseline /tmp/before --kernels q4_a8 attention --rows 1 6 16 --name kernels-ab-<change>
 
 Each round runs this tree's kernels and the baseline's in fresh processes, one after the other (the order turned
 every round), since two builds of the extension cannot share a process. Every process times the same random
-weights (one seed), two ways:
-  - compute: one thread, a 1536 x 576 matrix resident in L2, T rows: what a verify pass's tiles cost when the
-    weights are already there (the instructions, not the memory; this CPU's clock moves it little);
-  - stream: the threads asked for (2), 3 layers of Qwen2.5-1.5B's four GEMMs from DRAM, as bench.kernels
-    --alternate times them: the box's bandwidth moves it (the read probe of each process is recorded).
+inputs (one seed):
+  - a GEMM weight format: one thread over a 1536 x 576 matrix resident in L2, T rows (what a verify pass's tiles
+    cost when the weights are already there: the instructions, not the memory), and the threads asked for (2) over
+    3 layers of Qwen2.5-1.5B's four GEMMs from DRAM, as bench.kernels --alternate times them (the box's bandwidth
+    moves these; each process's read probe is recorded);
+  - attention: T new queries of the default model's heads (9 query, 3 KV, dim 64) over 30 layers' caches, one
+    thread at a 128-token context and the threads at 512.
 Each figure is the minimum over `--repeats` within a process; the table gives the median over rounds for each
 tree and the median of the rounds' own new / baseline ratios. The outputs of both trees are compared bit for bit
-(a kernel change that moves the bits is a numerics change, not a speed-up: the run says so).
+over ragged shapes (and for attention, windowed caches): a change that moves the bits is a numerics change, not
+only a speed-up, and the run says so.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ COMPUTE_SHAPE = (1536, 576)  # (out, in): 96 panels x 18 blocks of q4, ~0.55 MB,
 STREAM_SHAPES = [(2048, 1536), (1536, 1536), (2 * 8960, 1536), (1536, 8960)]  # Qwen2.5-1.5B: qkv, o, gate_up, down
 CHECK_SHAPES = [(960, 576), (1536, 8960), (100, 1000)]  # ragged ones too: a partial panel, a partial block
 CHECK_ROWS = (1, 3, 6, 9, 16)
+ATTENTION_HEADS = (9, 3, 64)  # the default model's query heads, KV heads, head dim
+ATTENTION_CONTEXTS = (128, 512)  # one thread's, the threads'
 
 # One process of one tree: times, and the outputs for the bits check. Run with that tree first on sys.path.
 CHILD = r"""
@@ -42,59 +47,81 @@ import torch
 from engine.ops import ext
 from engine import weights as W
 from engine.observe.bandwidth import measure_gbs
-fmt, rows, out, isa = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], sys.argv[3], sys.argv[4]
+kernel, rows, out, isa = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], sys.argv[3], sys.argv[4]
 repeats, threads, layers = (int(a) for a in sys.argv[5:8])
 m = ext.load("cpu").module
 if isa:
     m.set_isa(isa)
-code = m.formats().index(fmt)
 g = torch.Generator().manual_seed(0)
-def panels(o, i):
-    return list(W.to_panels(W.quantize(torch.randn(o, i, generator=g) * 0.02, fmt)))
-def best(fn):
+def best(fn, calls=1):
     fn()
     b = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
-        fn()
-        b = min(b, time.perf_counter() - t)
+        for _ in range(calls):
+            fn()
+        b = min(b, (time.perf_counter() - t) / calls)
     return b
-outs = []
-for o, i in CHECK_SHAPES:
+res, outs = dict(isa=m.isa(), read_gb_s=measure_gbs("cpu")), []
+if kernel == "attention":
+    def caches(ctx):  # 30 layers' K/V of the default model's heads, room for 64 more positions
+        shape = (1, ATTENTION_HEADS[1], ctx + 64, ATTENTION_HEADS[2])
+        return [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(30)]
+    def run(kv, T, ctx, window=0, sinks=0):
+        q = torch.randn(1, T, ATTENTION_HEADS[0], ATTENTION_HEADS[2], generator=g)
+        y, seq = torch.empty_like(q), torch.tensor([ctx + T], dtype=torch.int32)
+        return y, lambda: [m.attention(y, q, k, v, seq, ATTENTION_HEADS[2] ** -0.5, window, sinks) for k, v in kv]
+    for ctx in (77, 300):  # a partial split and block; window + sinks cutting the cache
+        kv = caches(ctx)
+        for T in CHECK_ROWS:
+            for window, sinks in ((0, 0), (40, 4)):
+                y, fn = run(kv, T, ctx, window, sinks)
+                fn()
+                outs.append(y)
+    for label, n_threads, ctx in (("one thread", 1, ATTENTION_CONTEXTS[0]), (f"{threads} threads", threads,
+                                                                             ATTENTION_CONTEXTS[1])):
+        torch.set_num_threads(n_threads)
+        kv = caches(ctx)
+        for T in rows:
+            res[f"T{T}|{label}, context {ctx}, 30 layers|ms"] = 1e3 * best(run(kv, T, ctx)[1])
+else:
+    code = m.formats().index(kernel)
+    def panels(o, i):
+        return list(W.to_panels(W.quantize(torch.randn(o, i, generator=g) * 0.02, kernel)))
+    for o, i in CHECK_SHAPES:
+        w = panels(o, i)
+        for T in CHECK_ROWS:
+            y = torch.empty(T, o)
+            m.linear(y, torch.randn(T, i, generator=g), code, w)
+            outs.append(y)
+    torch.set_num_threads(1)
+    o, i = COMPUTE_SHAPE
     w = panels(o, i)
-    for T in CHECK_ROWS:
-        y = torch.empty(T, o)
-        m.linear(y, torch.randn(T, i, generator=g), code, w)
-        outs.append(y)
+    for T in rows:
+        x, y = torch.randn(T, i, generator=g), torch.empty(T, o)
+        res[f"T{T}|one thread, {o} x {i} in L2|us"] = 1e6 * best(lambda: m.linear(y, x, code, w), 100)
+    torch.set_num_threads(threads)
+    ws = [(i, panels(o, i)) for _ in range(layers) for o, i in STREAM_SHAPES]
+    mb = sum(t.numel() * t.element_size() for _, ts in ws for t in ts) / 1e6
+    for T in rows:
+        xs = {i: torch.randn(T, i, generator=g) for _, i in STREAM_SHAPES}
+        ys = [torch.empty(T, ts[0].shape[0] * 16) for _, ts in ws]
+        def step():
+            for (i, ts), y in zip(ws, ys):
+                m.linear(y, xs[i], code, ts)
+        res[f"T{T}|{threads} threads, {mb:.0f} MB from DRAM|ms"] = 1e3 * best(step)
 torch.save(outs, out)
-res = dict(isa=m.isa())
-torch.set_num_threads(1)
-o, i = COMPUTE_SHAPE
-w = panels(o, i)
-for T in rows:
-    x, y = torch.randn(T, i, generator=g), torch.empty(T, o)
-    res[f"compute_us_T{T}"] = 1e6 * best(lambda: [m.linear(y, x, code, w) for _ in range(100)]) / 100
-torch.set_num_threads(threads)
-ws = [(i, panels(o, i)) for _ in range(layers) for o, i in STREAM_SHAPES]
-res["stream_mb"] = sum(t.numel() * t.element_size() for _, ts in ws for t in ts) / 1e6
-res["read_gb_s"] = measure_gbs("cpu")
-for T in rows:
-    xs = {i: torch.randn(T, i, generator=g) for _, i in STREAM_SHAPES}
-    ys = [torch.empty(T, ts[0].shape[0] * 16) for _, ts in ws]
-    def step():
-        for (i, ts), y in zip(ws, ys):
-            m.linear(y, xs[i], code, ts)
-    res[f"stream_ms_T{T}"] = 1e3 * best(step)
 print("RESULT " + json.dumps(res))
 """
 
 
-def child(tree: Path, fmt: str, rows: list[int], args, out: Path) -> dict:
+def child(tree: Path, kernel: str, rows: list[int], args, out: Path) -> dict:
     """CHILD in `tree`, its kernels built where engine.ops.ext keeps them (a folder per hash of the sources)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     code = (f"COMPUTE_SHAPE, STREAM_SHAPES, CHECK_SHAPES, CHECK_ROWS = {COMPUTE_SHAPE}, {STREAM_SHAPES}, "
-            f"{CHECK_SHAPES}, {CHECK_ROWS}\n" + CHILD)
-    done = subprocess.run([sys.executable, "-c", code, fmt, ",".join(map(str, rows)), str(out), args.isa,
+            f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_HEADS, ATTENTION_CONTEXTS = {ATTENTION_HEADS}, "
+            f"{ATTENTION_CONTEXTS}\n" + CHILD)
+    done = subprocess.run([sys.executable, "-c", code, kernel, ",".join(map(str, rows)), str(out), args.isa,
                            str(args.repeats), str(args.threads), str(args.layers)], cwd=tree, env=env,
                           capture_output=True, text=True, check=False)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -107,27 +134,27 @@ def bench(args) -> dict:
     baseline = Path(args.baseline).resolve()
     rows_out = []
     with tempfile.TemporaryDirectory(prefix="kernels-ab-") as tmp:
-        for fmt in args.formats:
+        for kernel in args.kernels:
             runs: dict[str, list[dict]] = {"new": [], "baseline": []}
             trees = [("new", HERE), ("baseline", baseline)]
             for r in range(args.rounds):
                 for name, tree in trees if r % 2 == 0 else trees[::-1]:
-                    runs[name].append(child(tree, fmt, args.rows, args, Path(tmp) / f"{name}.pt"))
-                    print(fmt, r, name, {k: round(v, 2) for k, v in runs[name][-1].items() if k != "isa"},
+                    runs[name].append(child(tree, kernel, args.rows, args, Path(tmp) / f"{name}.pt"))
+                    print(kernel, r, name, {k: round(v, 2) for k, v in runs[name][-1].items() if k != "isa"},
                           flush=True)
             a, b = torch.load(Path(tmp) / "new.pt"), torch.load(Path(tmp) / "baseline.pt")
-            same = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-            for T in args.rows:
-                for kind, unit in (("compute", "us"), ("stream", "ms")):
-                    key = f"{kind}_{unit}_T{T}"
-                    new = [x[key] for x in runs["new"]]
-                    old = [x[key] for x in runs["baseline"]]
-                    ratios = [n / o for n, o in zip(new, old, strict=True)]
-                    rows_out.append(dict(format=fmt, isa=runs["new"][0]["isa"], T=T, timing=kind, unit=unit,
-                                         new=statistics.median(new), baseline=statistics.median(old),
-                                         new_over_baseline=statistics.median(ratios), lo=min(ratios),
-                                         hi=max(ratios), bits_equal=same))
-            rows_out.append(dict(format=fmt, timing="read GB/s (probe)",
+            same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+            for key in runs["new"][0]:
+                if "|" not in key:
+                    continue
+                T, timing, unit = key.split("|")
+                new, old = [x[key] for x in runs["new"]], [x[key] for x in runs["baseline"]]
+                ratios = [n / o for n, o in zip(new, old, strict=True)]
+                rows_out.append(dict(kernel=kernel, isa=runs["new"][0]["isa"], T=int(T[1:]), timing=timing, unit=unit,
+                                     new=statistics.median(new), baseline=statistics.median(old),
+                                     new_over_baseline=statistics.median(ratios), lo=min(ratios), hi=max(ratios),
+                                     bits_equal=same))
+            rows_out.append(dict(kernel=kernel, timing="read GB/s (probe)",
                                  new=statistics.median(x["read_gb_s"] for x in runs["new"]),
                                  baseline=statistics.median(x["read_gb_s"] for x in runs["baseline"])))
     return dict(baseline=str(baseline), baseline_label=args.baseline_label, isa=args.isa, rounds=args.rounds,
@@ -135,14 +162,12 @@ def bench(args) -> dict:
 
 
 def markdown(result: dict) -> str:
-    head = (f"This tree's CPU GEMM kernels against {result['baseline_label']} ({result['baseline']}), fresh "
-            f"processes alternating over {result['rounds']} rounds, each figure the minimum of "
-            f"{result['repeats']} within a process. compute: one thread, a {COMPUTE_SHAPE[0]} x {COMPUTE_SHAPE[1]} "
-            f"matrix in L2 (us a call); stream: {result['threads']} threads, {result['layers']} layers of "
-            "Qwen2.5-1.5B's GEMMs from DRAM (ms a pass). new / baseline: the median of the rounds' own ratios "
-            "(lo, hi: the extremes). bits_equal: every output of both trees identical over ragged shapes and "
-            f"T in {CHECK_ROWS}.\n\n")
-    return head + markdown_table(result["rows"], ["format", "isa", "T", "timing", "unit", "new", "baseline",
+    head = (f"This tree's CPU kernels against {result['baseline_label']} ({result['baseline']}), fresh "
+            f"processes alternating over {result['rounds']} rounds, each figure the minimum of {result['repeats']} "
+            "within a process (timing: what was timed). new / baseline: the median of the rounds' own ratios (lo, "
+            "hi: the extremes). bits_equal: every output of both trees identical over ragged shapes (attention: and "
+            f"windowed caches) and T in {CHECK_ROWS}.\n\n")
+    return head + markdown_table(result["rows"], ["kernel", "isa", "T", "timing", "unit", "new", "baseline",
                                                   "new_over_baseline", "lo", "hi", "bits_equal"])
 
 
@@ -150,7 +175,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", required=True, help="a source tree (a worktree of the commit before the change)")
     p.add_argument("--baseline-label", default="the baseline's kernels")
-    p.add_argument("--formats", nargs="+", required=True)
+    p.add_argument("--kernels", nargs="+", required=True,
+                   help="GEMM weight formats (q4, q4_a8, q4_k, ...) and/or 'attention'")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 6, 16])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=9)
