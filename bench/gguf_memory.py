@@ -84,7 +84,7 @@ def child_ours(path: Path, cache: Path, prompt_len: int, new_tokens: int, decode
         r = ours_decode(eng, ids, new_tokens, repeats=1)
         # a step's reads: every weight it streams, and the K/V of the positions it attends over (mid-run)
         out["step_bytes"] = eng.weight_bytes + eng.cache.bytes_per_token * (prompt_len + new_tokens // 2)
-        out["tok_s"] = r["tok_s"]
+        out["tok_s"], out["mean_tok_s"] = r["tok_s"], r["mean_tok_s"]
     out["peak_rss"] = peak_rss()
     return out
 
@@ -143,6 +143,9 @@ def row(shape: str, args, baseline: dict, path: Path | None = None) -> dict:
     # run i of ours sits between probes 2i and 2i + 1, llama-bench's run i between 2i + 1 and 2i + 2
     near = [max(probes[2 * i], probes[2 * i + 1]) for i in range(len(ours))]
     near_bench = [max(probes[2 * i + 1], probes[2 * i + 2]) for i in range(len(bench))]
+    # run i of ours against llama-bench's run i, the next one: the same statistic (tokens over their time) on the
+    # box as it was within half a minute, where the medians of the two columns may each fall in another of its moods
+    paired = [o["mean_tok_s"] / b["tg_tok_s"] for o, b in zip(ours, bench, strict=True)]
     like = random_gguf.BIG_SHAPES[shape]["like"] if made else "a real file"
     return dict(shape=shape, like=like, file_gb=size / gb,
                 ours_peak_rss_gb=peak / gb, kv_gb=kv / gb, rss_over_file_plus_kv=peak / (size + kv),
@@ -159,7 +162,10 @@ def row(shape: str, args, baseline: dict, path: Path | None = None) -> dict:
                                             for r, p in zip(ours, near, strict=True)),
                 bench_pct_of_near_probes=med(100 * step_bytes * r["tg_tok_s"] / p / gb
                                              for r, p in zip(bench, near_bench, strict=True)),
+                ours_mean_tok_s=med(r["mean_tok_s"] for r in ours),
+                ours_over_bench_paired=med(paired), paired_lo=min(paired), paired_hi=max(paired),
                 ours_tok_s_runs=[r["tok_s"] for r in ours], bench_tok_s_runs=[r["tg_tok_s"] for r in bench],
+                ours_mean_tok_s_runs=[r["mean_tok_s"] for r in ours],
                 warm_load_s_runs=[r["load_s"] for r in ours], bench_test=bench[0]["tg_test"], threads=args.threads,
                 notes=ours[0]["notes"])
 
@@ -181,10 +187,14 @@ def markdown(result: dict) -> str:
             "process maps whole, ~90 MB more than when they were faulted in from disk. % of bandwidth: bytes a "
             "step reads / step time / the best read-bandwidth probe of the row; % of near probes: the same run by "
             "run against the better of the two "
-            "probes either side of it (median). cache: the model cache's bytes after the cold load.\n\n")
+            "probes either side of it (median). cache: the model cache's bytes after the cold load. ours_mean_tok_s: "
+            "each run's tokens over their time, as llama-bench's tg counts (ours_tok_s: from the median step); "
+            "ours_over_bench_paired: the median over the runs of that figure against the llama-bench run right after "
+            "it (paired_lo, paired_hi: the extremes).\n\n")
     cols = ["shape", "like", "file_gb", "ours_peak_rss_gb", "kv_gb", "rss_over_file_plus_kv", "baseline_rss_gb",
             "baseline_file_gb", "baseline_over_file_plus_kv", "bench_peak_rss_gb", "cache_mb", "cache_over_file",
-            "cold_load_s", "warm_load_s", "ours_tok_s", "bench_tg_tok_s", "ours_over_bench", "bandwidth_gbs",
+            "cold_load_s", "warm_load_s", "ours_tok_s", "bench_tg_tok_s", "ours_over_bench", "ours_mean_tok_s",
+            "ours_over_bench_paired", "paired_lo", "paired_hi", "bandwidth_gbs",
             "ours_pct_of_bandwidth", "bench_pct_of_bandwidth", "ours_pct_of_near_probes", "bench_pct_of_near_probes"]
     return head + markdown_table(result["rows"], cols)
 

@@ -32,7 +32,8 @@ def scripted(monkeypatch, tmp_path, probes: list[float], ours: list[float], benc
             return dict(tg_tok_s=bench.pop(0), peak_rss=900, tg_test="tg32@d32")
         out = dict(load_s=1.0, notes="", peak_rss=1200, kv_bytes=100, packed_bytes=990, cache_bytes=10)
         if args[-1] == "decode":
-            out.update(tok_s=ours.pop(0), step_bytes=STEP_BYTES)
+            tok_s = ours.pop(0)
+            out.update(tok_s=tok_s, mean_tok_s=0.9 * tok_s, step_bytes=STEP_BYTES)  # a few slower steps
         return out
 
     monkeypatch.setattr(gguf_memory, "in_child", in_child)
@@ -51,6 +52,10 @@ def test_each_run_is_set_against_the_probes_around_it(monkeypatch, tmp_path):
     row = scripted(monkeypatch, tmp_path, probes, ours=[10.0, 12.0, 11.0], bench=[8.0, 9.0, 7.0])
     assert row["ours_tok_s"] == 11.0 and row["bench_tg_tok_s"] == 8.0
     assert row["ours_over_bench"] == pytest.approx(11 / 8)
+    # paired: each run's mean rate against the llama-bench run after it: 9 / 8, 10.8 / 9, 9.9 / 7
+    assert row["ours_mean_tok_s"] == pytest.approx(9.9)
+    assert row["ours_over_bench_paired"] == pytest.approx(10.8 / 9)
+    assert row["paired_lo"] == pytest.approx(9 / 8) and row["paired_hi"] == pytest.approx(9.9 / 7)
     assert row["bandwidth_gbs"] == 50.0 and row["probes_gbs"] == probes
     assert row["ours_pct_of_bandwidth"] == pytest.approx(100 * 22 / 50)
     # ours: 20 GB/s against max(25, 30), 24 against max(40, 20), 22 against max(30, 50)
