@@ -224,38 +224,61 @@ struct Attention {
       }
       l[i] = l[i] * rescale[i] + S::reduce_add(lsum);
     }
-    for (int i = 0; i < nq; ++i) {
-      if (skip[i]) continue;
-      accumulate<ND>(acc[i], live, vbase, a.kv_s, j0, p[i], n, all_live, rescale[i], D, vn);
-      vn = nullptr;  // the first query to get here prefetched the next block's values
+    // the values: two queries to a pass over the block's rows where there are two, each row loaded once for both
+    int todo[kQueries], n_todo = 0;
+    for (int i = 0; i < nq; ++i)
+      if (!skip[i]) todo[n_todo++] = i;
+    int t = 0;
+    if constexpr (ND > 0)
+      for (; t + 1 < n_todo; t += 2) {
+        const int i = todo[t], j = todo[t + 1];
+        float* accs[2] = {acc[i], acc[j]};
+        const float* ps[2] = {p[i], p[j]};
+        const float rs[2] = {rescale[i], rescale[j]};
+        accumulate<ND, 2>(accs, ps, rs, live, vbase, a.kv_s, j0, n, all_live, D, vn);
+        vn = nullptr;  // the first queries to get here prefetched the next block's values
+      }
+    for (; t < n_todo; ++t) {
+      float* accs[1] = {acc[todo[t]]};
+      const float* ps[1] = {p[todo[t]]};
+      accumulate<ND, 1>(accs, ps, &rescale[todo[t]], live, vbase, a.kv_s, j0, n, all_live, D, vn);
+      vn = nullptr;
     }
   }
 
-  // acc = acc * rescale + sum_k p[k] v[k] over the block's live keys. Keys outer, chunks inner: the chunks are
-  // independent FMA chains, so a long block is not bound by one accumulator's latency.
-  template <int ND>
-  static void accumulate(float* acc, const Live& live, const float* vbase, int64_t stride, int j0, const float* p,
-                         int n, bool all_live, float rescale, int D, const float* vn) {
-    const F r = S::set1(rescale);
+  // acc[q] = acc[q] * rescale[q] + sum_k p[q][k] v[k] over the block's live keys, for NQ queries at once (each value
+  // row loaded once for all of them; each query's operations in the same order whatever NQ). Keys outer, chunks
+  // inner: the chunks are independent FMA chains, so a long block is not bound by one accumulator's latency.
+  template <int ND, int NQ>
+  static void accumulate(float* const* acc, const float* const* p, const float* rescale, const Live& live,
+                         const float* vbase, int64_t stride, int j0, int n, bool all_live, int D, const float* vn) {
     const float* vp = vbase + j0 * stride;
     if constexpr (ND > 0) {
-      F o[ND];
-      for (int c = 0; c < ND; ++c) o[c] = S::mul(S::load(acc + 16 * c), r);
+      F o[NQ][ND];
+      for (int q = 0; q < NQ; ++q)
+        for (int c = 0; c < ND; ++c) o[q][c] = S::mul(S::load(acc[q] + 16 * c), S::set1(rescale[q]));
       for (int k = 0; k < n; ++k) {
         if (vn)
           for (int d = 0; d < D; d += 16) __builtin_prefetch(vn + k * stride + d, 0, 2);
         if (!all_live && !live.contains(j0 + k)) continue;
-        const F pk = S::set1(p[k]);
+        F w[NQ];
+        for (int q = 0; q < NQ; ++q) w[q] = S::set1(p[q][k]);
 #pragma GCC unroll 8
-        for (int c = 0; c < ND; ++c) o[c] = S::fma(pk, S::load(vp + k * stride + 16 * c), o[c]);
+        for (int c = 0; c < ND; ++c) {
+          const F v = S::load(vp + k * stride + 16 * c);
+          for (int q = 0; q < NQ; ++q) o[q][c] = S::fma(w[q], v, o[q][c]);
+        }
       }
-      for (int c = 0; c < ND; ++c) S::store(acc + 16 * c, o[c]);
+      for (int q = 0; q < NQ; ++q)
+        for (int c = 0; c < ND; ++c) S::store(acc[q] + 16 * c, o[q][c]);
     } else {
+      static_assert(NQ == 1 || ND > 0, "the generic head size takes one query at a time");
+      const F r = S::set1(rescale[0]);
       for (int c = 0; c < chunks<ND>(D); ++c) {
-        F o = S::mul(ld<ND>(acc, c, D), r);
+        F o = S::mul(ld<ND>(acc[0], c, D), r);
         for (int k = 0; k < n; ++k)
-          if (all_live || live.contains(j0 + k)) o = S::fma(S::set1(p[k]), ld<ND>(vp + k * stride, c, D), o);
-        st<ND>(acc, c, D, o);
+          if (all_live || live.contains(j0 + k)) o = S::fma(S::set1(p[0][k]), ld<ND>(vp + k * stride, c, D), o);
+        st<ND>(acc[0], c, D, o);
       }
     }
   }
