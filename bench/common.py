@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 
 from engine.observe.provenance import Telemetry, snapshot
 
-__all__ = ["Telemetry", "markdown_table", "provenance", "run_and_save", "write_results"]
+__all__ = ["Telemetry", "in_tree", "markdown_table", "provenance", "run_and_save", "write_results"]
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -29,6 +30,18 @@ def _run(*cmd: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def in_tree(tree: Path, script: str, argv: list[str], env: dict | None = None, what: str = "the run") -> dict:
+    """`script` run by this Python in another source tree (first on its path: the commit before a change), and the
+    JSON it prints on a line starting "RESULT "; raises with the end of its stderr when there is none."""
+    env = dict(os.environ if env is None else env, PYTHONPATH=str(tree))
+    proc = subprocess.run([sys.executable, "-c", script, *argv], cwd=tree, env=env, capture_output=True, text=True,
+                          check=False)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{what} in {tree} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(line[len("RESULT "):])
 
 
 def provenance(device: str | torch.device, telemetry: Telemetry | None = None) -> dict:

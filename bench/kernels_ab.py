@@ -19,17 +19,13 @@ only a speed-up, and the run says so.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from bench.common import markdown_table, provenance, write_results
+from bench.common import in_tree, markdown_table, provenance, write_results
 
 HERE = Path(__file__).resolve().parents[1]
 COMPUTE_SHAPE = (1536, 576)  # (out, in): 96 panels x 18 blocks of q4, ~0.55 MB, inside a 1 MB L2
@@ -117,17 +113,11 @@ print("RESULT " + json.dumps(res))
 
 def child(tree: Path, kernel: str, rows: list[int], args, out: Path) -> dict:
     """CHILD in `tree`, its kernels built where engine.ops.ext keeps them (a folder per hash of the sources)."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
     code = (f"COMPUTE_SHAPE, STREAM_SHAPES, CHECK_SHAPES, CHECK_ROWS = {COMPUTE_SHAPE}, {STREAM_SHAPES}, "
             f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_HEADS, ATTENTION_CONTEXTS = {ATTENTION_HEADS}, "
             f"{ATTENTION_CONTEXTS}\n" + CHILD)
-    done = subprocess.run([sys.executable, "-c", code, kernel, ",".join(map(str, rows)), str(out), args.isa,
-                           str(args.repeats), str(args.threads), str(args.layers)], cwd=tree, env=env,
-                          capture_output=True, text=True, check=False)
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"the kernels of {tree} failed:\n{done.stderr[-2000:]}")
-    return json.loads(line[len("RESULT "):])
+    return in_tree(tree, code, [kernel, ",".join(map(str, rows)), str(out), args.isa, str(args.repeats),
+                                str(args.threads), str(args.layers)], what="the kernels")
 
 
 def bench(args) -> dict:

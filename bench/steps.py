@@ -8,10 +8,8 @@ step's time is what a user waits for, device work included.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -144,14 +142,11 @@ def measure_here(eng: Engine, prompt: list[int], ts: list[int]) -> dict:
 
 def measure_baseline(tree: Path, fmt: str, ts: list[int], prompt_len: int) -> dict:
     """MEASURE in another source tree, its kernels built into a cache of its own (tree/.ext-cache)."""
-    env = dict(os.environ, PYTHONPATH=str(tree), DECODESCOPE_EXT_CACHE=str(tree / ".ext-cache"))
-    proc = subprocess.run([sys.executable, "-c", MEASURE, fmt, ",".join(map(str, ts)), str(prompt_len),
-                           str(torch.get_num_threads()), str(TEXT)], cwd=tree, env=env, capture_output=True,
-                          text=True, check=False)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"the baseline run in {tree} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(line[len("RESULT "):])
+    from bench.common import in_tree
+
+    env = dict(os.environ, DECODESCOPE_EXT_CACHE=str(tree / ".ext-cache"))
+    return in_tree(tree, MEASURE, [fmt, ",".join(map(str, ts)), str(prompt_len), str(torch.get_num_threads()),
+                                   str(TEXT)], env, what="the baseline run")
 
 
 # name -> (set_isa's argument, the AMX crossover in rows: None keeps the module's)
