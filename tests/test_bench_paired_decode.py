@@ -1,0 +1,47 @@
+"""bench/paired_decode.py: llama-server's timings read as steps after the first token, and a whole row on the default
+model's GGUF file against the real llama-server and llama-bench (where scripts/build_llamacpp.sh built them)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import httpx
+import pytest
+
+from bench import llamacpp, paired_decode
+from engine.checkpoint import default_model
+from engine.endpoint import llamacpp as server
+
+
+def test_server_burst_counts_the_steps_after_the_first_token():
+    """llama-server's clock starts at the first token, which its predicted_n counts: 17 tokens in 320 ms are 16 steps,
+    50 tok/s (its own predicted_per_second would say 53.1)."""
+    asked = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content))
+        return httpx.Response(200, json={"timings": {"predicted_n": 17, "predicted_ms": 320.0,
+                                                     "predicted_per_second": 1e3 * 17 / 320.0}})
+
+    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+        assert paired_decode.server_burst(client, "http://srv", [1, 2, 3], 16) == pytest.approx(50.0)
+        assert asked[0]["n_predict"] == 17 and asked[0]["ignore_eos"] and asked[0]["prompt"] == [1, 2, 3]
+        with pytest.raises(RuntimeError, match="predicted 17 tokens, 9 asked"):
+            paired_decode.server_burst(client, "http://srv", [1, 2, 3], 8)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(server.binary() is None or llamacpp.bench_binary() is None,
+                    reason="llama-server (LLAMA_SERVER) and llama-bench (scripts/build_llamacpp.sh) are needed")
+def test_a_row_pairs_each_cycle_on_the_default_file():
+    path = default_model.gguf_path(progress=lambda msg: None)
+    args = argparse.Namespace(cycles=3, tokens=4, prompt_len=8, threads=1)
+    r = paired_decode.row("default", path, args)
+    assert {k: len(v) for k, v in r["runs"].items()} == {"ours": 3, "server": 3, "bench": 3}
+    assert all(v > 0 for runs in r["runs"].values() for v in runs)
+    ratios = [o / b for o, b in zip(r["runs"]["ours"], r["runs"]["bench"], strict=True)]
+    assert r["ours_over_bench"] == dict(median=statistics.median(ratios), lo=min(ratios), hi=max(ratios))
+    assert r["ours_tok_s"] == statistics.median(r["runs"]["ours"])
+    md = paired_decode.markdown(dict(rows=[r], cycles=3, tokens=4, prompt_tokens=8, threads=1))
+    assert "| default |" in md and f"{r['ours_over_bench']['median']:.3f}" in md
