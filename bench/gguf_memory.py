@@ -98,16 +98,10 @@ def child_probe() -> dict:
 def child_bench(path: Path, threads: int, prompt_len: int, new_tokens: int) -> dict:
     from bench import llamacpp
 
-    exe = llamacpp.bench_binary()
-    if exe is None:
-        raise FileNotFoundError(llamacpp.bench_missing())
-    cmd = [str(exe), "-m", str(path), "-t", str(threads), "-r", "2", "-o", "json", "-lm", "none",
-           "-fa", llamacpp.SETTINGS["llama_bench_flash_attn"], "-p", "0", "-n", str(new_tokens), "-d", str(prompt_len)]
+    cmd = llamacpp.bench_command(path, threads, 2, llamacpp.tg_test(new_tokens, prompt_len))
     bare = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
     done, peak = run_watched(cmd, bare)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    (test,) = json.loads(done.stdout)
+    test = llamacpp.bench_result(done)
     return dict(tg_tok_s=test["avg_ts"], tg_test=f"tg{new_tokens}@d{prompt_len}", threads=threads,
                 peak_rss=peak)
 

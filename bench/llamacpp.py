@@ -214,23 +214,39 @@ def _time_here(path: Path, prompt: list[int], new_tokens: int, threads: int, rep
                 file=f"{path.name} ({path.stat().st_size / 1e6:.0f} MB)")
 
 
+def bench_command(path: Path, threads: int, repetitions: int, test: list[str]) -> list[str]:
+    """A llama-bench run of one test (`tg_test`, or pp's flags), the weights read into memory (-lm none), its
+    flash attention as SETTINGS records, JSON out."""
+    exe = bench_binary()
+    if exe is None:
+        raise FileNotFoundError(bench_missing())
+    return [str(exe), "-m", str(path), "-t", str(threads), "-r", str(repetitions), "-o", "json", "-lm", "none",
+            "-fa", SETTINGS["llama_bench_flash_attn"], *test]
+
+
+def tg_test(n_gen: int, depth: int) -> list[str]:
+    """llama-bench's tg{n_gen} after {depth} tokens of context, and no pp test."""
+    return ["-p", "0", "-n", str(n_gen), "-d", str(depth)]
+
+
+def bench_result(done: subprocess.CompletedProcess) -> dict:
+    """The one test a bench_command run reported (its JSON record), or the failure with llama-bench's stderr."""
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(done.args)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    (test,) = json.loads(done.stdout)
+    return test
+
+
 def llama_bench(path: Path, threads: int, n_gen: int = 128, depth: int = 128, n_prompt: int = 128,
                 repetitions: int = 3) -> dict:
     """llama-bench's tg{n_gen} after {depth} tokens of context (our loop's steps run after the prompt) and
     pp{n_prompt}, in tokens/s (mean and stddev over its repetitions). Each is one llama-bench process with
     the clean environment and the weights read into memory (-lm none)."""
-    exe = bench_binary()
-    if exe is None:
-        raise FileNotFoundError(bench_missing())
     out = {}
-    for name, args in (("tg", ["-p", "0", "-n", str(n_gen), "-d", str(depth)]),
-                       ("pp", ["-p", str(n_prompt), "-n", "0"])):
-        cmd = [str(exe), "-m", str(path), "-t", str(threads), "-r", str(repetitions), "-o", "json", "-lm", "none",
-               "-fa", SETTINGS["llama_bench_flash_attn"], *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), cwd=REPO, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
-        (test,) = json.loads(done.stdout)
+    for name, args in (("tg", tg_test(n_gen, depth)), ("pp", ["-p", str(n_prompt), "-n", "0"])):
+        cmd = bench_command(path, threads, repetitions, args)
+        test = bench_result(subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), cwd=REPO,
+                                           check=False))
         out[f"{name}_tok_s"], out[f"{name}_stddev"] = test["avg_ts"], test["stddev_ts"]
         out[f"{name}_test"] = f"{name}{n_gen if name == 'tg' else n_prompt}" + (f"@d{depth}" if name == "tg" else "")
     out["model_type"], out["load_mode"], out["type_k"] = test["model_type"], test["load_mode"], test["type_k"]

@@ -19,7 +19,6 @@ the per-cycle ratios, and each engine's median.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import tempfile
@@ -65,16 +64,9 @@ def server_burst(client: httpx.Client, root: str, prompt: list[int], tokens: int
 
 
 def bench_burst(path: Path, threads: int, tokens: int, depth: int) -> float:
-    exe = llamacpp.bench_binary()
-    if exe is None:
-        raise FileNotFoundError(llamacpp.bench_missing())
-    cmd = [str(exe), "-m", str(path), "-t", str(threads), "-r", "1", "-o", "json", "-lm", "none",
-           "-fa", llamacpp.SETTINGS["llama_bench_flash_attn"], "-p", "0", "-n", str(tokens), "-d", str(depth)]
+    cmd = llamacpp.bench_command(path, threads, 1, llamacpp.tg_test(tokens, depth))
     done = subprocess.run(cmd, capture_output=True, text=True, env=llamacpp.clean_env(), check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    (test,) = json.loads(done.stdout)
-    return test["avg_ts"]
+    return llamacpp.bench_result(done)["avg_ts"]
 
 
 def spread(values: list[float]) -> dict:
