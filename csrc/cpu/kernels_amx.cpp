@@ -19,9 +19,7 @@
 
 #include "simd_avx512.h"  // first: amx.h names Avx512 outside a template
 #include "amx.h"
-#include "attention.h"
-#include "gemm.h"
-#include "rowwise.h"
+#include "table.h"
 
 namespace decodescope::cpu {
 namespace {
@@ -48,20 +46,7 @@ constexpr std::array<LinearFn, kNumFormats> linears() {
 }  // namespace
 
 const KernelTable& amx_table() {
-  using R = Rowwise<Avx512>;
-  using A = Attention<Avx512>;
-  static const KernelTable table{.name = "amx",
-                                 .linear = linears(),
-                                 .quantize_rows = G::quantize_rows,
-                                 .quantize_rows16 = quantize_rows16<Avx512>,
-                                 .quantize_rows_k = G::quantize_rows_k,
-                                 .norm = R::norm,
-                                 .silu_mul = R::silu_mul,
-                                 .gelu_tanh_mul = R::gelu_tanh_mul,
-                                 .exp_span = R::exp_span,
-                                 .rope = R::rope,
-                                 .attention = A::run,
-                                 .attention_merge = A::merge};
+  static const KernelTable table = kernel_table<Avx512>("amx", linears());
   return table;
 }
 

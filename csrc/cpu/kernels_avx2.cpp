@@ -12,10 +12,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
-#include "attention.h"
-#include "gemm.h"
 #include "noise.h"
-#include "rowwise.h"
+#include "table.h"
 #include "simd_avx2.h"
 
 namespace decodescope::cpu {
@@ -29,21 +27,7 @@ void race_keyed(uint32_t key_lo, uint32_t key_hi, const float* w, int64_t i0, in
 }
 
 const KernelTable& avx2_table() {
-  using G = Gemm<Avx2>;
-  using R = Rowwise<Avx2>;
-  using A = Attention<Avx2>;
-  static const KernelTable table{.name = Avx2::kName,
-                                 .linear = G::linears(),
-                                 .quantize_rows = G::quantize_rows,
-                                 .quantize_rows16 = quantize_rows16<Avx2>,
-                                 .quantize_rows_k = G::quantize_rows_k,
-                                 .norm = R::norm,
-                                 .silu_mul = R::silu_mul,
-                                 .gelu_tanh_mul = R::gelu_tanh_mul,
-                                 .exp_span = R::exp_span,
-                                 .rope = R::rope,
-                                 .attention = A::run,
-                                 .attention_merge = A::merge};
+  static const KernelTable table = kernel_table<Avx2>(Avx2::kName, Gemm<Avx2>::linears());
   return table;
 }
 

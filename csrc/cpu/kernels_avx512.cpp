@@ -12,29 +12,13 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
-#include "attention.h"
-#include "gemm.h"
-#include "rowwise.h"
+#include "table.h"
 #include "simd_avx512.h"
 
 namespace decodescope::cpu {
 
 const KernelTable& avx512_table() {
-  using G = Gemm<Avx512>;
-  using R = Rowwise<Avx512>;
-  using A = Attention<Avx512>;
-  static const KernelTable table{.name = Avx512::kName,
-                                 .linear = G::linears(),
-                                 .quantize_rows = G::quantize_rows,
-                                 .quantize_rows16 = quantize_rows16<Avx512>,
-                                 .quantize_rows_k = G::quantize_rows_k,
-                                 .norm = R::norm,
-                                 .silu_mul = R::silu_mul,
-                                 .gelu_tanh_mul = R::gelu_tanh_mul,
-                                 .exp_span = R::exp_span,
-                                 .rope = R::rope,
-                                 .attention = A::run,
-                                 .attention_merge = A::merge};
+  static const KernelTable table = kernel_table<Avx512>(Avx512::kName, Gemm<Avx512>::linears());
   return table;
 }
 

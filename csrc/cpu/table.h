@@ -1,0 +1,34 @@
+// One instruction set's KernelTable (kernels.h): gemm.h's, rowwise.h's and attention.h's templates instantiated for
+// S, compiled under the target pragma of the file that includes this one (kernels_<isa>.cpp). `linear` is the GEMMs
+// by format: Gemm<S>::linears(), or the AMX file's, which swaps some formats' kernels for its tiles.
+#pragma once
+
+#include <array>
+
+#include "attention.h"
+#include "gemm.h"
+#include "kernels.h"
+#include "rowwise.h"
+
+namespace decodescope::cpu {
+
+template <class S>
+KernelTable kernel_table(const char* name, const std::array<LinearFn, kNumFormats>& linear) {
+  using G = Gemm<S>;
+  using R = Rowwise<S>;
+  using A = Attention<S>;
+  return KernelTable{.name = name,
+                     .linear = linear,
+                     .quantize_rows = G::quantize_rows,
+                     .quantize_rows16 = quantize_rows16<S>,
+                     .quantize_rows_k = G::quantize_rows_k,
+                     .norm = R::norm,
+                     .silu_mul = R::silu_mul,
+                     .gelu_tanh_mul = R::gelu_tanh_mul,
+                     .exp_span = R::exp_span,
+                     .rope = R::rope,
+                     .attention = A::run,
+                     .attention_merge = A::merge};
+}
+
+}  // namespace decodescope::cpu
