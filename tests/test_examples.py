@@ -123,6 +123,17 @@ def test_verdicts_are_kept_per_machine(tiny_runtime, tmp_path, monkeypatch):
     tiny_runtime.example_checks = {}
 
 
+def test_the_machine_key_tells_cpu_kinds_of_one_brand_apart(tiny_runtime, monkeypatch):
+    """Zen 3, 4 and 5 EPYCs all say "AMD EPYC": a verdict measured on one must not answer for another."""
+    from engine.observe import provenance
+
+    keys = set()
+    for kind in ("zen4", "zen5"):
+        monkeypatch.setattr(provenance, "cpu_info", lambda kind=kind: dict(cpu_model="AMD EPYC", cpu_kind=kind))
+        keys.add(example_check.machine(tiny_runtime))
+    assert len(keys) == 2 and all("AMD EPYC" in k for k in keys)
+
+
 def test_each_example_runs_against_plain_on_the_cpu(tiny_runtime, tmp_path):
     """The real timing source on the tiny model: every example and plain run, and the verdict follows the ratio."""
     checks = example_check.check(tiny_runtime, cache_dir=tmp_path, progress=lambda *a: None)

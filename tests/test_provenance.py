@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.observe import provenance
-from engine.observe.provenance import Telemetry, snapshot
+from engine.observe.provenance import Telemetry, describe, snapshot
 
 
 class FakeNVMLError(Exception):
@@ -105,3 +105,26 @@ def test_governor(monkeypatch, tmp_path, text, expected):
         path.write_text(text)
     monkeypatch.setattr(provenance, "GOVERNOR", path)
     assert provenance.governor() == expected
+
+
+@pytest.mark.parametrize("vendor, family, model, kind", [
+    ("AuthenticAMD", 25, 0x11, "zen4"),  # Genoa, this project's Zen 4 box
+    ("AuthenticAMD", 25, 0x01, "zen3"),  # Milan
+    ("AuthenticAMD", 25, 0xA0, "zen4"),  # Bergamo (Zen 4c)
+    ("AuthenticAMD", 26, 0x02, "zen5"),  # Turin
+    ("AuthenticAMD", 23, 0x31, "zen2"),  # Rome
+    ("GenuineIntel", 6, 0x8F, "sapphire-rapids"),
+    ("GenuineIntel", 6, 0xCF, "emerald-rapids"),
+    ("GenuineIntel", 6, 0x9A, "GenuineIntel-f6m154"),  # not a server core the table knows: its numbers
+    ("", None, None, "unknown-fNonemNone"),
+])
+def test_cpu_kind_names_the_core_generation(vendor, family, model, kind):
+    assert provenance.cpu_kind(vendor, family, model) == kind
+
+
+def test_the_card_names_the_cpu_kind():
+    t = dict(cpu_model="AMD EPYC", cpu_kind="zen4", cpu_family_model="family 25 model 17", cpu_count=2,
+             cpu_flags="avx2 avx512f", load_before=[0.5, 0.5, 0.5])
+    assert describe(t)["CPU"] == "AMD EPYC (zen4: family 25 model 17), 2 cores (avx2 avx512f)"
+    del t["cpu_kind"]  # results written before the kind was recorded
+    assert describe(t)["CPU"] == "AMD EPYC, 2 cores (avx2 avx512f)"

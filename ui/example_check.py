@@ -81,7 +81,11 @@ def machine(rt: Runtime) -> str:
     from engine.observe.provenance import cpu_info
 
     dev = rt.engine.device
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_info()["cpu_model"]
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+    else:  # the brand alone ("AMD EPYC") is the same on a Zen 3, 4 and 5: their examples measure apart
+        cpu = cpu_info()
+        name = f"{cpu['cpu_model']} ({cpu.get('cpu_kind', 'kind unknown')})"
     return f"{dev.type}:{name}:{torch.get_num_threads()} threads"
 
 

@@ -37,6 +37,27 @@ SLOWDOWN_REASONS = {
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "neon", "asimd")
 
 
+# AMD's cores by cpuid family and model range (AMD's processor programming references); Intel's server cores by
+# model (family 6). What a benchmark's file name calls the CPU it ran on (`-cpu-<kind>`), kept in its provenance.
+AMD_KINDS = {23: [(0x00, 0x2F, "zen1"), (0x30, 0xFF, "zen2")],
+             25: [(0x00, 0x0F, "zen3"), (0x10, 0x1F, "zen4"), (0x20, 0x5F, "zen3"), (0x60, 0xAF, "zen4")],
+             26: [(0x00, 0xFF, "zen5")]}
+INTEL_KINDS = {0x55: "skylake-x", 0x6A: "icelake-x", 0x6C: "icelake-x", 0x8F: "sapphire-rapids",
+               0xCF: "emerald-rapids", 0xAD: "granite-rapids", 0xAE: "granite-rapids"}
+
+
+def cpu_kind(vendor: str, family: int | None, model: int | None) -> str:
+    """The core's generation by its cpuid vendor, family and model (zen4, sapphire-rapids, ...), or the three
+    numbers themselves where the tables above do not know them."""
+    if vendor == "AuthenticAMD":
+        for lo, hi, name in AMD_KINDS.get(family, []):
+            if model is not None and lo <= model <= hi:
+                return name
+    if vendor == "GenuineIntel" and family == 6 and model in INTEL_KINDS:
+        return INTEL_KINDS[model]
+    return f"{vendor or 'unknown'}-f{family}m{model}"
+
+
 @functools.cache
 def cpu_info() -> dict:
     """CPU model and the SIMD flags the kernels dispatch on. py-cpuinfo asks in a subprocess (about 1 s),
@@ -48,7 +69,9 @@ def cpu_info() -> dict:
                     cpu_count=os.cpu_count())
     info = cpuinfo.get_cpu_info()
     flags = set(info.get("flags", []))
+    vendor, family, model = info.get("vendor_id_raw", ""), info.get("family"), info.get("model")
     return dict(cpu_model=info.get("brand_raw") or info.get("arch_string_raw") or "unknown",
+                cpu_kind=cpu_kind(vendor, family, model), cpu_family_model=f"family {family} model {model}",
                 cpu_flags=" ".join(f for f in SIMD_FLAGS if f in flags), cpu_count=os.cpu_count())
 
 
@@ -217,7 +240,8 @@ def describe(t: dict) -> dict[str, str]:
     """A summary (Telemetry.summary or snapshot) as label -> text, for RESULTS.md and the environment card."""
     flags = "; ".join(t.get("flags", [])) or "none"
     out = {
-        "CPU": f"{t['cpu_model']}, {t['cpu_count']} cores ({t['cpu_flags'] or 'no AVX2/AVX-512/NEON flags'})",
+        "CPU": (f"{t['cpu_model']}" + (f" ({t['cpu_kind']}: {t['cpu_family_model']})" if t.get("cpu_kind") else "")
+                + f", {t['cpu_count']} cores ({t['cpu_flags'] or 'no AVX2/AVX-512/NEON flags'})"),
         "CPU clock": f"{_mid(t.get('cpu_mhz'))} MHz, governor {t.get('governor') or 'not exposed'}",
         "load average": (f"{t['load_before'][0]:.2f} before, {t['load_after'][0]:.2f} after (1 min)"
                          if t.get("sampled") and t.get("load_after") else f"{t['load_before'][0]:.2f} (1 min)"),
