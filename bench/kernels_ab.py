@@ -10,7 +10,8 @@ inputs (one seed):
     3 layers of Qwen2.5-1.5B's four GEMMs from DRAM, as bench.kernels --alternate times them (the box's bandwidth
     moves these; each process's read probe is recorded);
   - attention: T new queries of the default model's heads (9 query, 3 KV, dim 64) over 30 layers' caches, one
-    thread at a 128-token context and the threads at 512.
+    thread at a 128-token context and the threads at 512, and Qwen2.5-1.5B's (12, 2, 128) over 28 layers at 2,048
+    positions, 117 MB of caches read from DRAM (ATTENTION_RUNS).
 Each figure is the minimum over `--repeats` within a process; the table gives the median over rounds for each
 tree and the median of the rounds' own new / baseline ratios. The outputs of both trees are compared bit for bit
 over ragged shapes (and for attention, windowed caches): a change that moves the bits is a numerics change, not
@@ -32,8 +33,11 @@ COMPUTE_SHAPE = (1536, 576)  # (out, in): 96 panels x 18 blocks of q4, ~0.55 MB,
 STREAM_SHAPES = [(2048, 1536), (1536, 1536), (2 * 8960, 1536), (1536, 8960)]  # Qwen2.5-1.5B: qkv, o, gate_up, down
 CHECK_SHAPES = [(960, 576), (1536, 8960), (100, 1000)]  # ragged ones too: a partial panel, a partial block
 CHECK_ROWS = (1, 3, 6, 9, 16)
-ATTENTION_HEADS = (9, 3, 64)  # the default model's query heads, KV heads, head dim
-ATTENTION_CONTEXTS = (128, 512)  # one thread's, the threads'
+# (label, threads: 0 for --threads, (query heads, KV heads, head dim), layers, context): the default model's heads
+# from cache with one thread and with the threads, and Qwen2.5-1.5B's at a long context, its caches read from DRAM
+ATTENTION_RUNS = [("one thread, context 128, 30 layers", 1, (9, 3, 64), 30, 128),
+                  ("{threads} threads, context 512, 30 layers", 0, (9, 3, 64), 30, 512),
+                  ("{threads} threads, Qwen2.5-1.5B's heads, context 2048, 28 layers", 0, (12, 2, 128), 28, 2048)]
 
 # One process of one tree: times, and the outputs for the bits check. Run with that tree first on sys.path.
 CHILD = r"""
@@ -60,26 +64,27 @@ def best(fn, calls=1):
     return b
 res, outs = dict(isa=m.isa(), read_gb_s=measure_gbs("cpu")), []
 if kernel == "attention":
-    def caches(ctx):  # 30 layers' K/V of the default model's heads, room for 64 more positions
-        shape = (1, ATTENTION_HEADS[1], ctx + 64, ATTENTION_HEADS[2])
-        return [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(30)]
-    def run(kv, T, ctx, window=0, sinks=0):
-        q = torch.randn(1, T, ATTENTION_HEADS[0], ATTENTION_HEADS[2], generator=g)
+    def caches(ctx, heads, layers):  # the layers' K/V of these heads, room for 64 more positions
+        shape = (1, heads[1], ctx + 64, heads[2])
+        return [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(layers)]
+    def run(kv, T, ctx, heads, window=0, sinks=0):
+        q = torch.randn(1, T, heads[0], heads[2], generator=g)
         y, seq = torch.empty_like(q), torch.tensor([ctx + T], dtype=torch.int32)
-        return y, lambda: [m.attention(y, q, k, v, seq, ATTENTION_HEADS[2] ** -0.5, window, sinks) for k, v in kv]
-    for ctx in (77, 300):  # a partial split and block; window + sinks cutting the cache
-        kv = caches(ctx)
-        for T in CHECK_ROWS:
-            for window, sinks in ((0, 0), (40, 4)):
-                y, fn = run(kv, T, ctx, window, sinks)
-                fn()
-                outs.append(y)
-    for label, n_threads, ctx in (("one thread", 1, ATTENTION_CONTEXTS[0]), (f"{threads} threads", threads,
-                                                                             ATTENTION_CONTEXTS[1])):
-        torch.set_num_threads(n_threads)
-        kv = caches(ctx)
+        return y, lambda: [m.attention(y, q, k, v, seq, heads[2] ** -0.5, window, sinks) for k, v in kv]
+    for heads in sorted({run[2] for run in ATTENTION_RUNS}):
+        for ctx in (77, 300):  # a partial split and block; window + sinks cutting the cache
+            kv = caches(ctx, heads, 2)
+            for T in CHECK_ROWS:
+                for window, sinks in ((0, 0), (40, 4)):
+                    y, fn = run(kv, T, ctx, heads, window, sinks)
+                    fn()
+                    outs.append(y)
+    for label, n_threads, heads, layers, ctx in ATTENTION_RUNS:
+        torch.set_num_threads(n_threads or threads)
+        kv = caches(ctx, heads, layers)
         for T in rows:
-            res[f"T{T}|{label}, context {ctx}, 30 layers|ms"] = 1e3 * best(run(kv, T, ctx)[1])
+            res[f"T{T}|{label.format(threads=n_threads or threads)}|ms"] = 1e3 * best(run(kv, T, ctx, heads)[1])
+        del kv
 else:
     code = m.formats().index(kernel)
     def panels(o, i):
@@ -114,8 +119,7 @@ print("RESULT " + json.dumps(res))
 def child(tree: Path, kernel: str, rows: list[int], args, out: Path) -> dict:
     """CHILD in `tree`, its kernels built where engine.ops.ext keeps them (a folder per hash of the sources)."""
     code = (f"COMPUTE_SHAPE, STREAM_SHAPES, CHECK_SHAPES, CHECK_ROWS = {COMPUTE_SHAPE}, {STREAM_SHAPES}, "
-            f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_HEADS, ATTENTION_CONTEXTS = {ATTENTION_HEADS}, "
-            f"{ATTENTION_CONTEXTS}\n" + CHILD)
+            f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_RUNS = {ATTENTION_RUNS}\n" + CHILD)
     return in_tree(tree, code, [kernel, ",".join(map(str, rows)), str(out), args.isa, str(args.repeats),
                                 str(args.threads), str(args.layers)], what="the kernels")
 

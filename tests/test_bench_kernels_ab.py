@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def small(monkeypatch):
     monkeypatch.setattr(kernels_ab, "STREAM_SHAPES", [(64, 256), (48, 512)])
     monkeypatch.setattr(kernels_ab, "COMPUTE_SHAPE", (64, 256))
+    monkeypatch.setattr(kernels_ab, "ATTENTION_RUNS", [("one thread, context 64, 2 layers", 1, (9, 3, 64), 2, 64),
+                                                       ("{threads} threads, head dim 128, context 200, 2 layers", 0,
+                                                        (12, 2, 128), 2, 200)])
 
 
 def copy_tree(dst: Path) -> Path:

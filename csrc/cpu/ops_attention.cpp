@@ -84,7 +84,9 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.kv_s = k_cache.stride(2);
   a.scale = static_cast<float>(scale);
   // Splits at fixed positions (kernels.h split_start), not an even share per thread: the same sum order for a
-  // query whatever the pass. Each item is its own task below, so the threads still share them out.
+  // query whatever the pass. Each thread takes a contiguous run of items below (a row's head's splits in order),
+  // so it streams that head's keys and values on from one split into the next, prefetching across the boundary
+  // (attention.h kAhead); claimed one at a time, a thread's next item was unknown and each split started cold.
   a.splits = splits_for(static_cast<int>(longest));
   const int64_t items = B * Hkv * a.splits, queries = (H / Hkv) * T;
   workspace.acc.resize(items * queries * D);
@@ -93,8 +95,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.part_ml = workspace.ml.data();
 
   const KernelTable& k = kernels();
-  const int threads = at::get_num_threads();
-  parallel_chunks(items, 1, [&](int64_t i0, int64_t i1) { k.attention(a, i0, i1); }, (items + threads - 1) / threads);
+  parallel_chunks(items, 1, [&](int64_t i0, int64_t i1) { k.attention(a, i0, i1); });
   const int64_t rows = B * T * H;
   parallel_chunks(rows, (8192 + D - 1) / D, [&](int64_t r0, int64_t r1) { k.attention_merge(a, r0, r1); });
 }
