@@ -20,6 +20,26 @@ struct Workspace {
 };
 thread_local Workspace workspace;
 
+// Item bounds of `threads` contiguous runs holding about equal numbers of keys: a split's keys are those of its
+// positions below its row's length (a window's cut is not counted), so a run of long splits is a short run of items.
+// The default model's 3 heads in 2 runs of equal item counts at 512 positions left one thread 8% more keys.
+std::vector<int64_t> runs_of(const AttentionArgs& a, int64_t items, int threads) {
+  std::vector<int64_t> keys(items + 1, 0);  // keys[i]: the keys of items [0, i)
+  for (int64_t item = 0; item < items; ++item) {
+    const int split = static_cast<int>(item % a.splits), b = static_cast<int>(item / a.splits / a.n_kv_heads);
+    const int hi = std::min(a.seq_lens[b], split_start(split + 1));
+    keys[item + 1] = keys[item] + std::max(0, hi - split_start(split));
+  }
+  std::vector<int64_t> bounds{0};
+  for (int t = 1; t < threads; ++t) {
+    const int64_t want = keys[items] * t / threads;  // the first item whose keys reach past this share
+    const int64_t at = std::upper_bound(keys.begin(), keys.end(), want) - keys.begin() - 1;
+    if (at > bounds.back()) bounds.push_back(at);
+  }
+  if (bounds.back() < items) bounds.push_back(items);
+  return bounds;
+}
+
 }  // namespace
 
 void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -84,7 +104,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.kv_s = k_cache.stride(2);
   a.scale = static_cast<float>(scale);
   // Splits at fixed positions (kernels.h split_start), not an even share per thread: the same sum order for a
-  // query whatever the pass. Each thread takes a contiguous run of items below (a row's head's splits in order),
+  // query whatever the pass. Each thread takes a contiguous run of items (a row's head's splits in order, run_of),
   // so it streams that head's keys and values on from one split into the next, prefetching across the boundary
   // (attention.h kAhead); claimed one at a time, a thread's next item was unknown and each split started cold.
   a.splits = splits_for(static_cast<int>(longest));
@@ -95,7 +115,10 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.part_ml = workspace.ml.data();
 
   const KernelTable& k = kernels();
-  parallel_chunks(items, 1, [&](int64_t i0, int64_t i1) { k.attention(a, i0, i1); });
+  const std::vector<int64_t> bounds = runs_of(a, items, at::get_num_threads());
+  parallel_chunks(static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) k.attention(a, bounds[r], bounds[r + 1]);
+  });
   const int64_t rows = B * T * H;
   parallel_chunks(rows, (8192 + D - 1) / D, [&](int64_t r0, int64_t r1) { k.attention_merge(a, r0, r1); });
 }
