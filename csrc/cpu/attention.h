@@ -31,9 +31,10 @@ struct Attention {
   static_assert(split_start(1) % kKeys == 0, "splits must start at block boundaries");
   // How many blocks ahead a block prefetches its rows (block()), past the split's end into the next split where
   // the thread's next item is that one. Two blocks ahead and across splits, a decode step's attention over
-  // Qwen2.5-1.5B's cache at 2,048 / 4,096 positions (28 layers from DRAM, 2 threads) took 0.90x / 0.91x the
-  // time of one block ahead within a split (8 alternating rounds); one block ahead across splits 0.94x, three
-  // 0.92x / 0.90x, two ahead with the items claimed one at a time (no next item known) 1.01x / 0.98x.
+  // Qwen2.5-1.5B's cache at 2,048 / 4,096 positions (28 layers from DRAM, 2 threads) took 0.87x / 0.92x the
+  // time of one block ahead within a split (8 alternating rounds; 0.90x / 0.91x in 6 more); one block ahead
+  // across splits 0.94x / 0.96x, three 0.91x / 0.90x, two ahead with the items claimed one at a time (no next
+  // item known) 1.01x / 0.98x.
   static constexpr int kAhead = 2;
   static constexpr int kQueries = 16;   // queries per tile; the tile's state lives on the stack
   static constexpr int kMaxDim = 256;   // head_dim limit of the stack buffers (the host checks)

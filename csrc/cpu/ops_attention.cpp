@@ -32,7 +32,7 @@ std::vector<int64_t> runs_of(const AttentionArgs& a, int64_t items, int threads)
   }
   std::vector<int64_t> bounds{0};
   for (int t = 1; t < threads; ++t) {
-    const int64_t want = keys[items] * t / threads;  // the first item whose keys reach past this share
+    const int64_t want = keys[items] * t / threads;  // the last bound whose items before it hold at most t shares
     const int64_t at = std::upper_bound(keys.begin(), keys.end(), want) - keys.begin() - 1;
     if (at > bounds.back()) bounds.push_back(at);
   }
@@ -104,7 +104,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.kv_s = k_cache.stride(2);
   a.scale = static_cast<float>(scale);
   // Splits at fixed positions (kernels.h split_start), not an even share per thread: the same sum order for a
-  // query whatever the pass. Each thread takes a contiguous run of items (a row's head's splits in order, run_of),
+  // query whatever the pass. Each thread takes a contiguous run of items (a row's head's splits in order, runs_of),
   // so it streams that head's keys and values on from one split into the next, prefetching across the boundary
   // (attention.h kAhead); claimed one at a time, a thread's next item was unknown and each split started cold.
   a.splits = splits_for(static_cast<int>(longest));
