@@ -78,6 +78,30 @@ def bench_binary() -> Path | None:
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
+def server_binary() -> Path | None:
+    """llama-server: $LLAMA_SERVER (as engine/endpoint/llamacpp.py reads it), else the build script's folder."""
+    from engine.endpoint import llamacpp as server
+
+    path = Path(server.binary() or prefix() / "bin" / "llama-server")
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def quantize_binary() -> Path | None:
+    """llama-quantize, in the build script's folder (bench/random_gguf.py makes the K-quant files with it)."""
+    path = prefix() / "bin" / "llama-quantize"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def binaries_missing() -> str | None:
+    """Which of llama-server, llama-bench and llama-quantize the llama.cpp benchmarks cannot find, or None."""
+    found = {"llama-server": server_binary(), "llama-bench": bench_binary(), "llama-quantize": quantize_binary()}
+    missing = [name for name, path in found.items() if path is None]
+    if not missing:
+        return None
+    return (f"no {', '.join(missing)} (scripts/build_llamacpp.sh {prefix()} builds them; LLAMA_SERVER and "
+            "LLAMA_BENCH name others)")
+
+
 def bench_missing() -> str:
     path = os.environ.get(BENCH_ENV)
     if path:

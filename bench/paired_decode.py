@@ -37,16 +37,6 @@ from engine.endpoint.llamacpp import LlamaServer
 GAP_S = 0.05  # between bursts: a finished engine's threads go quiet before the next one starts
 
 
-def server_binary() -> str:
-    """llama-server: $LLAMA_SERVER, else the one scripts/build_llamacpp.sh put beside llama-bench."""
-    from engine.endpoint import llamacpp as server
-
-    exe = server.binary() or str(llamacpp.prefix() / "bin" / "llama-server")
-    if not Path(exe).is_file():
-        raise FileNotFoundError(server.missing_reason())
-    return exe
-
-
 def ours_burst(eng: Engine, prompt: list[int], tokens: int) -> float:
     rounds = list(eng.stream(prompt, tokens + 1, stop_ids=[]))
     steps = [r.total_ms for r in rounds[1:]]
@@ -79,7 +69,10 @@ def row(name: str, path: Path, args) -> dict:
     eng = Engine(model, max_seq_len=args.prompt_len + args.tokens + 64)
     prompt = prompt_ids(min(random_gguf.VOCAB, model.config.vocab_size), args.prompt_len)
     runs = {"ours": [], "server": [], "bench": []}
-    with LlamaServer(path, threads=args.threads, exe=server_binary(),
+    exe = llamacpp.server_binary()
+    if exe is None:
+        raise FileNotFoundError(llamacpp.binaries_missing())
+    with LlamaServer(path, threads=args.threads, exe=str(exe),
                      ctx=args.prompt_len + args.tokens + 64) as srv, \
             httpx.Client(trust_env=False, timeout=300) as client:
         burst = {"ours": lambda: ours_burst(eng, prompt, args.tokens),

@@ -93,9 +93,10 @@ def kquant_file(shape: str, folder: Path, kind: str = "Q4_K_M", cache_dir=None, 
     out = path(folder, name, kind)
     if out.exists():
         return out
-    exe = llamacpp.prefix() / "bin" / "llama-quantize"
-    if not exe.exists():
-        raise FileNotFoundError(f"{exe} is missing: scripts/build_llamacpp.sh builds it")
+    exe = llamacpp.quantize_binary()
+    if exe is None:
+        raise FileNotFoundError(f"{llamacpp.prefix() / 'bin' / 'llama-quantize'} is missing: scripts/build_llamacpp.sh "
+                                "builds it")
     tok = padded(tokenizer_fields(default_model.gguf_path(cache_dir, progress)), s.get("vocab", VOCAB))
     f16 = path(folder, name, "F16")
     try:

@@ -8,14 +8,14 @@ Xeon) runs to fill in its tables, each result named for the kind (`...-cpu-<kind
 Each step is one benchmark in its own process, its output in OUT/<step>.log; a step that fails is reported and the
 run goes on. The tree must be committed first (a result's provenance names the commit; bench/results aside), and
 nothing else should run meanwhile: the steps time the memory and the cores. The llama.cpp steps need
-scripts/build_llamacpp.sh's binaries (LLAMA_SERVER names llama-server; llama-bench sits beside it) and are skipped,
-with the reason, without them. This orchestrator imports neither torch nor engine (engine sets an OpenMP default
-its children would inherit); the kind comes from a child.
+scripts/build_llamacpp.sh's binaries (found as bench/llamacpp.py finds them) and are skipped, with the reason,
+without them. This orchestrator imports neither torch nor engine (engine sets an OpenMP default its children would
+inherit); the kind and the binaries come from a child.
 """
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import subprocess
 import sys
 import time
@@ -24,7 +24,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-LLAMA_SERVER = "LLAMA_SERVER"
 
 
 @dataclass(frozen=True)
@@ -61,18 +60,19 @@ STEPS = (
 
 PROBE = """
 import json
+from bench import llamacpp
 from engine.checkpoint import default_model, embedded
 from engine.observe.provenance import cpu_info
 quiet = lambda msg: None
 print(json.dumps(dict(cpu_info(), default=str(default_model.gguf_path(progress=quiet)),
-                      gemma=str(embedded.gguf_path(embedded.GEMMA3_270M, progress=quiet)))))
+                      gemma=str(embedded.gguf_path(embedded.GEMMA3_270M, progress=quiet)),
+                      llamacpp_missing=llamacpp.binaries_missing())))
 """
 
 
 def machine() -> dict:
-    """cpu_info() (the kind, the flags) and the embedded models' GGUF files, from a child process."""
-    import json
-
+    """cpu_info() (the kind, the flags), the embedded models' GGUF files and which llama.cpp binaries are missing
+    (bench.llamacpp.binaries_missing), from a child process."""
     done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"could not read the CPU's kind: {done.stderr[-2000:]}")
@@ -86,14 +86,6 @@ def dirty() -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
-def llamacpp_missing() -> str | None:
-    server = os.environ.get(LLAMA_SERVER)
-    if not server or not Path(server).is_file():
-        return f"{LLAMA_SERVER} does not name llama-server (scripts/build_llamacpp.sh PREFIX builds it into PREFIX/bin)"
-    missing = [b for b in ("llama-bench", "llama-quantize") if not (Path(server).parent / b).is_file()]
-    return f"no {' or '.join(missing)} beside {server}" if missing else None
-
-
 def command(step: Step, fill: dict) -> list[str]:
     return [sys.executable, "-m", *(a.format(**fill) for a in step.argv)]
 
@@ -101,8 +93,8 @@ def command(step: Step, fill: dict) -> list[str]:
 def skip_reason(step: Step, info: dict, fill: dict, force: bool) -> str | None:
     if step.needs and step.needs not in info["cpu_flags"].split():
         return f"this CPU lacks {step.needs}"
-    if step.llamacpp and (why := llamacpp_missing()):
-        return why
+    if step.llamacpp and info["llamacpp_missing"]:
+        return info["llamacpp_missing"]
     if not force and (RESULTS / f"{step.result.format(**fill)}.json").exists():
         return "measured already (--force measures again)"
     return None

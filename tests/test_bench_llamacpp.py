@@ -188,6 +188,34 @@ def test_llama_bench_binary_from_env_or_the_build_folder(monkeypatch, tmp_path):
     assert llamacpp.bench_binary() == exe
 
 
+def test_the_binaries_the_benchmarks_need_are_found_in_one_place(monkeypatch, tmp_path):
+    """llama-server from LLAMA_SERVER else the build folder, llama-bench likewise, llama-quantize from the folder;
+    what is missing is named."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for var in ("LLAMA_SERVER", llamacpp.BENCH_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert llamacpp.binaries_missing().startswith("no llama-server, llama-bench, llama-quantize")
+    (llamacpp.prefix() / "bin").mkdir(parents=True)
+    for name in ("llama-bench", "llama-quantize"):
+        exe = llamacpp.prefix() / "bin" / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    assert llamacpp.quantize_binary() == llamacpp.prefix() / "bin" / "llama-quantize"
+    assert llamacpp.binaries_missing().startswith("no llama-server (")
+    other = tmp_path / "elsewhere" / "llama-server"  # LLAMA_SERVER names one outside the build folder
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("LLAMA_SERVER", str(other))
+    assert llamacpp.server_binary() == other and llamacpp.binaries_missing() is None
+    monkeypatch.delenv("LLAMA_SERVER")
+    assert llamacpp.server_binary() is None  # and none in the build folder
+    built = llamacpp.prefix() / "bin" / "llama-server"
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    assert llamacpp.server_binary() == built
+
+
 # ---- comparing greedy ids ----
 
 def test_first_divergence_and_the_f32_check():

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench import llamacpp
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 try:
@@ -17,7 +19,7 @@ finally:
     sys.path.remove(str(REPO / "scripts"))
 
 INFO = dict(cpu_model="AMD EPYC", cpu_kind="zen9", cpu_family_model="family 99 model 1", cpu_flags="avx2 fma",
-            default="/m/default.gguf", gemma="/m/gemma.gguf")
+            default="/m/default.gguf", gemma="/m/gemma.gguf", llamacpp_missing=None)
 FILL = dict(kind="zen9", folder="/tmp/kq", gemma=INFO["gemma"], default=INFO["default"])
 
 
@@ -36,21 +38,15 @@ def test_every_step_writes_a_result_named_for_the_kind():
 
 def test_skips_say_why(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_check, "RESULTS", tmp_path)
-    monkeypatch.delenv(cpu_check.LLAMA_SERVER, raising=False)
+    missing = dict(INFO, llamacpp_missing="no llama-bench, llama-quantize (scripts/build_llamacpp.sh ...)")
     assert cpu_check.skip_reason(step("ports"), INFO, FILL, False) == "this CPU lacks avx512_vnni"
-    assert "LLAMA_SERVER" in cpu_check.skip_reason(step("paired"), INFO, FILL, False)
-    assert cpu_check.skip_reason(step("verify"), INFO, FILL, False) is None
+    assert cpu_check.skip_reason(step("paired"), missing, FILL, False) == missing["llamacpp_missing"]
+    assert cpu_check.skip_reason(step("gguf-memory"), missing, FILL, False) == missing["llamacpp_missing"]
+    assert cpu_check.skip_reason(step("verify"), missing, FILL, False) is None  # needs no llama.cpp
+    assert cpu_check.skip_reason(step("paired"), INFO, FILL, False) is None
     (tmp_path / "verify-cpu-zen9.json").write_text("{}")
     assert cpu_check.skip_reason(step("verify"), INFO, FILL, False).startswith("measured already")
     assert cpu_check.skip_reason(step("verify"), INFO, FILL, True) is None  # --force
-    server = tmp_path / "bin" / "llama-server"
-    server.parent.mkdir()
-    server.write_text("")
-    monkeypatch.setenv(cpu_check.LLAMA_SERVER, str(server))
-    assert cpu_check.skip_reason(step("paired"), INFO, FILL, False).startswith("no llama-bench or llama-quantize")
-    for b in ("llama-bench", "llama-quantize"):
-        (server.parent / b).write_text("")
-    assert cpu_check.skip_reason(step("paired"), INFO, FILL, False) is None
 
 
 def test_uncommitted_code_is_refused(monkeypatch, capsys):
@@ -84,3 +80,4 @@ def test_the_plan_reads_this_machine():
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert "results named *-cpu-" in done.stdout and all(s.name in done.stdout for s in cpu_check.STEPS)
+    assert cpu_check.machine()["llamacpp_missing"] == llamacpp.binaries_missing()  # the child's lookup is the bench's
