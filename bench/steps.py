@@ -17,7 +17,7 @@ from pathlib import Path
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 import torch
 
-from bench.common import markdown_table
+from bench.common import in_tree, markdown_table
 from engine import Engine
 from engine.config import ModelConfig
 
@@ -142,8 +142,6 @@ def measure_here(eng: Engine, prompt: list[int], ts: list[int]) -> dict:
 
 def measure_baseline(tree: Path, fmt: str, ts: list[int], prompt_len: int) -> dict:
     """MEASURE in another source tree, its kernels built into a cache of its own (tree/.ext-cache)."""
-    from bench.common import in_tree
-
     env = dict(os.environ, DECODESCOPE_EXT_CACHE=str(tree / ".ext-cache"))
     return in_tree(tree, MEASURE, [fmt, ",".join(map(str, ts)), str(prompt_len), str(torch.get_num_threads()),
                                    str(TEXT)], env, what="the baseline run")

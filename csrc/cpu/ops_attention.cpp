@@ -17,20 +17,24 @@ constexpr int kMaxHeadDim = 256;    // attention.h's stack buffers
 
 struct Workspace {
   std::vector<float> acc, ml;
+  std::vector<int64_t> keys, bounds;  // runs_of's
 };
 thread_local Workspace workspace;
 
 // Item bounds of `threads` contiguous runs holding about equal numbers of keys: a split's keys are those of its
 // positions below its row's length (a window's cut is not counted), so a run of long splits is a short run of items.
 // The default model's 3 heads in 2 runs of equal item counts at 512 positions left one thread 8% more keys.
-std::vector<int64_t> runs_of(const AttentionArgs& a, int64_t items, int threads) {
-  std::vector<int64_t> keys(items + 1, 0);  // keys[i]: the keys of items [0, i)
+// In the calling thread's workspace, so a layer's call allocates nothing once the sizes have been seen.
+const std::vector<int64_t>& runs_of(const AttentionArgs& a, int64_t items, int threads) {
+  std::vector<int64_t>& keys = workspace.keys;  // keys[i]: the keys of items [0, i)
+  keys.assign(items + 1, 0);
   for (int64_t item = 0; item < items; ++item) {
     const int split = static_cast<int>(item % a.splits), b = static_cast<int>(item / a.splits / a.n_kv_heads);
     const int hi = std::min(a.seq_lens[b], split_start(split + 1));
     keys[item + 1] = keys[item] + std::max(0, hi - split_start(split));
   }
-  std::vector<int64_t> bounds{0};
+  std::vector<int64_t>& bounds = workspace.bounds;
+  bounds.assign(1, 0);
   for (int t = 1; t < threads; ++t) {
     const int64_t want = keys[items] * t / threads;  // the last bound whose items before it hold at most t shares
     const int64_t at = std::upper_bound(keys.begin(), keys.end(), want) - keys.begin() - 1;
@@ -115,7 +119,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   a.part_ml = workspace.ml.data();
 
   const KernelTable& k = kernels();
-  const std::vector<int64_t> bounds = runs_of(a, items, at::get_num_threads());
+  const std::vector<int64_t>& bounds = runs_of(a, items, at::get_num_threads());
   parallel_chunks(static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) k.attention(a, bounds[r], bounds[r + 1]);
   });
