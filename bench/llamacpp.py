@@ -92,6 +92,31 @@ def quantize_binary() -> Path | None:
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
+def perplexity_binary() -> Path | None:
+    """llama-perplexity, in the build script's folder (bench/quality.py --kld runs its --kl-divergence)."""
+    path = prefix() / "bin" / "llama-perplexity"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def perplexity_missing() -> str | None:
+    if perplexity_binary() is not None:
+        return None
+    return f"no llama-perplexity in {prefix() / 'bin'} (scripts/build_llamacpp.sh {prefix()} builds it)"
+
+
+def requantized(quantize: Path, source: Path, kind: str, folder: Path) -> Path:
+    """`source` requantized to llama.cpp's type `kind` (F32, F16, Q8_0, ...) by llama-quantize, into folder once."""
+    out = folder / f"{source.stem}.{kind}.gguf"
+    if not out.exists():
+        tmp = out.with_suffix(".partial")
+        done = subprocess.run([str(quantize), "--allow-requantize", str(source), str(tmp), kind], capture_output=True,
+                              text=True, env=clean_env(), check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"llama-quantize to {kind} failed ({done.returncode}): {done.stderr[-1500:]}")
+        os.replace(tmp, out)
+    return out
+
+
 def binaries_missing() -> str | None:
     """Which of llama-server, llama-bench and llama-quantize the llama.cpp benchmarks cannot find, or None."""
     found = {"llama-server": server_binary(), "llama-bench": bench_binary(), "llama-quantize": quantize_binary()}

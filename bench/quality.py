@@ -15,6 +15,12 @@ blocks q4 and q4_a8 run; llama-server with an f32 KV cache and flash attention o
 the same chat prompts, and per format our teacher-forced top-1 on those ids, each split with both sides' top-1
 margins (a near-tie either engine may break either way), and where our free-running greedy ids first part from
 llama.cpp's.
+
+--kld adds the distributions' distance from the exact model, llama.cpp's way (bench/kld.py): over chunks of
+bench/data/prose.txt (n_ctx 128) and long.txt (n_ctx 512), the second half of each chunk scored, per format our
+KL divergence from fp32, perplexity and top-1 agreement, and llama.cpp's on the same tokens against the same
+reference file (llama-perplexity --kl-divergence; the model's Q4_1 file, which it runs against 8-bit activation
+blocks, and the same file requantized to F32 by llama-quantize: the reference's own floor).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from engine.ops import ref
 import torch
 
 TEXT = Path(__file__).parent / "data" / "prose.txt"
+KLD_TEXTS = [(TEXT, 128), (Path(__file__).parent / "data" / "long.txt", 512)]  # (text, n_ctx): prose, docs + code
 PROMPTS = ["Write a short paragraph about why the sky is blue.",
            "Write a Python function that checks whether a string is a palindrome.",
            "Explain in three sentences how a bicycle stays upright."]
@@ -104,7 +111,47 @@ def bench(args) -> dict:
     return dict(model="SmolLM2-135M-Instruct (embedded default)", text=TEXT.name, text_tokens=len(ids),
                 greedy_prompts=PROMPTS, new_tokens=args.new_tokens, rows=rows,
                 llamacpp=None if theirs is None else dict(reference="llama-server on the model's Q4_1 GGUF file, f32 "
-                                                          "KV cache, flash attention off", ids=theirs))
+                                                          "KV cache, flash attention off", ids=theirs),
+                kld=kld_table(tok, args.formats, args.work) if args.kld else None)
+
+
+def kld_table(tok: Tokenizer, formats: list[str], work: Path) -> dict:
+    """Per text and format, ours and llama.cpp's distance from the exact model on the same chunks (bench/kld.py).
+    The reference is our fp32 (the file's exact values); fp32's own row is the base file's rounding."""
+    from bench import kld, llamacpp
+    from engine.checkpoint import embedded
+
+    work.mkdir(parents=True, exist_ok=True)
+    gguf_file = embedded.gguf_path(embedded.SMOLLM2, progress=lambda msg: None)
+    texts = []
+    for path, n_ctx in KLD_TEXTS:
+        texts.append(dict(text=path.name, n_ctx=n_ctx, chunks=kld.chunks(tok.encode(path.read_text()), n_ctx),
+                          base=work / f"{path.stem}-{n_ctx}.kld"))
+    base_rows = {}
+    for fmt in ["fp32", *(f for f in formats if f != "fp32")]:
+        model = load_model(None, weights=fmt, progress=lambda msg: None)
+        eng = Engine(model, max_seq_len=max(n for _, n in KLD_TEXTS))
+        for t in texts:
+            rows = [eng.logits(c)[kld.scored(t["n_ctx"])] for c in t["chunks"]]
+            if fmt == "fp32":
+                base_rows[t["text"]] = [kld.encode(r) for r in rows]
+                kld.write_base(t["base"], t["n_ctx"], rows[0].shape[1], t["chunks"], base_rows[t["text"]])
+            parts = [kld.figures(r, b, c[kld.scored(t["n_ctx"]).start + 1:])
+                     for r, b, c in zip(rows, base_rows[t["text"]], t["chunks"], strict=True)]
+            t.setdefault("rows", []).append(dict(engine="ours", weights=fmt, **kld.summary(parts)))
+            print(t["text"], t["rows"][-1], flush=True)
+    exe, quantize = llamacpp.perplexity_binary(), llamacpp.quantize_binary()
+    theirs = [] if exe is None else [("Q4_1 (the file)", gguf_file)]
+    if exe is not None and quantize is not None:
+        theirs.append(("F32 (llama-quantize from the file)", llamacpp.requantized(quantize, gguf_file, "F32", work)))
+    for t in texts:
+        for name, model in theirs:
+            t["rows"].append(dict(engine="llama.cpp", weights=name, **kld.llamacpp_stats(
+                exe, model, t["base"], t["n_ctx"], torch.get_num_threads(), llamacpp.clean_env())))
+            print(t["text"], t["rows"][-1], flush=True)
+    return dict(reference="our fp32 logits (the file's exact values)", llamacpp_missing=llamacpp.perplexity_missing(),
+                texts=[{k: v for k, v in t.items() if k not in ("chunks", "base")} | dict(tokens=len(t["chunks"]) *
+                                                                                         t["n_ctx"]) for t in texts])
 
 
 def markdown(result: dict) -> str:
@@ -120,6 +167,19 @@ def markdown(result: dict) -> str:
                f"1 logit), and where our greedy ids first part from its.\n\n")
         md += markdown_table(result["rows"], ["weights", "head", "llamacpp_top1", "llamacpp_splits",
                                                "llamacpp_unexplained", "llamacpp_greedy_first_difference"])
+    if result.get("kld"):
+        k = result["kld"]
+        md += ("\nDistance from the exact model, llama.cpp's way (bench/kld.py; reference: " + k["reference"] +
+               "): chunks of n_ctx tokens from an empty cache, the second half of each scored; KL divergence of each "
+               "next-token distribution from the reference's, perplexity on the text, top-1 agreement (llama.cpp's "
+               "\"same top p\") and the RMS of the text token's probability difference (Δp). llama.cpp: "
+               "llama-perplexity --kl-divergence on the same tokens against the same reference file, f32 KV cache, "
+               "flash attention off" + (f" (not run: {k['llamacpp_missing']})" if k.get("llamacpp_missing") else "")
+               + ".\n\n")
+        for t in k["texts"]:
+            md += f"{t['text']}, n_ctx {t['n_ctx']}, {t['rows'][0]['positions']} positions scored:\n\n"
+            md += markdown_table(t["rows"], ["engine", "weights", "kld_mean", "kld_99", "kld_max", "same_top", "ppl",
+                                             "ln_ppl_ratio", "rms_dp"]) + "\n"
     return md
 
 
@@ -129,12 +189,17 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--exact-activations", action="store_true", help="also each quantized format on fp32 activations")
     p.add_argument("--llamacpp", action="store_true", help="also top-1 on llama.cpp's greedy ids (llama-server)")
+    p.add_argument("--kld", action="store_true",
+                   help="also each format's KL divergence from fp32, and llama.cpp's on the same tokens")
+    p.add_argument("--work", type=Path, default=Path("/tmp/decodescope-kld"),
+                   help="where --kld writes its reference files and llama.cpp's F32 file")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--name", default="quality-cpu")
     args = p.parse_args(argv)
     result = bench(args)
     result["provenance"] = provenance("cpu")
     md = markdown(result)
-    write_results(args.out, "quality-cpu", result, md)
+    write_results(args.out, args.name, result, md)
     print(md)
 
 

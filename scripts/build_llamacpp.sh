@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server, llama-bench and llama-quantize into PREFIX/bin, from the llama.cpp tree vendored in the
+# Build llama.cpp's llama-server, llama-bench, llama-quantize and llama-perplexity into PREFIX/bin, from the llama.cpp tree vendored in the
 # llama-cpp-python sdist (PyPI is the one place this machine fetches source from).
 #
 #   scripts/build_llamacpp.sh PREFIX        # ~10 minutes on 2 cores; prints the binaries' folder
@@ -14,6 +14,7 @@ VERSION=0.3.36  # llama-cpp-python; its CHANGELOG pins the vendored tree to ggml
 COMMIT=0c1e57098
 PREFIX=${1:?usage: scripts/build_llamacpp.sh PREFIX}
 JOBS=${JOBS:-2}
+TOOLS=(llama-server llama-bench llama-quantize llama-perplexity)  # llama-perplexity: bench.quality's llama.cpp reference
 
 has() { grep -qw "$1" /proc/cpuinfo; }
 FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
@@ -25,8 +26,8 @@ done
 has avx2 || { echo "build_llamacpp: this CPU has no AVX2, the floor these flags assume" >&2; exit 1; }
 STAMP="llama-cpp-python==$VERSION llama.cpp@$COMMIT ${FLAGS[*]}"
 
-if [[ -x $PREFIX/bin/llama-server && -x $PREFIX/bin/llama-bench && -x $PREFIX/bin/llama-quantize && -f $PREFIX/BUILD ]] \
-   && [[ $(cat "$PREFIX/BUILD") == "$STAMP" ]]; then
+built() { for tool in "${TOOLS[@]}"; do [[ -x $PREFIX/bin/$tool ]] || return 1; done; }
+if built && [[ -f $PREFIX/BUILD ]] && [[ $(cat "$PREFIX/BUILD") == "$STAMP" ]]; then
   echo "llama.cpp $COMMIT (llama-cpp-python $VERSION) already built: $PREFIX/bin"
   exit 0
 fi
@@ -43,16 +44,16 @@ tar -xzf "$WORK"/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
 SRC=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
 rm -f "$SRC/.git"  # a submodule pointer to a folder the sdist does not have
 
-echo "build_llamacpp: building llama-server, llama-bench and llama-quantize with -j$JOBS (several minutes)" >&2
+echo "build_llamacpp: building ${TOOLS[*]} with -j$JOBS (several minutes)" >&2
 cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF "${FLAGS[@]}" \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="$COMMIT" >"$WORK/configure.log" \
   || { cat "$WORK/configure.log" >&2; exit 1; }
-cmake --build "$WORK/build" --target llama-server llama-bench llama-quantize -j "$JOBS" >"$WORK/build.log" 2>&1 \
+cmake --build "$WORK/build" --target "${TOOLS[@]}" -j "$JOBS" >"$WORK/build.log" 2>&1 \
   || { tail -50 "$WORK/build.log" >&2; exit 1; }
 
 mkdir -p "$PREFIX/bin"
 rm -f "$PREFIX/BUILD"
-install -m 755 "$WORK/build/bin/llama-server" "$WORK/build/bin/llama-bench" "$WORK/build/bin/llama-quantize" "$PREFIX/bin/"
+for tool in "${TOOLS[@]}"; do install -m 755 "$WORK/build/bin/$tool" "$PREFIX/bin/"; done
 echo "$STAMP" >"$PREFIX/BUILD"
 echo "llama.cpp $COMMIT (llama-cpp-python $VERSION) built: $PREFIX/bin"

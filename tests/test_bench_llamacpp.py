@@ -195,12 +195,15 @@ def test_the_binaries_the_benchmarks_need_are_found_in_one_place(monkeypatch, tm
     for var in ("LLAMA_SERVER", llamacpp.BENCH_ENV):
         monkeypatch.delenv(var, raising=False)
     assert llamacpp.binaries_missing().startswith("no llama-server, llama-bench, llama-quantize")
+    assert llamacpp.perplexity_binary() is None and "build_llamacpp.sh" in llamacpp.perplexity_missing()
     (llamacpp.prefix() / "bin").mkdir(parents=True)
-    for name in ("llama-bench", "llama-quantize"):
+    for name in ("llama-bench", "llama-quantize", "llama-perplexity"):
         exe = llamacpp.prefix() / "bin" / name
         exe.write_text("#!/bin/sh\n")
         exe.chmod(0o755)
     assert llamacpp.quantize_binary() == llamacpp.prefix() / "bin" / "llama-quantize"
+    assert llamacpp.perplexity_binary() == llamacpp.prefix() / "bin" / "llama-perplexity"
+    assert llamacpp.perplexity_missing() is None
     assert llamacpp.binaries_missing().startswith("no llama-server (")
     other = tmp_path / "elsewhere" / "llama-server"  # LLAMA_SERVER names one outside the build folder
     other.parent.mkdir()
