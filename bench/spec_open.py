@@ -1,6 +1,7 @@
 """Speculative decoding on open text no constant was tuned on, the cost of a round that does not draft, and
-drafting from a session's earlier outputs over a sequence of related requests; the default model (q4), the
-page's defaults (k = Request().k, 8 today, adaptive; n-gram n <= 3; layer-skip calibrated on each prompt).
+drafting from a session's earlier outputs over a sequence of related requests; the default model in its launch
+format (q4_a8 on a CPU: the file's Q4_1 blocks as llama.cpp runs them, checkpoint/formats.py; --weights q4 for its
+exact values), the page's defaults (k = Request().k, 8 today, adaptive; n-gram n <= 3; layer-skip calibrated on each prompt).
 
 Open text: prompts generated from a fixed seed, open requests (a story, an explanation, a letter) about topics
 drawn from the model's own vocabulary (whole-word tokens of 5-10 letters), so no prompt was read while any
@@ -16,7 +17,7 @@ inside the mode's runs over the median plain step of plain decoding's runs in th
 Related requests: one rename applied to variants of a function, in order, each answer copying its prompt with
 the same edits; n-gram lookup alone, and with a SessionIndex shared by the sequence (fresh each repeat).
 
-    python -m bench.spec_open [--quick] [--repeats 3] [--out bench/results] [--name spec-open-cpu-<kind>]
+    python -m bench.spec_open [--quick] [--repeats 3] [--weights q4] [--out bench/results] [--name spec-open-cpu-<kind>]
 """
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def rows_of(times: dict, **key) -> list[dict]:
 def bench(args, save) -> dict:
     grid = QUICK if args.quick else FULL
     repeats = args.repeats or grid["repeats"]
-    model = load_model(None, device="cpu", weights="q4")
+    model = load_model(None, device="cpu", weights=args.weights)
     tok = Tokenizer(model.path)
     texts = open_prompts(tok, grid["open_prompts"])
     halves = {"tune": [tok.encode_chat(t) for t in texts[0::2]], "held_out": [tok.encode_chat(t) for t in texts[1::2]]}
@@ -121,7 +122,8 @@ def bench(args, save) -> dict:
     n = grid["new_tokens"]
     eng = Engine(model, max_seq_len=max(len(p) for p in related + halves["tune"] + halves["held_out"]) + n + 8)
     layer_skip = speculative.LayerSkipDrafter(eng)  # kept between runs, as the page keeps it
-    out = dict(model="SmolLM2-135M-Instruct (embedded default), q4", kernels=eng.kernel_status, grid=grid,
+    out = dict(model=f"SmolLM2-135M-Instruct (embedded default), {model.weight_format}", kernels=eng.kernel_status,
+               weights=model.weight_format, grid=grid,
                repeats=repeats, seed=SEED, open_prompts=texts, related_prompts=related_prompts(tok, 2),
                load_avg_start=os.getloadavg(), rows=[], related=[])
     t0 = time.perf_counter()
@@ -177,6 +179,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="speculative decoding on open text and related requests")
     p.add_argument("--quick", action="store_true", help="32 tokens, 2 prompts a half, one repeat")
     p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--weights", default=None, help="the target's format (default: the launch's, as the page starts)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--name", default="spec-open-cpu", help="the results' file name (one per CPU kind)")
     args = p.parse_args(argv)

@@ -30,8 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the weight format of the model's own copy that drafts for it in 'self-draft' mode")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--weights", choices=FORMATS, default=None,
-                   help="the weight format at launch (default: q4 where the model ships q4 blocks and the kernels run, "
-                        "else the dtype's); the page can switch formats")
+                   help="the weight format at launch (default: a GGUF file's own blocks as llama.cpp runs them, q4_a8 "
+                        "for the default model's Q4_1 on a CPU and q4 on CUDA, else the dtype's; q4 keeps the file's "
+                        "exact values); the page can switch formats")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--max-seq-len", type=int, default=2048, help="KV cache positions (prompt + new tokens)")

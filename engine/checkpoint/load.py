@@ -74,8 +74,9 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
     """Load a model folder / GGUF file / hub id / the embedded default (None) straight onto `device`.
 
     dtype: the activations' (default fp32 on CPU, bf16 on CUDA). weights: the projections' format, one of
-    engine/weights FORMATS (default: a GGUF file's own blocks where the kernels run them, else dtype: see
-    checkpoint/formats.py). Each tensor is read once and packed; a model that would not fit in the memory this
+    engine/weights FORMATS (default: a GGUF file's own blocks where the kernels run them, as llama.cpp runs them,
+    else dtype: see checkpoint/formats.py; the default model's Q4_1 blocks run as q4_a8 on a CPU, weights="q4" for
+    its exact values). Each tensor is read once and packed; a model that would not fit in the memory this
     machine has left is refused before a tensor is read. What the loader did to a file's blocks is printed and
     kept in load_notes."""
     device = torch.device(device)
@@ -105,7 +106,7 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
     shapes = expected_shapes(cfg)
     targets = {ours: (names, (sum(shapes[n][0] for n in names), shapes[names[0]][1]), ours == "lm_head.weight")
                for ours, names in our_targets(cfg).items() if isinstance(linear_of(model, ours), Linear)}
-    plan = FormatPlan(weights, dt, opset, src, targets)
+    plan = FormatPlan(weights, dt, opset, src, targets, device.type)
     embed = our_targets(cfg).get("embed.weight")
     blocks_embed = embed is not None and device.type == "cpu" and stored_format(src, embed[0]) is not None
     memory.check_fits(folder, plan, targets, src, embed, blocks_embed, dt)
