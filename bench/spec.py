@@ -4,11 +4,12 @@ Three text sets of the project's own (bench/data/spec-*.txt): edit, requests to 
 correct a quoted passage of code or prose, whose answers copy their input with edits; prose and code, open
 requests where a lookup rarely finds anything to copy. Two targets by default: q4, the default model's exact
 values (16-bit activations), and fp32, whose verify pass costs about a decode step; q4_a8, the launch's format on
-a CPU (the same blocks against 8-bit activations, as llama.cpp runs them), with --targets. Every mode drafts with the adaptive schedule (k is the most a round
-drafts). Each repeat runs every prompt of a set under plain decoding and every mode back to back, the modes'
-order rotated from prompt to prompt (bench.common.alternation), so the modes share the machine's load;
-speedup = a mode's decode tok/s over plain's, pooled over the set's prompts in the same repeat, the median over
-repeats (lo / hi: the worst and the best).
+a CPU (the same blocks against 8-bit activations, as llama.cpp runs them), with --targets. Every mode drafts
+with the adaptive schedule (k is the most a round drafts). Each repeat runs every prompt of a set under plain
+decoding and every mode back to back, the modes' order rotated from prompt to prompt
+(bench.common.alternation), so the modes share the machine's load; speedup = a mode's decode tok/s over
+plain's, pooled over the set's prompts in the same repeat, the median over repeats (lo / hi: the worst and the
+best).
 Decode tok/s excludes the first token, as Stats does.
 
 Then what explains the figures: a verify pass of T positions over one decode step on each target (what a

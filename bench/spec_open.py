@@ -1,7 +1,8 @@
 """Speculative decoding on open text no constant was tuned on, the cost of a round that does not draft, and
 drafting from a session's earlier outputs over a sequence of related requests; the default model in its launch
 format (q4_a8 on a CPU: the file's Q4_1 blocks as llama.cpp runs them, checkpoint/formats.py; --weights q4 for its
-exact values), the page's defaults (k = Request().k, 8 today, adaptive; n-gram n <= 3; layer-skip calibrated on each prompt).
+exact values), the page's defaults (k = Request().k, 8 today, adaptive; n-gram n <= 3; layer-skip calibrated
+on each prompt).
 
 Open text: prompts generated from a fixed seed, open requests (a story, an explanation, a letter) about topics
 drawn from the model's own vocabulary (whole-word tokens of 5-10 letters), so no prompt was read while any

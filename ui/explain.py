@@ -119,5 +119,5 @@ def verify_note(stats: Stats, weights: str) -> str:
         return ""
     return (f"Each verified position cost {slope:.2f} of a plain step in this run: q4's CPU kernels take the "
             "activations at 16 bits, and on this CPU that integer work is what a drafted token pays. q4_a8 (the same "
-            "blocks against 8-bit activations, llama.cpp's recipe and the launch's format on a CPU: Weights q4_a8) does "
-            f"half of it{q4_a8_evidence()}.")
+            "blocks against 8-bit activations, llama.cpp's recipe and the launch's format on a CPU: Weights q4_a8) "
+            f"does half of it{q4_a8_evidence()}.")
