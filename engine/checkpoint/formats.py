@@ -100,7 +100,7 @@ def near(fmt: str, stored: str) -> bool:
 # bench/kld.py) its distance from the exact model equals llama.cpp's own run of the file (KL divergence 0.0026 /
 # 0.0033 against llama.cpp's 0.0025 / 0.0034 on prose / docs and code, top-1 96.6% / 96.1% against 96.1% / 96.3%),
 # and its verify pass does half of q4's integer work (a 6-token pass 1.5 steps against 2.0 on a Zen 4), so drafts
-# pay. q4 keeps the file's exact values (16-bit activations: the fp32 model's logits within 2^-15) for weights="q4".
+# pay. weights="q4" keeps the file's exact values (16-bit activations: logits within 0.01 of the fp32 model's).
 FILE_RECIPE = {("cpu", "q4"): "q4_a8"}  # (device type, the file's format) -> the format it runs in
 
 
