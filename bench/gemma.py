@@ -185,7 +185,7 @@ def run(args, save) -> dict:
 
     # correctness: llama.cpp's ids once per prompt (they do not depend on our format), ours in every format
     with reference.reference(gguf_file, threads) as greedy:
-        out["llamacpp_reference"] = "llama-server" if reference.server_exe().is_file() else "llama-cpp-python loop"
+        out["llamacpp_reference"] = "llama-server" if llamacpp.server_binary() is not None else "llama-cpp-python loop"
         for i, prompt in enumerate(prompts):
             theirs = greedy(prompt, args.new_tokens)
             for fmt, eng in checked.items():

@@ -72,30 +72,32 @@ def prefix() -> Path:
     return Path(cache) / "decodescope" / f"llama.cpp-{VERSION}"
 
 
+def executable(path: str | Path) -> Path | None:
+    """path as a Path where it is an executable file, else None."""
+    path = Path(path)
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
 def bench_binary() -> Path | None:
     """llama-bench: $LLAMA_BENCH, else the build script's folder; None if it is not an executable file."""
-    path = Path(os.environ.get(BENCH_ENV) or prefix() / "bin" / "llama-bench")
-    return path if path.is_file() and os.access(path, os.X_OK) else None
+    return executable(os.environ.get(BENCH_ENV) or prefix() / "bin" / "llama-bench")
 
 
 def server_binary() -> Path | None:
     """llama-server: $LLAMA_SERVER (as engine/endpoint/llamacpp.py reads it), else the build script's folder."""
     from engine.endpoint import llamacpp as server
 
-    path = Path(server.binary() or prefix() / "bin" / "llama-server")
-    return path if path.is_file() and os.access(path, os.X_OK) else None
+    return executable(server.binary() or prefix() / "bin" / "llama-server")
 
 
 def quantize_binary() -> Path | None:
     """llama-quantize, in the build script's folder (bench/random_gguf.py makes the K-quant files with it)."""
-    path = prefix() / "bin" / "llama-quantize"
-    return path if path.is_file() and os.access(path, os.X_OK) else None
+    return executable(prefix() / "bin" / "llama-quantize")
 
 
 def perplexity_binary() -> Path | None:
     """llama-perplexity, in the build script's folder (bench/quality.py --kld runs its --kl-divergence)."""
-    path = prefix() / "bin" / "llama-perplexity"
-    return path if path.is_file() and os.access(path, os.X_OK) else None
+    return executable(prefix() / "bin" / "llama-perplexity")
 
 
 def perplexity_missing() -> str | None:

@@ -17,17 +17,13 @@ from engine import Engine
 NEAR_TIE = 1.0  # logits: a split where either side's top-1 margin is below this is a near-tie, not a bug
 
 
-def server_exe() -> Path:
-    """llama-server: $LLAMA_SERVER, else scripts/build_llamacpp.sh's folder."""
-    return Path(os.environ.get("LLAMA_SERVER") or llamacpp.prefix() / "bin" / "llama-server")
-
-
 def reference_missing() -> str | None:
-    """Why llama.cpp's greedy ids cannot be had here (None: they can)."""
-    exe = server_exe()
-    if (exe.is_file() and os.access(exe, os.X_OK)) or llamacpp.unavailable() is None:
+    """Why llama.cpp's greedy ids cannot be had here (None: they can): no llama-server (bench.llamacpp.server_binary)
+    and no llama-cpp-python."""
+    if llamacpp.server_binary() is not None or llamacpp.unavailable() is None:
         return None
-    return f"neither llama-server ({exe}; set LLAMA_SERVER) nor {llamacpp.unavailable()}"
+    return (f"neither llama-server ({llamacpp.prefix() / 'bin' / 'llama-server'}; or set LLAMA_SERVER) nor "
+            f"{llamacpp.unavailable()}")
 
 
 def top_margin(entry: dict) -> float | None:
@@ -63,7 +59,7 @@ def reference(gguf_file: Path, threads: int):
 
     @contextmanager
     def server():
-        srv = LlamaServer(gguf_file, threads=threads, ctx=1024, exe=str(server_exe()),
+        srv = LlamaServer(gguf_file, threads=threads, ctx=1024, exe=str(exe),
                           extra=["-ctk", "f32", "-ctv", "f32", "-fa", "off"])
         srv.args = ["env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", f"HOME={Path.home()}", *srv.args]
         with srv:
@@ -73,8 +69,8 @@ def reference(gguf_file: Path, threads: int):
     def loop():
         yield lambda prompt, n: llamacpp.time_decode(gguf_file, prompt, n, threads, repeats=1)
 
-    exe = server_exe()
-    return server() if exe.is_file() and os.access(exe, os.X_OK) else loop()
+    exe = llamacpp.server_binary()
+    return server() if exe is not None else loop()
 
 
 @torch.inference_mode()
