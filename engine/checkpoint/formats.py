@@ -117,10 +117,10 @@ def stored_format(src, name: str) -> str | None:
 
 class FormatPlan:
     """The format of every tensor of one load's projections, chosen before a byte is read, and the notes on what
-    the loader had to do to a file's blocks. targets: {our parameter: (its HF tensors, [out, in], is the head)}."""
+    the loader had to do to a file's blocks. targets: {our parameter: (its HF tensors, [out, in], is the head)};
+    device: the device type the weights load onto (FILE_RECIPE)."""
 
-    def __init__(self, weights: str | None, dtype: torch.dtype, opset: ops.OpSet, src, targets: dict,
-                 device: str = "cpu"):
+    def __init__(self, weights: str | None, dtype: torch.dtype, opset: ops.OpSet, src, targets: dict, device: str):
         self.asked, self.dense, self.opset, self.src, self.device = weights, DENSE[dtype], opset, src, device
         self.noted: dict[str, list[str]] = defaultdict(list)  # why -> the GGUF tensors it applies to
         self.here = [f for f in wts.QUANTIZED if runs(f, opset)]
