@@ -173,52 +173,6 @@ def test_time_decode_and_llama_bench_pass_the_clean_env(monkeypatch, tmp_path):
     assert r["tg_tok_s"] == r["pp_tok_s"] == 100.0 and r["tg_test"] == "tg128@d64" and r["pp_test"] == "pp64"
 
 
-def test_llama_bench_binary_from_env_or_the_build_folder(monkeypatch, tmp_path):
-    monkeypatch.setenv(llamacpp.BENCH_ENV, str(tmp_path / "nope"))
-    assert llamacpp.bench_binary() is None
-    assert str(tmp_path / "nope") in llamacpp.bench_missing()
-    monkeypatch.delenv(llamacpp.BENCH_ENV)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert llamacpp.prefix() == tmp_path / "decodescope" / f"llama.cpp-{llamacpp.VERSION}"
-    assert llamacpp.bench_binary() is None and "build_llamacpp.sh" in llamacpp.bench_missing()
-    (llamacpp.prefix() / "bin").mkdir(parents=True)
-    exe = llamacpp.prefix() / "bin" / "llama-bench"
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
-    assert llamacpp.bench_binary() == exe
-
-
-def test_the_binaries_the_benchmarks_need_are_found_in_one_place(monkeypatch, tmp_path):
-    """llama-server from LLAMA_SERVER else the build folder, llama-bench likewise, llama-quantize from the folder;
-    what is missing is named."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    for var in ("LLAMA_SERVER", llamacpp.BENCH_ENV):
-        monkeypatch.delenv(var, raising=False)
-    assert llamacpp.binaries_missing().startswith("no llama-server, llama-bench, llama-quantize")
-    assert llamacpp.perplexity_binary() is None and "build_llamacpp.sh" in llamacpp.perplexity_missing()
-    (llamacpp.prefix() / "bin").mkdir(parents=True)
-    for name in ("llama-bench", "llama-quantize", "llama-perplexity"):
-        exe = llamacpp.prefix() / "bin" / name
-        exe.write_text("#!/bin/sh\n")
-        exe.chmod(0o755)
-    assert llamacpp.quantize_binary() == llamacpp.prefix() / "bin" / "llama-quantize"
-    assert llamacpp.perplexity_binary() == llamacpp.prefix() / "bin" / "llama-perplexity"
-    assert llamacpp.perplexity_missing() is None
-    assert llamacpp.binaries_missing().startswith("no llama-server (")
-    other = tmp_path / "elsewhere" / "llama-server"  # LLAMA_SERVER names one outside the build folder
-    other.parent.mkdir()
-    other.write_text("#!/bin/sh\n")
-    other.chmod(0o755)
-    monkeypatch.setenv("LLAMA_SERVER", str(other))
-    assert llamacpp.server_binary() == other and llamacpp.binaries_missing() is None
-    monkeypatch.delenv("LLAMA_SERVER")
-    assert llamacpp.server_binary() is None  # and none in the build folder
-    built = llamacpp.prefix() / "bin" / "llama-server"
-    built.write_text("#!/bin/sh\n")
-    built.chmod(0o755)
-    assert llamacpp.server_binary() == built
-
-
 # ---- comparing greedy ids ----
 
 def test_first_divergence_and_the_f32_check():
