@@ -58,17 +58,12 @@ struct Avx512 {
   static I q8_init(int32_t offset) { return _mm512_set1_epi32(offset); }
   static I q8_dot(I acc, const Q8W& w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w.w, _mm512_set1_epi32(x4)); }
 
-  // e^x as torch computes it at the edges: NaN stays NaN, +inf and lanes above ln(FLT_MAX) give +inf, lanes
-  // below -87.3 give 0 (so exp(-inf) = 0; torch's denormal results there are below the ops' tolerance).
-  // Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, then a degree-6 polynomial: about 1 ulp.
-  static F exp(F x) {
-    const F lo = set1(-87.33654f), hi = set1(88.72283f);
-    const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    const __mmask16 overflow = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const F xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);  // NaN lanes become lo here, restored below
-    const F n = _mm512_roundscale_ps(_mm512_mul_ps(xc, set1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-    F r = fnma(n, set1(0.693359375f), xc);
+  // e^x = p * 2^n for x in [kExpLo, kExpHi]: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, then a
+  // degree-6 polynomial: about 1 ulp.
+  static constexpr float kExpLo = -87.33654f, kExpHi = 88.72283f;
+  static F exp_reduced(F x, F& n) {
+    n = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    F r = fnma(n, set1(0.693359375f), x);
     r = fnma(n, set1(-2.12194440e-4f), r);
     F p = set1(1.9875691500e-4f);
     p = fma(p, r, set1(1.3981999507e-3f));
@@ -76,15 +71,32 @@ struct Avx512 {
     p = fma(p, r, set1(4.1665795894e-2f));
     p = fma(p, r, set1(1.6666665459e-1f));
     p = fma(p, r, set1(5.0000001201e-1f));
-    p = fma(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, set1(1.0f)));
+    return fma(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, set1(1.0f)));
+  }
+
+  // e^x as torch computes it at the edges: NaN stays NaN, +inf and lanes above ln(FLT_MAX) give +inf, lanes
+  // below -87.3 give 0 (so exp(-inf) = 0; torch's denormal results there are below the ops' tolerance).
+  static F exp(F x) {
+    const F lo = set1(kExpLo), hi = set1(kExpHi);
+    const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    const __mmask16 overflow = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    F n;
+    const F p = exp_reduced(_mm512_min_ps(_mm512_max_ps(x, lo), hi), n);  // NaN lanes become lo, restored below
     F y = _mm512_scalef_ps(p, n);  // p * 2^n without building the exponent bits by hand
     y = _mm512_mask_blend_ps(underflow, y, zero());
     y = _mm512_mask_blend_ps(overflow, y, set1(INFINITY));
     return _mm512_mask_blend_ps(nan, y, x);
   }
 
-  // e^x for x <= 0 (logsumexp's x - max; simd_avx2.h has a leaner one): exp itself, its scalef is already lean.
-  static F exp_le0(F x) { return exp(x); }
+  // e^x for finite x <= 0 (exp_span's c (v - max)): exp's bits without the overflow and NaN lanes it cannot have,
+  // the underflow lanes zeroed by the scalef's mask.
+  static F exp_le0(F x) {
+    const __mmask16 normal = _mm512_cmp_ps_mask(x, set1(kExpLo), _CMP_GE_OQ);
+    F n;
+    const F p = exp_reduced(_mm512_max_ps(x, set1(kExpLo)), n);
+    return _mm512_maskz_scalef_ps(normal, p, n);
+  }
 
   // 0 when every lane of a and b is finite, NaN when one holds inf or NaN (0 * inf = NaN; the sum of zeros is 0).
   static float nonfinite(F a, F b) {
