@@ -4,7 +4,8 @@ through Engine.pick, per vocabulary size and path, the paths alternating round b
 
     python -m bench.pick [--vocab 49152 151936 262144] [--repeats 5] [--picks 40] [--name pick-cpu]
 
-Paths: `kernels`, the CPU module's logsumexp (the shown probability is exp(logit - logsumexp)), softmax (the
+Paths: `kernels`, the CPU module's greedy (the argmax, the max and logsumexp in one pass: the shown probability is
+exp(max - logsumexp); a model's head makes them as it writes its logits, which this bench does not time), softmax (the
 sampling distribution at T > 0, the temperature in the same pass), exp_noise (a noise row: hashed uniforms, -log)
 and race (the draw: the argmax of the distribution over the noise); `twins`, the same recipe in torch
 (engine/ops/ref.py); `torch`, a pick as Engine.pick made it before those kernels: the whole softmax of the row for a
@@ -51,10 +52,11 @@ def torch_pick(logits: torch.Tensor, sampling: SamplingParams, noise: Noise) -> 
 
 def paths() -> dict[str, tuple]:
     """path -> (pick(logits, sampling, noise), its noise's exp_noise and race): Engine.pick with the kernels' or
-    the twins' logsumexp and softmax, or the pick before them; without a race kernel the noise races over its rows
+    the twins' greedy and softmax, or the pick before them; without a race kernel the noise races over its rows
     in torch (engine/sampling.py draw)."""
     def engine_pick(ops):
-        eng = SimpleNamespace(model=SimpleNamespace(ops=ops))
+        eng = SimpleNamespace(model=SimpleNamespace(ops=ops, head_picks=None))
+        eng.greedy = lambda logits: Engine.greedy(eng, logits)
         return lambda logits, sampling, noise: Engine.pick(eng, logits, sampling, noise)
 
     module = ext.load("cpu").module

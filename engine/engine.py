@@ -5,6 +5,7 @@ benchmark prints come from one loop. A step's only host sync is reading the samp
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
@@ -13,7 +14,7 @@ import torch
 from engine import ops
 from engine.kv_cache import KVCache
 from engine.model import Transformer
-from engine.sampling import SamplingParams, greedy_one, on_host, sample, shown_at, shown_one
+from engine.sampling import SamplingParams, greedy_rows, on_host, sample, shown_at, shown_one
 from engine.stats import Round, Stats, Token
 from engine.timing import Clock, now_ms
 
@@ -158,10 +159,16 @@ class Engine:
         self.clock.reset_peak()
         return sampling.generator(self.device, self.model.ops.exp_noise, self.model.ops.race)
 
+    def greedy(self, logits: torch.Tensor) -> list[tuple[int, float, float]]:
+        """Each row's (first argmax, max, logsumexp) of CPU logits [R, V] or [V] (sampling.greedy_rows): the head's
+        own where these are the logits of the model's last pass."""
+        return greedy_rows(logits, self.model.head_picks, self.model.ops.greedy)
+
     def pick(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[int, float]:
         """Sample one token from logits [V]; returns (id, p_target) in one host sync."""
         if sampling.greedy and on_host(logits):
-            return greedy_one(logits, self.model.ops.logsumexp)
+            tok_id, top, lse = self.greedy(logits)[0]
+            return tok_id, math.exp(top - lse)
         tok, dist = sample(logits[None], sampling, gen, self.model.ops.softmax)
         if logits.device.type == "cpu":
             # nothing to sync with: the two numbers read directly, without the stack of doubles a device needs

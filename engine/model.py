@@ -37,6 +37,7 @@ from engine.ops import ref
 from engine.config import ModelConfig, Rope
 from engine.kv_cache import KVCache
 from engine.layers import ForwardContext, Linear, RMSNorm
+from engine.sampling import HeadPicks
 
 
 class Attention(nn.Module):
@@ -197,6 +198,7 @@ class Transformer(nn.Module):
         self.position_ids = torch.arange(0)  # 0..n-1 for the rope tables' n positions (ensure_rope)
         self.rope_tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]] = {}
         self.load_notes: list[str] = []  # what the loader did that a user should know (a tensor dequantized)
+        self.head_picks: HeadPicks | None = None  # the last head pass's greedy picks, where its ops make them
         self.format: str | None = None  # the format the loader chose (the projections' but those load_notes names)
         self.path = None  # the folder it was loaded from
         self.eos_ids: tuple[int, ...] = cfg.eos_token_ids
@@ -272,8 +274,14 @@ class Transformer(nn.Module):
         self.version += 1
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V] of the final norm's x [N, C]; where the ops can (a CPU kernel), each row's greedy pick is
+        made by the head's own pass and kept in head_picks for the engine's pick (sampling.HeadPicks)."""
+        cap, w = self.config.final_softcap, self.lm_head.weight
+        if self.ops.head_greedy is not None and not cap and isinstance(w, weights.Packed):
+            logits, picks = self.ops.head_greedy(x, w)
+            self.head_picks = HeadPicks(logits, picks)
+            return logits
         logits = self.lm_head(x).float()
-        cap = self.config.final_softcap
         return logits if not cap else torch.tanh(logits / cap).mul_(cap)
 
     @contextmanager

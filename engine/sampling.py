@@ -10,6 +10,7 @@ same text whatever draft lengths the schedule picked (engine/speculative/loop.py
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -122,8 +123,9 @@ def mask_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 
 def on_host(x: torch.Tensor) -> bool:
-    """Whether numpy can read x in place: float32 on the CPU, needing no grad. The host reads below (argmax,
-    greedy_one, speculative.loop.judge_on_host) skip the small tensor ops that are slow with the caches cold."""
+    """Whether numpy can read x in place: float32 on the CPU, needing no grad. The host reads (argmax below,
+    Engine.pick's greedy_rows, speculative.loop.judge_on_host) skip the small tensor ops that are slow with the
+    caches cold."""
     return x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad
 
 
@@ -158,14 +160,34 @@ def shown_at(logits: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, dist: 
     return (logits[rows, ids].float() - logsumexp(logits)[rows]).exp()
 
 
-def greedy_one(logits: torch.Tensor, logsumexp=ref.logsumexp) -> tuple[int, float]:
-    """A greedy pick of one float32 row [V] on the CPU -> (its argmax, the first maximum as argmax() takes it,
-    and exp(logit - logsumexp) there, as shown_at gives it): the row read in place through numpy, no tensor op
-    but the logsumexp (right after a default-model step, a pick through sample and shown_one took 114-118 us,
-    this 81-86)."""
-    row = logits.numpy()
-    tok_id = int(row.argmax())
-    return tok_id, math.exp(float(row[tok_id]) - logsumexp(logits[None]).item())
+class HeadPicks:
+    """greedy's picks (engine/ops/ref.py) of a head pass's logits, made by the pass itself (OpSet.head_greedy) as
+    each stretch of logits was written. Read after a CPU step instead, the row came back from memory and the
+    argmax's and logsumexp's code with it: 80-100 us of a ~3.5 ms default-model step, and every Python operation
+    after a step is slow (its objects too have left the caches), so this lookup is a few of them.
+
+    Nothing in the engine writes logits in place, and inference tensors keep no version to check it by: a
+    caller that changes logits pick from a copy."""
+
+    def __init__(self, logits: torch.Tensor, picks: list[tuple[int, float, float]]):
+        self.logits = weakref.ref(logits)  # not kept alive: a prefill's full logits can be a GB
+        self.ptr, self.row_bytes, self.picks = logits.data_ptr(), 4 * logits.shape[-1], picks
+
+    def of(self, x: torch.Tensor) -> list[tuple[int, float, float]] | None:
+        """The picks of x [R, V] or [V] where its rows are a run of those logits' rows; else None."""
+        row, offset = divmod(x.data_ptr() - self.ptr, self.row_bytes)
+        n = 1 if x.dim() == 1 else x.shape[0]
+        if offset or not 0 <= row <= len(self.picks) - n or self.logits() is None or not x.is_contiguous() \
+                or 4 * x.shape[-1] != self.row_bytes:
+            return None
+        return self.picks[row:row + n]
+
+
+def greedy_rows(logits: torch.Tensor, head: HeadPicks | None = None, greedy=ref.greedy) -> list[tuple]:
+    """Each row's (first argmax, max, logsumexp) of float32 CPU logits [R, V] or [V]: the head's own where these are
+    its logits (HeadPicks), else `greedy`'s (the OpSet's: a CPU kernel's one pass, or the twin)."""
+    known = head.of(logits) if head is not None else None
+    return known if known is not None else greedy(logits.reshape(-1, logits.shape[-1]))
 
 
 def shown_one(logits: torch.Tensor, tok_id: int, dist: torch.Tensor | None, params: SamplingParams,

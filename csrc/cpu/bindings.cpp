@@ -35,6 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("gate_up"));
   m.def("logsumexp", &c::logsumexp, "out[r] = log(sum(exp(x[r]))) for x [R, V]", nogil(), py::arg("out"),
         py::arg("x"));
+  m.def("greedy", &c::greedy, "[(first argmax, max, logsumexp) of x[r] for each row r of x [R, V]]", nogil(),
+        py::arg("x"));
   m.def("softmax", &c::softmax, "out[r] = softmax(x[r] / temperature) for x [R, V]", nogil(), py::arg("out"),
         py::arg("x"), py::arg("temperature"));
   m.def("race", &c::race, "out[r] = argmax(weights[r] / the noise of keys[r]), the exponential race of each row",
@@ -63,6 +65,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return facts;
   }, "each format's row of csrc/format_list.h, by WeightFormat field (engine/ops checks them at load)");
   m.def("linear", &c::linear_packed, "out = x @ W^T, W in weight format `format` (a code), packed in panels",
+        nogil(), py::arg("out"), py::arg("x"), py::arg("format"), py::arg("w"));
+  m.def("linear_greedy", &c::linear_greedy, "linear for a model's head -> greedy's numbers of each row of out",
         nogil(), py::arg("out"), py::arg("x"), py::arg("format"), py::arg("w"));
   py::class_<c::Projection>(m, "Projection",
                             "one segment of a block's projection: its format code, packed tensors and output rows")

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -33,6 +34,10 @@ void gelu_tanh_mul(at::Tensor& out, const at::Tensor& gate_up);  // gelu's tanh 
 
 // x: [R, V] dense -> out: [R], log(sum(exp(x[r]))) (torch.logsumexp over the last dim).
 void logsumexp(at::Tensor& out, const at::Tensor& x);
+// x: [R, V] dense -> each row's (first argmax, max, logsumexp in doubles), a greedy pick's numbers (greedy.h);
+// linear_greedy makes the same bits while the head writes its logits.
+using GreedyPick = std::tuple<int64_t, double, double>;
+std::vector<GreedyPick> greedy(const at::Tensor& x);
 // x: [R, V] dense -> out (x's shape): softmax(x / temperature) of each row (torch's, NaN rows where it gives NaN).
 void softmax(at::Tensor& out, const at::Tensor& x, double temperature);
 // weights: [R, V] dense, >= 0; keys: R position keys -> out [R] int64, the exponential race of each row against its
@@ -56,8 +61,11 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
 // packed in panels of 16 outputs by engine/weights: w holds the format's packed tensors (formats.h says which,
 // and checks them). out's rows may lie further apart than n_out (a slice of a wider output: a segment's). x stays fp32; what each format's kernel does with it is its record's `activations`
 // (int8 or 16-bit integers per block of 32 for the quantized formats).
-void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tensor* w);
 void linear_packed(at::Tensor& out, const at::Tensor& x, int64_t format, const std::vector<at::Tensor>& w);
+// linear_packed for a model's head, out dense [T, n_out] -> greedy's numbers of each row of out, each stretch of
+// logits reduced right after the kernel wrote it, while it is in cache.
+std::vector<GreedyPick> linear_greedy(at::Tensor& out, const at::Tensor& x, int64_t format,
+                                      const std::vector<at::Tensor>& w);
 std::vector<std::string> format_names();  // the formats' names in code order
 
 // One segment of a block's projection: its format, packed tensors and output rows.

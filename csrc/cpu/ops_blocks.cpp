@@ -196,11 +196,11 @@ at::Tensor BlockPlan::run(const at::Tensor& x_in, at::Tensor& h, const at::Tenso
     // each segment's kernel writes its slice of out's columns (rows n_out floats apart)
     auto project = [&](const Projections& p, at::Tensor& out, const at::Tensor& in, int64_t n_out) {
       if (!out.defined() || out.size(1) != n_out) out = at::empty({N, n_out}, f32);
-      if (p.size() == 1) return linear(out, in, p[0].format, p[0].tensors.data());
+      if (p.size() == 1) return linear_packed(out, in, p[0].format, p[0].tensors);
       int64_t at = 0;
       for (const Projection& s : p) {
         at::Tensor slice = out.as_strided({N, s.rows}, {n_out, 1}, out.storage_offset() + at);
-        linear(slice, in, s.format, s.tensors.data());
+        linear_packed(slice, in, s.format, s.tensors);
         at += s.rows;
       }
     };

@@ -8,6 +8,7 @@
 
 #include "checks.h"
 #include "formats.h"
+#include "greedy.h"
 #include "isa.h"
 #include "ops.h"
 #include "parallel.h"
@@ -145,14 +146,25 @@ std::vector<std::string> format_names() {
   return names;
 }
 
-void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tensor* w) {
+namespace {
+
+// linear, and with picks linear_greedy: the head's matmul in units of kGreedyUnit outputs (greedy.h), each unit
+// reduced right after the kernel wrote it. A unit is 64 panels; the software prefetch runs on across units.
+void run_linear(at::Tensor& out, const at::Tensor& x, int64_t format, const std::vector<at::Tensor>& tensors,
+                std::vector<GreedyPick>* picks) {
   const FormatRecord& f = format_record(format);
+  TORCH_CHECK(static_cast<int>(tensors.size()) == f.n_tensors, f.name, " weights are ", f.n_tensors,
+              " packed tensor(s), got ", tensors.size());
   RECORD_FUNCTION(scope_name(format), std::vector<c10::IValue>({x}));
   const Shape s = check_linear(out, x);
+  const at::Tensor* w = tensors.data();
   check_weights(f, s, w);
+  TORCH_CHECK(!picks || out.is_contiguous(), "out must be a dense [T, out] for its rows' picks, got strides ",
+              out.strides());
   if (s.rows == 0 || s.n_out == 0) return;
   if (s.in == 0) {  // an empty sum: nothing to read, and nothing for the per-block prologues to divide
     out.zero_();
+    if (picks) *picks = greedy(out);
     return;
   }
   LinearArgs a{};
@@ -181,14 +193,33 @@ void linear(at::Tensor& out, const at::Tensor& x, int64_t format, const at::Tens
   const int64_t panel_bytes = static_cast<int64_t>(in_streamed * f.bytes_per_input()) + 1;
   const int64_t min_chunk = (kMinChunkBytes + panel_bytes - 1) / panel_bytes;
   const LinearFn fn = kernels().linear[format];
-  parallel_chunks(s.panels, min_chunk, [&](int64_t p0, int64_t p1) { fn(a, p0, p1); });
+  if (!picks) return parallel_chunks(s.panels, min_chunk, [&](int64_t p0, int64_t p1) { fn(a, p0, p1); });
+
+  constexpr int64_t kUnitPanels = kGreedyUnit / kPanel;
+  const int64_t units = greedy_units(s.n_out);
+  std::vector<GreedyUnit> u(s.rows * units);
+  parallel_chunks(units, (min_chunk + kUnitPanels - 1) / kUnitPanels, [&](int64_t u0, int64_t u1) {
+    for (int64_t j = u0; j < u1; ++j) {
+      const int64_t p0 = j * kUnitPanels, c0 = j * kGreedyUnit;
+      fn(a, p0, p0 + kUnitPanels < s.panels ? p0 + kUnitPanels : s.panels);
+      const int n = static_cast<int>(c0 + kGreedyUnit < s.n_out ? kGreedyUnit : s.n_out - c0);
+      for (int64_t r = 0; r < s.rows; ++r) u[r * units + j] = greedy_unit(a.y + r * a.ldy + c0, n);
+    }
+  });
+  for (int64_t r = 0; r < s.rows; ++r) picks->push_back(greedy_fold(u.data() + r * units, units, a.y + r * a.ldy, s.n_out));
 }
 
+}  // namespace
+
 void linear_packed(at::Tensor& out, const at::Tensor& x, int64_t format, const std::vector<at::Tensor>& w) {
-  const FormatRecord& f = format_record(format);
-  TORCH_CHECK(static_cast<int>(w.size()) == f.n_tensors, f.name, " weights are ", f.n_tensors,
-              " packed tensor(s), got ", w.size());
-  linear(out, x, format, w.data());
+  run_linear(out, x, format, w, nullptr);
+}
+
+std::vector<GreedyPick> linear_greedy(at::Tensor& out, const at::Tensor& x, int64_t format,
+                                      const std::vector<at::Tensor>& w) {
+  std::vector<GreedyPick> picks;
+  run_linear(out, x, format, w, &picks);
+  return picks;
 }
 
 }  // namespace decodescope::cpu

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "greedy.h"
 #include "isa.h"
 #include "ops.h"
 #include "parallel.h"
@@ -174,6 +175,23 @@ void logsumexp(at::Tensor& out, const at::Tensor& x) {
     const ExpPass::Fold f = sp.fold(r);
     y[r] = f.nan ? NAN : std::isinf(f.max) ? f.max : f.max + static_cast<float>(std::log(f.total));
   }
+}
+
+std::vector<GreedyPick> greedy(const at::Tensor& x) {
+  RECORD_FUNCTION("decodescope::greedy", std::vector<c10::IValue>({x}));
+  check_exp_rows(x);
+  const int64_t rows = x.size(0), n = x.size(1), units = greedy_units(n);
+  const float* v = x.data_ptr<float>();
+  std::vector<GreedyUnit> u(rows * units);
+  parallel_chunks(rows * units, kMinChunkElems / kGreedyUnit, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / units, c0 = (t % units) * kGreedyUnit;
+      u[t] = greedy_unit(v + r * n + c0, static_cast<int>(c0 + kGreedyUnit < n ? kGreedyUnit : n - c0));
+    }
+  });
+  std::vector<GreedyPick> picks;
+  for (int64_t r = 0; r < rows; ++r) picks.push_back(greedy_fold(u.data() + r * units, units, v + r * n, n));
+  return picks;
 }
 
 void softmax(at::Tensor& out, const at::Tensor& x, double temperature) {

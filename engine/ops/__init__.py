@@ -35,6 +35,10 @@ class OpSet:
     gelu_tanh_mul: Callable = ref.gelu_tanh_mul
     rmsnorm_heads_: Callable = ref.rmsnorm_heads_
     logsumexp: Callable = ref.logsumexp  # [R, V] -> [R]: the greedy pick's shown probability (engine/sampling.py)
+    greedy: Callable = ref.greedy  # [R, V] -> R (argmax, max, logsumexp): greedy picks on the host
+    # (x [N, in], the head's Packed weight) -> (logits [N, V], greedy's picks of them), made by the matmul as it
+    # writes each stretch of logits (engine/sampling.py HeadPicks); None: the head is a plain matmul
+    head_greedy: Callable | None = None
     softmax: Callable = ref.softmax  # (x [R, V], temperature) -> [R, V]: a sampled pick's distribution (sampling.py)
     # (weights [R, V], R position keys) -> [R] long: a sampled draw with the keys' noise made on the fly (twin:
     # ref.race); None: sampling.Noise races over the rows exp_noise makes, in torch

@@ -44,6 +44,20 @@ class CpuOps(RowwiseOps):
         self.module.logsumexp(out, x.contiguous())
         return out
 
+    def greedy(self, x: torch.Tensor) -> list[tuple[int, float, float]]:
+        """ref.greedy through the module for float32 rows on the CPU (one pass split across the threads, the
+        argmax looked for in the one stretch of 1,024 values that holds the maximum), anything else through
+        the twin."""
+        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+            return ref.greedy(x)
+        return self.module.greedy(x.contiguous())
+
+    def head_greedy(self, x: torch.Tensor, w: Packed) -> tuple[torch.Tensor, list[tuple[int, float, float]]]:
+        """A head's matmul with greedy's picks of its rows: each 1,024 logits reduced as soon as the kernel
+        wrote them (csrc/cpu/greedy.h; the same numbers as greedy over the finished rows)."""
+        out = x.new_empty(x.shape[0], w.out_features)
+        return out, self.module.linear_greedy(out, x.contiguous(), self.codes[w.fmt], list(w.tensors))
+
     def softmax(self, x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """ref.softmax through the module for float32 rows on the CPU: the temperature, the row's max and its
         exps in one pass, split across the threads, then one scaling pass; anything else through the twin."""
@@ -123,6 +137,7 @@ def ops(module: ModuleType) -> dict:
     c = CpuOps(module)
     return dict(rmsnorm=c.rmsnorm, add_rmsnorm=c.add_rmsnorm, rope_=c.rope_, silu_mul=c.silu_mul,
                 gelu_tanh_mul=c.gelu_tanh_mul, rmsnorm_heads_=c.rmsnorm_heads_, logsumexp=c.logsumexp,
+                greedy=c.greedy, head_greedy=c.head_greedy,
                 softmax=c.softmax, race=c.race, exp_noise=c.exp_noise,
                 attention=c.attention, layout="cpu", linear={fmt: c.matmul(fmt) for fmt in c.codes},
                 blocks=c.blocks, block_fields=tuple(module.block_fields()))

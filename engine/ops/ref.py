@@ -64,6 +64,15 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(x.float(), dim=-1)
 
 
+def greedy(x: torch.Tensor) -> list[tuple[int, float, float]]:
+    """Each row's greedy pick of x [R, V]: (the first index of the maximum, as argmax takes it, a NaN winning; the
+    maximum; logsumexp), what a greedy pick and its shown probability exp(max - logsumexp) need, on the host."""
+    x = x.float()
+    best = x.argmax(-1)
+    top = x.gather(-1, best[:, None])[:, 0]
+    return list(zip(best.tolist(), top.double().tolist(), torch.logsumexp(x, dim=-1).double().tolist(), strict=True))
+
+
 def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """softmax(x / temperature) of each row in float32: [R, V] -> [R, V] (a sampled pick's distribution,
     engine/sampling.py probs)."""

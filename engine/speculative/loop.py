@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 
 from engine.ops import ref
-from engine.sampling import Noise, SamplingParams, on_host, sample, shown_at
+from engine.sampling import Noise, SamplingParams, greedy_rows, on_host, sample, shown_at
 from engine.speculative.drafters import Draft, Drafter
 from engine.speculative.schedule import Schedule
 from engine.stats import EMITTED_KINDS, Round, Stats, Token
@@ -43,29 +43,30 @@ def accept(draft: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: Noise,
-          position: int, logsumexp=ref.logsumexp, softmax=ref.softmax) -> tuple[list[Token], int]:
+          position: int, logsumexp=ref.logsumexp, softmax=ref.softmax, greedy=greedy_rows) -> tuple[list[Token], int]:
     """Verify logits [k+1, V] against a draft whose first token is output position `position` -> the round's
     tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync.
-    `logsumexp` and `softmax` are the engine's OpSet's (engine/sampling.py shown_at, probs)."""
+    `logsumexp` and `softmax` are the engine's OpSet's (engine/sampling.py shown_at, probs), `greedy` the
+    engine's rows of [argmax, max, logsumexp] (Engine.greedy: the head's own where it made them)."""
     if on_host(logits):
-        return judge_on_host(draft, logits, sampling, noise, position, logsumexp, softmax)
+        return judge_on_host(draft, logits, sampling, noise, position, greedy, softmax)
     return judge_on_device(draft, logits, sampling, noise, position, logsumexp, softmax)
 
 
 def judge_on_host(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: Noise,
-                  position: int, logsumexp=ref.logsumexp, softmax=ref.softmax) -> tuple[list[Token], int]:
+                  position: int, greedy=greedy_rows, softmax=ref.softmax) -> tuple[list[Token], int]:
     """judge for logits numpy reads in place (sampling.on_host): the same draws (sample, accept), then the rows
     read on the host, where judge_on_device assembles the round in ~25 small tensor ops, each slow with the caches
     cold after the verify pass (default model, copy set: 353 -> 154-158 us a round at temperature 0, 354 -> 256 at
-    0.7). Greedy takes the rows' argmax on the host too, and shows exp(logit - logsumexp) as shown_at does: the
-    same tokens and count as judge_on_device, the same probabilities within float rounding (sampled: the same
-    floats)."""
+    0.7). Greedy takes each row's argmax and logsumexp from `greedy` (sampling.greedy_rows), and shows
+    exp(logit - logsumexp) as shown_at does: the same tokens and count as judge_on_device, the same probabilities
+    within float rounding (sampled: the same floats)."""
     ids = draft.ids.tolist()
     k = len(ids)
     if sampling.greedy:
         rows = logits.numpy()
-        target = rows.argmax(-1).tolist()  # each row's first maximum, as sampling.argmax takes it
-        lse = logsumexp(logits).tolist()
+        picks = greedy(logits)
+        target, lse = [p[0] for p in picks], [p[2] for p in picks]  # each row's first maximum, as argmax takes it
         n = 0
         while n < k and ids[n] == target[n]:  # kept up to the first draft that differs, as accept keeps them
             n += 1
@@ -190,7 +191,7 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = K_DEFAULT, max_new_tokens
             logits = eng.chunk(torch.cat([last, draft.ids])[None])[0]  # [k'+1, V]
             c = clock.mark()
             tokens, n_acc = judge(draft, logits, sampling, noise, n_out, eng.model.ops.logsumexp,
-                                  eng.model.ops.softmax)
+                                  eng.model.ops.softmax, eng.greedy)
             eng.rollback(base + 1 + n_acc)
             n_drafted = draft.ids.shape[0]
         d = clock.mark()
