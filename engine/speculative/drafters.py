@@ -34,6 +34,7 @@ is the outcome of the acceptance step.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Hashable
 from pathlib import Path
@@ -41,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from engine.sampling import SamplingParams, sample, shown_at
+from engine.sampling import SamplingParams, on_host, sample, shown_at
 
 
 GRAPHED_CATCH_UP = 8
@@ -205,10 +206,15 @@ class ModelDrafter(Drafter):
         for i in range(k):
             if i:
                 logits = e.decode(ids[-1])
-            tok, row = sample(logits, sampling, noise, e.model.ops.softmax)  # [1], [1, V] (None when greedy)
-            if row is not None:
-                rows.append(row)  # kept: a graph's logits buffer is overwritten by the next step
-            ps.append(shown_at(logits, tok.new_zeros(1), tok, row, sampling, e.model.ops.logsumexp))
+            if sampling.greedy and on_host(logits):  # the head's own pick where it made one (Engine.greedy)
+                (best, top, lse), = e.greedy(logits)
+                tok, p = torch.tensor([best]), torch.tensor([math.exp(top - lse)])
+            else:
+                tok, row = sample(logits, sampling, noise, e.model.ops.softmax)  # [1], [1, V] (None when greedy)
+                if row is not None:
+                    rows.append(row)  # kept: a graph's logits buffer is overwritten by the next step
+                p = shown_at(logits, tok.new_zeros(1), tok, row, sampling, e.model.ops.logsumexp)
+            ps.append(p)
             ids.append(tok)
         self.written = k - 1
         return Draft(torch.cat(ids), torch.cat(rows) if rows else None, torch.cat(ps))
