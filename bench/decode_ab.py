@@ -1,30 +1,36 @@
 """Two source trees' whole decoding on the default model, as a user runs it: a change to the step or the pick and
 the commit before it.
 
-    python -m bench.decode_ab --baseline /tmp/before [--rounds 8] [--name decode-ab-<change>]
+    python -m bench.decode_ab --baseline /tmp/before [--rounds 6] [--name decode-ab-<change>]
 
-Each round runs this tree and the baseline in fresh processes, one after the other (the order turned every round),
-since two builds of the extension cannot share a process. Each process loads the default model in its launch
-format and, after an untimed warm-up, runs greedy decoding through Engine.generate over the open prompts of
-bench.spec_open (held-out half) and n-gram speculative decoding at the page's k over the copy set's prompts
-(bench/data/spec-edit.txt), 96 new tokens each. Per process: plain ms a token (the median round after the first),
-its pick (Round.sample_ms, median), and both modes' decode tok/s over all their tokens. The table gives each
-tree's median over rounds and the median of the rounds' own new / baseline ratios; the token ids of both trees are
-compared (greedy: a change to the pick that moves a token is a bug, not a speed-up).
+Two builds of the extension cannot share a process, and the box's read bandwidth moves by a third within minutes,
+so fresh processes minutes apart compare two machines. Here each tree runs in a process of its own, kept for the
+whole benchmark (the model loaded and warmed up once), and the two take turns prompt by prompt, the order turned
+every turn, as bench.paired_decode's engines do: each pair of runs of one prompt lies within a second or two and
+gives its own ratio. Prompts: greedy decoding through Engine.generate over the open prompts of bench.spec_open
+(held-out half), and n-gram speculative decoding at the page's k over the copy set (bench/data/spec-edit.txt),
+96 new tokens each, in the launch format. Per run: decode tok/s (tokens after the first over their time) and, for
+plain decoding, the pick (Round.sample_ms, median). The table gives each tree's median and the median of the pairs'
+own new / baseline ratios (lo / hi: their extremes); the token ids of both trees are compared (greedy: a change to
+the pick that moves a token is a bug, not a speed-up).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
-from bench.common import in_tree, markdown_table, provenance, write_results
+from bench.common import markdown_table, provenance, write_results
 
+# One tree's process: loads, warms up, then runs the prompt each stdin line names ("plain 3", "ngram 0") and prints
+# its figures as one JSON line. Run with that tree first on sys.path.
 CHILD = r"""
 import json, statistics, sys
 import engine  # noqa: F401  (OpenMP's wait policy before torch loads)
-import torch
 from engine import Engine, Tokenizer, load_model, speculative
 from engine.request import Request
 from bench.spec import read_set
@@ -32,71 +38,101 @@ from bench.spec_open import open_prompts
 n = int(sys.argv[1])
 model = load_model(None, device="cpu", progress=lambda msg: None)
 tok = Tokenizer(model.path)
-plain_prompts = [tok.encode_chat(t) for t in open_prompts(tok, 8)[1::2]]
-copy_prompts = [tok.encode_chat(t) for t in list(read_set("edit").values())[:4]]
-eng = Engine(model, max_seq_len=max(len(p) for p in plain_prompts + copy_prompts) + max(n, 16) + 8)
-eng.generate(plain_prompts[0], 16, stop_ids=[])
-speculative.generate(eng, speculative.NgramDrafter(max_n=3), copy_prompts[0], k=Request().k, max_new_tokens=16,
-                     stop_ids=[])
-gaps, picks, ids, tokens, ms = [], [], [], {"plain": 0, "ngram": 0}, {"plain": 0.0, "ngram": 0.0}
-for p in plain_prompts:
-    out, stats = eng.generate(p, n, stop_ids=[])
+prompts = {"plain": [tok.encode_chat(t) for t in open_prompts(tok, 8)[1::2]],
+           "ngram": [tok.encode_chat(t) for t in list(read_set("edit").values())[:4]]}
+eng = Engine(model, max_seq_len=max(len(p) for ps in prompts.values() for p in ps) + max(n, 16) + 8)
+def run(mode, p, n):
+    if mode == "plain":
+        return eng.generate(p, n, stop_ids=[])
+    return speculative.generate(eng, speculative.NgramDrafter(max_n=3), p, k=Request().k, max_new_tokens=n,
+                                stop_ids=[])
+for mode, ps in prompts.items():
+    run(mode, ps[0], 16)
+print(json.dumps(dict(format=model.weight_format, prompts={m: len(ps) for m, ps in prompts.items()})), flush=True)
+for line in sys.stdin:
+    mode, i = line.split()
+    ids, stats = run(mode, prompts[mode][int(i)], n)
     r = stats.rounds
-    gaps += [b.t_end_ms - a.t_end_ms for a, b in zip(r[1:], r[2:])]
-    picks += [x.sample_ms for x in r[1:]]
-    ids.append(out)
-    tokens["plain"] += len(out) - 1
-    ms["plain"] += r[-1].t_end_ms - r[0].t_end_ms
-for p in copy_prompts:
-    out, stats = speculative.generate(eng, speculative.NgramDrafter(max_n=3), p, k=Request().k, max_new_tokens=n,
-                                      stop_ids=[])
-    r = stats.rounds
-    ids.append(out)
-    tokens["ngram"] += len(out) - 1
-    ms["ngram"] += r[-1].t_end_ms - r[0].t_end_ms
-print("RESULT " + json.dumps(dict(
-    format=model.weight_format, ms_a_token=statistics.median(gaps), pick_ms=statistics.median(picks),
-    plain_tok_s=1e3 * tokens["plain"] / ms["plain"], ngram_tok_s=1e3 * tokens["ngram"] / ms["ngram"], ids=ids)))
+    print(json.dumps(dict(tok_s=1e3 * (len(ids) - 1) / (r[-1].t_end_ms - r[0].t_end_ms),
+                          pick_ms=statistics.median(x.sample_ms for x in r[1:]), ids=ids)), flush=True)
 """
-FIGURES = ("ms_a_token", "pick_ms", "plain_tok_s", "ngram_tok_s")
+MODES = ("plain", "ngram")
+
+
+class Tree:
+    """One source tree's process; run(mode, i) -> its figures for prompt i."""
+
+    def __init__(self, tree: Path, new_tokens: int, env: dict):
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, str(new_tokens)], cwd=tree, text=True,
+                                     env=dict(os.environ, PYTHONPATH=str(tree), **env), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+        self.tree = tree
+        self.info = self.read()
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the run in {self.tree} ended early (its stderr is above)")
+        return json.loads(line)
+
+    def run(self, mode: str, i: int) -> dict:
+        self.proc.stdin.write(f"{mode} {i}\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def run(this: Path, baseline: Path, rounds: int, new_tokens: int) -> dict:
-    trees = {"new": this, "baseline": baseline}
     # the baseline's kernels built into a cache of its own (as bench.steps and bench.kernels_ab build theirs)
-    env = {"new": {}, "baseline": {} if baseline == this else {"DECODESCOPE_EXT_CACHE": str(baseline / ".ext-cache")}}
-    runs = {name: [] for name in trees}
-    for r in range(rounds):
-        for name in (["new", "baseline"] if r % 2 == 0 else ["baseline", "new"]):
-            runs[name].append(in_tree(trees[name], CHILD, [str(new_tokens)], dict(os.environ, **env[name]),
-                                      what=f"the {name} tree's run"))
-            print(name, {k: round(runs[name][-1][k], 3) for k in FIGURES}, flush=True)
+    trees = {"new": Tree(this, new_tokens, {}),
+             "baseline": Tree(baseline, new_tokens, {} if baseline == this else
+                              {"DECODESCOPE_EXT_CACHE": str(baseline / ".ext-cache")})}
+    pairs = {m: [] for m in MODES}
+    try:
+        turn = 0
+        for _ in range(rounds):
+            for mode in MODES:
+                for i in range(trees["new"].info["prompts"][mode]):
+                    order = ["new", "baseline"] if turn % 2 == 0 else ["baseline", "new"]
+                    turn += 1
+                    pairs[mode].append({name: trees[name].run(mode, i) for name in order})
+            print({m: len(p) for m, p in pairs.items()}, flush=True)
+    finally:
+        for t in trees.values():
+            t.close()
     rows = []
-    for fig in FIGURES:
-        ratios = [a[fig] / b[fig] for a, b in zip(runs["new"], runs["baseline"], strict=True)]
-        rows.append(dict(figure=fig, new=statistics.median(x[fig] for x in runs["new"]),
-                         baseline=statistics.median(x[fig] for x in runs["baseline"]),
-                         new_over_baseline=statistics.median(ratios), lo=min(ratios), hi=max(ratios)))
-    same = all(a["ids"] == runs["new"][0]["ids"] for a in runs["new"] + runs["baseline"])
-    return dict(rounds=rounds, new_tokens=new_tokens, baseline=str(baseline), format=runs["new"][0]["format"],
-                same_ids=same, rows=rows, runs={k: [{f: x[f] for f in FIGURES} for x in v] for k, v in runs.items()})
+    for mode in MODES:
+        for fig in ("tok_s", "pick_ms") if mode == "plain" else ("tok_s",):
+            ratios = [p["new"][fig] / p["baseline"][fig] for p in pairs[mode]]
+            rows.append(dict(mode=mode, figure=fig, new=statistics.median(p["new"][fig] for p in pairs[mode]),
+                             baseline=statistics.median(p["baseline"][fig] for p in pairs[mode]),
+                             new_over_baseline=statistics.median(ratios), lo=min(ratios), hi=max(ratios),
+                             new_ahead_pct=100 * sum(r > 1 for r in ratios) / len(ratios), pairs=len(ratios)))
+    same = all(p["new"]["ids"] == p["baseline"]["ids"] for ps in pairs.values() for p in ps)
+    return dict(rounds=rounds, new_tokens=new_tokens, baseline=str(baseline), format=trees["new"].info["format"],
+                same_ids=same, rows=rows, pairs={m: [{n: {k: v for k, v in r.items() if k != "ids"}
+                                                      for n, r in p.items()} for p in ps] for m, ps in pairs.items()})
 
 
 def markdown(result: dict) -> str:
     p = result.get("provenance", {})
     tel = p.get("telemetry") or {}
     head = (f"Whole decoding of the default model ({result['format']}), this tree against {result['baseline']} "
-            f"(baseline), {result['rounds']} rounds of fresh processes, the order turned each round; "
+            f"(baseline), one process each taking turns prompt by prompt, {result['rounds']} rounds; "
             f"{result['new_tokens']} new tokens a prompt; CPU: {tel.get('cpu_model', p.get('cpu', ''))}. Token ids "
-            f"the same in every run: {result['same_ids']}. Medians over rounds; new_over_baseline: the median of "
-            "the rounds' own ratios (lo / hi: their extremes).\n\n")
-    return head + markdown_table(result["rows"], ["figure", "new", "baseline", "new_over_baseline", "lo", "hi"])
+            f"the same in every pair: {result['same_ids']}. Medians; new_over_baseline: the median of the pairs' "
+            "own ratios (lo / hi: their extremes; new_ahead_pct: the pairs whose ratio is above 1).\n\n")
+    return head + markdown_table(result["rows"], ["mode", "figure", "new", "baseline", "new_over_baseline", "lo",
+                                                  "hi", "new_ahead_pct", "pairs"])
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", required=True, type=Path, help="a source tree of the commit before the change")
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--name", default="decode-ab")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))

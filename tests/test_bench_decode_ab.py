@@ -1,5 +1,5 @@
 """bench.decode_ab on a few tokens: a tree against itself gives the same ids, every figure for both trees, and
-ratios from the rounds' own pairs; a baseline whose greedy tokens differ is reported as such."""
+ratios from the pairs' own runs; a baseline whose greedy tokens differ is reported as such."""
 import json
 from pathlib import Path
 
@@ -12,23 +12,40 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow  # two processes load the default model
 def test_a_tree_against_itself(tmp_path):
-    decode_ab.main(["--baseline", str(ROOT), "--rounds", "2", "--new-tokens", "4", "--out", str(tmp_path),
+    decode_ab.main(["--baseline", str(ROOT), "--rounds", "1", "--new-tokens", "4", "--out", str(tmp_path),
                     "--name", "ab"])
     result = json.loads((tmp_path / "ab.json").read_text())
-    assert result["same_ids"] is True and result["rounds"] == 2 and result["format"]
-    assert [r["figure"] for r in result["rows"]] == list(decode_ab.FIGURES)
+    assert result["same_ids"] is True and result["format"]
+    assert [(r["mode"], r["figure"]) for r in result["rows"]] == [("plain", "tok_s"), ("plain", "pick_ms"),
+                                                                  ("ngram", "tok_s")]
     for row in result["rows"]:
-        pairs = [n[row["figure"]] / b[row["figure"]] for n, b in zip(result["runs"]["new"],
-                                                                       result["runs"]["baseline"], strict=True)]
-        assert row["lo"] == min(pairs) and row["hi"] == max(pairs) and row["new"] > 0 and row["baseline"] > 0
-    assert "Token ids the same in every run: True" in (tmp_path / "ab.md").read_text()
+        pairs = [p["new"][row["figure"]] / p["baseline"][row["figure"]] for p in result["pairs"][row["mode"]]]
+        assert row["pairs"] == len(pairs) == 4 and row["lo"] == min(pairs) and row["hi"] == max(pairs)
+        assert row["new"] > 0 and row["baseline"] > 0
+    assert "Token ids the same in every pair: True" in (tmp_path / "ab.md").read_text()
+
+
+class FakeTree:
+    """A tree's process answering every prompt with the same figures; the baseline's ids differ in one prompt."""
+
+    def __init__(self, tree, new_tokens, env):
+        self.baseline = bool(env) or FakeTree.made == 1
+        FakeTree.made += 1
+        self.info = dict(format="q4", prompts={"plain": 2, "ngram": 1})
+
+    def run(self, mode, i):
+        ids = [1, 3] if self.baseline and (mode, i) == ("plain", 1) else [1, 2]
+        return dict(tok_s=100.0 if self.baseline else 110.0, pick_ms=0.1 if self.baseline else 0.05, ids=ids)
+
+    def close(self):
+        pass
 
 
 def test_a_baseline_with_other_tokens_says_so(monkeypatch):
-    """The ids compared are every run's, so one changed token in one run of either tree turns same_ids False."""
-    runs = iter([dict(format="q4", ids=[[1, 2]], **{f: 1.0 for f in decode_ab.FIGURES}),
-                 dict(format="q4", ids=[[1, 3]], **{f: 2.0 for f in decode_ab.FIGURES})])
-    monkeypatch.setattr(decode_ab, "in_tree", lambda *a, **k: next(runs))
-    result = decode_ab.run(ROOT, ROOT, rounds=1, new_tokens=2)
+    FakeTree.made = 0
+    monkeypatch.setattr(decode_ab, "Tree", FakeTree)
+    result = decode_ab.run(ROOT, ROOT, rounds=2, new_tokens=2)
     assert result["same_ids"] is False
-    assert all(r["new_over_baseline"] == 0.5 for r in result["rows"])
+    ratios = {(r["mode"], r["figure"]): (r["new_over_baseline"], r["pairs"]) for r in result["rows"]}
+    assert ratios == {("plain", "tok_s"): (pytest.approx(1.1), 4), ("plain", "pick_ms"): (0.5, 4),
+                      ("ngram", "tok_s"): (pytest.approx(1.1), 2)}
