@@ -1,18 +1,19 @@
 """Two source trees' whole decoding on the default model, as a user runs it: a change to the step or the pick and
 the commit before it.
 
-    python -m bench.decode_ab --baseline /tmp/before [--rounds 6] [--name decode-ab-<change>]
+    python -m bench.decode_ab --baseline /tmp/before [--sessions 4] [--rounds 5] [--name decode-ab-<change>]
 
 Two builds of the extension cannot share a process, and the box's read bandwidth moves by a third within minutes,
-so fresh processes minutes apart compare two machines. Here each tree runs in a process of its own, kept for the
-whole benchmark (the model loaded and warmed up once), and the two take turns prompt by prompt, the order turned
-every turn, as bench.paired_decode's engines do: each pair of runs of one prompt lies within a second or two and
-gives its own ratio. Prompts: greedy decoding through Engine.generate over the open prompts of bench.spec_open
-(held-out half), and n-gram speculative decoding at the page's k over the copy set (bench/data/spec-edit.txt),
-96 new tokens each, in the launch format. Per run: decode tok/s (tokens after the first over their time) and, for
-plain decoding, the pick (Round.sample_ms, median). The table gives each tree's median and the median of the pairs'
-own new / baseline ratios (lo / hi: their extremes); the token ids of both trees are compared (greedy: a change to
-the pick that moves a token is a bug, not a speed-up).
+so fresh processes minutes apart compare two machines. Here each tree runs in a process of its own, kept for a
+session (the model loaded and warmed up once), and the two take turns prompt by prompt, the order turned every
+turn, as bench.paired_decode's engines do: each pair of runs of one prompt lies within a second or two and gives
+its own ratio. A process started first ran 1.4-2.8% slower than a twin of the same tree started after it (80
+pairs), so sessions start the two in turn. Prompts: greedy decoding through Engine.generate over the open prompts
+of bench.spec_open (held-out half), and n-gram speculative decoding at the page's k over the copy set
+(bench/data/spec-edit.txt), 96 new tokens each, in the launch format. Per run: decode tok/s (tokens after the first
+over their time) and, for plain decoding, the pick (Round.sample_ms, median). The table gives each tree's median and
+the median of the pairs' own new / baseline ratios (lo / hi: their extremes); the token ids of both trees are
+compared (greedy: a change to the pick that moves a token is a bug, not a speed-up).
 """
 from __future__ import annotations
 
@@ -85,24 +86,31 @@ class Tree:
         self.proc.wait()
 
 
-def run(this: Path, baseline: Path, rounds: int, new_tokens: int) -> dict:
+def run(this: Path, baseline: Path, rounds: int, new_tokens: int, sessions: int = 4) -> dict:
+    """`sessions` pairs of processes, started in turn (the new tree's first, then the baseline's first: the process
+    started first ran 1.4-2.8% slower than its twin of the same tree over 80 pairs), each `rounds` rounds."""
     # the baseline's kernels built into a cache of its own (as bench.steps and bench.kernels_ab build theirs)
-    trees = {"new": Tree(this, new_tokens, {}),
-             "baseline": Tree(baseline, new_tokens, {} if baseline == this else
-                              {"DECODESCOPE_EXT_CACHE": str(baseline / ".ext-cache")})}
-    pairs = {m: [] for m in MODES}
-    try:
-        turn = 0
-        for _ in range(rounds):
-            for mode in MODES:
-                for i in range(trees["new"].info["prompts"][mode]):
-                    order = ["new", "baseline"] if turn % 2 == 0 else ["baseline", "new"]
-                    turn += 1
-                    pairs[mode].append({name: trees[name].run(mode, i) for name in order})
-            print({m: len(p) for m, p in pairs.items()}, flush=True)
-    finally:
-        for t in trees.values():
-            t.close()
+    dirs = {"new": (this, {}), "baseline": (baseline, {} if baseline == this else
+                                            {"DECODESCOPE_EXT_CACHE": str(baseline / ".ext-cache")})}
+    pairs, info = {m: [] for m in MODES}, {}
+    for session in range(sessions):
+        trees = {}
+        try:
+            for name in ("new", "baseline") if session % 2 == 0 else ("baseline", "new"):
+                tree, env = dirs[name]
+                trees[name] = Tree(tree, new_tokens, env)
+            info = trees["new"].info
+            turn = 0
+            for _ in range(rounds):
+                for mode in MODES:
+                    for i in range(info["prompts"][mode]):
+                        order = ["new", "baseline"] if turn % 2 == 0 else ["baseline", "new"]
+                        turn += 1
+                        pairs[mode].append({name: trees[name].run(mode, i) for name in order})
+                print(session, {m: len(p) for m, p in pairs.items()}, flush=True)
+        finally:
+            for t in trees.values():
+                t.close()
     rows = []
     for mode in MODES:
         for fig in ("tok_s", "pick_ms") if mode == "plain" else ("tok_s",):
@@ -112,7 +120,7 @@ def run(this: Path, baseline: Path, rounds: int, new_tokens: int) -> dict:
                              new_over_baseline=statistics.median(ratios), lo=min(ratios), hi=max(ratios),
                              new_ahead_pct=100 * sum(r > 1 for r in ratios) / len(ratios), pairs=len(ratios)))
     same = all(p["new"]["ids"] == p["baseline"]["ids"] for ps in pairs.values() for p in ps)
-    return dict(rounds=rounds, new_tokens=new_tokens, baseline=str(baseline), format=trees["new"].info["format"],
+    return dict(sessions=sessions, rounds=rounds, new_tokens=new_tokens, baseline=str(baseline), format=info["format"],
                 same_ids=same, rows=rows, pairs={m: [{n: {k: v for k, v in r.items() if k != "ids"}
                                                       for n, r in p.items()} for p in ps] for m, ps in pairs.items()})
 
@@ -121,7 +129,8 @@ def markdown(result: dict) -> str:
     p = result.get("provenance", {})
     tel = p.get("telemetry") or {}
     head = (f"Whole decoding of the default model ({result['format']}), this tree against {result['baseline']} "
-            f"(baseline), one process each taking turns prompt by prompt, {result['rounds']} rounds; "
+            f"(baseline), one process each taking turns prompt by prompt, {result['sessions']} pairs of processes "
+            f"(started new first, then baseline first) of {result['rounds']} rounds each; "
             f"{result['new_tokens']} new tokens a prompt; CPU: {tel.get('cpu_model', p.get('cpu', ''))}. Token ids "
             f"the same in every pair: {result['same_ids']}. Medians; new_over_baseline: the median of the pairs' "
             "own ratios (lo / hi: their extremes; new_ahead_pct: the pairs whose ratio is above 1).\n\n")
@@ -132,12 +141,14 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", required=True, type=Path, help="a source tree of the commit before the change")
-    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--sessions", type=int, default=4, help="pairs of processes, started in turn")
+    p.add_argument("--rounds", type=int, default=5, help="rounds over the prompts in each session")
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--name", default="decode-ab")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
-    result = run(Path(__file__).resolve().parents[1], args.baseline.resolve(), args.rounds, args.new_tokens)
+    result = run(Path(__file__).resolve().parents[1], args.baseline.resolve(), args.rounds, args.new_tokens,
+                 args.sessions)
     result["provenance"] = provenance("cpu")
     write_results(args.out, args.name, result, markdown(result))
     print(markdown(result))

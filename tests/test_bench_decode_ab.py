@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow  # two processes load the default model
 def test_a_tree_against_itself(tmp_path):
-    decode_ab.main(["--baseline", str(ROOT), "--rounds", "1", "--new-tokens", "4", "--out", str(tmp_path),
-                    "--name", "ab"])
+    decode_ab.main(["--baseline", str(ROOT), "--sessions", "1", "--rounds", "1", "--new-tokens", "4", "--out",
+                    str(tmp_path), "--name", "ab"])
     result = json.loads((tmp_path / "ab.json").read_text())
     assert result["same_ids"] is True and result["format"]
     assert [(r["mode"], r["figure"]) for r in result["rows"]] == [("plain", "tok_s"), ("plain", "pick_ms"),
@@ -28,9 +28,11 @@ def test_a_tree_against_itself(tmp_path):
 class FakeTree:
     """A tree's process answering every prompt with the same figures; the baseline's ids differ in one prompt."""
 
+    started: list = []
+
     def __init__(self, tree, new_tokens, env):
-        self.baseline = bool(env) or FakeTree.made == 1
-        FakeTree.made += 1
+        self.baseline = tree != ROOT
+        FakeTree.started.append("baseline" if self.baseline else "new")
         self.info = dict(format="q4", prompts={"plain": 2, "ngram": 1})
 
     def run(self, mode, i):
@@ -42,10 +44,12 @@ class FakeTree:
 
 
 def test_a_baseline_with_other_tokens_says_so(monkeypatch):
-    FakeTree.made = 0
+    """Sessions start the two trees in turn; every pair of every session counts."""
+    FakeTree.started = []
     monkeypatch.setattr(decode_ab, "Tree", FakeTree)
-    result = decode_ab.run(ROOT, ROOT, rounds=2, new_tokens=2)
+    result = decode_ab.run(ROOT, ROOT / "before", rounds=2, new_tokens=2, sessions=2)
+    assert FakeTree.started == ["new", "baseline", "baseline", "new"]
     assert result["same_ids"] is False
     ratios = {(r["mode"], r["figure"]): (r["new_over_baseline"], r["pairs"]) for r in result["rows"]}
-    assert ratios == {("plain", "tok_s"): (pytest.approx(1.1), 4), ("plain", "pick_ms"): (0.5, 4),
-                      ("ngram", "tok_s"): (pytest.approx(1.1), 2)}
+    assert ratios == {("plain", "tok_s"): (pytest.approx(1.1), 8), ("plain", "pick_ms"): (0.5, 8),
+                      ("ngram", "tok_s"): (pytest.approx(1.1), 4)}
