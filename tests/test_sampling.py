@@ -47,6 +47,54 @@ def test_top_p_keeps_smallest_set_reaching_p():
     assert torch.isfinite(mask_logits(logits[:, perm], 0, 0.7)).tolist() == [[False, True, False, True]]
 
 
+def nucleus_rows(V: int) -> torch.Tensor:
+    """Rows a nucleus is cut in: logits at real scale, a flat row (its nucleus past the first candidates, so the
+    CPU's search grows), a row of few distinct values (ties at every cut), one with a top-k mask's -inf."""
+    g = torch.Generator().manual_seed(V)
+    real = torch.randn(3, V, generator=g) * 4
+    flat = torch.randn(1, V, generator=g) * 0.05
+    ties = torch.randint(0, 6, (2, V), generator=g).float()
+    masked = torch.randn(1, V, generator=g) * 3
+    masked[0, ::2] = float("-inf")
+    return torch.cat([real, flat, ties, masked])
+
+
+@pytest.mark.parametrize("V", [5, 300, 49152])
+def test_top_p_on_the_cpu_is_the_sorted_rows_cut(monkeypatch, V):
+    """The CPU looks for the nucleus among the top candidates (growing their number until the last falls outside
+    it); a full stable sort of the row gives the same mask, ties at the cut kept by index, row by row and in a
+    batch alike; and the kept set is the smallest prefix of the sorted row whose mass reaches top_p (in doubles,
+    up to rows whose mass sits within 1e-5 of the cut)."""
+    from engine import sampling
+
+    x = nucleus_rows(V)
+    for top_p in (0.05, 0.5, 0.9, 0.95, 0.999):
+        fast = sampling.nucleus_drop(x, top_p)
+        with monkeypatch.context() as m:
+            m.setattr(sampling, "NUCLEUS_CANDIDATES", V)
+            assert torch.equal(sampling.nucleus_drop(x, top_p), fast), top_p
+        for r in range(x.shape[0]):
+            assert torch.equal(sampling.nucleus_drop(x[r:r + 1], top_p)[0], fast[r])
+            order = x[r].sort(descending=True, stable=True).indices
+            p = x[r].double().softmax(-1)[order]
+            before = p.cumsum(-1) - p
+            want = torch.zeros(V, dtype=torch.bool)
+            want[order[before >= top_p]] = True
+            near = ((before - top_p).abs() < 1e-5).any()
+            assert near or torch.equal(fast[r], want), (top_p, r)
+            assert (~fast[r]).sum() >= 1
+
+
+def test_top_p_ties_at_the_cut_keep_the_first_indices():
+    """Ten tokens of equal logits take the whole mass: top_p = 0.35 keeps the first four of them by index (mass
+    before the fourth 0.3 < 0.35, before the fifth 0.4), wherever they sit."""
+    logits = torch.full((1, 30), -1e4)
+    at = torch.tensor([29, 3, 17, 8, 0, 22, 11, 5, 26, 14])
+    logits[0, at] = 0.0
+    kept = torch.isfinite(mask_logits(logits, 0, 0.35))[0]
+    assert kept.nonzero()[:, 0].tolist() == sorted(at.tolist())[:4]
+
+
 def test_probs_renormalise_after_masks():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     q = probs(logits, SamplingParams(temperature=0.7, top_k=10, top_p=0.9))
