@@ -56,11 +56,11 @@ def unavailable() -> str | None:
 
 
 def clean_env() -> dict:
-    """The environment for a llama.cpp process: the caller's, without the OMP_WAIT_POLICY=PASSIVE default that
-    `import engine` sets for torch (engine/__init__.py). llama.cpp's OpenMP threads spin between ops by design;
-    passive, they made it ~2.5x slower (Q4_1: 44 against 111 tok/s, one run on 2 cores that no benchmark
-    keeps). A policy the user set before engine was imported is kept. The same environment llama-server gets
-    (engine/endpoint/llamacpp.py)."""
+    """The environment for a llama.cpp process: the caller's, without the OpenMP defaults (OMP_WAIT_POLICY=PASSIVE,
+    GOMP_SPINCOUNT=0) that `import engine` sets for torch (engine/__init__.py). llama.cpp's OpenMP threads spin
+    between ops by design; passive, they made it ~2.5x slower (Q4_1: 44 against 111 tok/s, one run on 2 cores that
+    no benchmark keeps). Values the user set before engine was imported are kept. The same environment llama-server
+    gets (engine/endpoint/llamacpp.py)."""
     from engine.endpoint.llamacpp import clean_env as server_env
 
     return server_env()

@@ -4,11 +4,16 @@ import os
 
 # By default idle OpenMP threads spin. A CPU decode step on the twins alternates MKL's matmuls with
 # ATen's elementwise ops, two thread pools on the same cores, so each spins while the other needs the core
-# (on 2 cores a step took several times longer spinning). It only takes effect when engine is imported
-# before torch, which is why the entry points import engine first. A child process inherits it: start
-# another engine's process (llama.cpp's OpenMP threads spin by design) with a clean environment.
-USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # what the user set, if anything
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# (on 2 cores a step took several times longer spinning). With the kernels, any torch op over a row of logits
+# (a top-p or top-k mask's) left torch's libgomp thread spinning for milliseconds even under PASSIVE, and the
+# step after it took 1.7 ms longer (4.4 -> 6.1 ms, the default model): GOMP_SPINCOUNT=0 stops that spin.
+# It only takes effect when engine is imported before torch, which is why the entry points import engine
+# first. A child process inherits it: start another engine's process (llama.cpp's OpenMP threads spin by
+# design) with the user's own environment (engine/endpoint/llamacpp.py clean_env).
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+USER_OPENMP = {name: os.environ.get(name) for name in OPENMP_DEFAULTS}  # what the user set, if anything
+for _name, _value in OPENMP_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
 # Tensors of 2 MB and more on transparent huge pages (torch's CPU allocator reads this): a decode step
 # streams every weight once, and with 4 KB pages each page costs a TLB miss and restarts the hardware
 # prefetcher.

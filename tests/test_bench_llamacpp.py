@@ -114,22 +114,25 @@ def test_step_bytes_counts_what_a_step_reads():
 
 # ---- the environment a llama.cpp process gets ----
 
-def test_clean_env_drops_our_passive_default(monkeypatch):
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # what `import engine` set
-    monkeypatch.setattr(engine, "USER_OMP_WAIT_POLICY", None)
-    assert "OMP_WAIT_POLICY" not in llamacpp.clean_env()
-    monkeypatch.setattr(engine, "USER_OMP_WAIT_POLICY", "ACTIVE")  # the user's own choice stays
-    assert llamacpp.clean_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+def test_clean_env_drops_our_openmp_defaults(monkeypatch):
+    for name, value in engine.OPENMP_DEFAULTS.items():
+        monkeypatch.setenv(name, value)  # what `import engine` set
+    monkeypatch.setattr(engine, "USER_OPENMP", {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
+    assert not set(engine.OPENMP_DEFAULTS) & set(llamacpp.clean_env())
+    monkeypatch.setattr(engine, "USER_OPENMP", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None})
+    env = llamacpp.clean_env()  # the user's own choice stays
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in env
 
 
 def test_the_timing_child_never_imports_engine(monkeypatch):
     """The child runs `python -m bench.llamacpp`: importing that module must not import engine, which would set
     OMP_WAIT_POLICY=PASSIVE in the child before llama.cpp's OpenMP runtime reads it."""
-    monkeypatch.setattr(engine, "USER_OMP_WAIT_POLICY", None)
-    probe = "import sys, os, bench.llamacpp; print('engine' in sys.modules, os.environ.get('OMP_WAIT_POLICY'))"
+    monkeypatch.setattr(engine, "USER_OPENMP", dict.fromkeys(engine.OPENMP_DEFAULTS))
+    probe = ("import sys, os, bench.llamacpp; print('engine' in sys.modules, os.environ.get('OMP_WAIT_POLICY'), "
+             "os.environ.get('GOMP_SPINCOUNT'))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
                           env=llamacpp.clean_env(), check=True)
-    assert done.stdout.split() == ["False", "None"]
+    assert done.stdout.split() == ["False", "None", "None"]
 
 
 class Recorder:
@@ -145,7 +148,7 @@ class Recorder:
 
 def test_time_decode_and_llama_bench_pass_the_clean_env(monkeypatch, tmp_path):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    monkeypatch.setattr(engine, "USER_OMP_WAIT_POLICY", None)
+    monkeypatch.setattr(engine, "USER_OPENMP", dict.fromkeys(engine.OPENMP_DEFAULTS))
     exe = tmp_path / "llama-bench"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
@@ -163,7 +166,7 @@ def test_time_decode_and_llama_bench_pass_the_clean_env(monkeypatch, tmp_path):
     r = llamacpp.llama_bench(tmp_path / "m.gguf", threads=2, n_gen=128, depth=64, n_prompt=64)
     assert len(rec.calls) == 3  # the loop's child, llama-bench tg, llama-bench pp
     for _, kw in rec.calls:
-        assert "OMP_WAIT_POLICY" not in kw["env"]
+        assert not set(engine.OPENMP_DEFAULTS) & set(kw["env"])
     tg, pp = rec.calls[1][0], rec.calls[2][0]
     assert tg[0] == str(exe)
     for cmd in (tg, pp):  # weights read into memory, llama.cpp's default flash attention, our thread count
@@ -230,7 +233,7 @@ def test_llamacpp_logits_are_read_after_every_eval(tiny_files, tiny_f32):
 @pytest.mark.slow
 @needs_binding
 def test_time_decode_child_matches_our_greedy_ids(tiny_files, tiny_f32, monkeypatch):
-    monkeypatch.setattr(engine, "USER_OMP_WAIT_POLICY", None)
+    monkeypatch.setattr(engine, "USER_OPENMP", dict.fromkeys(engine.OPENMP_DEFAULTS))
     eng, prompt = tiny_f32
     theirs = llamacpp.time_decode(random_gguf.path(tiny_files, "tiny", "F32"), prompt, 12, threads=1, repeats=1)
     assert theirs["child"] == dict(omp_wait_policy=None, engine_imported=False)

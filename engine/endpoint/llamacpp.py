@@ -2,8 +2,8 @@
 environment, its log in a file, and always stopped after (a context manager).
 
 The binary comes from scripts/build_llamacpp.sh; LLAMA_SERVER names it. Its OpenMP threads spin by design, and
-a process started after `import engine` inherits OMP_WAIT_POLICY=PASSIVE (engine/__init__.py), which made
-llama.cpp ~2.5x slower here: the server gets the environment the user had before that default.
+a process started after `import engine` inherits OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=0 (engine/__init__.py),
+which made llama.cpp ~2.5x slower here: the server gets the environment the user had before those defaults.
 """
 from __future__ import annotations
 
@@ -35,12 +35,12 @@ def missing_reason() -> str:
 
 
 def clean_env() -> dict:
-    from engine import USER_OMP_WAIT_POLICY
+    """This process's environment without the OpenMP defaults `import engine` set (engine/__init__.py), the
+    user's own values of them kept."""
+    from engine import USER_OPENMP
 
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if USER_OMP_WAIT_POLICY is not None:
-        env["OMP_WAIT_POLICY"] = USER_OMP_WAIT_POLICY
-    return env
+    env = {k: v for k, v in os.environ.items() if k not in USER_OPENMP}
+    return env | {k: v for k, v in USER_OPENMP.items() if v is not None}
 
 
 def free_port() -> int:
