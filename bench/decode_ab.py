@@ -8,8 +8,9 @@ so fresh processes minutes apart compare two machines. Here each tree runs in a 
 session (the model loaded and warmed up once), and the two take turns prompt by prompt, the order turned every
 turn, as bench.paired_decode's engines do: each pair of runs of one prompt lies within a second or two and gives
 its own ratio. A process started first ran 1.4-2.8% slower than a twin of the same tree started after it (80
-pairs), so sessions start the two in turn. Prompts: greedy decoding through Engine.generate over the open prompts
-of bench.spec_open (held-out half), and n-gram speculative decoding at the page's k over the copy set
+pairs), so sessions start the two in turn. Prompts: plain decoding through Engine.generate over the open prompts
+of bench.spec_open (held-out half), greedy (`plain`) and sampled at temperature 0.7 with top-p 0.9 (`top_p`, the
+seed each prompt's length), and n-gram speculative decoding at the page's k over the copy set
 (bench/data/spec-edit.txt), 96 new tokens each, in the launch format. Per run: decode tok/s (tokens after the first
 over their time) and, for plain decoding, the pick (Round.sample_ms, median). The table gives each tree's median and
 the median of the pairs' own new / baseline ratios (lo / hi: their extremes); the token ids of both trees are
@@ -39,12 +40,15 @@ from bench.spec_open import open_prompts
 n = int(sys.argv[1])
 model = load_model(None, device="cpu", progress=lambda msg: None)
 tok = Tokenizer(model.path)
-prompts = {"plain": [tok.encode_chat(t) for t in open_prompts(tok, 8)[1::2]],
-           "ngram": [tok.encode_chat(t) for t in list(read_set("edit").values())[:4]]}
+open_set = [tok.encode_chat(t) for t in open_prompts(tok, 8)[1::2]]
+copy_set = [tok.encode_chat(t) for t in list(read_set("edit").values())[:4]]
+prompts = {"plain": open_set, "top_p": open_set, "ngram": copy_set}
 eng = Engine(model, max_seq_len=max(len(p) for ps in prompts.values() for p in ps) + max(n, 16) + 8)
 def run(mode, p, n):
     if mode == "plain":
         return eng.generate(p, n, stop_ids=[])
+    if mode == "top_p":
+        return eng.generate(p, n, temperature=0.7, top_p=0.9, seed=len(p), stop_ids=[])
     return speculative.generate(eng, speculative.NgramDrafter(max_n=3), p, k=Request().k, max_new_tokens=n,
                                 stop_ids=[])
 for mode, ps in prompts.items():
@@ -57,7 +61,7 @@ for line in sys.stdin:
     print(json.dumps(dict(tok_s=1e3 * (len(ids) - 1) / (r[-1].t_end_ms - r[0].t_end_ms),
                           pick_ms=statistics.median(x.sample_ms for x in r[1:]), ids=ids)), flush=True)
 """
-MODES = ("plain", "ngram")
+MODES = ("plain", "top_p", "ngram")
 
 
 class Tree:
@@ -113,7 +117,7 @@ def run(this: Path, baseline: Path, rounds: int, new_tokens: int, sessions: int 
                 t.close()
     rows = []
     for mode in MODES:
-        for fig in ("tok_s", "pick_ms") if mode == "plain" else ("tok_s",):
+        for fig in ("tok_s", "pick_ms") if mode != "ngram" else ("tok_s",):
             ratios = [p["new"][fig] / p["baseline"][fig] for p in pairs[mode]]
             rows.append(dict(mode=mode, figure=fig, new=statistics.median(p["new"][fig] for p in pairs[mode]),
                              baseline=statistics.median(p["baseline"][fig] for p in pairs[mode]),

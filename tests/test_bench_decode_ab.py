@@ -16,8 +16,8 @@ def test_a_tree_against_itself(tmp_path):
                     str(tmp_path), "--name", "ab"])
     result = json.loads((tmp_path / "ab.json").read_text())
     assert result["same_ids"] is True and result["format"]
-    assert [(r["mode"], r["figure"]) for r in result["rows"]] == [("plain", "tok_s"), ("plain", "pick_ms"),
-                                                                  ("ngram", "tok_s")]
+    assert [(r["mode"], r["figure"]) for r in result["rows"]] == [
+        ("plain", "tok_s"), ("plain", "pick_ms"), ("top_p", "tok_s"), ("top_p", "pick_ms"), ("ngram", "tok_s")]
     for row in result["rows"]:
         pairs = [p["new"][row["figure"]] / p["baseline"][row["figure"]] for p in result["pairs"][row["mode"]]]
         assert row["pairs"] == len(pairs) == 4 and row["lo"] == min(pairs) and row["hi"] == max(pairs)
@@ -33,7 +33,7 @@ class FakeTree:
     def __init__(self, tree, new_tokens, env):
         self.baseline = tree != ROOT
         FakeTree.started.append("baseline" if self.baseline else "new")
-        self.info = dict(format="q4", prompts={"plain": 2, "ngram": 1})
+        self.info = dict(format="q4", prompts={"plain": 2, "top_p": 2, "ngram": 1})
 
     def run(self, mode, i):
         ids = [1, 3] if self.baseline and (mode, i) == ("plain", 1) else [1, 2]
@@ -52,4 +52,5 @@ def test_a_baseline_with_other_tokens_says_so(monkeypatch):
     assert result["same_ids"] is False
     ratios = {(r["mode"], r["figure"]): (r["new_over_baseline"], r["pairs"]) for r in result["rows"]}
     assert ratios == {("plain", "tok_s"): (pytest.approx(1.1), 8), ("plain", "pick_ms"): (0.5, 8),
+                      ("top_p", "tok_s"): (pytest.approx(1.1), 8), ("top_p", "pick_ms"): (0.5, 8),
                       ("ngram", "tok_s"): (pytest.approx(1.1), 4)}
