@@ -129,14 +129,16 @@ def nucleus_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     CPU, where sorting 49,152 logits took 3.4 ms (most of a default-model step), the nucleus is looked for among the
     top NUCLEUS_CANDIDATES by torch.topk, 8 times as many until the last of them falls outside it: the same values
     in the same order, so the same masses and the same cut."""
-    V, most = logits.shape[-1], logits.amax(-1, keepdim=True)
-    # softmax's recipe, exp(x - max) / sum, the sum and the masses in doubles: torch sums a row of a batch in
-    # another order than the row alone, and a float32 total moved a cut between a verify pass and a plain step
-    total = (logits - most).exp().double().sum(-1, keepdim=True)
-    k = min(V, NUCLEUS_CANDIDATES) if logits.device.type == "cpu" else V
+    V = logits.shape[-1]
+    k, total = min(V, NUCLEUS_CANDIDATES) if logits.device.type == "cpu" else V, None
     while True:
         top = (torch.topk(logits, k, dim=-1).values if k < V
                else logits.sort(dim=-1, descending=True, stable=True).values)
+        if total is None:
+            # softmax's recipe, exp(x - max) / sum, the sum and the masses in doubles: torch sums a row of a batch
+            # in another order than the row alone, and a float32 total moved a cut between a verify pass and a step
+            most = top[:, :1]
+            total = torch.exp(logits - most).sum(-1, keepdim=True, dtype=torch.float64)
         p = (top - most).exp().double() / total
         kept = p.cumsum(-1) - p < top_p  # the mass before each token is below top_p: a prefix of the order
         if k == V or not kept[:, -1].any():
@@ -144,9 +146,13 @@ def nucleus_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
         k = min(V, 8 * k)
     t = top.gather(-1, kept.sum(-1, keepdim=True) - 1)  # the last kept value
     kept_at_t = (kept & (top == t)).sum(-1, keepdim=True)
-    tied = logits == t
-    if bool((tied.sum(-1, keepdim=True) == kept_at_t).all()):  # every token at the cut is kept
+    # every token at t is a candidate when the last candidate is below t: the ties are counted there, not in the
+    # row (each op over a whole row wakes torch's threads, ~60-100 us on 2 cores)
+    inside = k == V or bool((top[:, -1:] < t).all())
+    at_t = (top == t) if inside else (logits == t)
+    if bool((at_t.sum(-1, keepdim=True) == kept_at_t).all()):  # every token at the cut is kept
         return logits < t
+    tied = logits == t
     return (logits < t) | (tied & (tied.cumsum(-1) > kept_at_t))  # ties beyond the kept ones: the later indices
 
 
