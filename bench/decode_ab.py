@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 from bench.common import markdown_table, provenance, write_results
+from engine.endpoint.llamacpp import clean_env
 
 # One tree's process: loads, warms up, then runs the prompt each stdin line names ("plain 3", "ngram 0") and prints
 # its figures as one JSON line. Run with that tree first on sys.path.
@@ -68,8 +68,9 @@ class Tree:
     """One source tree's process; run(mode, i) -> its figures for prompt i."""
 
     def __init__(self, tree: Path, new_tokens: int, env: dict):
+        # the user's environment, not this process's: each tree's `import engine` sets its own OpenMP defaults
         self.proc = subprocess.Popen([sys.executable, "-c", CHILD, str(new_tokens)], cwd=tree, text=True,
-                                     env=dict(os.environ, PYTHONPATH=str(tree), **env), stdin=subprocess.PIPE,
+                                     env=dict(clean_env(), PYTHONPATH=str(tree), **env), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE)
         self.tree = tree
         self.info = self.read()

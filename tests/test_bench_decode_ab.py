@@ -54,3 +54,25 @@ def test_a_baseline_with_other_tokens_says_so(monkeypatch):
     assert ratios == {("plain", "tok_s"): (pytest.approx(1.1), 8), ("plain", "pick_ms"): (0.5, 8),
                       ("top_p", "tok_s"): (pytest.approx(1.1), 8), ("top_p", "pick_ms"): (0.5, 8),
                       ("ngram", "tok_s"): (pytest.approx(1.1), 4)}
+
+
+def test_each_tree_sets_its_own_openmp_defaults(monkeypatch):
+    """A child gets the user's environment, not this process's (where `import engine` set its OpenMP defaults): a
+    baseline from before a change to those defaults must run with its own."""
+    import io
+
+    import engine
+
+    seen = {}
+
+    class Popen:
+        def __init__(self, cmd, env, **kw):
+            seen.update(env)
+            self.stdout, self.stdin = io.StringIO('{"format": "q4", "prompts": {}}\n'), io.StringIO()
+
+    monkeypatch.setattr(decode_ab.subprocess, "Popen", Popen)
+    monkeypatch.setattr(engine, "USER_OPENMP", dict.fromkeys(engine.OPENMP_DEFAULTS))
+    for name, value in engine.OPENMP_DEFAULTS.items():
+        monkeypatch.setenv(name, value)
+    decode_ab.Tree(ROOT, 4, {})
+    assert not set(engine.OPENMP_DEFAULTS) & set(seen) and seen["PYTHONPATH"] == str(ROOT)
