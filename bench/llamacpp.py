@@ -56,8 +56,8 @@ def unavailable() -> str | None:
 
 
 def clean_env() -> dict:
-    """The environment for a llama.cpp process: the caller's, without the OpenMP defaults (OMP_WAIT_POLICY=PASSIVE,
-    GOMP_SPINCOUNT=0) that `import engine` sets for torch (engine/__init__.py). llama.cpp's OpenMP threads spin
+    """The environment for a llama.cpp process: the caller's, without the OpenMP default (OMP_WAIT_POLICY=PASSIVE)
+    that `import engine` sets for torch (engine/__init__.py). llama.cpp's OpenMP threads spin
     between ops by design; passive, they made it ~2.5x slower (Q4_1: 44 against 111 tok/s, one run on 2 cores that
     no benchmark keeps). Values the user set before engine was imported are kept. The same environment llama-server
     gets (engine/endpoint/llamacpp.py)."""

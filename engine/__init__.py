@@ -4,13 +4,13 @@ import os
 
 # By default idle OpenMP threads spin. A CPU decode step on the twins alternates MKL's matmuls with
 # ATen's elementwise ops, two thread pools on the same cores, so each spins while the other needs the core
-# (on 2 cores a step took several times longer spinning). With the kernels, any torch op over a row of logits
-# (a top-p or top-k mask's) left torch's libgomp thread spinning for milliseconds even under PASSIVE, and the
-# step after it took 1.7 ms longer (4.4 -> 6.1 ms, the default model): GOMP_SPINCOUNT=0 stops that spin.
-# It only takes effect when engine is imported before torch, which is why the entry points import engine
-# first. A child process inherits it: start another engine's process (llama.cpp's OpenMP threads spin by
-# design) with the user's own environment (engine/endpoint/llamacpp.py clean_env).
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+# (on 2 cores a step took several times longer spinning); with the kernels, a torch op over a row of logits (a
+# top-p or top-k mask's) left torch's thread spinning into the next step, 1.7 ms longer (4.4 -> 6.1 ms, the
+# default model). It only takes effect when engine is imported before torch, which is why the entry points
+# import engine first (a script that imported torch first paid that 1.7 ms). A child process inherits it: start
+# another engine's process (llama.cpp's OpenMP threads spin by design) with the user's own environment
+# (engine/endpoint/llamacpp.py clean_env).
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 USER_OPENMP = {name: os.environ.get(name) for name in OPENMP_DEFAULTS}  # what the user set, if anything
 for _name, _value in OPENMP_DEFAULTS.items():
     os.environ.setdefault(_name, _value)

@@ -117,22 +117,20 @@ def test_step_bytes_counts_what_a_step_reads():
 def test_clean_env_drops_our_openmp_defaults(monkeypatch):
     for name, value in engine.OPENMP_DEFAULTS.items():
         monkeypatch.setenv(name, value)  # what `import engine` set
-    monkeypatch.setattr(engine, "USER_OPENMP", {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
+    monkeypatch.setattr(engine, "USER_OPENMP", dict.fromkeys(engine.OPENMP_DEFAULTS))
     assert not set(engine.OPENMP_DEFAULTS) & set(llamacpp.clean_env())
-    monkeypatch.setattr(engine, "USER_OPENMP", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None})
-    env = llamacpp.clean_env()  # the user's own choice stays
-    assert env["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in env
+    monkeypatch.setattr(engine, "USER_OPENMP", {"OMP_WAIT_POLICY": "ACTIVE"})
+    assert llamacpp.clean_env()["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's own choice stays
 
 
 def test_the_timing_child_never_imports_engine(monkeypatch):
     """The child runs `python -m bench.llamacpp`: importing that module must not import engine, which would set
     OMP_WAIT_POLICY=PASSIVE in the child before llama.cpp's OpenMP runtime reads it."""
     monkeypatch.setattr(engine, "USER_OPENMP", dict.fromkeys(engine.OPENMP_DEFAULTS))
-    probe = ("import sys, os, bench.llamacpp; print('engine' in sys.modules, os.environ.get('OMP_WAIT_POLICY'), "
-             "os.environ.get('GOMP_SPINCOUNT'))")
+    probe = "import sys, os, bench.llamacpp; print('engine' in sys.modules, os.environ.get('OMP_WAIT_POLICY'))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
                           env=llamacpp.clean_env(), check=True)
-    assert done.stdout.split() == ["False", "None", "None"]
+    assert done.stdout.split() == ["False", "None"]
 
 
 class Recorder:

@@ -2,8 +2,8 @@
 environment, its log in a file, and always stopped after (a context manager).
 
 The binary comes from scripts/build_llamacpp.sh; LLAMA_SERVER names it. Its OpenMP threads spin by design, and
-a process started after `import engine` inherits OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=0 (engine/__init__.py),
-which made llama.cpp ~2.5x slower here: the server gets the environment the user had before those defaults.
+a process started after `import engine` inherits OMP_WAIT_POLICY=PASSIVE (engine/__init__.py OPENMP_DEFAULTS), which
+made llama.cpp ~2.5x slower here: the server gets the environment the user had before that default.
 """
 from __future__ import annotations
 
