@@ -47,7 +47,7 @@ def judge(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, noise: N
     """Verify logits [k+1, V] against a draft whose first token is output position `position` -> the round's
     tokens (accepted, rejected, resampled | bonus) and the accepted count, read back in one host sync.
     `logsumexp` and `softmax` are the engine's OpSet's (engine/sampling.py shown_at, probs), `greedy` the
-    engine's rows of [argmax, max, logsumexp] (Engine.greedy: the head's own where it made them)."""
+    engine's (argmax, max, logsumexp) of each row (Engine.greedy: the head's own where it made them)."""
     if on_host(logits):
         return judge_on_host(draft, logits, sampling, noise, position, greedy, softmax)
     return judge_on_device(draft, logits, sampling, noise, position, logsumexp, softmax)
