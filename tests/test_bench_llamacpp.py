@@ -20,6 +20,7 @@ import engine
 from bench import llamacpp, random_gguf
 from engine import Engine, load_model
 from engine.checkpoint import default_model, gguf_convert
+from test_bench_llamacpp_binaries import fake_binary
 
 TINY = dict(hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, tied=False, rope_theta=10000.0)
 TINY_VOCAB = 512
@@ -147,9 +148,7 @@ class Recorder:
 def test_time_decode_and_llama_bench_pass_the_clean_env(monkeypatch, tmp_path):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.setattr(engine, "USER_OPENMP", dict.fromkeys(engine.OPENMP_DEFAULTS))
-    exe = tmp_path / "llama-bench"
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
+    exe = fake_binary(tmp_path / "llama-bench")
     monkeypatch.setenv(llamacpp.BENCH_ENV, str(exe))
 
     def answer(cmd):

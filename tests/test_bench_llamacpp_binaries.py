@@ -3,6 +3,14 @@ $LLAMA_BENCH before scripts/build_llamacpp.sh's folder, and what is missing name
 from bench import llamacpp, reference
 
 
+def fake_binary(path):
+    """An executable file at path (its folder made): what the lookups accept as a binary."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
 def test_llama_bench_binary_from_env_or_the_build_folder(monkeypatch, tmp_path):
     monkeypatch.setenv(llamacpp.BENCH_ENV, str(tmp_path / "nope"))
     assert llamacpp.bench_binary() is None
@@ -11,10 +19,7 @@ def test_llama_bench_binary_from_env_or_the_build_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert llamacpp.prefix() == tmp_path / "decodescope" / f"llama.cpp-{llamacpp.VERSION}"
     assert llamacpp.bench_binary() is None and "build_llamacpp.sh" in llamacpp.bench_missing()
-    (llamacpp.prefix() / "bin").mkdir(parents=True)
-    exe = llamacpp.prefix() / "bin" / "llama-bench"
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
+    exe = fake_binary(llamacpp.prefix() / "bin" / "llama-bench")
     assert llamacpp.bench_binary() == exe
 
 
@@ -26,26 +31,18 @@ def test_the_binaries_the_benchmarks_need_are_found_in_one_place(monkeypatch, tm
         monkeypatch.delenv(var, raising=False)
     assert llamacpp.binaries_missing().startswith("no llama-server, llama-bench, llama-quantize")
     assert llamacpp.perplexity_binary() is None and "build_llamacpp.sh" in llamacpp.perplexity_missing()
-    (llamacpp.prefix() / "bin").mkdir(parents=True)
     for name in ("llama-bench", "llama-quantize", "llama-perplexity"):
-        exe = llamacpp.prefix() / "bin" / name
-        exe.write_text("#!/bin/sh\n")
-        exe.chmod(0o755)
+        fake_binary(llamacpp.prefix() / "bin" / name)
     assert llamacpp.quantize_binary() == llamacpp.prefix() / "bin" / "llama-quantize"
     assert llamacpp.perplexity_binary() == llamacpp.prefix() / "bin" / "llama-perplexity"
     assert llamacpp.perplexity_missing() is None
     assert llamacpp.binaries_missing().startswith("no llama-server (")
-    other = tmp_path / "elsewhere" / "llama-server"  # LLAMA_SERVER names one outside the build folder
-    other.parent.mkdir()
-    other.write_text("#!/bin/sh\n")
-    other.chmod(0o755)
+    other = fake_binary(tmp_path / "elsewhere" / "llama-server")  # LLAMA_SERVER names one outside the build folder
     monkeypatch.setenv("LLAMA_SERVER", str(other))
     assert llamacpp.server_binary() == other and llamacpp.binaries_missing() is None
     monkeypatch.delenv("LLAMA_SERVER")
     assert llamacpp.server_binary() is None  # and none in the build folder
-    built = llamacpp.prefix() / "bin" / "llama-server"
-    built.write_text("#!/bin/sh\n")
-    built.chmod(0o755)
+    built = fake_binary(llamacpp.prefix() / "bin" / "llama-server")
     assert llamacpp.server_binary() == built
 
 
@@ -57,9 +54,6 @@ def test_llama_cpps_reference_ids_come_from_the_same_llama_server(monkeypatch, t
     monkeypatch.setattr(llamacpp, "unavailable", lambda: "llama-cpp-python is not installed")
     assert reference.reference_missing() == (f"neither llama-server ({llamacpp.prefix() / 'bin' / 'llama-server'}; "
                                              "or set LLAMA_SERVER) nor llama-cpp-python is not installed")
-    other = tmp_path / "elsewhere" / "llama-server"
-    other.parent.mkdir()
-    other.write_text("#!/bin/sh\n")
-    other.chmod(0o755)
+    other = fake_binary(tmp_path / "elsewhere" / "llama-server")
     monkeypatch.setenv("LLAMA_SERVER", str(other))
     assert reference.reference_missing() is None
