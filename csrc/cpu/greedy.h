@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "isa.h"
 
@@ -27,13 +28,16 @@ struct GreedyUnit {
   float m, s;
 };
 
-inline GreedyUnit greedy_unit(const float* v, int n) {
+inline int64_t greedy_units(int64_t n) { return (n + kGreedyUnit - 1) / kGreedyUnit; }
+
+// Unit j of the row v[0, n): v[j * kGreedyUnit, ...), the last one short.
+inline GreedyUnit greedy_unit(const float* v, int64_t n, int64_t j) {
+  const int64_t c0 = j * kGreedyUnit;
   GreedyUnit u;
-  kernels().exp_span(v, n, 1.f, nullptr, &u.m, &u.s);
+  kernels().exp_span(v + c0, static_cast<int>(c0 + kGreedyUnit < n ? kGreedyUnit : n - c0), 1.f, nullptr, &u.m,
+                     &u.s);
   return u;
 }
-
-inline int64_t greedy_units(int64_t n) { return (n + kGreedyUnit - 1) / kGreedyUnit; }
 
 // The row v[0, n) from its units (u[j] of v[j * kGreedyUnit, ...)). A NaN anywhere: (its first index, NaN, NaN); a
 // +inf: (its first index, +inf, +inf); every value -inf: (0, -inf, -inf), as torch gives them.
@@ -55,6 +59,15 @@ inline GreedyPick greedy_fold(const GreedyUnit* u, int64_t n_units, const float*
   if (std::isfinite(m))
     for (int64_t j = 0; j < n_units; ++j) total += u[j].s * std::exp(static_cast<double>(u[j].m) - m);
   return {first(best, [m](float x) { return x == m; }), m, std::isfinite(m) ? m + std::log(total) : m};
+}
+
+// Each of `rows` rows (v[r * ld, r * ld + n)) from its units, u[r * greedy_units(n) + j].
+inline std::vector<GreedyPick> greedy_folds(const std::vector<GreedyUnit>& u, const float* v, int64_t ld,
+                                            int64_t rows, int64_t n) {
+  const int64_t units = greedy_units(n);
+  std::vector<GreedyPick> picks;
+  for (int64_t r = 0; r < rows; ++r) picks.push_back(greedy_fold(u.data() + r * units, units, v + r * ld, n));
+  return picks;
 }
 
 }  // namespace

@@ -200,13 +200,12 @@ void run_linear(at::Tensor& out, const at::Tensor& x, int64_t format, const std:
   std::vector<GreedyUnit> u(s.rows * units);
   parallel_chunks(units, (min_chunk + kUnitPanels - 1) / kUnitPanels, [&](int64_t u0, int64_t u1) {
     for (int64_t j = u0; j < u1; ++j) {
-      const int64_t p0 = j * kUnitPanels, c0 = j * kGreedyUnit;
+      const int64_t p0 = j * kUnitPanels;
       fn(a, p0, p0 + kUnitPanels < s.panels ? p0 + kUnitPanels : s.panels);
-      const int n = static_cast<int>(c0 + kGreedyUnit < s.n_out ? kGreedyUnit : s.n_out - c0);
-      for (int64_t r = 0; r < s.rows; ++r) u[r * units + j] = greedy_unit(a.y + r * a.ldy + c0, n);
+      for (int64_t r = 0; r < s.rows; ++r) u[r * units + j] = greedy_unit(a.y + r * a.ldy, s.n_out, j);
     }
   });
-  for (int64_t r = 0; r < s.rows; ++r) picks->push_back(greedy_fold(u.data() + r * units, units, a.y + r * a.ldy, s.n_out));
+  *picks = greedy_folds(u, a.y, a.ldy, s.rows, s.n_out);
 }
 
 }  // namespace

@@ -184,14 +184,9 @@ std::vector<GreedyPick> greedy(const at::Tensor& x) {
   const float* v = x.data_ptr<float>();
   std::vector<GreedyUnit> u(rows * units);
   parallel_chunks(rows * units, kMinChunkElems / kGreedyUnit, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / units, c0 = (t % units) * kGreedyUnit;
-      u[t] = greedy_unit(v + r * n + c0, static_cast<int>(c0 + kGreedyUnit < n ? kGreedyUnit : n - c0));
-    }
+    for (int64_t t = t0; t < t1; ++t) u[t] = greedy_unit(v + (t / units) * n, n, t % units);
   });
-  std::vector<GreedyPick> picks;
-  for (int64_t r = 0; r < rows; ++r) picks.push_back(greedy_fold(u.data() + r * units, units, v + r * n, n));
-  return picks;
+  return greedy_folds(u, v, n, rows, n);
 }
 
 void softmax(at::Tensor& out, const at::Tensor& x, double temperature) {
