@@ -34,7 +34,6 @@ is the outcome of the acceptance step.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Hashable
 from pathlib import Path
@@ -206,9 +205,9 @@ class ModelDrafter(Drafter):
         for i in range(k):
             if i:
                 logits = e.decode(ids[-1])
-            if sampling.greedy and on_host(logits):  # the head's own pick where it made one (Engine.greedy)
-                (best, top, lse), = e.greedy(logits)
-                tok, p = torch.tensor([best]), torch.tensor([math.exp(top - lse)])
+            if sampling.greedy and on_host(logits):  # Engine.pick's: the head's own pick where it made one
+                best, shown = e.pick(logits[0], sampling, None)
+                tok, p = torch.tensor([best]), torch.tensor([shown])
             else:
                 tok, row = sample(logits, sampling, noise, e.model.ops.softmax)  # [1], [1, V] (None when greedy)
                 if row is not None:
