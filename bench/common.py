@@ -24,9 +24,9 @@ __all__ = ["Telemetry", "in_tree", "markdown_table", "provenance", "run_and_save
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _run(*cmd: str) -> str | None:
+def _run(*cmd: str, cwd: Path = REPO) -> str | None:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=10)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
@@ -44,6 +44,14 @@ def in_tree(tree: Path, script: str, argv: list[str], env: dict | None = None, w
     return json.loads(line[len("RESULT "):])
 
 
+def tree_commit(tree: Path) -> tuple[str | None, bool | None]:
+    """The commit a source tree holds and whether it has uncommitted changes (None where git cannot say). Changes
+    under bench/results/ do not count: that is where the benchmarks write, and one that saves as it goes (or runs
+    after another) must not call its own output a change to the code."""
+    status = _run("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results", cwd=tree)
+    return _run("git", "rev-parse", "HEAD", cwd=tree), None if status is None else bool(status)
+
+
 def provenance(device: str | torch.device, telemetry: Telemetry | None = None) -> dict:
     """Commit (and whether the tree had uncommitted changes outside bench/results/), versions, hardware,
     threads, time, and the machine's state: what `telemetry` sampled during the run, or a snapshot taken now
@@ -53,10 +61,7 @@ def provenance(device: str | torch.device, telemetry: Telemetry | None = None) -
     if named:
         commit, dirty = named.removesuffix("-dirty"), named.endswith("-dirty")
     else:
-        # bench/results/ is where the benchmarks write: one that saves as it goes (or runs after another) must
-        # not call its own output a change to the code
-        status = _run("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results")
-        commit, dirty = _run("git", "rev-parse", "HEAD"), None if status is None else bool(status)
+        commit, dirty = tree_commit(REPO)
     info = dict(
         commit=commit,
         dirty=dirty,

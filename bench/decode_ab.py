@@ -11,10 +11,12 @@ its own ratio. A process started first ran 1.4-2.8% slower than a twin of the sa
 pairs), so sessions start the two in turn. Prompts: plain decoding through Engine.generate over the open prompts
 of bench.spec_open (held-out half), greedy (`plain`) and sampled at temperature 0.7 with top-p 0.9 (`top_p`, the
 seed each prompt's length), and n-gram speculative decoding at the page's k over the copy set
-(bench/data/spec-edit.txt), 96 new tokens each, in the launch format. Per run: decode tok/s (tokens after the first
-over their time) and, for plain decoding, the pick (Round.sample_ms, median). The table gives each tree's median and
-the median of the pairs' own new / baseline ratios (lo / hi: their extremes); the token ids of both trees are
-compared (greedy: a change to the pick that moves a token is a bug, not a speed-up).
+(bench/data/spec-edit.txt), greedy (`ngram`) and sampled as `top_p` (`ngram_top_p`: its verify passes judge k + 1
+rows), 96 new tokens each, in the launch format. Per run: decode tok/s (tokens after the first over their time) and,
+for plain decoding, the pick (Round.sample_ms, median). The table gives each tree's median and the median of the
+pairs' own new / baseline ratios (lo / hi: their extremes), and whether both trees gave the same token ids in every
+pair of a mode (greedy: a change to the pick that moves a token is a bug, not a speed-up; sampled: a token can move
+where a race is decided by a probability's last bit, and the change says why).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.common import markdown_table, provenance, write_results
+from bench.common import markdown_table, provenance, tree_commit, write_results
 from engine.endpoint.llamacpp import clean_env
 
 # One tree's process: loads, warms up, then runs the prompt each stdin line names ("plain 3", "ngram 0") and prints
@@ -42,15 +44,16 @@ model = load_model(None, device="cpu", progress=lambda msg: None)
 tok = Tokenizer(model.path)
 open_set = [tok.encode_chat(t) for t in open_prompts(tok, 8)[1::2]]
 copy_set = [tok.encode_chat(t) for t in list(read_set("edit").values())[:4]]
-prompts = {"plain": open_set, "top_p": open_set, "ngram": copy_set}
+prompts = {"plain": open_set, "top_p": open_set, "ngram": copy_set, "ngram_top_p": copy_set}
 eng = Engine(model, max_seq_len=max(len(p) for ps in prompts.values() for p in ps) + max(n, 16) + 8)
 def run(mode, p, n):
     if mode == "plain":
         return eng.generate(p, n, stop_ids=[])
     if mode == "top_p":
         return eng.generate(p, n, temperature=0.7, top_p=0.9, seed=len(p), stop_ids=[])
+    sampled = dict(temperature=0.7, top_p=0.9, seed=len(p)) if mode == "ngram_top_p" else {}
     return speculative.generate(eng, speculative.NgramDrafter(max_n=3), p, k=Request().k, max_new_tokens=n,
-                                stop_ids=[])
+                                stop_ids=[], **sampled)
 for mode, ps in prompts.items():
     run(mode, ps[0], 16)
 print(json.dumps(dict(format=model.weight_format, prompts={m: len(ps) for m, ps in prompts.items()})), flush=True)
@@ -61,7 +64,7 @@ for line in sys.stdin:
     print(json.dumps(dict(tok_s=1e3 * (len(ids) - 1) / (r[-1].t_end_ms - r[0].t_end_ms),
                           pick_ms=statistics.median(x.sample_ms for x in r[1:]), ids=ids)), flush=True)
 """
-MODES = ("plain", "top_p", "ngram")
+MODES = ("plain", "top_p", "ngram", "ngram_top_p")
 
 
 class Tree:
@@ -118,29 +121,37 @@ def run(this: Path, baseline: Path, rounds: int, new_tokens: int, sessions: int 
                 t.close()
     rows = []
     for mode in MODES:
-        for fig in ("tok_s", "pick_ms") if mode != "ngram" else ("tok_s",):
+        same = all(p["new"]["ids"] == p["baseline"]["ids"] for p in pairs[mode])
+        for fig in ("tok_s",) if mode.startswith("ngram") else ("tok_s", "pick_ms"):
             ratios = [p["new"][fig] / p["baseline"][fig] for p in pairs[mode]]
             rows.append(dict(mode=mode, figure=fig, new=statistics.median(p["new"][fig] for p in pairs[mode]),
                              baseline=statistics.median(p["baseline"][fig] for p in pairs[mode]),
                              new_over_baseline=statistics.median(ratios), lo=min(ratios), hi=max(ratios),
-                             new_ahead_pct=100 * sum(r > 1 for r in ratios) / len(ratios), pairs=len(ratios)))
-    same = all(p["new"]["ids"] == p["baseline"]["ids"] for ps in pairs.values() for p in ps)
-    return dict(sessions=sessions, rounds=rounds, new_tokens=new_tokens, baseline=str(baseline), format=info["format"],
-                same_ids=same, rows=rows, pairs={m: [{n: {k: v for k, v in r.items() if k != "ids"}
-                                                      for n, r in p.items()} for p in ps] for m, ps in pairs.items()})
+                             new_ahead_pct=100 * sum(r > 1 for r in ratios) / len(ratios), pairs=len(ratios),
+                             same_ids=same))
+    commit, dirty = tree_commit(baseline)
+    return dict(sessions=sessions, rounds=rounds, new_tokens=new_tokens, baseline=str(baseline),
+                baseline_commit=commit, baseline_dirty=dirty, format=info["format"],
+                same_ids=all(r["same_ids"] for r in rows), rows=rows,
+                pairs={m: [{n: {k: v for k, v in r.items() if k != "ids"} for n, r in p.items()} for p in ps]
+                       for m, ps in pairs.items()})
 
 
 def markdown(result: dict) -> str:
     p = result.get("provenance", {})
     tel = p.get("telemetry") or {}
-    head = (f"Whole decoding of the default model ({result['format']}), this tree against {result['baseline']} "
+    base = result.get("baseline_commit") or result["baseline"]
+    if result.get("baseline_dirty"):
+        base += " with uncommitted changes"
+    head = (f"Whole decoding of the default model ({result['format']}), this tree against {base} "
             f"(baseline), one process each taking turns prompt by prompt, {result['sessions']} pairs of processes "
             f"(started new first, then baseline first) of {result['rounds']} rounds each; "
             f"{result['new_tokens']} new tokens a prompt; CPU: {tel.get('cpu_model', p.get('cpu', ''))}. Token ids "
             f"the same in every pair: {result['same_ids']}. Medians; new_over_baseline: the median of the pairs' "
-            "own ratios (lo / hi: their extremes; new_ahead_pct: the pairs whose ratio is above 1).\n\n")
+            "own ratios (lo / hi: their extremes; new_ahead_pct: the pairs whose ratio is above 1); same_ids: "
+            "whether the mode's token ids were the same in every pair.\n\n")
     return head + markdown_table(result["rows"], ["mode", "figure", "new", "baseline", "new_over_baseline", "lo",
-                                                  "hi", "new_ahead_pct", "pairs"])
+                                                  "hi", "new_ahead_pct", "pairs", "same_ids"])
 
 
 def main(argv=None) -> None:

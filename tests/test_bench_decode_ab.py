@@ -1,6 +1,7 @@
 """bench.decode_ab on a few tokens: a tree against itself gives the same ids, every figure for both trees, and
 ratios from the pairs' own runs; a baseline whose greedy tokens differ is reported as such."""
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,11 @@ def test_a_tree_against_itself(tmp_path):
                     str(tmp_path), "--name", "ab"])
     result = json.loads((tmp_path / "ab.json").read_text())
     assert result["same_ids"] is True and result["format"]
+    assert result["baseline_commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                                       text=True).stdout.strip()
     assert [(r["mode"], r["figure"]) for r in result["rows"]] == [
-        ("plain", "tok_s"), ("plain", "pick_ms"), ("top_p", "tok_s"), ("top_p", "pick_ms"), ("ngram", "tok_s")]
+        ("plain", "tok_s"), ("plain", "pick_ms"), ("top_p", "tok_s"), ("top_p", "pick_ms"), ("ngram", "tok_s"),
+        ("ngram_top_p", "tok_s")]
     for row in result["rows"]:
         pairs = [p["new"][row["figure"]] / p["baseline"][row["figure"]] for p in result["pairs"][row["mode"]]]
         assert row["pairs"] == len(pairs) == 4 and row["lo"] == min(pairs) and row["hi"] == max(pairs)
@@ -33,7 +37,7 @@ class FakeTree:
     def __init__(self, tree, new_tokens, env):
         self.baseline = tree != ROOT
         FakeTree.started.append("baseline" if self.baseline else "new")
-        self.info = dict(format="q4", prompts={"plain": 2, "top_p": 2, "ngram": 1})
+        self.info = dict(format="q4", prompts={"plain": 2, "top_p": 2, "ngram": 1, "ngram_top_p": 1})
 
     def run(self, mode, i):
         ids = [1, 3] if self.baseline and (mode, i) == ("plain", 1) else [1, 2]
@@ -50,10 +54,13 @@ def test_a_baseline_with_other_tokens_says_so(monkeypatch):
     result = decode_ab.run(ROOT, ROOT / "before", rounds=2, new_tokens=2, sessions=2)
     assert FakeTree.started == ["new", "baseline", "baseline", "new"]
     assert result["same_ids"] is False
+    assert {r["mode"]: r["same_ids"] for r in result["rows"]} == dict(plain=False, top_p=True, ngram=True,
+                                                                      ngram_top_p=True)
     ratios = {(r["mode"], r["figure"]): (r["new_over_baseline"], r["pairs"]) for r in result["rows"]}
     assert ratios == {("plain", "tok_s"): (pytest.approx(1.1), 8), ("plain", "pick_ms"): (0.5, 8),
                       ("top_p", "tok_s"): (pytest.approx(1.1), 8), ("top_p", "pick_ms"): (0.5, 8),
-                      ("ngram", "tok_s"): (pytest.approx(1.1), 4)}
+                      ("ngram", "tok_s"): (pytest.approx(1.1), 4), ("ngram_top_p", "tok_s"): (pytest.approx(1.1), 4)}
+    assert result["baseline_commit"] is None  # no git checkout there
 
 
 def test_each_tree_sets_its_own_openmp_defaults(monkeypatch):
