@@ -107,55 +107,6 @@ class Noise:
         return keys
 
 
-NUCLEUS_CANDIDATES = 256  # the most likely tokens a CPU nucleus is first looked for among (x8 until they hold it)
-
-
-def mask_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """logits [R, V] -> the same with tokens outside top-k / the top-p nucleus set to -inf.
-
-    The nucleus is the smallest set of most likely tokens whose mass reaches top_p (always >= 1 token): tokens in
-    descending order, ties by index (a stable sort), each kept while the mass before it, softmax's probabilities
-    summed in that order, is below top_p (nucleus_drop)."""
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1:
-        logits = logits.masked_fill(nucleus_drop(logits, top_p), float("-inf"))
-    return logits
-
-
-def nucleus_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """bool [R, V]: the tokens outside each row's top-p nucleus (mask_logits). On a GPU the row is sorted; on the
-    CPU, where sorting 49,152 logits took 3.4 ms (most of a default-model step), the nucleus is looked for among the
-    top NUCLEUS_CANDIDATES by torch.topk, 8 times as many until the last of them falls outside it: the same values
-    in the same order, so the same masses and the same cut."""
-    V = logits.shape[-1]
-    k, total = min(V, NUCLEUS_CANDIDATES) if logits.device.type == "cpu" else V, None
-    while True:
-        top = (torch.topk(logits, k, dim=-1).values if k < V
-               else logits.sort(dim=-1, descending=True, stable=True).values)
-        if total is None:
-            # softmax's recipe, exp(x - max) / sum, the sum and the masses in doubles: torch sums a row of a batch
-            # in another order than the row alone, and a float32 total moved a cut between a verify pass and a step
-            most = top[:, :1]
-            total = torch.exp(logits - most).sum(-1, keepdim=True, dtype=torch.float64)
-        p = (top - most).exp().double() / total
-        kept = p.cumsum(-1) - p < top_p  # the mass before each token is below top_p: a prefix of the order
-        if k == V or not kept[:, -1].any():
-            break
-        k = min(V, 8 * k)
-    t = top.gather(-1, kept.sum(-1, keepdim=True) - 1)  # the last kept value
-    kept_at_t = (kept & (top == t)).sum(-1, keepdim=True)
-    # every token at t is a candidate when the last candidate is below t: the ties are counted there, not in the
-    # row (each op over a whole row wakes torch's threads, ~60-100 us on 2 cores)
-    inside = k == V or bool((top[:, -1:] < t).all())
-    at_t = (top == t) if inside else (logits == t)
-    if bool((at_t.sum(-1, keepdim=True) == kept_at_t).all()):  # every token at the cut is kept
-        return logits < t
-    tied = logits == t
-    return (logits < t) | (tied & (tied.cumsum(-1) > kept_at_t))  # ties beyond the kept ones: the later indices
-
-
 def on_host(x: torch.Tensor) -> bool:
     """Whether numpy can read x in place: float32 on the CPU, needing no grad. The host reads (argmax below,
     Engine.pick's greedy_rows, speculative.loop.judge_on_host) skip the small tensor ops that are slow with the
@@ -174,13 +125,12 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 
 def probs(logits: torch.Tensor, params: SamplingParams, softmax=ref.softmax) -> torch.Tensor:
     """float32 logits [R, V] -> sampling distribution [R, V]; one-hot argmax when greedy. `softmax` is the OpSet's
-    (engine/ops): (x, temperature) -> softmax(x / temperature), the CPU kernel's in one pass over the row where
-    the twin divides, then takes torch's softmax (a 262,144-token row: ~250 against ~760 us on 2 AVX2 cores)."""
+    (engine/ops): (x, temperature, top_k, top_p) -> softmax(x / temperature) over the tokens top-k and top-p keep
+    (ref.mask_logits), 0 elsewhere; the CPU kernel's reads a row a few times and sorts only the tokens near its
+    top (a 49,152-token row with top-p: ~50 us where the twin's torch ops took ~700)."""
     if params.greedy:
         return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
-    if params.top_k or params.top_p < 1:  # the masks' sort and top-k cost more than the softmax
-        return softmax(mask_logits(logits.float() / params.temperature, params.top_k, params.top_p))
-    return softmax(logits, params.temperature)
+    return softmax(logits, params.temperature, params.top_k, params.top_p)
 
 
 def shown_at(logits: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, dist: torch.Tensor | None,

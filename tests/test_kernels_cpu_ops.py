@@ -109,6 +109,7 @@ def native_calls(m) -> dict:
             "rope": lambda n: rope(16 * n),
             "logsumexp": lambda n: partial(m.logsumexp, torch.empty(16 * n), rows(n)),
             "softmax": lambda n: partial(m.softmax, torch.empty(16 * n, 4096), rows(n), 0.7),
+            "nucleus": lambda n: partial(m.nucleus, torch.empty(16 * n, 4096), rows(n), 0.7, 40, 0.9),
             "race": lambda n: partial(m.race, torch.empty(16 * n, dtype=torch.long), rows(n).abs(),
                                       list(range(16 * n))),
             "exp_noise": lambda n: partial(m.exp_noise, torch.empty(16 * 4096 * n), 12345),
@@ -117,8 +118,8 @@ def native_calls(m) -> dict:
 
 def test_native_calls_release_the_gil(cpu_module):
     """Every binding that does real work (linear, attention, the norms, rope, the gated activations, logsumexp,
-    softmax, race, exp_noise, the block loop) runs without the GIL: a Python thread keeps running through a long
-    native call (one kernel thread, so the loop has a core)."""
+    softmax, nucleus, race, exp_noise, the block loop) runs without the GIL: a Python thread keeps running through a
+    long native call (one kernel thread, so the loop has a core)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

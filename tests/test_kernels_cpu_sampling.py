@@ -30,7 +30,7 @@ def assert_softmax(out, x, temperature):
 @pytest.mark.parametrize("V", [1, 17, 4097, 16400, 49152, 262144])
 def test_softmax(m, V):
     """torch's softmax(x / temperature) per row: the row's max, then e^(c (x - max)) written and summed in the same
-    pass (c = 1 / temperature), split in spans across the threads for fewer rows than threads, each span then
+    pass (c = 1 / temperature), in spans of 8,192 values across the threads, each span then
     scaled by e^(c (its max - the row's)) / the row's sum. Logits at real scale and far past exp's range."""
     for rows in (1, 2, 9):
         for scale in (8.0, 300.0):
@@ -42,7 +42,7 @@ def test_softmax(m, V):
 
 
 def test_softmax_spans_on_many_threads(cpu_module):
-    """One row in spans over 3 and 48 threads (fewer spans than threads, the last one shorter): the same values."""
+    """One row of 3 spans (the last one shorter) over 3 and 48 threads, more threads than spans: the same values."""
     x = randn(1, 17000, seed=18, scale=5)
     threads = torch.get_num_threads()
     try:
@@ -57,8 +57,8 @@ def test_softmax_spans_on_many_threads(cpu_module):
 
 def special_rows(V):
     """8 rows of V logits holding NaN, inf and -inf: a NaN (rows 0, 4), a +inf (1; 5 with a -inf too), all -inf
-    (2), -inf but for 30 values (3), every other value -inf (6), the second half -inf (7: with two spans, one of
-    them all -inf and the row's max in the other)."""
+    (2), -inf but for 30 values (3), every other value -inf (6), the second half -inf (7: with three spans, one of
+    them all -inf and the row's max in another)."""
     x = randn(8, V, seed=V, scale=5)
     x[0, 5] = NAN
     x[1, V - 1] = float("inf")
@@ -75,11 +75,11 @@ def test_softmax_inf_and_nan(m):
     """torch's answers where the row holds inf or NaN, in a span of its own or not: a row of NaN for a NaN, a
     +inf, or a row of -inf; a -inf among finite values (a top-k or top-p mask) gives exactly 0 there and leaves
     the rest a distribution over the finite values."""
-    for V in (40, 20000):  # one span; two spans (one row, two threads)
+    for V in (40, 20000):  # one span; three spans
         x = special_rows(V)
         want = (x / 0.7).softmax(-1)
         for r in range(8):
-            for rows in (x, x[r:r + 1].clone()):  # all rows (one span each); this row alone (split)
+            for rows in (x, x[r:r + 1].clone()):  # all rows; this row alone
                 out = torch.full(rows.shape, 0.0)
                 m.softmax(out, rows, 0.7)
                 got = out[r] if rows.shape[0] == 8 else out[0]
@@ -197,8 +197,8 @@ def test_race_rejects_bad_input(cpu_module):
 @pytest.mark.parametrize("V", [1, 17, 4097, 16400, 49152, 262144])
 def test_logsumexp(m, V):
     """torch.logsumexp's value per row, within 2e-7 of the row's scale: a row's max, then e^(x - max) summed in
-    4096-value stretches into a double; rows of 16,384 values or more are split in spans across the threads when
-    there are fewer rows than threads (one row: a greedy pick), and the spans' (max, sum) folded. Inputs at
+    4096-value stretches into a double, in spans of 8,192 values across the threads whatever the rows (one row: a
+    greedy pick), and the spans' (max, sum) folded in order. Inputs at
     the scale of real logits (a spread of ~60) and far past exp's range."""
     for rows in (1, 2, 9):
         for scale in (8.0, 300.0):
@@ -210,8 +210,8 @@ def test_logsumexp(m, V):
 
 
 def test_logsumexp_spans_on_many_threads(cpu_module):
-    """One row split across many threads: each span's length is rounded up to 16 values, so with 48 threads a
-    17,000-value row makes fewer spans than threads, the last one shorter, none empty or past the row's end."""
+    """One row over 3 and 48 threads: a 17,000-value row makes 3 spans, fewer than the threads, the last one
+    shorter, none empty or past the row's end."""
     x = randn(1, 17000, seed=17, scale=5)
     threads = torch.get_num_threads()
     try:
@@ -227,13 +227,13 @@ def test_logsumexp_spans_on_many_threads(cpu_module):
 def test_logsumexp_inf_and_nan(m):
     """torch's answers wherever the row holds inf or NaN, in a span of its own or not: NaN for a NaN, +inf for
     a +inf, -inf for a row of -inf, and a -inf among finite values counts as e^-inf = 0 (a masked logit)."""
-    for V in (40, 20000):  # one span; two spans (one row, two threads)
+    for V in (40, 20000):  # one span; three spans
         x = special_rows(V)
         want = torch.logsumexp(x, -1)
         out = torch.full((8,), 0.0)
         m.logsumexp(out, x)
         torch.testing.assert_close(out, want, rtol=2e-7, atol=0, equal_nan=True)
-        for r in range(8):  # each row alone: the split path
+        for r in range(8):  # each row alone
             one = torch.full((1,), 0.0)
             m.logsumexp(one, x[r:r + 1].clone())
             torch.testing.assert_close(one, want[r:r + 1], rtol=2e-7, atol=0, equal_nan=True)

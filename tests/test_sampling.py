@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from engine.sampling import ROWS_KEPT, Noise, SamplingParams, argmax, mask_logits, position_key, probs, sample
+from engine.ops.ref import mask_logits
+from engine.sampling import ROWS_KEPT, Noise, SamplingParams, argmax, position_key, probs, sample
 
 
 def test_greedy_is_argmax_and_one_hot():
@@ -65,16 +66,16 @@ def test_top_p_on_the_cpu_is_the_sorted_rows_cut(monkeypatch, V):
     it); a full stable sort of the row gives the same mask, ties at the cut kept by index, row by row and in a
     batch alike; and the kept set is the smallest prefix of the sorted row whose mass reaches top_p (in doubles,
     up to rows whose mass sits within 1e-5 of the cut)."""
-    from engine import sampling
+    from engine.ops import ref
 
     x = nucleus_rows(V)
     for top_p in (0.05, 0.5, 0.9, 0.95, 0.999):
-        fast = sampling.nucleus_drop(x, top_p)
+        fast = ref.nucleus_drop(x, top_p)
         with monkeypatch.context() as m:
-            m.setattr(sampling, "NUCLEUS_CANDIDATES", V)
-            assert torch.equal(sampling.nucleus_drop(x, top_p), fast), top_p
+            m.setattr(ref, "NUCLEUS_CANDIDATES", V)
+            assert torch.equal(ref.nucleus_drop(x, top_p), fast), top_p
         for r in range(x.shape[0]):
-            assert torch.equal(sampling.nucleus_drop(x[r:r + 1], top_p)[0], fast[r])
+            assert torch.equal(ref.nucleus_drop(x[r:r + 1], top_p)[0], fast[r])
             order = x[r].sort(descending=True, stable=True).indices
             p = x[r].double().softmax(-1)[order]
             before = p.cumsum(-1) - p
@@ -93,6 +94,21 @@ def test_top_p_ties_at_the_cut_keep_the_first_indices():
     logits[0, at] = 0.0
     kept = torch.isfinite(mask_logits(logits, 0, 0.35))[0]
     assert kept.nonzero()[:, 0].tolist() == sorted(at.tolist())[:4]
+
+
+def test_a_row_holding_nan_samples_under_top_p_as_without_it():
+    """The nucleus of a row holding NaN drops nothing (its masses are NaN), so the row samples as an unmasked one
+    (a row of NaN probabilities, whose race takes index 0), instead of the mask failing on an empty nucleus."""
+    logits = torch.randn(2, 300, generator=torch.Generator().manual_seed(4))
+    logits[0, [40, 7]] = float("nan")
+    assert torch.isfinite(mask_logits(logits, 0, 0.9)[0]).sum() == 298
+    picks = []
+    for top_p in (0.9, 1.0):
+        noise = SamplingParams(seed=3).generator("cpu")
+        tok, dist = sample(logits, SamplingParams(temperature=0.7, top_p=top_p), noise)
+        assert dist[0].isnan().all() and torch.isfinite(dist[1]).all()
+        picks.append(tok[0].item())
+    assert picks == [0, 0]
 
 
 def test_probs_renormalise_after_masks():

@@ -39,6 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"));
   m.def("softmax", &c::softmax, "out[r] = softmax(x[r] / temperature) for x [R, V]", nogil(), py::arg("out"),
         py::arg("x"), py::arg("temperature"));
+  m.def("nucleus", &c::nucleus, "out[r] = softmax(x[r] / temperature) over the top-k / top-p tokens, 0 elsewhere; "
+        "False when a row holds inf or NaN", nogil(), py::arg("out"), py::arg("x"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"));
   m.def("race", &c::race, "out[r] = argmax(weights[r] / the noise of keys[r]), the exponential race of each row",
         nogil(), py::arg("out"), py::arg("weights"), py::arg("keys"));
   m.def("exp_noise", &c::exp_noise, "out[i] = -log(u_i), the sampling noise of one position's key", nogil(),

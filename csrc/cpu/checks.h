@@ -16,6 +16,14 @@ inline void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got device ", t.device());
 }
 
+// A float32 CPU tensor [..., hidden], hidden > 0, dense.
+inline void check_fp32_rows(const at::Tensor& t, const char* name) {
+  check_cpu(t, name);
+  TORCH_CHECK(t.dim() >= 1 && t.size(-1) > 0, name, " must be [..., hidden] with hidden > 0, got ", t.sizes());
+  check_dtype(t, name, at::kFloat);
+  check_dense(t, name);
+}
+
 // A CPU tensor of the dtype, contiguous, of exactly `shape` (`what` spells the letters, e.g. "[P, in, 16]").
 inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, const char* what,
                          const std::vector<int64_t>& shape) {

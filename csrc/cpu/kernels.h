@@ -127,6 +127,15 @@ using SiluMulFn = void (*)(float* out, const float* gate_up, int inter, int64_t 
 // unless it is null (rowwise.h exp_span).
 using ExpSpanFn = void (*)(const float* v, int n, float c, float* out, float* m, float* s);
 
+// A sampled pick under top-k / top-p (rowwise.h; csrc/cpu/nucleus.h runs them): y = x / tau and y's max (NaN when
+// y is not all finite); the terms e^(y - m) into e and their sum in doubles.
+using ScaleMaxFn = float (*)(const float* x, int n, float tau, float* y);
+using ExpTotalFn = double (*)(const float* y, int n, float m, float* e);
+// How many y >= floor; with e, also the sum of their e (an estimate, in float lanes) into mass.
+using AboveFn = int64_t (*)(const float* y, const float* e, int n, float floor, float* mass);
+// The indices of y >= floor, in order, into at (room for n); returns how many.
+using CollectFn = int (*)(const float* y, int n, float floor, int32_t* at);
+
 // Rotary embedding in place on tokens [t0, t1): q [N, H, D] and k [N, Hkv, D] with dense heads and token
 // strides q_stride / k_stride; cos, sin [max_pos, D/2]; pos[t] as int64 (the host converts int32).
 struct RopeArgs {
@@ -185,6 +194,10 @@ struct KernelTable {
   SiluMulFn silu_mul;
   SiluMulFn gelu_tanh_mul;
   ExpSpanFn exp_span;
+  ScaleMaxFn scale_max;
+  ExpTotalFn exp_total;
+  AboveFn above;
+  CollectFn collect;
   RopeFn rope;
   AttentionFn attention;
   AttentionMergeFn attention_merge;

@@ -40,6 +40,10 @@ using GreedyPick = std::tuple<int64_t, double, double>;
 std::vector<GreedyPick> greedy(const at::Tensor& x);
 // x: [R, V] dense -> out (x's shape): softmax(x / temperature) of each row (torch's, NaN rows where it gives NaN).
 void softmax(at::Tensor& out, const at::Tensor& x, double temperature);
+// x: [R, V] dense -> out (x's shape): each row's sampling distribution under top-k / top-p, softmax(x / temperature)
+// over the tokens engine/ops/ref.py mask_logits keeps, 0 elsewhere (nucleus.h); false when a row holds an inf or a
+// NaN (out is then unspecified: the caller takes the twin).
+bool nucleus(at::Tensor& out, const at::Tensor& x, double temperature, int64_t top_k, double top_p);
 // weights: [R, V] dense, >= 0; keys: R position keys -> out [R] int64, the exponential race of each row against its
 // key's noise (exp_noise's values, made on the fly): argmax(weights[r] / noise) as torch's argmax (the first index
 // of the largest; a NaN wins).

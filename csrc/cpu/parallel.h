@@ -15,6 +15,14 @@
 
 namespace decodescope::cpu {
 
+// The least a row-wise op's thread chunk holds: a decode step's single row stays on the calling thread (a handoff
+// costs more than normalizing 576 values); prefill's many rows are split. min_rows: that many values in rows.
+inline constexpr int64_t kMinChunkElems = 16 << 10;
+
+inline int64_t min_rows(int64_t row_elems) {
+  return (kMinChunkElems + row_elems - 1) / (row_elems > 0 ? row_elems : 1);
+}
+
 // fn(begin, end) over contiguous chunks of [0, n): at most threads * per_thread chunks, none smaller than
 // min_chunk items (a chunk must outweigh the cost of handing it to another thread). Chunks are claimed
 // from a shared counter, so a worker that is late (asleep, or its core taken) leaves its chunk to the

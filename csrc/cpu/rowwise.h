@@ -117,6 +117,72 @@ struct Rowwise {
     *m_out = m, *s_out = static_cast<float>(s);
   }
 
+  // A sampled pick's passes under top-k / top-p (ops_rowwise.cpp nucleus). scale_max: y = x / tau, the twin's
+  // float division, and y's max; NaN when y holds an inf or a NaN (the host then takes the twin).
+  static float scale_max(const float* x, int n, float tau, float* y) {
+    const F t = S::set1(tau);
+    const int body = n - n % 16;
+    F mv = S::set1(-INFINITY), bad = S::zero();
+    for (int i = 0; i < body; i += 16) {
+      const F v = S::div(S::load(x + i), t);
+      S::store(y + i, v);
+      mv = S::max(mv, v);
+      bad = S::fma(v, S::zero(), bad);
+    }
+    float m = body ? S::reduce_max(mv) : -INFINITY, tail_bad = 0.f;
+    for (int i = body; i < n; ++i) {
+      y[i] = x[i] / tau;
+      m = y[i] > m ? y[i] : m;
+      tail_bad += y[i] * 0.f;
+    }
+    return S::nonfinite(bad, bad) != 0.f || tail_bad != 0.f ? NAN : m;  // NaN != 0
+  }
+
+  // e[i] = e^(y[i] - m) (exp_le0: m is the max) and their sum in doubles, in a fixed order: 16 running sums,
+  // folded pairwise.
+  static double exp_total(const float* y, int n, float m, float* e) {
+    const F M = S::set1(m);
+    double acc[16] = {};
+    for (int i = 0; i < n; i += 16) {
+      const int lanes = n - i < 16 ? n - i : 16;
+      store(e + i, S::exp_le0(S::sub(load(y + i, lanes), M)), lanes);  // lanes past n: computed, not stored
+      for (int j = 0; j < lanes; ++j) acc[j] += e[i + j];
+    }
+    for (int w = 8; w >= 1; w /= 2)
+      for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+    return acc[0];
+  }
+
+  // How many y[i] >= floor, and with e the sum of their e[i] (in 16 float lanes: a search's estimate).
+  static int64_t above(const float* y, const float* e, int n, float floor, float* mass) {
+    const F f = S::set1(floor), one = S::set1(1.f);
+    const int body = n - n % 16;
+    F count = S::zero(), sum = S::zero();  // a lane's count is exact below 2^24
+    for (int i = 0; i < body; i += 16) {
+      const F v = S::load(y + i);
+      count = S::add(count, S::keep_ge(v, f, one));
+      if (e) sum = S::add(sum, S::keep_ge(v, f, S::load(e + i)));
+    }
+    auto total = static_cast<int64_t>(S::reduce_add(count));
+    float m = S::reduce_add(sum);
+    for (int i = body; i < n; ++i)
+      if (y[i] >= floor) ++total, m += e ? e[i] : 0.f;
+    *mass = m;
+    return total;
+  }
+
+  // The indices of y[i] >= floor, in order, into at; returns how many.
+  static int collect(const float* y, int n, float floor, int32_t* at) {
+    const F f = S::set1(floor);
+    const int body = n - n % 16;
+    int c = 0;
+    for (int i = 0; i < body; i += 16)
+      for (unsigned bits = S::ge_bits(S::load(y + i), f); bits; bits &= bits - 1) at[c++] = i + __builtin_ctz(bits);
+    for (int i = body; i < n; ++i)
+      if (y[i] >= floor) at[c++] = i;
+    return c;
+  }
+
   // Both gates are g * sigmoid(z(g)) = g / (1 + e^-z): silu has z = g; gelu's tanh form,
   // 0.5 g (1 + tanh(u)) with u = sqrt(2/pi) (g + 0.044715 g^3), is the same with z = 2u, which keeps tanh's
   // cancellation near 0 out of it. `neg_z` gives -z.

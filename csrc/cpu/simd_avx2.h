@@ -42,6 +42,14 @@ struct Avx2 {
   static F sub(F a, F b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
   static F mul(F a, F b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
   static F max(F a, F b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  static unsigned ge_bits(F a, F b) {  // bit i: lane i of a >= b
+    return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GE_OQ))) |
+           static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GE_OQ))) << 8;
+  }
+  static F keep_ge(F a, F b, F v) {  // v where a >= b, else 0
+    return {_mm256_and_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GE_OQ), v.lo),
+            _mm256_and_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GE_OQ), v.hi)};
+  }
   static F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
   static F fnma(F a, F b, F c) { return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)}; }
   static F div(F a, F b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }

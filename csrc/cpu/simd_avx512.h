@@ -29,6 +29,10 @@ struct Avx512 {
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static unsigned ge_bits(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }  // bit i: lane i of a >= b
+  static F keep_ge(F a, F b, F v) {  // v where a >= b, else 0
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_GE_OQ), v);
+  }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }      // a * b + c
   static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }    // c - a * b
   static F div(F a, F b) { return _mm512_div_ps(a, b); }

@@ -26,6 +26,10 @@ KernelTable kernel_table(const char* name, const std::array<LinearFn, kNumFormat
                      .silu_mul = R::silu_mul,
                      .gelu_tanh_mul = R::gelu_tanh_mul,
                      .exp_span = R::exp_span,
+                     .scale_max = R::scale_max,
+                     .exp_total = R::exp_total,
+                     .above = R::above,
+                     .collect = R::collect,
                      .rope = R::rope,
                      .attention = A::run,
                      .attention_merge = A::merge};

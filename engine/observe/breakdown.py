@@ -39,7 +39,8 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 # linear_<format> -> matmul
 KERNEL_CLASSES = {"rmsnorm": "norm", "add_rmsnorm": "norm", "rope": "rope", "silu_mul": "activation",
                   "attention": "attention", "decode_attention": "attention", "kv_write": "kv_write",
-                  "logsumexp": "sampling", "greedy": "sampling", "softmax": "sampling", "race": "sampling",
+                  "logsumexp": "sampling", "greedy": "sampling", "softmax": "sampling", "nucleus": "sampling",
+                  "race": "sampling",
                   "exp_noise": "sampling"}
 ATEN_CLASSES = {
     "matmul": ("mm", "addmm", "matmul", "linear", "bmm", "baddbmm", "_int_mm", "_weight_int8pack_mm",

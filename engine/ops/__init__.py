@@ -39,7 +39,8 @@ class OpSet:
     # (x [N, in], the head's Packed weight) -> (logits [N, V], greedy's picks of them), made by the matmul as it
     # writes each stretch of logits (engine/sampling.py HeadPicks); None: the head is a plain matmul
     head_greedy: Callable | None = None
-    softmax: Callable = ref.softmax  # (x [R, V], temperature) -> [R, V]: a sampled pick's distribution (sampling.py)
+    # (x [R, V], temperature, top_k, top_p) -> [R, V]: a sampled pick's distribution (engine/sampling.py probs)
+    softmax: Callable = ref.softmax
     # (weights [R, V], R position keys) -> [R] long: a sampled draw with the keys' noise made on the fly (twin:
     # ref.race); None: sampling.Noise races over the rows exp_noise makes, in torch
     race: Callable | None = None

@@ -58,13 +58,18 @@ class CpuOps(RowwiseOps):
         out = x.new_empty(x.shape[0], w.out_features)
         return out, self.module.linear_greedy(out, x.contiguous(), self.codes[w.fmt], list(w.tensors))
 
-    def softmax(self, x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-        """ref.softmax through the module for float32 rows on the CPU: the temperature, the row's max and its
-        exps in one pass, split across the threads, then one scaling pass; anything else through the twin."""
+    def softmax(self, x: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+        """ref.softmax through the module for float32 rows on the CPU, anything else through the twin. Without
+        top-k / top-p: the temperature, the row's max and its exps in one pass, split across the threads, then one
+        scaling pass. With them: each row on one thread (csrc/cpu/nucleus.h), the twin's mask without sorting the
+        row; a row holding inf or NaN goes to the twin."""
         if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
-            return ref.softmax(x, temperature)
-        out = torch.empty(x.shape)
-        self.module.softmax(out, x.contiguous(), float(temperature))
+            return ref.softmax(x, temperature, top_k, top_p)
+        out, x = torch.empty(x.shape), x.contiguous()
+        if not (0 < top_k < x.shape[-1] or top_p < 1):
+            self.module.softmax(out, x, float(temperature))
+        elif not self.module.nucleus(out, x, float(temperature), int(top_k), float(top_p)):
+            return ref.softmax(x, temperature, top_k, top_p)
         return out
 
     def race(self, weights: torch.Tensor, keys: list[int]) -> torch.Tensor:
