@@ -47,8 +47,10 @@ def in_tree(tree: Path, script: str, argv: list[str], env: dict | None = None, w
 def tree_commit(tree: Path) -> tuple[str | None, bool | None]:
     """The commit a source tree holds and whether it has uncommitted changes (None where git cannot say). Changes
     under bench/results/ do not count: that is where the benchmarks write, and one that saves as it goes (or runs
-    after another) must not call its own output a change to the code."""
-    status = _run("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results", cwd=tree)
+    after another) must not call its own output a change to the code; nor does .ext-cache/, where a benchmark builds
+    a baseline tree's kernels."""
+    status = _run("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results", ":(exclude).ext-cache",
+                  cwd=tree)
     return _run("git", "rev-parse", "HEAD", cwd=tree), None if status is None else bool(status)
 
 

@@ -4,16 +4,18 @@ through Engine.pick, per vocabulary size and path, the paths alternating round b
 
     python -m bench.pick [--vocab 49152 151936 262144] [--repeats 5] [--picks 40] [--name pick-cpu]
 
+Settings: greedy; temperature 0.7 alone; with top-p 0.9; with top-k 40.
+
 Paths: `kernels`, the CPU module's greedy (the argmax, the max and logsumexp in one pass: the shown probability is
 exp(max - logsumexp); a model's head makes them as it writes its logits, which this bench does not time), softmax (the
-sampling distribution at T > 0, the temperature in the same pass), exp_noise (a noise row: hashed uniforms, -log)
-and race (the draw: the argmax of the distribution over the noise); `twins`, the same recipe in torch
-(engine/ops/ref.py); `torch`, a pick as Engine.pick made it before those kernels: the whole softmax of the row for a
-greedy token's shown probability, torch's softmax of logits / temperature, noise rows from torch's generator
-(torch.rand, then -log) and the race in torch. Every pick takes a position never drawn before, so at T > 0 each
-makes its noise row, as a plain decode step does. us: microseconds a pick, the median over the
-repeats of each round's mean over `picks` picks; vs_torch: the torch path's over this one's, round by round
-(median).
+sampling distribution at T > 0, the temperature in the same pass; under top-p or top-k, nucleus: the mask found
+without sorting the row), exp_noise (a noise row: hashed uniforms, -log) and race (the draw: the argmax of the
+distribution over the noise); `twins`, the same recipe in torch (engine/ops/ref.py); `torch`, a pick as
+Engine.pick made it before those kernels: the whole softmax of the row for a greedy token's shown probability,
+torch's softmax of logits / temperature (under top-p or top-k, after the twin's mask), noise rows from torch's
+generator (torch.rand, then -log) and the race in torch. Every pick takes a position never drawn before, so at
+T > 0 each makes its noise row, as a plain decode step does. us: microseconds a pick, the median over the repeats
+of each round's mean over `picks` picks; vs_torch: the torch path's over this one's, round by round (median).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from engine.ops import ext, ref
 from engine.ops.cpu import CpuOps
 from engine.sampling import Noise, SamplingParams, sample
 
-TEMPERATURES = (0.0, 0.7)
+SETTINGS = ((0.0, 1.0, 0), (0.7, 1.0, 0), (0.7, 0.9, 0), (0.7, 1.0, 40))  # (temperature, top_p, top_k)
 VOCABS = {49152: "SmolLM2", 151936: "Qwen2.5", 262144: "Gemma 3"}
 
 
@@ -72,10 +74,10 @@ def noise(ops, seed: int) -> Noise:
     return Noise(seed, "cpu", ops.fill, ops.race)
 
 
-def pick_us(path: tuple, logits: torch.Tensor, temperature: float, picks: int, first: int) -> float:
+def pick_us(path: tuple, logits: torch.Tensor, sampling: SamplingParams, picks: int, first: int) -> float:
     """Mean microseconds of a path's pick over `picks` positions from `first`."""
     pick, ops = path
-    sampling, gen = SamplingParams(temperature=temperature, seed=1), noise(ops, 1)
+    gen = noise(ops, 1)
     t = time.perf_counter()
     for pos in range(first, first + picks):
         pick(logits, sampling, gen.at(pos))
@@ -88,17 +90,18 @@ def run(args, save) -> dict:
     result = dict(vocab=args.vocab, repeats=args.repeats, picks=args.picks, rows=[])
     for V in args.vocab:
         logits = torch.randn(V, generator=torch.Generator().manual_seed(V)) * 4  # a spread like real logits'
-        for temperature in TEMPERATURES:
+        for temperature, top_p, top_k in SETTINGS:
+            sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=1)
             us = {name: [] for name in names}
             for name in names:  # warm: first calls, allocations
-                pick_us(modes[name], logits, temperature, 3, 10**6)
+                pick_us(modes[name], logits, sampling, 3, 10**6)
             for rep, _, m in alternation(len(names), 1, args.repeats):
-                us[names[m]].append(pick_us(modes[names[m]], logits, temperature, args.picks, rep * args.picks))
+                us[names[m]].append(pick_us(modes[names[m]], logits, sampling, args.picks, rep * args.picks))
             for name in names:
                 vs = [t / o for t, o in zip(us["torch"], us[name], strict=True)]
-                result["rows"].append(dict(vocab=V, like=VOCABS.get(V, ""), temperature=temperature, path=name,
-                                           us=statistics.median(us[name]), vs_torch=statistics.median(vs),
-                                           rounds_us=us[name]))
+                result["rows"].append(dict(vocab=V, like=VOCABS.get(V, ""), temperature=temperature, top_p=top_p,
+                                           top_k=top_k, path=name, us=statistics.median(us[name]),
+                                           vs_torch=statistics.median(vs), rounds_us=us[name]))
             save(result)
     return result
 
@@ -108,9 +111,10 @@ def markdown(result: dict) -> str:
     tel = p.get("telemetry") or {}
     head = (f"One token's pick through Engine.pick on the CPU ({tel.get('cpu_model', p.get('cpu', ''))}, "
             f"{p.get('torch_threads', '?')} threads), {result['picks']} new positions a round, "
-            f"{result['repeats']} alternating rounds (medians). " + __doc__.split("\n\n")[2].replace("\n", " "))
-    return head + "\n\n" + markdown_table(result["rows"], ["vocab", "like", "temperature", "path", "us",
-                                                           "vs_torch"]) + "\n"
+            f"{result['repeats']} alternating rounds (medians). "
+            + " ".join(__doc__.split("\n\n")[2:4]).replace("\n", " "))
+    return head + "\n\n" + markdown_table(result["rows"], ["vocab", "like", "temperature", "top_p", "top_k", "path",
+                                                           "us", "vs_torch"]) + "\n"
 
 
 def main(argv=None) -> None:

@@ -83,3 +83,28 @@ def test_each_tree_sets_its_own_openmp_defaults(monkeypatch):
         monkeypatch.setenv(name, value)
     decode_ab.Tree(ROOT, 4, {})
     assert not set(engine.OPENMP_DEFAULTS) & set(seen) and seen["PYTHONPATH"] == str(ROOT)
+
+
+def test_a_baseline_trees_commit_and_whether_it_changed(tmp_path):
+    """tree_commit names the tree's commit; an edit to its code makes it dirty, the benchmarks' own writes in it
+    (bench/results/, the kernels built into .ext-cache/) do not; a folder outside git says nothing."""
+    from bench.common import tree_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "engine.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert tree_commit(tmp_path) == (head, False)
+    (tmp_path / ".ext-cache").mkdir()
+    (tmp_path / ".ext-cache" / "k.so").write_text("")
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "r.json").write_text("{}")
+    assert tree_commit(tmp_path) == (head, False)
+    (tmp_path / "engine.py").write_text("x = 2\n")
+    assert tree_commit(tmp_path) == (head, True)
+    assert tree_commit(tmp_path / "nowhere") == (None, None)

@@ -1,5 +1,5 @@
-"""bench.pick on a small vocabulary: every path's row for both temperatures, positive times, the torch path its
-own reference, and the result saved with its provenance."""
+"""bench.pick on a small vocabulary: every path's row for each setting (greedy, temperature, top-p, top-k), positive
+times, the torch path its own reference, and the result saved with its provenance."""
 import json
 
 from bench import pick
@@ -9,7 +9,9 @@ def test_pick_bench_rows(tmp_path):
     pick.main(["--vocab", "300", "--repeats", "2", "--picks", "3", "--out", str(tmp_path), "--name", "p"])
     result = json.loads((tmp_path / "p.json").read_text())
     rows = result["rows"]
-    assert {(r["path"], r["temperature"]) for r in rows} >= {(p, t) for p in ("twins", "torch") for t in (0.0, 0.7)}
+    settings = {(0.0, 1.0, 0), (0.7, 1.0, 0), (0.7, 0.9, 0), (0.7, 1.0, 40)}
+    assert {(r["path"], r["temperature"], r["top_p"], r["top_k"]) for r in rows} >= {
+        (p, *s) for p in ("twins", "torch") for s in settings}
     assert all(r["us"] > 0 and len(r["rounds_us"]) == 2 for r in rows)
     assert all(r["vs_torch"] == 1 for r in rows if r["path"] == "torch")
     assert result["provenance"]["device"] == "cpu"
