@@ -4,12 +4,13 @@
 // The kept tokens are a prefix of the row in descending order, ties by index (a stable sort): top-k keeps every
 // token at or above the k-th value; top-p keeps each token while the mass before it, e^(y - max) / total summed
 // in that order in doubles, is below top_p. Only the tokens near the top are ever sorted: those within d of the
-// max (d = 8, 32, 128, ... in units of y = x / temperature), as many as first hold the top k, or a mass
-// reaching top_p, checked again by the walk itself. A 49,152-token row's mask took ~700 us in torch's ops
-// (each one over the whole row); here two passes over the row, a scan for the candidates, and a sort of tens.
+// max (y = x / temperature), d the least found whose tokens hold the top k, or a mass reaching top_p by a vector
+// pass's estimate, which the walk itself checks. A 49,152-token row's mask took ~700 us in torch's ops (each one
+// over the whole row); here a few vector passes over the row and a sort of a few to a few hundred tokens: ~40 us.
 //
 // A row is read and written by one thread, in one order, whatever the rows beside it: a verify pass's row gets
-// a decode step's bits.
+// a decode step's bits. (One thread is also why a row of 150,000 tokens or more costs more here than the
+// two-thread softmax of the row without a mask.)
 #pragma once
 
 #include <algorithm>

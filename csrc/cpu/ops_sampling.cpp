@@ -23,6 +23,17 @@ void check_exp_rows(const at::Tensor& x) {
   checked_int(x.size(1), "V");
 }
 
+// softmax's and nucleus's: logits x [R, V], out of x's shape, and a temperature whose inverse is a finite float.
+void check_distribution_args(const at::Tensor& out, const at::Tensor& x, double temperature) {
+  check_exp_rows(x);
+  check_cpu(out, "out");
+  TORCH_CHECK(out.sizes() == x.sizes(), "out must have x's shape ", x.sizes(), ", got ", out.sizes());
+  check_dtype(out, "out", at::kFloat);
+  check_dense(out, "out");
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature) && std::isfinite(static_cast<float>(1.0 / temperature)),
+              "temperature must be a finite number > 0 whose inverse is a finite float, got ", temperature);
+}
+
 // A row pass's work items: each of `rows` rows of n values in spans of kSpan values (the last one shorter), split
 // across the threads. The spans, and so the order a row's sums fold in, depend on n alone: a verify pass's row
 // gets a decode step's bits whatever the rows beside it or the thread count (a split by the thread count when a
@@ -116,13 +127,7 @@ std::vector<GreedyPick> greedy(const at::Tensor& x) {
 
 void softmax(at::Tensor& out, const at::Tensor& x, double temperature) {
   RECORD_FUNCTION("decodescope::softmax", std::vector<c10::IValue>({x}));
-  check_exp_rows(x);
-  check_cpu(out, "out");
-  TORCH_CHECK(out.sizes() == x.sizes(), "out must have x's shape ", x.sizes(), ", got ", out.sizes());
-  check_dtype(out, "out", at::kFloat);
-  check_dense(out, "out");
-  TORCH_CHECK(temperature > 0 && std::isfinite(temperature) && std::isfinite(static_cast<float>(1.0 / temperature)),
-              "temperature must be a finite number > 0 whose inverse is a finite float, got ", temperature);
+  check_distribution_args(out, x, temperature);
   float* y = out.data_ptr<float>();
   const ExpPass sp(x, static_cast<float>(1.0 / temperature), y);
   // each span's terms were e^(c (v - its own max)): one factor per span puts them over the row's max and sum
@@ -144,13 +149,7 @@ void softmax(at::Tensor& out, const at::Tensor& x, double temperature) {
 
 bool nucleus(at::Tensor& out, const at::Tensor& x, double temperature, int64_t top_k, double top_p) {
   RECORD_FUNCTION("decodescope::nucleus", std::vector<c10::IValue>({x}));
-  check_exp_rows(x);
-  check_cpu(out, "out");
-  TORCH_CHECK(out.sizes() == x.sizes(), "out must have x's shape ", x.sizes(), ", got ", out.sizes());
-  check_dtype(out, "out", at::kFloat);
-  check_dense(out, "out");
-  TORCH_CHECK(temperature > 0 && std::isfinite(static_cast<float>(temperature)),
-              "temperature must be a finite float > 0, got ", temperature);
+  check_distribution_args(out, x, temperature);
   TORCH_CHECK(top_k >= 0, "top_k must be >= 0 (0: off), got ", top_k);
   TORCH_CHECK(top_p > 0 && top_p <= 1, "top_p must be in (0, 1] (1: off), got ", top_p);
   const int64_t rows = x.size(0);
