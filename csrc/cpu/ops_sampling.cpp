@@ -158,12 +158,27 @@ bool nucleus(at::Tensor& out, const at::Tensor& x, double temperature, int64_t t
               n, ") and top_p = 1; softmax is the distribution then");
   const float* v = x.data_ptr<float>();
   float* y = out.data_ptr<float>();
+  const auto tau = static_cast<float>(temperature);
   std::vector<char> finite(rows);
-  parallel_chunks(rows, 1, [&](int64_t r0, int64_t r1) {
+  if (rows < at::get_num_threads()) {  // a pick's row: its spans across the threads
     thread_local NucleusScratch scratch;
-    for (int64_t r = r0; r < r1; ++r)
-      finite[r] = nucleus_row(v + r * n, n, static_cast<float>(temperature), top_k, top_p, y + r * n, scratch);
-  });
+    const auto across = [](int spans, const auto& fn) {
+      parallel_chunks(spans, 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) fn(static_cast<int>(t));
+      });
+    };
+    for (int64_t r = 0; r < rows; ++r)
+      finite[r] = nucleus_row(v + r * n, n, kSpan, tau, top_k, top_p, y + r * n, scratch, across);
+  } else {  // a verify pass's rows: each on one thread
+    parallel_chunks(rows, 1, [&](int64_t r0, int64_t r1) {
+      thread_local NucleusScratch scratch;
+      const auto here = [](int spans, const auto& fn) {
+        for (int t = 0; t < spans; ++t) fn(t);
+      };
+      for (int64_t r = r0; r < r1; ++r)
+        finite[r] = nucleus_row(v + r * n, n, kSpan, tau, top_k, top_p, y + r * n, scratch, here);
+    });
+  }
   return std::all_of(finite.begin(), finite.end(), [](char f) { return f != 0; });
 }
 
