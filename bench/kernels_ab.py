@@ -11,7 +11,9 @@ inputs (one seed):
     moves these; each process's read probe is recorded);
   - attention: T new queries of the default model's heads (9 query, 3 KV, dim 64) over 30 layers' caches, one
     thread at a 128-token context and the threads at 512, and Qwen2.5-1.5B's (12, 2, 128) over 28 layers at 2,048
-    positions, 117 MB of caches read from DRAM (ATTENTION_RUNS).
+    positions, 117 MB of caches read from DRAM (ATTENTION_RUNS);
+  - nucleus: a sampled pick's distribution at temperature 0.7 under top-p 0.9 and under top-k 40, T rows of logits
+    at real scale (a spread of ~4) of the vocabularies in PICK_VOCABS, on the threads asked for.
 Each figure is the minimum over `--repeats` within a process; the table gives the median over rounds for each
 tree and the median of the rounds' own new / baseline ratios. The outputs of both trees are compared bit for bit
 over ragged shapes (and for attention, windowed caches): a change that moves the bits is a numerics change, not
@@ -33,6 +35,7 @@ COMPUTE_SHAPE = (1536, 576)  # (out, in): 96 panels x 18 blocks of q4, ~0.55 MB,
 STREAM_SHAPES = [(2048, 1536), (1536, 1536), (2 * 8960, 1536), (1536, 8960)]  # Qwen2.5-1.5B: qkv, o, gate_up, down
 CHECK_SHAPES = [(960, 576), (1536, 8960), (100, 1000)]  # ragged ones too: a partial panel, a partial block
 CHECK_ROWS = (1, 3, 6, 9, 16)
+PICK_VOCABS = (49152, 151936, 262144)  # SmolLM2's, Qwen2.5's, Gemma 3's
 # (label, threads: 0 for --threads, (query heads, KV heads, head dim), layers, context): the default model's heads
 # from cache with one thread and with the threads, and Qwen2.5-1.5B's at a long context, its caches read from DRAM
 ATTENTION_RUNS = [("one thread, context 128, 30 layers", 1, (9, 3, 64), 30, 128),
@@ -85,6 +88,22 @@ if kernel == "attention":
         for T in rows:
             res[f"T{T}|{label.format(threads=n_threads or threads)}|ms"] = 1e3 * best(run(kv, T, ctx, heads)[1])
         del kv
+elif kernel == "nucleus":
+    torch.set_num_threads(threads)
+    for (top_k, top_p) in ((0, 0.9), (40, 1.0)):
+        for V in (300, 20000):
+            x = torch.randn(max(CHECK_ROWS), V, generator=g) * 4
+            for T in CHECK_ROWS:
+                y = torch.empty(T, V)
+                m.nucleus(y, x[:T], 0.7, top_k, top_p)
+                outs.append(y)
+        for V in PICK_VOCABS:
+            x = torch.randn(max(rows), V, generator=g) * 4
+            for T in rows:
+                y = torch.empty(T, V)
+                label = f"top-p {top_p}" if top_p < 1 else f"top-k {top_k}"
+                res[f"T{T}|{label}, {V} tokens, {threads} threads|us"] = 1e6 * best(
+                    lambda: m.nucleus(y, x[:T], 0.7, top_k, top_p), 20)
 else:
     code = m.formats().index(kernel)
     def panels(o, i):
@@ -119,7 +138,7 @@ print("RESULT " + json.dumps(res))
 def child(tree: Path, kernel: str, rows: list[int], args, out: Path) -> dict:
     """CHILD in `tree`, its kernels built where engine.ops.ext keeps them (a folder per hash of the sources)."""
     code = (f"COMPUTE_SHAPE, STREAM_SHAPES, CHECK_SHAPES, CHECK_ROWS = {COMPUTE_SHAPE}, {STREAM_SHAPES}, "
-            f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_RUNS = {ATTENTION_RUNS}\n" + CHILD)
+            f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_RUNS, PICK_VOCABS = {ATTENTION_RUNS}, {PICK_VOCABS}\n" + CHILD)
     return in_tree(tree, code, [kernel, ",".join(map(str, rows)), str(out), args.isa, str(args.repeats),
                                 str(args.threads), str(args.layers)], what="the kernels")
 
@@ -170,7 +189,7 @@ def main(argv=None) -> None:
     p.add_argument("--baseline", required=True, help="a source tree (a worktree of the commit before the change)")
     p.add_argument("--baseline-label", default="the baseline's kernels")
     p.add_argument("--kernels", nargs="+", required=True,
-                   help="GEMM weight formats (q4, q4_a8, q4_k, ...) and/or 'attention'")
+                   help="GEMM weight formats (q4, q4_a8, q4_k, ...), 'attention' and/or 'nucleus'")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 6, 16])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=9)
