@@ -40,8 +40,7 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 KERNEL_CLASSES = {"rmsnorm": "norm", "add_rmsnorm": "norm", "rope": "rope", "silu_mul": "activation",
                   "attention": "attention", "decode_attention": "attention", "kv_write": "kv_write",
                   "logsumexp": "sampling", "greedy": "sampling", "softmax": "sampling", "nucleus": "sampling",
-                  "race": "sampling",
-                  "exp_noise": "sampling"}
+                  "race": "sampling", "exp_noise": "sampling"}
 ATEN_CLASSES = {
     "matmul": ("mm", "addmm", "matmul", "linear", "bmm", "baddbmm", "_int_mm", "_weight_int8pack_mm",
                "_weight_int4pack_mm", "embedding_bag"),

@@ -61,8 +61,8 @@ class CpuOps(RowwiseOps):
     def softmax(self, x: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
         """ref.softmax through the module for float32 rows on the CPU, anything else through the twin. Without
         top-k / top-p: the temperature, the row's max and its exps in one pass, split across the threads, then one
-        scaling pass. With them: each row on one thread (csrc/cpu/nucleus.h), the twin's mask without sorting the
-        row; a row holding inf or NaN goes to the twin."""
+        scaling pass. With them: the twin's mask without sorting the row (csrc/cpu/nucleus.h), a row alone split
+        across the threads, a verify pass's rows one a thread; a row holding inf or NaN goes to the twin."""
         if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
             return ref.softmax(x, temperature, top_k, top_p)
         out, x = torch.empty(x.shape), x.contiguous()
