@@ -4,7 +4,7 @@
 // A row is read in units of kGreedyUnit values, each reduced to its max m and s = sum e^(v - m) (the kernels'
 // exp_span); the units fold in order, in doubles, and the argmax is looked for in the first unit holding the
 // maximum. So the numbers depend on neither the thread count nor how a pass cut the row: the standalone op
-// (ops_rowwise.cpp greedy) and the head's matmul reducing each unit of logits as it writes it (ops_linear.cpp
+// (ops_sampling.cpp greedy) and the head's matmul reducing each unit of logits as it writes it (ops_linear.cpp
 // linear_greedy) give the same bits.
 #pragma once
 

@@ -44,7 +44,7 @@ struct Rowwise {
     }
   }
 
-  // A span of a row for logsumexp and softmax (ops_rowwise.cpp folds a row's spans): m = its max and
+  // A span of a row for logsumexp and softmax (ops_sampling.cpp folds a row's spans): m = its max and
   // s = sum e^(c (v - m)) for c = 1 / temperature > 0, torch's recipe, so nothing overflows; with `out`, also
   // out[i] = e^(c (v_i - m)), the span's unnormalized softmax. e^x by S::exp_le0 (its argument is <= 0). The sum runs
   // in 16 lanes over 4096 values at a time, each stretch folded into a double (~1e-7 relative at 262,144 values).
@@ -117,8 +117,8 @@ struct Rowwise {
     *m_out = m, *s_out = static_cast<float>(s);
   }
 
-  // A sampled pick's passes under top-k / top-p (ops_rowwise.cpp nucleus). scale_max: y = x / tau, the twin's
-  // float division, and y's max; NaN when y holds an inf or a NaN (the host then takes the twin).
+  // A sampled pick's passes under top-k / top-p (nucleus.h, run by ops_sampling.cpp nucleus). scale_max: y = x / tau,
+  // the twin's float division, and y's max; NaN when y holds an inf or a NaN (the host then takes the twin).
   static float scale_max(const float* x, int n, float tau, float* y) {
     const F t = S::set1(tau);
     const int body = n - n % 16;
