@@ -8,6 +8,7 @@ step's time is what a user waits for, device work included.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import statistics
 import sys
@@ -45,6 +46,18 @@ def sync(t: torch.Tensor) -> None:
     t.reshape(-1)[:1].tolist()
 
 
+def greedy_ids(eng: Engine, logits: torch.Tensor) -> torch.Tensor:
+    """Each row's greedy id of logits [R, V], read as the engine's own loops read them: on the CPU Engine.greedy
+    (the head pass's own picks where it made them, else the kernels' one pass over the row), elsewhere torch's
+    argmax. A tree whose engine has no host pick (a --baseline before it) takes torch's argmax everywhere, as its
+    own loops did. torch's argmax over a 6 x 49,152 verify pass's logits took ~300 us on 2 cores, 44 us over one
+    row: timing passes with it charged a 6-token pass ~0.07 of a default-model step the engine never pays."""
+    greedy = getattr(eng, "greedy", None)
+    if greedy is None or logits.device.type != "cpu":
+        return logits.argmax(-1)
+    return torch.tensor([p[0] for p in greedy(logits)], device=logits.device)
+
+
 @torch.inference_mode()
 def step_ms(eng: Engine, prompt: list[int], steps: int, batch: int = 1, warmup: int = 4) -> list[float]:
     """ms of each of `steps` greedy decode steps on `batch` identical rows after the prompt's prefill."""
@@ -54,7 +67,7 @@ def step_ms(eng: Engine, prompt: list[int], steps: int, batch: int = 1, warmup: 
     times = []
     for i in range(warmup + steps):
         t = time.perf_counter()
-        tok = eng.decode(tok).argmax(-1)
+        tok = greedy_ids(eng, eng.decode(tok))
         sync(tok)
         if i >= warmup:
             times.append((time.perf_counter() - t) * 1e3)
@@ -63,13 +76,14 @@ def step_ms(eng: Engine, prompt: list[int], steps: int, batch: int = 1, warmup: 
 
 @torch.inference_mode()
 def verify_ms(eng: Engine, prompt: list[int], T: int, repeats: int = 12) -> float:
-    """Median ms of a verify pass of T tokens (eng.chunk) on top of the prompt, rolled back after each."""
+    """Median ms of a verify pass of T tokens (eng.chunk) on top of the prompt and its T greedy ids, rolled back
+    after each."""
     eng.prefill(prompt)
     tokens = torch.tensor([prompt[:T]], device=eng.device)
     times = []
     for i in range(repeats + 2):
         t = time.perf_counter()
-        sync(eng.chunk(tokens).argmax(-1))
+        sync(greedy_ids(eng, eng.chunk(tokens)[0]))
         if i >= 2:  # the first calls at a new shape pick kernels (and capture a graph)
             times.append((time.perf_counter() - t) * 1e3)
         eng.rollback(len(prompt))
@@ -111,14 +125,16 @@ RESEARCH = Path(__file__).parent / "data" / "verify_research.md"
 GOALS = {6: 1.3, 16: 2.0}  # verify(T) <= this many decode steps
 
 # One measurement, run in this process for the tree's own kernels and, as a script, in another source tree's
-# (--baseline: the kernels before a change); it uses only what both trees have.
-MEASURE = """
-import json, sys
+# (--baseline: the kernels before a change). The script carries this tree's timing code (the functions' source),
+# so both trees are timed the same way, and uses only the engine API both have.
+TIMING = (sync, greedy_ids, step_ms, verify_ms, verify_costs, cpu_path)
+MEASURE = """from __future__ import annotations
+import json, statistics, sys, time
 import engine  # noqa: F401  (sets OpenMP's wait policy before torch loads)
 import torch
 from engine import Engine, Tokenizer, load_model
 from engine.observe.bandwidth import measure_gbs
-from bench.steps import verify_costs
+""" + "\n\n".join(inspect.getsource(f) for f in TIMING) + """
 fmt, ts, prompt_len, threads = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(threads)
 model = load_model(None, weights=fmt, progress=lambda msg: None)

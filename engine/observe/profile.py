@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity
 from engine.observe.breakdown import SAMPLE, quiet, reduce_trace, row_order
 from engine.observe.scopes import scopes
 from engine.layers import Linear, RMSNorm
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, on_host
 
 STEP, VERIFY = "decodescope/step", "decodescope/verify"
 WARMUP = 2
@@ -153,14 +153,18 @@ class Recorder:
         return (time.perf_counter() - t) * 1e3, tok_id
 
     def verify(self) -> float:
-        """One verify pass of T = k + 1 tokens after the context (and its greedy read), then rolled back."""
+        """One verify pass of T = k + 1 tokens after the context and its greedy read as a speculative round reads it
+        (Engine.greedy on the CPU: the head pass's own picks; argmax on a device), then rolled back."""
         eng = self.eng
         eng.rollback(len(self.context))
         t = time.perf_counter()
         with Scope(VERIFY):
             logits = eng.chunk(self.chunk)
             with Scope(SAMPLE):
-                logits[0].argmax(-1).tolist()
+                if on_host(logits):
+                    eng.greedy(logits[0])
+                else:
+                    logits[0].argmax(-1).tolist()
         ms = (time.perf_counter() - t) * 1e3
         eng.rollback(len(self.context))
         return ms

@@ -17,9 +17,11 @@ import time
 
 import torch
 
+from engine.sampling import SamplingParams
 from engine.speculative.drafters import ModelDrafter
 from engine.speculative.layerskip import LayerSkipDrafter
 
+GREEDY = SamplingParams()  # step_ms's picks
 # A copy drafting at more than this share of a target step leaves little to win: with acceptance a ~0.8 and
 # k ~4 the modeled speedup (schedule.expected_tokens over k * cost + verify) falls under ~1.3x past it, where
 # layer skipping's calibrated half of the layers, with no second copy in memory, does as well.
@@ -49,13 +51,14 @@ def copy_format(target) -> str | None:
 
 @torch.inference_mode()
 def step_ms(engine, steps: int = 4) -> float:
-    """Median ms of a few greedy decode steps on a short throwaway sequence (the cache is rolled back)."""
+    """Median ms of a few greedy decode steps on a short throwaway sequence (the cache is rolled back), each with
+    its pick as plain decoding makes it (Engine.pick: on the CPU the head pass's own)."""
     engine.prefill([0] * 8)
     tok = torch.zeros(1, dtype=torch.long, device=engine.device)
     times = []
     for _ in range(steps + 1):
         t = time.perf_counter()
-        engine.decode(tok).argmax(-1).tolist()
+        engine.pick(engine.decode(tok)[0], GREEDY, None)
         times.append((time.perf_counter() - t) * 1e3)
     engine.rollback(0)
     return statistics.median(times[1:])  # the first step at a shape picks its kernels
