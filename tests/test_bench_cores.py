@@ -1,5 +1,6 @@
 """bench/cores.py: which processes are the browser's side, the cores each side is given, and the pin itself."""
 import os
+import shutil
 import subprocess
 import time
 
@@ -67,3 +68,21 @@ def test_the_browsers_share_of_the_cores_between_two_stamps():
     assert c.cores(1010, 2010) == (5.5 - 5.01) / ((2000 - 1020) / 1e3)  # the samples inside the stretch only
     assert c.cores(1600, 1700) != c.cores(1600, 1700)  # fewer than two samples: NaN, not a guess
     assert c._cpu_s() >= 0  # the live reading works on this machine (0 with no Chromium of ours running)
+
+
+def test_the_sampler_reads_the_browsers_processes_found_at_its_last_scan(tmp_path):
+    """A sample reads only the Chromium processes the last scan found (the scan of /proc is the costly part, on the
+    engine's interpreter lock), and a process's CPU time stays in the total after it ends."""
+    fake = tmp_path / "chromium-fake"  # a process whose name says chrom, burning CPU for a moment
+    shutil.copy("/bin/sh", fake)
+    proc = subprocess.Popen([str(fake), "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"])
+    c = cores.ChromiumCPU()
+    c._scan()
+    assert c.chromium == [proc.pid]
+    readings = []
+    while proc.poll() is None:
+        readings.append(c._cpu_s())
+        time.sleep(0.02)
+    assert readings[-1] > 0
+    c._scan()
+    assert c.chromium == [] and c._cpu_s() == readings[-1]  # ended: its time kept in the total, not dropped
