@@ -3,6 +3,7 @@ latency from a round leaving the engine to its spans being on screen.
 
     python -m bench.ui                       # embedded default model, plain and n-gram, 256 tokens
     python -m bench.ui --pin                 # and again with the engine and the browser on cores of their own
+    python -m bench.ui --pin --name ui-default-cpu-zen4   # a CPU kind's own results file
     python -m bench.ui --tiny --tokens 128   # smoke run on the random-weight model
 
 The app is served in-process and driven by headless Chromium (Playwright, Debian's /usr/bin/chromium).
@@ -270,6 +271,7 @@ def main(argv=None) -> None:
     p.add_argument("--stream-interval", type=float, default=None,
                    help="seconds between token updates (default: the app's own)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--name", help="the results' file name (default ui-<model>-<device>; one per CPU kind)")
     args = p.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -278,7 +280,7 @@ def main(argv=None) -> None:
     result["provenance"] = provenance(args.device, tel)
     md = report(result)
     print(md)
-    write_results(args.out, f"ui-{result['model']}-{args.device}", result, md)
+    write_results(args.out, args.name or f"ui-{result['model']}-{args.device}", result, md)
 
 
 if __name__ == "__main__":
