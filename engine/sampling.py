@@ -144,24 +144,41 @@ def shown_at(logits: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, dist: 
     return (logits[rows, ids].float() - logsumexp(logits)[rows]).exp()
 
 
+HELD_ROWS = 32  # a head pass of at most this many rows (decode steps, verify passes) keeps its logits alive
+
+
 class HeadPicks:
     """greedy's picks (engine/ops/ref.py) of a head pass's logits, made by the pass itself (OpSet.head_greedy) as
     each stretch of logits was written. Read after a CPU step instead, the row came back from memory and the
     argmax's and logsumexp's code with it: 80-100 us of a ~3.5 ms default-model step, and every Python operation
     after a step is slow (its objects too have left the caches), so this lookup is a few of them.
 
+    The picks hold their logits where the pass had at most HELD_ROWS rows (a step's, a verify pass's: ~34 MB at
+    most, 32 rows of a 262,144-token vocabulary), until the next head pass replaces them: the memory can then hold
+    nothing else, so an address in it is those logits' rows. Under torch.inference_mode, where every run decodes,
+    a view keeps no Python reference to its base: the tensor the head returned is gone once the model and the
+    engine have taken their views of it ([B, T, V], decode's [:, -1], a round's [0]), and a weak reference found
+    it gone after every pass, so each pick ran the greedy pass over the finished rows again (a default-model
+    verify round of 9 rows: ~0.25 ms of its judge). A longer pass (a prefill's full logits can be a GB) is held
+    only weakly: its picks answer while its tensor is alive.
+
     Nothing in the engine writes logits in place, and inference tensors keep no version to check it by: a
     caller that changes logits pick from a copy."""
 
     def __init__(self, logits: torch.Tensor, picks: list[tuple[int, float, float]]):
-        self.logits = weakref.ref(logits)  # not kept alive: a prefill's full logits can be a GB
+        self.held = logits if logits.shape[0] <= HELD_ROWS else None
+        self.weak = weakref.ref(logits)
         self.ptr, self.row_bytes, self.picks = logits.data_ptr(), 4 * logits.shape[-1], picks
+
+    def alive(self) -> bool:
+        """Whether the memory at ptr still holds the logits the picks were made of."""
+        return self.held is not None or self.weak() is not None
 
     def of(self, x: torch.Tensor) -> list[tuple[int, float, float]] | None:
         """The picks of x [R, V] or [V] where its rows are a run of those logits' rows; else None."""
         row, offset = divmod(x.data_ptr() - self.ptr, self.row_bytes)
         n = 1 if x.dim() == 1 else x.shape[0]
-        if offset or not 0 <= row <= len(self.picks) - n or self.logits() is None or not x.is_contiguous() \
+        if offset or not 0 <= row <= len(self.picks) - n or not self.alive() or not x.is_contiguous() \
                 or 4 * x.shape[-1] != self.row_bytes:
             return None
         return self.picks[row:row + n]

@@ -14,7 +14,7 @@ from cpu_paths import KERNEL_FORMATS, NAN, each_path, linear, randn
 from engine import Engine, Tokenizer, load_model
 from engine import weights as W
 from engine.ops import ref
-from engine.sampling import HeadPicks, SamplingParams, greedy_rows
+from engine.sampling import HELD_ROWS, HeadPicks, SamplingParams, greedy_rows
 
 INF = float("inf")
 
@@ -140,7 +140,30 @@ def test_head_picks_answer_only_for_their_own_rows():
     assert greedy_rows(other, head) == ref.greedy(other)
     del logits
     gc.collect()
-    assert head.logits() is None and head.of(torch.empty(1, 2000)) is None
+    assert head.alive() and head.of(other) is None  # a step's logits are held: the memory is still theirs
+
+
+def test_a_long_passes_picks_answer_only_while_its_logits_live():
+    """A pass of more rows than HELD_ROWS (a prefill's full logits) is not kept alive by its picks: once the
+    logits are freed, their memory may hold another tensor, which the picks must not answer for."""
+    logits = randn(HELD_ROWS + 1, 300, seed=6, scale=5)
+    head = HeadPicks(logits, ref.greedy(logits))
+    assert head.of(logits[:2]) == ref.greedy(logits[:2])
+    del logits
+    gc.collect()
+    assert not head.alive() and head.of(torch.empty(1, 300)) is None
+
+
+def test_the_picks_outlive_the_views_an_inference_mode_run_takes():
+    """Under torch.inference_mode a view keeps no Python reference to its base, and the head's tensor dies as soon
+    as the caller holds only a view of it: the picks must still answer for that view's rows."""
+    with torch.inference_mode():
+        base = randn(6, 500, seed=7, scale=5)
+        head = HeadPicks(base, ref.greedy(base))
+        view = base.view(1, 6, 500)[0]
+        del base
+        gc.collect()
+        assert head.of(view) == ref.greedy(view) and head.of(view[3:]) == ref.greedy(view[3:])
 
 
 @pytest.fixture(scope="module")
@@ -153,24 +176,26 @@ def default_engine():
 
 @pytest.mark.slow
 def test_a_steps_pick_is_the_heads_and_the_kernels(default_engine):
-    """After each decode step and verify pass of the default model, the engine's greedy picks are the head's own
-    (HeadPicks answers), the same floats as the standalone pass over the logits and torch's argmax; a greedy run's
-    tokens and shown probabilities are those of picking from a copy of each step's logits (no head picks)."""
-    eng, tok = default_engine
-    prompt = tok.encode_chat("Name three rivers.")
-    sampling = SamplingParams(0.0)
-    eng.begin(prompt, 40, sampling)
-    logits = eng.prefill(prompt)
-    ids, ps = [], []
-    for _ in range(12):
-        tok_id, p = eng.pick(logits, sampling, None)
-        copied = eng.pick(logits.clone(), sampling, None)
-        assert eng.model.head_picks.of(logits) is not None
-        assert eng.greedy(logits) == eng.model.ops.greedy(logits[None]) and tok_id == int(logits.argmax())
-        assert (tok_id, p) == copied
-        ids.append(tok_id)
-        ps.append(p)
-        logits = eng.decode(torch.tensor([tok_id]))[0]
-    rows = eng.chunk(torch.tensor([ids[-6:]]))[0]  # a verify pass's rows
-    assert eng.greedy(rows) == eng.model.ops.greedy(rows) and eng.model.head_picks.of(rows) is not None
-    assert [r[0] for r in eng.greedy(rows[2:])] == rows[2:].argmax(-1).tolist()
+    """After each decode step and verify pass of the default model, under torch.inference_mode as every run
+    decodes, the engine's greedy picks are the head's own (HeadPicks answers), the same floats as the standalone
+    pass over the logits and torch's argmax; a greedy run's tokens and shown probabilities are those of picking
+    from a copy of each step's logits (no head picks)."""
+    with torch.inference_mode():
+        eng, tok = default_engine
+        prompt = tok.encode_chat("Name three rivers.")
+        sampling = SamplingParams(0.0)
+        eng.begin(prompt, 40, sampling)
+        logits = eng.prefill(prompt)
+        ids, ps = [], []
+        for _ in range(12):
+            tok_id, p = eng.pick(logits, sampling, None)
+            copied = eng.pick(logits.clone(), sampling, None)
+            assert eng.model.head_picks.of(logits) is not None
+            assert eng.greedy(logits) == eng.model.ops.greedy(logits[None]) and tok_id == int(logits.argmax())
+            assert (tok_id, p) == copied
+            ids.append(tok_id)
+            ps.append(p)
+            logits = eng.decode(torch.tensor([tok_id]))[0]
+        rows = eng.chunk(torch.tensor([ids[-6:]]))[0]  # a verify pass's rows
+        assert eng.greedy(rows) == eng.model.ops.greedy(rows) and eng.model.head_picks.of(rows) is not None
+        assert [r[0] for r in eng.greedy(rows[2:])] == rows[2:].argmax(-1).tolist()
