@@ -99,6 +99,7 @@ def kquant_file(shape: str, folder: Path, kind: str = "Q4_K_M", cache_dir=None, 
                                 "builds it")
     tok = padded(tokenizer_fields(default_model.gguf_path(cache_dir, progress)), s.get("vocab", VOCAB))
     f16 = path(folder, name, "F16")
+    folder.mkdir(parents=True, exist_ok=True)
     try:
         write(folder, name, s, tok, kinds=("F16",), progress=progress)
         progress(f"decodescope: llama-quantize {f16.name} -> {out.name}")

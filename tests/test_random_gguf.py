@@ -31,3 +31,19 @@ def test_a_padded_vocabulary_loads_with_its_rows_and_the_same_tokens(tmp_path):
     ids = Tokenizer(padded.path).encode("the cat sat on the mat")
     assert ids == Tokenizer(plain.path).encode("the cat sat on the mat") and max(ids) < TINY_VOCAB
     assert Engine(padded, max_seq_len=32).logits(ids).shape == (len(ids), rows)
+
+
+def test_a_kquant_file_is_made_in_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch):
+    """kquant_file makes its folder (bench.paired_decode and scripts/cpu_check.py name one that a new machine lacks),
+    runs llama-quantize on the F16 file and removes the F16 file; llama-quantize here is a stand-in that copies."""
+    from bench import llamacpp
+
+    quantize = tmp_path / "llama-quantize"
+    quantize.write_text('#!/bin/sh\ncp "$1" "$2"\n')
+    quantize.chmod(0o755)
+    monkeypatch.setattr(llamacpp, "quantize_binary", lambda: quantize)
+    monkeypatch.setitem(random_gguf.SHAPES, "tiny", TINY)  # the tokenizer's 49,152 rows
+    folder = tmp_path / "not" / "yet"
+    out = random_gguf.kquant_file("tiny", folder, progress=lambda msg: None)
+    assert out == random_gguf.path(folder, "tiny", "Q4_K_M") and out.stat().st_size > 0
+    assert sorted(p.name for p in folder.iterdir()) == [out.name]  # the F16 file removed
