@@ -7,7 +7,8 @@
 # Idempotent: PREFIX/BUILD records the version and the flags; when it matches, nothing is built.
 # GGML_NATIVE=OFF with the instruction sets named one by one: a native build on a CPU that reports AMX used the
 # AMX path and crashed on the Q4_1/Q8_0 model here, so AMX stays off while AVX2 and the AVX-512 extensions this
-# CPU has are on. No web UI (it would be fetched at build time), no HTTPS, static libraries (the binaries can move).
+# CPU has are on. LLAMACPP_AMX=ON builds its AMX kernels too (a comparison on a Xeon with AMX, into another PREFIX:
+# ggml runs its own repacked layout there, and its VNNI kernels for a few rows). No web UI (it would be fetched at build time), no HTTPS, static libraries (the binaries can move).
 set -euo pipefail
 
 VERSION=0.3.36  # llama-cpp-python; its CHANGELOG pins the vendored tree to ggml-org/llama.cpp@0c1e57098
@@ -18,7 +19,7 @@ TOOLS=(llama-server llama-bench llama-quantize llama-perplexity)  # llama-perple
 
 has() { grep -qw "$1" /proc/cpuinfo; }
 FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-       -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+       -DGGML_AMX_TILE=${LLAMACPP_AMX:-OFF} -DGGML_AMX_INT8=${LLAMACPP_AMX:-OFF} -DGGML_AMX_BF16=${LLAMACPP_AMX:-OFF})
 for pair in avx512f:GGML_AVX512 avx512vbmi:GGML_AVX512_VBMI avx512_vnni:GGML_AVX512_VNNI \
             avx512_bf16:GGML_AVX512_BF16 avx_vnni:GGML_AVX_VNNI; do
   if has "${pair%%:*}"; then FLAGS+=("-D${pair#*:}=ON"); else FLAGS+=("-D${pair#*:}=OFF"); fi
