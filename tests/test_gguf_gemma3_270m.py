@@ -95,6 +95,10 @@ def test_the_default_load_runs_the_files_blocks_and_names_the_rest(fp32, folder)
         ids = Tokenizer(folder).encode(prompt)
         want, got = fp32.logits(ids), eng.logits(ids)
         # 8-bit activations (int8 and Q5_0 blocks per 32, K-quants per 256) against fp32 ones: the file's own
-        # blocks, no second rounding; the bound (0.3 of the spread) still catches a broken path
-        assert (got - want).abs().max().item() <= 0.3 * want.std().item(), prompt
+        # blocks, no second rounding. Per position, against that position's spread: the largest error was up to
+        # 0.34 of it and the mean error up to 0.10 on an Emerald Rapids (a bound of 0.3 on the largest over the
+        # whole prompt failed there while passing on a Zen 4); a broken path moves the mean by far more
+        err, spread = (got - want).abs(), want.std(dim=-1)
+        assert (err.max(dim=-1).values <= 0.45 * spread).all(), (prompt, err.max(dim=-1).values / spread)
+        assert (err.mean(dim=-1) <= 0.15 * spread).all(), (prompt, err.mean(dim=-1) / spread)
         assert got[-1].argmax() == want[-1].argmax(), prompt
