@@ -222,7 +222,6 @@ def main(argv=None):
     p.add_argument("--name", default="gguf-memory-cpu")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
-    Path(args.folder).mkdir(parents=True, exist_ok=True)
 
     def run(save):
         out = dict(prompt_tokens=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
