@@ -7,9 +7,10 @@
 # Idempotent: PREFIX/BUILD records the version and the flags; when it matches, nothing is built.
 # GGML_NATIVE=OFF with the instruction sets named one by one: a native build on a CPU that reports AMX used the
 # AMX path and crashed on the Q4_1/Q8_0 model here, so AMX stays off while AVX2 and the AVX-512 extensions this
-# CPU has are on. LLAMACPP_AMX=ON builds ggml's AMX kernels too, into another PREFIX, for a comparison on a Xeon: on an
-# Emerald Rapids its decode was no faster (llama-bench tg32 10.6-11.1 tok/s against 11.5-11.7 on a random 1.5B
-# Q4_K_M) and its prompt processing stopped on SIGILL (README, CPU kinds). No web UI (it would be fetched at build time), no HTTPS, static libraries (the binaries can move).
+# CPU has are on. LLAMACPP_AMX=ON builds ggml's AMX kernels too, into another PREFIX, for a comparison on a Xeon:
+# on an Emerald Rapids its decode was no faster (llama-bench tg32 10.6-11.1 tok/s against 11.5-11.7 on a random
+# 1.5B Q4_K_M) and its prompt processing stopped on SIGILL (README, CPU kinds). No web UI (it would be fetched at
+# build time), no HTTPS, static libraries (the binaries can move).
 set -euo pipefail
 
 VERSION=0.3.36  # llama-cpp-python; its CHANGELOG pins the vendored tree to ggml-org/llama.cpp@0c1e57098
