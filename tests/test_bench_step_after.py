@@ -1,0 +1,56 @@
+"""bench/step_after.py: every prelude leaves the cache where the timed step expects it, and the ratios are each
+round's own."""
+import pytest
+import torch
+
+from bench import step_after
+from engine import Engine, load_model
+from engine.tiny import tiny_config, write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def eng(tmp_path_factory):
+    folder = write_tiny_model(tmp_path_factory.mktemp("tiny") / "m", tiny_config(), seed=0)
+    return Engine(load_model(str(folder), weights="q4_a8", progress=lambda msg: None), max_seq_len=64)
+
+
+def test_the_baseline_comes_first_then_each_verify_size_a_pause_and_a_flush():
+    kinds = step_after.preludes([6, 17], 3.0, 600 << 20)
+    assert [k for _, k, _ in kinds] == ["step", "verify", "verify", "pause", "flush"]
+    assert [a for _, _, a in kinds] == [0, 6, 17, 3.0, 600 << 20]
+    assert kinds[0][0] == "after a step" and kinds[-1][0] == "after reading 600 MB"
+
+
+@pytest.mark.parametrize("kind, arg", [("step", 0), ("verify", 5), ("pause", 0.5), ("flush", 0)])
+def test_each_step_runs_at_the_prompts_length_whatever_ran_before(eng, kind, arg):
+    prompt = list(range(20, 40))
+    flush = torch.zeros(1024)
+    seen = []
+    decode = eng.decode
+
+    def spy(token):
+        seen.append(eng.length)
+        return decode(token)
+
+    eng.decode = spy
+    try:
+        times = step_after.steps_after(eng, prompt, kind, arg, steps=4, flush=flush, warmup=1)
+    finally:
+        del eng.decode
+    assert len(times) == 4 and all(t > 0 for t in times)
+    assert set(seen) == {len(prompt)} and eng.length == len(prompt)  # every decode, prelude or timed, at the prompt
+    assert len(seen) == (10 if kind == "step" else 5)
+    assert flush[0].item() == (5.0 if kind == "flush" else 0.0)
+
+
+def test_ratios_are_taken_within_a_round_then_the_median():
+    rounds = [{"a": 2.0, "b": 3.0}, {"a": 4.0, "b": 4.0}, {"a": 1.0, "b": 2.0}]
+    rows = step_after.summarize(["a", "b"], rounds)
+    assert rows[0] == dict(prelude="a", step_ms=2.0, over_step=1.0, lo=1.0, hi=1.0)
+    assert rows[1] == dict(prelude="b", step_ms=3.0, over_step=1.5, lo=1.0, hi=2.0)
+
+
+def test_the_last_level_cache_is_read_from_the_kernel_or_the_default(tmp_path, monkeypatch):
+    assert step_after.llc_bytes() > 0
+    monkeypatch.setattr(step_after, "Path", lambda p: tmp_path / "none")
+    assert step_after.llc_bytes(default=123) == 123
