@@ -105,6 +105,22 @@ struct Attention {
     return S::hsum16(part);  // one transpose-and-add tree instead of 16 horizontal sums
   }
 
+  // dot16 over 16 consecutive rows of a dense cache (its row stride the head size, ND > 0): each key's loads are one
+  // base register and constant offsets, where dot16's 16 row pointers do not fit the registers beside the loop's own
+  // and are reloaded before about half of its FMAs (a verify pass's scores were bound by those loads). The same
+  // FMAs in the same order, so the same bits.
+  template <int ND>
+  static F dot16_dense(const float* q, const float* base) {
+    F part[16];
+    for (int k = 0; k < 16; ++k) part[k] = S::zero();
+    for (int c = 0; c < ND; ++c) {
+      const F qv = S::load(q + 16 * c);
+#pragma GCC unroll 16
+      for (int k = 0; k < 16; ++k) part[k] = S::fma(qv, S::load(base + (k * ND + c) * 16), part[k]);
+    }
+    return S::hsum16(part);
+  }
+
   // One (b, kv head, split): a tile of queries at a time, over the split's keys in blocks.
   static void run(const AttentionArgs& a, int64_t item0, int64_t item1) {
     if (a.head_dim == 64) return run_items<4>(a, item0, item1);
@@ -184,10 +200,15 @@ struct Attention {
     const bool all_live = live.all(j0, j0 + n);
     const float* kn = next ? kbase + (j0 + kAhead * kKeys) * a.kv_s : nullptr;
     const float* vn = next ? vbase + (j0 + kAhead * kKeys) * a.kv_s : nullptr;
+    // A group reads its 16 rows straight from a dense cache where all 16 lie inside it: the lanes of keys that are
+    // not live (or past the row) are masked below whatever they read, as with the stand-ins.
+    bool dense[2];
     const float* rows[2][16];
-    for (int g = 0; g < groups; ++g)
-      if (live.any(j0 + 16 * g, j0 + 16 * g + group_keys(n, g)))
+    for (int g = 0; g < groups; ++g) {
+      dense[g] = ND > 0 && a.kv_s == D && j0 + 16 * g + 16 <= a.max_len;
+      if (!dense[g] && live.any(j0 + 16 * g, j0 + 16 * g + group_keys(n, g)))
         key_rows(live, kbase, a.kv_s, j0 + 16 * g, group_keys(n, g), rows[g]);
+    }
     // Three passes over the tile's queries, each query's own work in the same order as one query alone: scores,
     // then the online softmax, then the values. A query's chain (scores, max, exp, sum, the weighted rows) is
     // serial; written query after query the core could not start the next one's before this one's ended.
@@ -205,10 +226,12 @@ struct Attention {
         if (kn)
           for (int k = 16 * g; k < 16 * g + 16; ++k)
             for (int d = 0; d < D; d += 16) __builtin_prefetch(kn + k * a.kv_s + d, 0, 2);
-        if (live.any(j0 + 16 * g, j0 + 16 * g + cnt))
-          S::store(p[i] + 16 * g, dot16<ND>(qs[i], rows[g], D));
-        else
+        if (!live.any(j0 + 16 * g, j0 + 16 * g + cnt))
           S::store(p[i] + 16 * g, S::set1(kNegInf));
+        else if (dense[g])
+          S::store(p[i] + 16 * g, dot16_dense<ND>(qs[i], kbase + (j0 + 16 * g) * a.kv_s));
+        else
+          S::store(p[i] + 16 * g, dot16<ND>(qs[i], rows[g], D));
       }
       kn = nullptr;  // the first query to get here prefetched the next block's keys
       for (int k = n; k < 16 * groups; ++k) p[i][k] = kNegInf;  // past the block: weight 0
@@ -236,26 +259,42 @@ struct Attention {
       }
       l[i] = l[i] * rescale[i] + S::reduce_add(lsum);
     }
-    // the values: two queries to a pass over the block's rows where there are two, each row loaded once for both
+    // the values: four queries to a pass over the block's rows where the registers hold their sums (16 with a head
+    // of 64 on AVX-512), else two, each row loaded once for all of them
     int todo[kQueries], n_todo = 0;
     for (int i = 0; i < nq; ++i)
       if (!skip[i]) todo[n_todo++] = i;
     int t = 0;
-    if constexpr (ND > 0)
-      for (; t + 1 < n_todo; t += 2) {
-        const int i = todo[t], j = todo[t + 1];
-        float* accs[2] = {acc[i], acc[j]};
-        const float* ps[2] = {p[i], p[j]};
-        const float rs[2] = {rescale[i], rescale[j]};
-        accumulate<ND, 2>(accs, ps, rs, live, vbase, a.kv_s, j0, n, all_live, D, vn);
+    if constexpr (ND > 0 && ND <= 4 && S::kRegs == 32)  // 4 x ND sums, the rows and the weights: <= 32 registers
+      for (; t + 3 < n_todo; t += 4) {
+        values<ND, 4>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
         vn = nullptr;  // the first queries to get here prefetched the next block's values
       }
+    if constexpr (ND > 0)
+      for (; t + 1 < n_todo; t += 2) {
+        values<ND, 2>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
+        vn = nullptr;
+      }
     for (; t < n_todo; ++t) {
-      float* accs[1] = {acc[todo[t]]};
-      const float* ps[1] = {p[todo[t]]};
-      accumulate<ND, 1>(accs, ps, &rescale[todo[t]], live, vbase, a.kv_s, j0, n, all_live, D, vn);
+      values<ND, 1>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
       vn = nullptr;
     }
+  }
+
+  // accumulate for the NQ queries todo[0 .. NQ) of the tile.
+  template <int ND, int NQ>
+  static void values(float (*acc)[kMaxDim], const float (*p)[kKeys], const float* rescale, const int* todo,
+                     const Live& live, const float* vbase, int64_t stride, int j0, int n, bool all_live, int D,
+                     const float* vn) {
+    float* accs[NQ];
+    const float* ps[NQ];
+    float rs[NQ];
+    for (int q = 0; q < NQ; ++q) {
+      accs[q] = acc[todo[q]];
+      ps[q] = p[todo[q]];
+      rs[q] = rescale[todo[q]];
+    }
+    accumulate<ND, NQ>(accs, ps, rs, live, vbase, stride, j0, n, all_live, D, vn);
   }
 
   // acc[q] = acc[q] * rescale[q] + sum_k p[q][k] v[k] over the block's live keys, for NQ queries at once (each value
