@@ -3,7 +3,7 @@ back-to-back steps do not.
 
 Before each timed step runs one prelude: another decode step (plain decoding's case, the baseline), a verify pass
 of T positions rolled back (a round that drafted), an idle pause, or a read of a buffer twice the last-level
-cache's size (nothing of the model left in any cache). A step of the default model reads ~100 MB of weights; on a
+cache's size (the caches flushed). A step of the default model reads ~100 MB of weights; on a
 machine whose last-level cache is shared with other work and about that size or larger, part of them can still be
 there from the step before, and whatever runs in between (a slower pass, a pause, others' jobs) lets them age out.
 The preludes rotate within each round, every step runs after a fresh prefill of the same prompt, and over_step is

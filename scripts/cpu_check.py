@@ -43,6 +43,7 @@ STEPS = (
     Step("kernels", "kernels-formats-cpu-{kind}", 4,
          ("bench.kernels", "--alternate", "q4", "q4_a8", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0", "int8",
           "--rows", "1", "6", "--repeats", "15", "--name", "kernels-formats-cpu-{kind}")),
+    Step("step-after", "step-after-cpu-{kind}", 2, ("bench.step_after", "--name", "step-after-cpu-{kind}")),
     Step("spec", "spec-cpu-q4-q4_a8-{kind}", 8, ("bench.spec", "--targets", "q4", "q4_a8",
                                                  "--name", "spec-cpu-q4-q4_a8-{kind}")),
     Step("spec-fp32", "spec-cpu-fp32-edit-{kind}", 4, ("bench.spec", "--targets", "fp32", "--sets", "edit",
