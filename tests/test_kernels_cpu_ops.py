@@ -2,7 +2,8 @@
 instruction-set path (tests/cpu_paths.py), and every binding's release of the GIL.
 
 Outputs are poisoned with NaN before each call, and so is every cache entry the kernel must not read
-(past seq_len, and with a window the keys between the sinks and the window); the twin gets zeros there.
+(past seq_len, and with a window the keys between the sinks and the window): a key row there may be read into a
+lane the mask drops, never counted; the twin gets zeros there.
 
 Tolerances, kernel vs twin (both fp32):
   rmsnorm (and per head), silu_mul, gelu_tanh_mul, rope: a different summation order, exp from a polynomial
@@ -225,7 +226,8 @@ WINDOWS = [(0, 0), (4, 0), (4, 4), (64, 4)]  # (window, sinks)
 
 
 def attention_case(lens, T, H, Hkv, D, window, sinks, seed):
-    """q as a view of a fused qkv projection; the cache with NaN wherever the kernel must not read."""
+    """q as a view of a fused qkv projection; the cache with NaN wherever nothing may count (a key row there may be
+    read into a lane the mask drops; a value row never)."""
     B, S = len(lens), max(lens) + 37
     qkv = randn(B, T, (H + 2 * Hkv) * D, seed=seed)
     q = qkv[..., : H * D].view(B, T, H, D)
@@ -268,6 +270,26 @@ def test_attention_batch_sliced_cache_and_long_verify(cpu_module):
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("T", [1, 6, 17])
+def test_attention_reads_key_rows_the_same_way_wherever_they_lie(m, T):
+    """A group of 16 keys inside a dense cache is read from one base pointer (attention.h dot16_dense), one that
+    crosses the cache's end or a cache with padded rows through a pointer per key: the same bits either way. The
+    live length is the cache's last position and not a multiple of 16, so the last group crosses the end."""
+    H, Hkv, D, L = 9, 3, 64, 300
+    q, k, v, seq_lens, want = attention_case([L], T, H, Hkv, D, 0, 0, seed=T)
+    outs = []
+    for extra, pad in ((0, 0), (20, 0), (0, 16)):  # the cache ends at L; 20 positions more; rows of D + 16
+        kc, vc = (torch.full((1, Hkv, L + extra, D + pad), NAN) for _ in range(2))
+        kc[:, :, :L, :D], vc[:, :, :L, :D] = k[:, :, :L], v[:, :, :L]
+        kc, vc = kc[..., :D], vc[..., :D]
+        assert kc.stride(2) == D + pad
+        out = torch.full((1, T, H, D), NAN)
+        m.attention(out, q, kc, vc, seq_lens, D ** -0.5, 0, 0)
+        outs.append(out)
+    torch.testing.assert_close(outs[0], want, rtol=1e-4, atol=1e-5)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 @pytest.mark.parametrize("window,sinks", [(0, 0), (64, 4)])
 def test_attention_propagates_nan(m, window, sinks):
     """A NaN score makes the output of every query that attends its key NaN, as the twin's softmax does (the
@@ -281,7 +303,7 @@ def test_attention_propagates_nan(m, window, sinks):
     q[0, 5, 0, 3] = NAN  # query head 0 of the last token
     k_twin, v_twin = k.clone(), v.clone()
     k_twin[:, :, L:], v_twin[:, :, L:] = 0, 0
-    k[:, :, L:], v[:, :, L:] = NAN, NAN  # past seq_len: never read
+    k[:, :, L:], v[:, :, L:] = NAN, NAN  # past seq_len: never counted
     seq_lens = torch.tensor([L], dtype=torch.int32)
     want = ref.attention(q, k_twin, v_twin, seq_lens, D ** -0.5, window, sinks)
     out = torch.full(want.shape, NAN)

@@ -7,7 +7,8 @@
 // at fixed positions (kernels.h split_start); a work item (b, kv head, split) runs the kv head's whole GQA group
 // (n_rep heads x T queries) over the split's live keys, so each K/V row is read from memory once for all of
 // them, and leaves unnormalised partials (running max m, sum of exp l, acc = sum p v). The merge folds the
-// splits with log-sum-exp. Only live keys are read: [0, len), or with a window the sinks and the window.
+// splits with log-sum-exp. Only live keys count: [0, len), or with a window the sinks and the window; a group of 16
+// keys that holds one reads its other rows too where they lie inside the cache (dot16_dense), in lanes masked to -inf.
 //
 // Batch invariance: splits start at fixed positions and the blocks inside them (one online-softmax rescale
 // each) at multiples of kKeys, lane k of a block holding key j0 + k, so a query meets the same keys
