@@ -23,6 +23,7 @@ def test_ports_rows(tmp_path):
     rows = result["rows"]
     assert [r["mix"] for r in rows] == [m[0] for m in ports.MIXES]
     assert all(r["ns_per_iter"] > 0 for r in rows)
-    assert all(r["extra_ns"] == 0 for r, m in zip(rows, ports.MIXES, strict=True) if not m[2])
-    assert [r["vpdpbusd"] for r in rows] == [6 * m[1] for m in ports.MIXES]
+    assert all(r["extra_ns"] == 0 for r, m in zip(rows, ports.MIXES, strict=True) if not m[3])
+    assert [r["vpdpbusd"] for r in rows] == [m[1] * m[2] for m in ports.MIXES]
+    assert {r["chains"] for r in rows} == {6, 12}
     assert result["q4_block_memory_ns"] > 0 and result["provenance"]["device"] == "cpu"
