@@ -2,10 +2,12 @@
 back-to-back steps do not.
 
 Before each timed step runs one prelude: another decode step (plain decoding's case, the baseline), a verify pass
-of T positions rolled back (a round that drafted), an idle pause, or a read of a buffer twice the last-level
-cache's size (the caches flushed). A step of the default model reads ~100 MB of weights; on a
-machine whose last-level cache is shared with other work and about that size or larger, part of them can still be
-there from the step before, and whatever runs in between (a slower pass, a pause, others' jobs) lets them age out.
+of T positions rolled back (a round that drafted), an idle pause, the same time spent busy (a spin that touches no
+memory: where it costs what the pause does, the time since the weights were read is what counts, not an idle core
+waking), or a read of a buffer twice the last-level cache's size (the caches flushed). A step of the default model
+reads ~100 MB of weights; on a machine whose last-level cache is shared with other work and about that size or
+larger, part of them can still be there from the step before, and whatever runs in between (a slower pass, a
+pause, others' jobs) lets them age out.
 The preludes rotate within each round, every step runs after a fresh prefill of the same prompt, and over_step is
 the median over rounds of a prelude's median step over the same round's baseline.
 
@@ -42,7 +44,7 @@ def llc_bytes(default: int = 256 << 20) -> int:
 def preludes(ts: list[int], pause_ms: float, flush_bytes: int) -> list[tuple[str, str, float]]:
     """(name, kind, argument) of each prelude, the baseline first."""
     return ([("after a step", "step", 0)] + [(f"after a verify pass of {T}", "verify", T) for T in ts]
-            + [(f"after {pause_ms:g} ms idle", "pause", pause_ms),
+            + [(f"after {pause_ms:g} ms idle", "pause", pause_ms), (f"after {pause_ms:g} ms busy", "busy", pause_ms),
                (f"after reading {flush_bytes >> 20} MB", "flush", flush_bytes)])
 
 
@@ -63,6 +65,10 @@ def steps_after(eng: Engine, prompt: list[int], kind: str, arg: float, steps: in
             eng.rollback(base)
         elif kind == "pause":
             time.sleep(arg / 1e3)
+        elif kind == "busy":
+            until = time.perf_counter() + arg / 1e3
+            while time.perf_counter() < until:
+                pass
         elif kind == "flush":
             flush.add_(1)  # every line read and written
         t = time.perf_counter()

@@ -14,14 +14,14 @@ def eng(tmp_path_factory):
     return Engine(load_model(str(folder), weights="q4_a8", progress=lambda msg: None), max_seq_len=64)
 
 
-def test_the_baseline_comes_first_then_each_verify_size_a_pause_and_a_flush():
+def test_the_baseline_comes_first_then_each_verify_size_a_pause_a_busy_wait_and_a_flush():
     kinds = step_after.preludes([6, 17], 3.0, 600 << 20)
-    assert [k for _, k, _ in kinds] == ["step", "verify", "verify", "pause", "flush"]
-    assert [a for _, _, a in kinds] == [0, 6, 17, 3.0, 600 << 20]
+    assert [k for _, k, _ in kinds] == ["step", "verify", "verify", "pause", "busy", "flush"]
+    assert [a for _, _, a in kinds] == [0, 6, 17, 3.0, 3.0, 600 << 20]
     assert kinds[0][0] == "after a step" and kinds[-1][0] == "after reading 600 MB"
 
 
-@pytest.mark.parametrize("kind, arg", [("step", 0), ("verify", 5), ("pause", 0.5), ("flush", 0)])
+@pytest.mark.parametrize("kind, arg", [("step", 0), ("verify", 5), ("pause", 0.5), ("busy", 0.5), ("flush", 0)])
 def test_each_step_runs_at_the_prompts_length_whatever_ran_before(eng, kind, arg):
     prompt = list(range(20, 40))
     flush = torch.zeros(1024)
@@ -41,6 +41,14 @@ def test_each_step_runs_at_the_prompts_length_whatever_ran_before(eng, kind, arg
     assert set(seen) == {len(prompt)} and eng.length == len(prompt)  # every decode, prelude or timed, at the prompt
     assert len(seen) == (10 if kind == "step" else 5)
     assert flush[0].item() == (5.0 if kind == "flush" else 0.0)
+
+
+def test_a_busy_wait_takes_its_time(eng):
+    import time
+    prompt = list(range(20, 40))
+    t = time.perf_counter()
+    step_after.steps_after(eng, prompt, "busy", 20.0, steps=2, flush=None, warmup=0)
+    assert time.perf_counter() - t >= 0.04  # two 20 ms waits
 
 
 def test_ratios_are_taken_within_a_round_then_the_median():
