@@ -1,0 +1,126 @@
+"""Whether a verify pass's GEMMs wait on the weight stream or on the core: one pass's layer GEMMs streamed, the same
+work on weights already in cache, and one row streamed, alternating in one process.
+
+    python -m bench.overlap [--formats q4_a8 q4] [--rows 6 16] [--rounds 8] [--name overlap-cpu-<kind>]
+
+The default model's 30 layers (qkv, o, gate_up, down; random weights in the kernels' panels, each layer its own
+tensors) through the fused linear on the threads asked for, three ways:
+  - stream_T1: one row over all 30 layers, the weights read from memory (a decode step's GEMMs);
+  - cached_T: T rows over one layer's four matrices 30 times over, the same calls and block count with the
+    weights in the cores' caches (the instructions alone);
+  - stream_T: T rows over all 30 layers (a verify pass's GEMMs).
+If the tiles' compute and the weight stream overlapped perfectly, stream_T would be max(stream_T1, cached_T)
+(over_max 1.0); if not at all, their sum (over_sum 1.0). Each figure is the minimum of `--repeats` within a
+round, the three in turn (their order rotating), and the ratios are each round's own, then the median over rounds:
+the box's bandwidth and the host's load on its cores move within minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import engine  # noqa: F401  (sets OpenMP's passive wait policy before torch loads)
+import torch
+
+from bench.common import markdown_table, run_and_save
+from bench.kernels import LAYER_SHAPES, LAYERS, random_panels
+from engine.observe.bandwidth import measure_gbs
+from engine.ops import ext
+
+
+def best_ms(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def layer_calls(m, code: int, layers: list[list[tuple]], T: int, g: torch.Generator):
+    """A function running T rows through every matrix of `layers`, in order, as a step's blocks do."""
+    xs = {n_in: torch.randn(T, n_in, generator=g) for _, n_in in LAYER_SHAPES}
+    ys = {out: torch.empty(T, out) for out, _ in LAYER_SHAPES}
+
+    def run():
+        for layer in layers:
+            for (out, n_in), panels in zip(LAYER_SHAPES, layer, strict=True):
+                m.linear(ys[out], xs[n_in], code, panels)
+    return run
+
+
+def summarize(fmt: str, T: int, rounds: list[dict]) -> dict:
+    """Medians over rounds of each timing and of each round's own ratios."""
+    med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
+    over_max = [r["stream_T"] / max(r["stream_T1"], r["cached_T"]) for r in rounds]
+    over_sum = [r["stream_T"] / (r["stream_T1"] + r["cached_T"]) for r in rounds]
+    return dict(format=fmt, T=T, stream_T1_ms=med("stream_T1"), cached_T_ms=med("cached_T"),
+                stream_T_ms=med("stream_T"), cached_over_stream_T1=statistics.median(
+                    r["cached_T"] / r["stream_T1"] for r in rounds),
+                over_max=statistics.median(over_max), over_max_lo=min(over_max), over_max_hi=max(over_max),
+                over_sum=statistics.median(over_sum), read_gb_s=med("read_gb_s"))
+
+
+def bench(args, save) -> dict:
+    m = ext.load("cpu").module
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    out = dict(threads=args.threads, rounds=args.rounds, repeats=args.repeats, layers=LAYERS, isa=m.isa(),
+               rows=[], raw=[])
+    for fmt in args.formats:
+        code = m.formats().index(fmt)
+        layers = [[random_panels(fmt, o, i, g) for o, i in LAYER_SHAPES] for _ in range(LAYERS)]
+        mb = sum(t.numel() * t.element_size() for layer in layers for p in layer for t in p) / 1e6
+        for T in args.rows:
+            runs = {"stream_T1": layer_calls(m, code, layers, 1, g),
+                    "cached_T": layer_calls(m, code, [layers[0]] * LAYERS, T, g),
+                    "stream_T": layer_calls(m, code, layers, T, g)}
+            names = list(runs)
+            rounds = []
+            for r in range(args.rounds):
+                rec = dict(read_gb_s=measure_gbs("cpu"))
+                for j in range(len(names)):  # the order rotates one place a round
+                    name = names[(j + r) % len(names)]
+                    rec[name] = best_ms(runs[name], args.repeats)
+                rounds.append(rec)
+            row = summarize(fmt, T, rounds)
+            row["weight_mb"] = mb
+            out["rows"].append(row)
+            out["raw"].append(dict(format=fmt, T=T, rounds=rounds))
+            print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+            save(out)
+    return out
+
+
+def markdown(result: dict) -> str:
+    return (f"A verify pass's layer GEMMs (the default model's 30 layers, random weights) on {result['threads']} "
+            f"threads, {result['isa']}: stream_T1 one row from memory, cached_T T rows over one layer's matrices "
+            f"30 times (in cache: the instructions alone), stream_T T rows from memory; each the minimum of "
+            f"{result['repeats']} within a round, {result['rounds']} rounds, the order rotating. over_max = "
+            "stream_T / max(stream_T1, cached_T): 1.0 where the tiles' work and the weight stream overlap fully; "
+            "over_sum = stream_T / (stream_T1 + cached_T): 1.0 where they do not overlap at all (medians of each "
+            "round's own ratio; lo / hi the extremes). cached_over_stream_T1 > 1: the T-row tiles take longer "
+            "than one row's weights take to stream, so the pass waits on the core.\n\n"
+            + markdown_table(result["rows"], ["format", "T", "weight_mb", "read_gb_s", "stream_T1_ms", "cached_T_ms",
+                                              "stream_T_ms", "cached_over_stream_T1", "over_max", "over_max_lo",
+                                              "over_max_hi", "over_sum"]))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--formats", nargs="+", default=["q4_a8", "q4"])
+    p.add_argument("--rows", type=int, nargs="+", default=[6, 16])
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--name", default="overlap-cpu")
+    args = p.parse_args(argv)
+    run_and_save(args.out, args.name, "cpu", lambda save: bench(args, save), markdown)
+
+
+if __name__ == "__main__":
+    main()
