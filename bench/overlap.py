@@ -8,7 +8,10 @@ tensors) through the fused linear on the threads asked for, three ways:
   - stream_T1: one row over all 30 layers, the weights read from memory (a decode step's GEMMs);
   - cached_T: T rows over one layer's four matrices 30 times over, the same calls and block count with the
     weights in the cores' caches (the instructions alone);
-  - stream_T: T rows over all 30 layers (a verify pass's GEMMs).
+  - stream_T: T rows over all 30 layers (a verify pass's GEMMs);
+  - cached_T_one_thread: cached_T on one thread, from which a tile's pace, ns per block of 16 outputs x 32 inputs
+    and T rows on one core (block_ns_one_thread; block_ns: the same over the threads, per core), to hold against
+    bench.ports's floor.
 If the tiles' compute and the weight stream overlapped perfectly, stream_T would be max(stream_T1, cached_T)
 (over_max 1.0); if not at all, their sum (over_sum 1.0). Each figure is the minimum of `--repeats` within a
 round, the three in turn (their order rotating), and the ratios are each round's own, then the median over rounds:
@@ -52,7 +55,24 @@ def layer_calls(m, code: int, layers: list[list[tuple]], T: int, g: torch.Genera
     return run
 
 
-def summarize(fmt: str, T: int, rounds: list[dict]) -> dict:
+def one_thread(run):
+    """run on one thread, the thread count put back after."""
+    def wrapped():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            run()
+        finally:
+            torch.set_num_threads(threads)
+    return wrapped
+
+
+def blocks_per_pass() -> int:
+    """Blocks of 16 outputs x 32 inputs in the 30 layers' GEMMs."""
+    return LAYERS * sum(-(-out // 16) * -(-n_in // 32) for out, n_in in LAYER_SHAPES)
+
+
+def summarize(fmt: str, T: int, rounds: list[dict], threads: int = 2) -> dict:
     """Medians over rounds of each timing and of each round's own ratios."""
     med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
     over_max = [r["stream_T"] / max(r["stream_T1"], r["cached_T"]) for r in rounds]
@@ -61,7 +81,9 @@ def summarize(fmt: str, T: int, rounds: list[dict]) -> dict:
                 stream_T_ms=med("stream_T"), cached_over_stream_T1=statistics.median(
                     r["cached_T"] / r["stream_T1"] for r in rounds),
                 over_max=statistics.median(over_max), over_max_lo=min(over_max), over_max_hi=max(over_max),
-                over_sum=statistics.median(over_sum), read_gb_s=med("read_gb_s"))
+                over_sum=statistics.median(over_sum), read_gb_s=med("read_gb_s"),
+                block_ns=1e6 * med("cached_T") * threads / blocks_per_pass(),
+                block_ns_one_thread=1e6 * med("cached_T_one_thread") / blocks_per_pass())
 
 
 def bench(args, save) -> dict:
@@ -78,6 +100,7 @@ def bench(args, save) -> dict:
             runs = {"stream_T1": layer_calls(m, code, layers, 1, g),
                     "cached_T": layer_calls(m, code, [layers[0]] * LAYERS, T, g),
                     "stream_T": layer_calls(m, code, layers, T, g)}
+            runs["cached_T_one_thread"] = one_thread(runs["cached_T"])
             names = list(runs)
             rounds = []
             for r in range(args.rounds):
@@ -86,7 +109,7 @@ def bench(args, save) -> dict:
                     name = names[(j + r) % len(names)]
                     rec[name] = best_ms(runs[name], args.repeats)
                 rounds.append(rec)
-            row = summarize(fmt, T, rounds)
+            row = summarize(fmt, T, rounds, args.threads)
             row["weight_mb"] = mb
             out["rows"].append(row)
             out["raw"].append(dict(format=fmt, T=T, rounds=rounds))
@@ -103,10 +126,11 @@ def markdown(result: dict) -> str:
             "stream_T / max(stream_T1, cached_T): 1.0 where the tiles' work and the weight stream overlap fully; "
             "over_sum = stream_T / (stream_T1 + cached_T): 1.0 where they do not overlap at all (medians of each "
             "round's own ratio; lo / hi the extremes). cached_over_stream_T1 > 1: the T-row tiles take longer "
-            "than one row's weights take to stream, so the pass waits on the core.\n\n"
+            "than one row's weights take to stream, so the pass waits on the core. block_ns: cached_T per block of "
+            "16 outputs x 32 inputs and T rows on each core; block_ns_one_thread: the same run on one thread.\n\n"
             + markdown_table(result["rows"], ["format", "T", "weight_mb", "read_gb_s", "stream_T1_ms", "cached_T_ms",
                                               "stream_T_ms", "cached_over_stream_T1", "over_max", "over_max_lo",
-                                              "over_max_hi", "over_sum"]))
+                                              "over_max_hi", "over_sum", "block_ns", "block_ns_one_thread"]))
 
 
 def main(argv=None) -> None:
