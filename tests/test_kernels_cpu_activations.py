@@ -118,7 +118,7 @@ def test_k_quant_exact_sums(cpu_module, fmt):
 
 @pytest.mark.parametrize("fmt", ["int8", "q4", "q4_a8", "q8", "q4_k", "q6_k"])
 def test_activation_blocks_with_inf_nan_and_denormals(cpu_module, fmt):
-    """The quantized formats' activation blocks, defined for every input (csrc/cpu/q16.h block_scale) and alike
+    """The quantized formats' activation blocks, defined for every input (csrc/cpu/q16.h block_scales) and alike
     on every path: a block holding inf or NaN makes its row's outputs NaN, as a float matmul's would be inf or
     NaN; a block of denormals, or of values too small to scale (amax below qmax / FLT_MAX), counts as zeros;
     denormals beside normal values quantize to 0 like any value below half a step. The twin does the same."""

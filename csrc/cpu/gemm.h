@@ -302,23 +302,35 @@ struct Gemm {
     return t;
   }
 
-  // The recipe of engine/ops/ref.py quantize_activations, bit for bit: per row and block of 32, block_scale
+  // The recipe of engine/ops/ref.py quantize_activations, bit for bit: per row and block of 32, block_scales
   // (q16.h: blocks holding inf or NaN, and blocks too small to scale, are defined there), qx =
   // round_half_even(x * inv), dx; x past `in` counts as 0. qoff = -128 * sum(qx) cancels the weights' +128
-  // offset (see S::q8_dot).
+  // offset (see S::q8_dot). Blocks go 16 at a time, as block_scales takes them, their sums of qx through one tree.
   static void quantize_rows(const float* x, int64_t ldx, int in, int nb, int8_t* qx, float* dx, int32_t* qoff,
                             int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      for (int b = 0; b < nb; ++b) {
-        F v0, v1;
-        load_block<S>(x + r * ldx, in, b, v0, v1);
-        const BlockScale sc = block_scale<S>(v0, v1, 127.f);
-        const F q0 = S::round(S::mul(v0, S::set1(sc.inv))), q1 = S::round(S::mul(v1, S::set1(sc.inv)));
-        int8_t* dst = qx + r * static_cast<int64_t>(nb) * kBlock + b * kBlock;
-        S::store_i8(dst, q0);
-        S::store_i8(dst + 16, q1);
-        dx[r * nb + b] = sc.dx;
-        qoff[r * nb + b] = -128 * static_cast<int32_t>(S::reduce_add(S::add(q0, q1)));  // exact: |sum| < 2^24
+      for (int b0 = 0; b0 < nb; b0 += kScaleGroup) {
+        const int n = nb - b0 < kScaleGroup ? nb - b0 : kScaleGroup;
+        F v0[kScaleGroup], v1[kScaleGroup], sums[kScaleGroup];
+        for (int k = 0; k < n; ++k) load_block<S>(x + r * ldx, in, b0 + k, v0[k], v1[k]);
+        alignas(64) float inv[kScaleGroup], d[kScaleGroup], sum[kScaleGroup];
+        block_scales<S>(v0, v1, n, 127.f, inv, d);
+        for (int k = 0; k < kScaleGroup; ++k) {
+          if (k >= n) {
+            sums[k] = S::zero();
+            continue;
+          }
+          const F q0 = S::round(S::mul(v0[k], S::set1(inv[k]))), q1 = S::round(S::mul(v1[k], S::set1(inv[k])));
+          int8_t* dst = qx + r * static_cast<int64_t>(nb) * kBlock + (b0 + k) * kBlock;
+          S::store_i8(dst, q0);
+          S::store_i8(dst + 16, q1);
+          sums[k] = S::add(q0, q1);
+        }
+        S::store(sum, S::hsum16(sums));  // integers: exact in any order, |sum| < 2^24
+        for (int k = 0; k < n; ++k) {
+          dx[r * nb + b0 + k] = d[k];
+          qoff[r * nb + b0 + k] = -128 * static_cast<int32_t>(sum[k]);
+        }
       }
     }
   }

@@ -403,7 +403,7 @@ struct KQuants {
 
   // Q8_K, the recipe of engine/ops/ref.py quantize_blocks(x, in_pad, 127, 256) bit for bit: per row and
   // super-block of 256, inv = 127 / amax and dx = amax / 127 in scalar fp32, qx = round_half_even(x * inv), with
-  // q16.h block_scale's rules for inf / NaN (zeros, dx = NaN) and for blocks too small to scale (zeros, dx = 0);
+  // q16.h block_scales's rules for inf / NaN (zeros, dx = NaN) and for blocks too small to scale (zeros, dx = 0);
   // x past `in` counts as 0. xsum: the sums of every 16 qx (exact).
   static void quantize_rows_k(const float* x, int64_t ldx, int in, int ns, int8_t* qx, float* dx, int32_t* xsum,
                               int64_t r0, int64_t r1) {

@@ -68,54 +68,59 @@ thread_local Scratch scratch;
 
 // The activations quantized once here, not per thread: T * in values against out * in weights.
 void quantize_int8(LinearArgs& a, const Shape& s) {
-  scratch.qx.resize(s.rows * s.nb * kBlock);
-  scratch.dx.resize(s.rows * s.nb);
-  scratch.qoff.resize(s.rows * s.nb);
-  kernels().quantize_rows(a.x, a.ldx, a.in, a.nb, scratch.qx.data(), scratch.dx.data(), scratch.qoff.data(), 0,
-                          s.rows);
-  a.qx = scratch.qx.data();
-  a.dx = scratch.dx.data();
-  a.qoff = scratch.qoff.data();
+  Scratch& sc = scratch;
+  sc.qx.resize(s.rows * s.nb * kBlock);
+  sc.dx.resize(s.rows * s.nb);
+  sc.qoff.resize(s.rows * s.nb);
+  kernels().quantize_rows(a.x, a.ldx, a.in, a.nb, sc.qx.data(), sc.dx.data(), sc.qoff.data(), 0, s.rows);
+  a.qx = sc.qx.data();
+  a.dx = sc.dx.data();
+  a.qoff = sc.qoff.data();
 }
 
 // q4_a8's fold factors (fold_q4's dx and xs) per block and row, once per call rather than in every panel's tile,
 // and block-major so that a tile reads its rows' at one pointer.
+// The scratch's address is looked up once here and in the functions around: a thread_local in a shared library is a
+// call per use (__tls_get_addr), which in this loop took more of a 6-row call's time than its quantization did.
 void fold_factors(LinearArgs& a, const Shape& s) {
-  scratch.fold.resize(2 * s.rows * s.nb);
-  for (int64_t r = 0; r < s.rows; ++r)
-    for (int64_t b = 0; b < s.nb; ++b) {
+  std::vector<float>& fold = scratch.fold;
+  fold.resize(2 * s.rows * s.nb);
+  float* f = fold.data();
+  for (int64_t b = 0; b < s.nb; ++b)
+    for (int64_t r = 0; r < s.rows; ++r, f += 2) {
       const int64_t i = r * s.nb + b;
-      float* f = scratch.fold.data() + 2 * (b * s.rows + r);
       f[0] = a.dx[i];
       f[1] = a.dx[i] * static_cast<float>(-(a.qoff[i] / 128));  // the block's sum of qx: |sum| <= 32 * 127, exact
     }
-  a.fold = scratch.fold.data();
+  a.fold = fold.data();
 }
 
 // Q8_K: int8 per super-block of 256 and the sums of every 16, once here as quantize_int8.
 void quantize_q8k(LinearArgs& a, const Shape& s) {
-  scratch.qx.resize(s.rows * s.ns * kSuper);
-  scratch.dx.resize(s.rows * s.ns);
-  scratch.xsum.resize(s.rows * s.ns * kSuper / 16);
-  kernels().quantize_rows_k(a.x, a.ldx, a.in, static_cast<int>(s.ns), scratch.qx.data(), scratch.dx.data(),
-                            scratch.xsum.data(), 0, s.rows);
-  a.qx = scratch.qx.data();
-  a.dx = scratch.dx.data();
-  a.xsum = scratch.xsum.data();
+  Scratch& sc = scratch;
+  sc.qx.resize(s.rows * s.ns * kSuper);
+  sc.dx.resize(s.rows * s.ns);
+  sc.xsum.resize(s.rows * s.ns * kSuper / 16);
+  kernels().quantize_rows_k(a.x, a.ldx, a.in, static_cast<int>(s.ns), sc.qx.data(), sc.dx.data(), sc.xsum.data(), 0,
+                            s.rows);
+  a.qx = sc.qx.data();
+  a.dx = sc.dx.data();
+  a.xsum = sc.xsum.data();
 }
 
 // The 16-bit activations (kernels.h Act16), every plane and kAct16PadRows rows past T allocated: the ISA's prep
 // writes the ones its kernels read, and an AMX tile may read (never fold) the padding rows.
 void quantize_int16(LinearArgs& a, const Shape& s) {
   const int64_t rows = s.rows + kAct16PadRows, ld = s.nb * kBlock;
-  scratch.hi.resize(rows * ld);
-  scratch.lo.resize(rows * ld);
-  scratch.xp.resize(rows * ld);
-  for (auto* v : {&scratch.dx, &scratch.xs}) v->resize(rows * s.nb);
-  for (auto* v : {&scratch.sum16, &scratch.shi}) v->resize(rows * s.nb);
-  Act16& act = scratch.act;
-  act = {.ld = ld, .hi = scratch.hi.data(), .lo = scratch.lo.data(), .xp = scratch.xp.data(),
-         .dx = scratch.dx.data(), .xs = scratch.xs.data(), .sum16 = scratch.sum16.data(), .shi = scratch.shi.data()};
+  Scratch& sc = scratch;
+  sc.hi.resize(rows * ld);
+  sc.lo.resize(rows * ld);
+  sc.xp.resize(rows * ld);
+  for (auto* v : {&sc.dx, &sc.xs}) v->resize(rows * s.nb);
+  for (auto* v : {&sc.sum16, &sc.shi}) v->resize(rows * s.nb);
+  Act16& act = sc.act;
+  act = {.ld = ld, .hi = sc.hi.data(), .lo = sc.lo.data(), .xp = sc.xp.data(), .dx = sc.dx.data(), .xs = sc.xs.data(),
+         .sum16 = sc.sum16.data(), .shi = sc.shi.data()};
   kernels().quantize_rows16(a.x, a.ldx, a.in, a.nb, act, 0, s.rows);
   a.act = &act;
 }

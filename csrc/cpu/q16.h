@@ -29,25 +29,39 @@
 namespace decodescope::cpu {
 namespace {
 
-// The scale of one block of 32 for a quantizer to [-qmax, qmax] (127: int8, 32767: 16 bits): inv = qmax / amax,
-// dx = amax / qmax, all in scalar fp32 so every ISA computes the same bits. Defined for every input:
+// The scales of up to 16 blocks of 32 (block k's values in v0[k], v1[k]) for a quantizer to [-qmax, qmax] (127:
+// int8, 32767: 16 bits): inv = qmax / amax, dx = amax / qmax per block, in fp32 IEEE operations so every ISA
+// computes the same bits. Defined for every input:
 //  * a block holding inf or NaN quantizes to zeros with dx = NaN, so every output of its row is NaN, as a
-//    float matmul of that row gives inf or NaN (v0, v1 are zeroed here so no lane converts a NaN);
+//    float matmul of that row gives inf or NaN (its v0, v1 are zeroed here so no lane converts a NaN);
 //  * a block whose qmax / amax overflows (all zeros, denormals, or amax below qmax / FLT_MAX: 3.7e-37 for int8,
 //    9.6e-35 for 16 bits) quantizes to zeros with dx = 0: it contributes nothing.
-struct BlockScale {
-  float inv, dx;
-};
+// The 16 go together: one max tree and one sum tree across them (a max, or a sum of zeros and NaNs, is the same in
+// any order) and two vector divisions (IEEE division rounds the same at any width). One block at a time, each
+// block's horizontal reductions and scalar divisions formed a latency chain that was most of a verify pass's
+// quantization.
+constexpr int kScaleGroup = 16;
 template <class S>
-BlockScale block_scale(typename S::F& v0, typename S::F& v1, float qmax) {
-  if (S::nonfinite(v0, v1) != 0.f) {  // NaN != 0
-    v0 = v1 = S::zero();
-    return {0.f, NAN};
+void block_scales(typename S::F* v0, typename S::F* v1, int n, float qmax, float* inv, float* dx) {
+  using F = typename S::F;
+  F zeros[kScaleGroup], m[kScaleGroup];
+  for (int k = 0; k < kScaleGroup; ++k) {
+    zeros[k] = k < n ? S::add(S::mul(v0[k], S::zero()), S::mul(v1[k], S::zero())) : S::zero();  // NaN where not finite
+    m[k] = k < n ? S::max(S::abs(v0[k]), S::abs(v1[k])) : S::zero();
   }
-  const float amax = S::reduce_max(S::max(S::abs(v0), S::abs(v1)));  // exact in any order
-  const float inv = qmax / amax;
-  if (!(inv <= FLT_MAX)) return {0.f, 0.f};
-  return {inv, amax / qmax};
+  const F nan_sum = S::hsum16(zeros);
+  const unsigned finite = S::ge_bits(nan_sum, nan_sum);  // NaN compares false
+  for (int k = 0; k < n; ++k)
+    if (!(finite >> k & 1u)) v0[k] = v1[k] = m[k] = S::zero();
+  const F amax = S::hmax16(m);
+  const F iv = S::div(S::set1(qmax), amax);
+  const unsigned fits = S::ge_bits(S::set1(FLT_MAX), iv);  // inv <= FLT_MAX
+  S::store(inv, iv);
+  S::store(dx, S::div(amax, S::set1(qmax)));
+  for (int k = 0; k < n; ++k) {
+    if (!(finite >> k & 1u)) inv[k] = 0.f, dx[k] = NAN;
+    else if (!(fits >> k & 1u)) inv[k] = 0.f, dx[k] = 0.f;
+  }
 }
 
 // The 32 values of block b of row xr (x past `in` counts as 0).
@@ -64,15 +78,19 @@ template <class S>
 void quantize_rows16(const float* x, int64_t ldx, int in, int nb, const Act16& a, int64_t r0, int64_t r1) {
   using F = typename S::F;
   for (int64_t r = r0; r < r1; ++r) {
-    for (int b = 0; b < nb; ++b) {
-      F v0, v1;
-      load_block<S>(x + r * ldx, in, b, v0, v1);
-      const BlockScale sc = block_scale<S>(v0, v1, 32767.f);
-      const F q0 = S::round(S::mul(v0, S::set1(sc.inv))), q1 = S::round(S::mul(v1, S::set1(sc.inv)));
-      const int64_t s = r * nb + b;
-      S::store_x16(q0, q1, a, r * a.ld + b * kBlock, a.sum16[s], a.shi[s]);
-      a.dx[s] = sc.dx;
-      a.xs[s] = sc.dx * static_cast<float>(a.sum16[s]);  // |sum| <= 32 * 32767 < 2^24: exact before the product
+    for (int b0 = 0; b0 < nb; b0 += kScaleGroup) {
+      const int n = nb - b0 < kScaleGroup ? nb - b0 : kScaleGroup;
+      F v0[kScaleGroup], v1[kScaleGroup];
+      for (int k = 0; k < n; ++k) load_block<S>(x + r * ldx, in, b0 + k, v0[k], v1[k]);
+      alignas(64) float inv[kScaleGroup], dx[kScaleGroup];
+      block_scales<S>(v0, v1, n, 32767.f, inv, dx);
+      for (int k = 0; k < n; ++k) {
+        const F q0 = S::round(S::mul(v0[k], S::set1(inv[k]))), q1 = S::round(S::mul(v1[k], S::set1(inv[k])));
+        const int64_t s = r * nb + b0 + k;
+        S::store_x16(q0, q1, a, r * a.ld + (b0 + k) * kBlock, a.sum16[s], a.shi[s]);
+        a.dx[s] = dx[k];
+        a.xs[s] = dx[k] * static_cast<float>(a.sum16[s]);  // |sum| <= 32 * 32767 < 2^24: exact before the product
+      }
     }
   }
 }

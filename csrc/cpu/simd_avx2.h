@@ -328,7 +328,23 @@ struct Avx2 {
     return {hsum8x8(s), hsum8x8(s + 8)};
   }
 
+  // v[0..15] -> lane i = the largest of v[i]'s lanes (exact in any order; no NaN lanes).
+  static F hmax16(const F* v) {
+    __m256 s[16];
+    for (int i = 0; i < 16; ++i) s[i] = _mm256_max_ps(v[i].lo, v[i].hi);
+    return {hmax8x8(s), hmax8x8(s + 8)};
+  }
+
  private:
+  static __m256 hmax8x8(const __m256* s) {  // lane i = max of s[i]: interleave pairs, then quads, then halves
+    __m256 t[4], u[2];
+    for (int k = 0; k < 4; ++k)
+      t[k] = _mm256_max_ps(_mm256_unpacklo_ps(s[2 * k], s[2 * k + 1]), _mm256_unpackhi_ps(s[2 * k], s[2 * k + 1]));
+    for (int j = 0; j < 2; ++j)
+      u[j] = _mm256_max_ps(_mm256_shuffle_ps(t[2 * j], t[2 * j + 1], 0x44),
+                           _mm256_shuffle_ps(t[2 * j], t[2 * j + 1], 0xEE));
+    return _mm256_max_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+  }
   static __m256i mask(int n) {  // lanes < n set; n may be < 0 or > 8
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }

@@ -231,6 +231,23 @@ struct Avx512 {
     return _mm512_permutexvar_ps(order, s);
   }
 
+  // v[0..15] -> lane i = the largest of v[i]'s lanes: hsum16's tree with max (exact in any order; no NaN lanes).
+  static F hmax16(const F* v) {
+    F a[8], b[4], c[2];
+    for (int i = 0; i < 8; ++i)
+      a[i] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                           _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; ++i)
+      b[i] = _mm512_max_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i)
+      c[i] = _mm512_max_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                           _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+    const F s = _mm512_max_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+    const I order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, s);
+  }
+
  private:
   static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   static int32_t load4(const void* p) {

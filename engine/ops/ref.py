@@ -272,7 +272,7 @@ FLT_MAX = torch.finfo(torch.float32).max
 
 
 def quantize_blocks(x: torch.Tensor, in_pad: int, qmax: int, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CPU kernels' activation recipe (csrc/cpu/q16.h block_scale): x [N, in] fp32, zero-padded to in_pad,
+    """The CPU kernels' activation recipe (csrc/cpu/q16.h block_scales): x [N, in] fp32, zero-padded to in_pad,
     per block of 32 (256 for the K-quants' Q8_K): amax = max|x|, inv = qmax / amax, q = round_half_even(x * inv)
     in [-qmax, qmax], dx = amax / qmax, all in fp32. Defined for every input, as the kernels on every ISA: a
     block holding inf or NaN gives q = 0 and dx = NaN (its row's outputs are NaN, where a float matmul's would be
