@@ -6,7 +6,9 @@ Each round runs this tree's kernels and the baseline's in fresh processes, one a
 every round), since two builds of the extension cannot share a process. Every process times the same random
 inputs (one seed):
   - a GEMM weight format: one thread over a 1536 x 576 matrix resident in L2, T rows (what a verify pass's tiles
-    cost when the weights are already there: the instructions, not the memory), and the threads asked for (2) over
+    cost when the weights are already there: the instructions, not the memory); one thread over a single panel of
+    16 x 1536 (what a call costs beside its tiles: the activations quantized, the fold factors, the handoff); and
+    the threads asked for (2) over
     3 layers of Qwen2.5-1.5B's four GEMMs from DRAM, as bench.kernels --alternate times them (the box's bandwidth
     moves these; each process's read probe is recorded);
   - attention: T new queries of the default model's heads (9 query, 3 KV, dim 64) over 30 layers' caches, one
@@ -32,6 +34,7 @@ from bench.common import in_tree, markdown_table, provenance, write_results
 
 HERE = Path(__file__).resolve().parents[1]
 COMPUTE_SHAPE = (1536, 576)  # (out, in): 96 panels x 18 blocks of q4, ~0.55 MB, inside a 1 MB L2
+PROLOGUE_SHAPE = (16, 1536)  # one panel: a call's own work beside its tiles
 STREAM_SHAPES = [(2048, 1536), (1536, 1536), (2 * 8960, 1536), (1536, 8960)]  # Qwen2.5-1.5B: qkv, o, gate_up, down
 CHECK_SHAPES = [(960, 576), (1536, 8960), (100, 1000)]  # ragged ones too: a partial panel, a partial block
 CHECK_ROWS = (1, 3, 6, 9, 16)
@@ -120,6 +123,12 @@ else:
     for T in rows:
         x, y = torch.randn(T, i, generator=g), torch.empty(T, o)
         res[f"T{T}|one thread, {o} x {i} in L2|us"] = 1e6 * best(lambda: m.linear(y, x, code, w), 100)
+    o, i = PROLOGUE_SHAPE
+    w = panels(o, i)
+    for T in rows:
+        x, y = torch.randn(T, i, generator=g), torch.empty(T, o)
+        res[f"T{T}|one thread, {o} x {i}: one panel, the call's own work|us"] = 1e6 * best(
+            lambda: m.linear(y, x, code, w), 1000)
     torch.set_num_threads(threads)
     ws = [(i, panels(o, i)) for _ in range(layers) for o, i in STREAM_SHAPES]
     mb = sum(t.numel() * t.element_size() for _, ts in ws for t in ts) / 1e6
@@ -138,7 +147,8 @@ print("RESULT " + json.dumps(res))
 def child(tree: Path, kernel: str, rows: list[int], args, out: Path) -> dict:
     """CHILD in `tree`, its kernels built where engine.ops.ext keeps them (a folder per hash of the sources)."""
     code = (f"COMPUTE_SHAPE, STREAM_SHAPES, CHECK_SHAPES, CHECK_ROWS = {COMPUTE_SHAPE}, {STREAM_SHAPES}, "
-            f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_RUNS, PICK_VOCABS = {ATTENTION_RUNS}, {PICK_VOCABS}\n" + CHILD)
+            f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_RUNS, PICK_VOCABS = {ATTENTION_RUNS}, {PICK_VOCABS}\n"
+            f"PROLOGUE_SHAPE = {PROLOGUE_SHAPE}\n" + CHILD)
     return in_tree(tree, code, [kernel, ",".join(map(str, rows)), str(out), args.isa, str(args.repeats),
                                 str(args.threads), str(args.layers)], what="the kernels")
 
