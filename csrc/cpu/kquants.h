@@ -404,30 +404,35 @@ struct KQuants {
   // Q8_K, the recipe of engine/ops/ref.py quantize_blocks(x, in_pad, 127, 256) bit for bit: per row and
   // super-block of 256, inv = 127 / amax and dx = amax / 127 in scalar fp32, qx = round_half_even(x * inv), with
   // q16.h block_scales's rules for inf / NaN (zeros, dx = NaN) and for blocks too small to scale (zeros, dx = 0);
-  // x past `in` counts as 0. xsum: the sums of every 16 qx (exact).
+  // x past `in` counts as 0. xsum: the sums of every 16 qx (exact), through one sum tree (S::hsum16) rather than 16
+  // horizontal sums, and the inf / NaN test one lane check of v * 0 summed, not a horizontal sum per block.
   static void quantize_rows_k(const float* x, int64_t ldx, int in, int ns, int8_t* qx, float* dx, int32_t* xsum,
                               int64_t r0, int64_t r1) {
     constexpr int kVecs = kSuper / 16;
+    static_assert(kVecs == 16, "one hsum16 per super-block");
     for (int64_t r = r0; r < r1; ++r) {
       for (int sb = 0; sb < ns; ++sb) {
-        F v[kVecs];
-        float bad = 0.f;
+        F v[kVecs], q[kVecs];
+        F zeros = S::zero();  // NaN in a lane where some value was inf or NaN (0 * inf = NaN)
         for (int k = 0; k < kVecs / 2; ++k) {
           load_block<S>(x + r * ldx, in, sb * (kSuper / kBlock) + k, v[2 * k], v[2 * k + 1]);
-          bad += S::nonfinite(v[2 * k], v[2 * k + 1]);
+          zeros = S::add(zeros, S::add(S::mul(v[2 * k], S::zero()), S::mul(v[2 * k + 1], S::zero())));
         }
+        const bool bad = S::ge_bits(zeros, zeros) != 0xFFFFu;  // NaN compares false
         F m = S::abs(v[0]);
         for (int k = 1; k < kVecs; ++k) m = S::max(m, S::abs(v[k]));
         const float amax = S::reduce_max(m), inv = 127.f / amax;
         float scale = 0.f, d = 0.f;
-        if (bad != 0.f) d = NAN;  // NaN != 0: a value was inf or NaN
+        if (bad) d = NAN;
         else if (inv <= FLT_MAX) scale = inv, d = amax / 127.f;
         const int64_t s = r * ns + sb;
         for (int k = 0; k < kVecs; ++k) {
-          const F q = S::round(S::mul(bad != 0.f ? S::zero() : v[k], S::set1(scale)));
-          S::store_i8(qx + s * kSuper + 16 * k, q);
-          xsum[s * kVecs + k] = static_cast<int32_t>(S::reduce_add(q));  // exact: |sum| <= 16 * 127
+          q[k] = S::round(S::mul(bad ? S::zero() : v[k], S::set1(scale)));
+          S::store_i8(qx + s * kSuper + 16 * k, q[k]);
         }
+        alignas(64) float sums[kVecs];
+        S::store(sums, S::hsum16(q));  // exact: |sum| <= 16 * 127
+        for (int k = 0; k < kVecs; ++k) xsum[s * kVecs + k] = static_cast<int32_t>(sums[k]);
         dx[s] = d;
       }
     }
