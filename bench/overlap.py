@@ -14,33 +14,23 @@ tensors) through the fused linear on the threads asked for, three ways:
     bench.ports's floor.
 If the tiles' compute and the weight stream overlapped perfectly, stream_T would be max(stream_T1, cached_T)
 (over_max 1.0); if not at all, their sum (over_sum 1.0). Each figure is the minimum of `--repeats` within a
-round, the three in turn (their order rotating), and the ratios are each round's own, then the median over rounds:
+round, the runs interleaved (bench.kernels best_of_each, their order rotating a round), and the ratios are each
+round's own, then the median over rounds:
 the box's bandwidth and the host's load on its cores move within minutes.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import engine  # noqa: F401  (sets OpenMP's passive wait policy before torch loads)
 import torch
 
 from bench.common import markdown_table, run_and_save
-from bench.kernels import LAYER_SHAPES, LAYERS, random_panels
+from bench.kernels import LAYER_SHAPES, LAYERS, best_of_each, random_panels
 from engine.observe.bandwidth import measure_gbs
 from engine.ops import ext
-
-
-def best_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
 
 
 def layer_calls(m, code: int, layers: list[list[tuple]], T: int, g: torch.Generator):
@@ -104,11 +94,9 @@ def bench(args, save) -> dict:
             names = list(runs)
             rounds = []
             for r in range(args.rounds):
-                rec = dict(read_gb_s=measure_gbs("cpu"))
-                for j in range(len(names)):  # the order rotates one place a round
-                    name = names[(j + r) % len(names)]
-                    rec[name] = best_ms(runs[name], args.repeats)
-                rounds.append(rec)
+                order = names[r % len(names):] + names[:r % len(names)]  # the order rotates one place a round
+                best = best_of_each({name: runs[name] for name in order}, args.repeats)
+                rounds.append(dict(read_gb_s=measure_gbs("cpu"), **{name: 1e3 * s for name, s in best.items()}))
             row = summarize(fmt, T, rounds, args.threads)
             row["weight_mb"] = mb
             out["rows"].append(row)
@@ -122,7 +110,8 @@ def markdown(result: dict) -> str:
     return (f"A verify pass's layer GEMMs (the default model's 30 layers, random weights) on {result['threads']} "
             f"threads, {result['isa']}: stream_T1 one row from memory, cached_T T rows over one layer's matrices "
             f"30 times (in cache: the instructions alone), stream_T T rows from memory; each the minimum of "
-            f"{result['repeats']} within a round, {result['rounds']} rounds, the order rotating. over_max = "
+            f"{result['repeats']} within a round (the runs interleaved), {result['rounds']} rounds, the order "
+            "rotating. over_max = "
             "stream_T / max(stream_T1, cached_T): 1.0 where the tiles' work and the weight stream overlap fully; "
             "over_sum = stream_T / (stream_T1 + cached_T): 1.0 where they do not overlap at all (medians of each "
             "round's own ratio; lo / hi the extremes). cached_over_stream_T1 > 1: the T-row tiles take longer "

@@ -310,11 +310,9 @@ struct Gemm {
                             int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       for (int b0 = 0; b0 < nb; b0 += kScaleGroup) {
-        const int n = nb - b0 < kScaleGroup ? nb - b0 : kScaleGroup;
         F v0[kScaleGroup], v1[kScaleGroup], sums[kScaleGroup];
-        for (int k = 0; k < n; ++k) load_block<S>(x + r * ldx, in, b0 + k, v0[k], v1[k]);
         alignas(64) float inv[kScaleGroup], d[kScaleGroup], sum[kScaleGroup];
-        block_scales<S>(v0, v1, n, 127.f, inv, d);
+        const int n = block_scales<S>(x + r * ldx, in, nb, b0, 127.f, v0, v1, inv, d);
         for (int k = 0; k < kScaleGroup; ++k) {
           if (k >= n) {
             sums[k] = S::zero();

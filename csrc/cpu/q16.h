@@ -29,9 +29,18 @@
 namespace decodescope::cpu {
 namespace {
 
-// The scales of up to 16 blocks of 32 (block k's values in v0[k], v1[k]) for a quantizer to [-qmax, qmax] (127:
-// int8, 32767: 16 bits): inv = qmax / amax, dx = amax / qmax per block, in fp32 IEEE operations so every ISA
-// computes the same bits. Defined for every input:
+// The 32 values of block b of row xr (x past `in` counts as 0).
+template <class S>
+void load_block(const float* xr, int in, int b, typename S::F& v0, typename S::F& v1) {
+  const int left = in - b * kBlock;
+  v0 = left >= 16 ? S::load(xr + b * kBlock) : S::load_n(xr + b * kBlock, left > 0 ? left : 0);
+  v1 = left >= 32 ? S::load(xr + b * kBlock + 16) : S::load_n(xr + b * kBlock + 16, left > 16 ? left - 16 : 0);
+}
+
+// The quantizers' shared first half (gemm.h quantize_rows, quantize_rows16 below): loads the blocks of row xr from
+// block b0 on, at most kScaleGroup of them, into v0[k], v1[k], and returns how many (nb - b0, at most 16), with each
+// one's scale for a quantizer to [-qmax, qmax] (127: int8, 32767: 16 bits): inv = qmax / amax, dx = amax / qmax, in
+// fp32 IEEE operations so every ISA computes the same bits. Defined for every input:
 //  * a block holding inf or NaN quantizes to zeros with dx = NaN, so every output of its row is NaN, as a
 //    float matmul of that row gives inf or NaN (its v0, v1 are zeroed here so no lane converts a NaN);
 //  * a block whose qmax / amax overflows (all zeros, denormals, or amax below qmax / FLT_MAX: 3.7e-37 for int8,
@@ -42,8 +51,11 @@ namespace {
 // quantization.
 constexpr int kScaleGroup = 16;
 template <class S>
-void block_scales(typename S::F* v0, typename S::F* v1, int n, float qmax, float* inv, float* dx) {
+int block_scales(const float* xr, int in, int nb, int b0, float qmax, typename S::F* v0, typename S::F* v1, float* inv,
+                 float* dx) {
   using F = typename S::F;
+  const int n = nb - b0 < kScaleGroup ? nb - b0 : kScaleGroup;
+  for (int k = 0; k < n; ++k) load_block<S>(xr, in, b0 + k, v0[k], v1[k]);
   F zeros[kScaleGroup], m[kScaleGroup];
   for (int k = 0; k < kScaleGroup; ++k) {
     zeros[k] = k < n ? S::add(S::mul(v0[k], S::zero()), S::mul(v1[k], S::zero())) : S::zero();  // NaN where not finite
@@ -62,14 +74,7 @@ void block_scales(typename S::F* v0, typename S::F* v1, int n, float qmax, float
     if (!(finite >> k & 1u)) inv[k] = 0.f, dx[k] = NAN;
     else if (!(fits >> k & 1u)) inv[k] = 0.f, dx[k] = 0.f;
   }
-}
-
-// The 32 values of block b of row xr (x past `in` counts as 0).
-template <class S>
-void load_block(const float* xr, int in, int b, typename S::F& v0, typename S::F& v1) {
-  const int left = in - b * kBlock;
-  v0 = left >= 16 ? S::load(xr + b * kBlock) : S::load_n(xr + b * kBlock, left > 0 ? left : 0);
-  v1 = left >= 32 ? S::load(xr + b * kBlock + 16) : S::load_n(xr + b * kBlock + 16, left > 16 ? left - 16 : 0);
+  return n;
 }
 
 // The 16-bit prep, rows [r0, r1): x16, dx, xs, sum16 and shi per block, and the planes this ISA reads
@@ -79,11 +84,9 @@ void quantize_rows16(const float* x, int64_t ldx, int in, int nb, const Act16& a
   using F = typename S::F;
   for (int64_t r = r0; r < r1; ++r) {
     for (int b0 = 0; b0 < nb; b0 += kScaleGroup) {
-      const int n = nb - b0 < kScaleGroup ? nb - b0 : kScaleGroup;
       F v0[kScaleGroup], v1[kScaleGroup];
-      for (int k = 0; k < n; ++k) load_block<S>(x + r * ldx, in, b0 + k, v0[k], v1[k]);
       alignas(64) float inv[kScaleGroup], dx[kScaleGroup];
-      block_scales<S>(v0, v1, n, 32767.f, inv, dx);
+      const int n = block_scales<S>(x + r * ldx, in, nb, b0, 32767.f, v0, v1, inv, dx);
       for (int k = 0; k < n; ++k) {
         const F q0 = S::round(S::mul(v0[k], S::set1(inv[k]))), q1 = S::round(S::mul(v1[k], S::set1(inv[k])));
         const int64_t s = r * nb + b0 + k;
