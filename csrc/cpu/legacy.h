@@ -35,11 +35,13 @@ struct Legacy {
     const int64_t ldq = static_cast<int64_t>(a.nb) * kBlock;
     const uint8_t* wp = static_cast<const uint8_t*>(a.w) + p * a.nb * kBytes;
     F y[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) y[r] = S::zero();
     for (int b = 0; b < a.nb; ++b) {
       const uint8_t* wb = wp + static_cast<int64_t>(b) * kBytes;
       for (int line = 0; line < kBytes; line += 64) prefetch(wb + line);
       I acc[R];
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[r] = S::i32_set1(a.qoff[(r0 + r) * a.nb + b] >> kShift);  // exact: 128 | qoff
       I mask;
       if constexpr (High) mask = S::i32_load(wb + 32);
@@ -59,9 +61,11 @@ struct Legacy {
         }
       }
       const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb));
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r)
         y[r] = S::fma(S::to_float(acc[r]), S::mul(d, S::set1(a.dx[(r0 + r) * a.nb + b])), y[r]);
     }
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) K::store_row(a, p, r0 + r, y[r]);
   }
 };
