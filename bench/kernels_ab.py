@@ -7,8 +7,9 @@ every round), since two builds of the extension cannot share a process. Every pr
 inputs (one seed):
   - a GEMM weight format: one thread over a 1536 x 576 matrix resident in L2, T rows (what a verify pass's tiles
     cost when the weights are already there: the instructions, not the memory); one thread over a single panel of
-    16 x 1536 (what a call costs beside its tiles: the activations quantized, the fold factors, the handoff); and
-    the threads asked for (2) over
+    16 x 1536 (what a call costs beside its tiles: the activations quantized, the fold factors, the handoff); the
+    threads asked for (2) over the default model's layer of four GEMMs, its weights in cache (the calls' costs of
+    running on the threads: the handoff, another core's activations); and the threads over
     3 layers of Qwen2.5-1.5B's four GEMMs from DRAM, as bench.kernels --alternate times them (the box's bandwidth
     moves these; each process's read probe is recorded);
   - attention: T new queries of the default model's heads (9 query, 3 KV, dim 64) over 30 layers' caches, one
@@ -35,6 +36,7 @@ from bench.common import in_tree, markdown_table, provenance, write_results
 HERE = Path(__file__).resolve().parents[1]
 COMPUTE_SHAPE = (1536, 576)  # (out, in): 96 panels x 18 blocks of q4, ~0.55 MB, inside a 1 MB L2
 PROLOGUE_SHAPE = (16, 1536)  # one panel: a call's own work beside its tiles
+LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # the default model's qkv, o, gate_up, down
 STREAM_SHAPES = [(2048, 1536), (1536, 1536), (2 * 8960, 1536), (1536, 8960)]  # Qwen2.5-1.5B: qkv, o, gate_up, down
 CHECK_SHAPES = [(960, 576), (1536, 8960), (100, 1000)]  # ragged ones too: a partial panel, a partial block
 CHECK_ROWS = (1, 3, 6, 9, 16)
@@ -130,6 +132,14 @@ else:
         res[f"T{T}|one thread, {o} x {i}: one panel, the call's own work|us"] = 1e6 * best(
             lambda: m.linear(y, x, code, w), 1000)
     torch.set_num_threads(threads)
+    layer = [(i, panels(o, i)) for o, i in LAYER_SHAPES]
+    for T in rows:  # the calls' own costs on the threads (the handoff, another core's activations), weights in cache
+        xs = {i: torch.randn(T, i, generator=g) for _, i in LAYER_SHAPES}
+        ys = [torch.empty(T, o) for o, _ in LAYER_SHAPES]
+        def calls():
+            for (i, ts), y in zip(layer, ys):
+                m.linear(y, xs[i], code, ts)
+        res[f"T{T}|{threads} threads, the default model's layer in cache|us"] = 1e6 * best(calls, 100)
     ws = [(i, panels(o, i)) for _ in range(layers) for o, i in STREAM_SHAPES]
     mb = sum(t.numel() * t.element_size() for _, ts in ws for t in ts) / 1e6
     for T in rows:
@@ -146,8 +156,8 @@ print("RESULT " + json.dumps(res))
 
 def child(tree: Path, kernel: str, rows: list[int], args, out: Path) -> dict:
     """CHILD in `tree`, its kernels built where engine.ops.ext keeps them (a folder per hash of the sources)."""
-    code = (f"COMPUTE_SHAPE, STREAM_SHAPES, CHECK_SHAPES, CHECK_ROWS = {COMPUTE_SHAPE}, {STREAM_SHAPES}, "
-            f"{CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_RUNS, PICK_VOCABS = {ATTENTION_RUNS}, {PICK_VOCABS}\n"
+    code = (f"COMPUTE_SHAPE, LAYER_SHAPES, STREAM_SHAPES = {COMPUTE_SHAPE}, {LAYER_SHAPES}, {STREAM_SHAPES}\n"
+            f"CHECK_SHAPES, CHECK_ROWS = {CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_RUNS, PICK_VOCABS = {ATTENTION_RUNS}, {PICK_VOCABS}\n"
             f"PROLOGUE_SHAPE = {PROLOGUE_SHAPE}\n" + CHILD)
     return in_tree(tree, code, [kernel, ",".join(map(str, rows)), str(out), args.isa, str(args.repeats),
                                 str(args.threads), str(args.layers)], what="the kernels")
