@@ -157,7 +157,8 @@ print("RESULT " + json.dumps(res))
 def child(tree: Path, kernel: str, rows: list[int], args, out: Path) -> dict:
     """CHILD in `tree`, its kernels built where engine.ops.ext keeps them (a folder per hash of the sources)."""
     code = (f"COMPUTE_SHAPE, LAYER_SHAPES, STREAM_SHAPES = {COMPUTE_SHAPE}, {LAYER_SHAPES}, {STREAM_SHAPES}\n"
-            f"CHECK_SHAPES, CHECK_ROWS = {CHECK_SHAPES}, {CHECK_ROWS}\nATTENTION_RUNS, PICK_VOCABS = {ATTENTION_RUNS}, {PICK_VOCABS}\n"
+            f"CHECK_SHAPES, CHECK_ROWS = {CHECK_SHAPES}, {CHECK_ROWS}\n"
+            f"ATTENTION_RUNS, PICK_VOCABS = {ATTENTION_RUNS}, {PICK_VOCABS}\n"
             f"PROLOGUE_SHAPE = {PROLOGUE_SHAPE}\n" + CHILD)
     return in_tree(tree, code, [kernel, ",".join(map(str, rows)), str(out), args.isa, str(args.repeats),
                                 str(args.threads), str(args.layers)], what="the kernels")
