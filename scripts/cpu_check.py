@@ -45,6 +45,8 @@ STEPS = (
           "--rows", "1", "6", "--repeats", "15", "--name", "kernels-formats-cpu-{kind}")),
     Step("step-after", "step-after-cpu-{kind}", 2, ("bench.step_after", "--name", "step-after-cpu-{kind}")),
     Step("overlap", "overlap-cpu-{kind}", 1, ("bench.overlap", "--name", "overlap-cpu-{kind}")),
+    Step("tile-pace", "tile-pace-cpu-{kind}", 5, ("bench.tile_pace", "--name", "tile-pace-cpu-{kind}"),
+         needs="avx512_vnni"),
     Step("spec", "spec-cpu-q4-q4_a8-{kind}", 8, ("bench.spec", "--targets", "q4", "q4_a8",
                                                  "--name", "spec-cpu-q4-q4_a8-{kind}")),
     Step("spec-fp32", "spec-cpu-fp32-edit-{kind}", 4, ("bench.spec", "--targets", "fp32", "--sets", "edit",
