@@ -27,6 +27,20 @@ from bench.common import markdown_table, provenance, write_results
 T = 6
 
 
+def steal_ms() -> dict[int, float]:
+    """Each CPU's steal time so far (/proc/stat: time the hypervisor ran something else while this vCPU wanted to
+    run), in ms; empty where the kernel does not report it."""
+    out = {}
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            f = line.split()
+            if f[0].startswith("cpu") and f[0][3:].isdigit() and len(f) > 8:
+                out[int(f[0][3:])] = 1000 * int(f[8]) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        pass
+    return out
+
+
 def pinned(exe: Path, cpu: int, repeats: int) -> subprocess.Popen:
     """The driver's L2 regime (q4_a8, 6 rows) on one CPU."""
     return subprocess.Popen([str(exe), "1", str(T), str(repeats), "0", "0"], stdout=subprocess.PIPE, text=True,
@@ -40,14 +54,17 @@ def bench(args) -> dict:
         exe = tile_pace.build(Path(tmp))
         for r in range(args.rounds):
             order = cpus[r % len(cpus):] + cpus[:r % len(cpus)]
-            alone = {}
+            alone, stolen = {}, {}
             for cpu in order:
+                before = steal_ms()
                 p = pinned(exe, cpu, args.repeats)
                 alone[cpu] = float(p.communicate()[0])
+                stolen[cpu] = steal_ms().get(cpu, 0.0) - before.get(cpu, 0.0)
             procs = {cpu: pinned(exe, cpu, args.repeats) for cpu in cpus}
             together = {cpu: float(p.communicate()[0]) for cpu, p in procs.items()}
             fastest = min(alone, key=alone.get)
-            rounds.append(dict(t_s=round(time.time(), 1), alone=alone, together=together, fastest_cpu=fastest,
+            rounds.append(dict(t_s=round(time.time(), 1), alone=alone, together=together, stolen=stolen,
+                               fastest_cpu=fastest,
                                slowest_over_fastest=max(alone.values()) / alone[fastest]))
             print(r, {c: round(v, 1) for c, v in alone.items()}, {c: round(v, 1) for c, v in together.items()},
                   flush=True)
@@ -56,6 +73,7 @@ def bench(args) -> dict:
     rows = [dict(round=i, seconds=round(rd["t_s"] - rounds[0]["t_s"]),
                  **{f"cpu{c}_ns": rd["alone"][c] for c in cpus},
                  **{f"cpu{c}_together_ns": rd["together"][c] for c in cpus},
+                 **{f"cpu{c}_steal_ms": rd["stolen"][c] for c in cpus},
                  fastest_cpu=rd["fastest_cpu"], slowest_over_fastest=rd["slowest_over_fastest"])
             for i, rd in enumerate(rounds)]
     return dict(cpus=cpus, rows=rows, rounds=args.rounds, repeats=args.repeats, pause_s=args.pause,
@@ -71,8 +89,8 @@ def markdown(result: dict) -> str:
             f"within a round: median {result['median_slowest_over_fastest']:.2f}, largest "
             f"{result['max_slowest_over_fastest']:.2f}; rounds each CPU was the fastest: "
             + ", ".join(f"cpu{c} {n}" for c, n in result["rounds_fastest"].items()) + ".\n\n")
-    cols = ["round", "seconds", *[f"cpu{c}_ns" for c in cpus], *[f"cpu{c}_together_ns" for c in cpus], "fastest_cpu",
-            "slowest_over_fastest"]
+    cols = ["round", "seconds", *[f"cpu{c}_ns" for c in cpus], *[f"cpu{c}_together_ns" for c in cpus],
+            *[f"cpu{c}_steal_ms" for c in cpus], "fastest_cpu", "slowest_over_fastest"]
     return head + markdown_table(result["rows"], cols)
 
 

@@ -28,5 +28,6 @@ def test_vcpus_rounds(tmp_path):
         assert all(t > 0 for t in times) and all(row[f"cpu{c}_together_ns"] > 0 for c in cpus)
         assert row["fastest_cpu"] in cpus and row[f"cpu{row['fastest_cpu']}_ns"] == min(times)
         assert row["slowest_over_fastest"] == pytest.approx(max(times) / min(times))
+        assert all(row[f"cpu{c}_steal_ms"] >= 0 for c in cpus)
     assert sum(result["rounds_fastest"].values()) == 2
     assert "slowest over fastest" in (tmp_path / "v.md").read_text().lower()
