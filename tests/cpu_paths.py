@@ -4,6 +4,9 @@ module switched to one path, and a loop over the paths. amx runs with its tiles 
 the tiles meet every row count the tests sweep."""
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,6 +21,20 @@ K_QUANTS = [f for f in KERNEL_FORMATS if W.get(f).cpu_activations == "q8_k"]
 def linear(m, fmt: str, out: torch.Tensor, x: torch.Tensor, *tensors: torch.Tensor) -> None:
     """The module's one linear, for the format named as engine/weights names it."""
     m.linear(out, x, m.formats().index(fmt), list(tensors))
+
+
+def has_vnni() -> bool:
+    """Whether this CPU has AVX-512 VNNI, as /proc/cpuinfo says."""
+    try:
+        return "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+def needs_vnni_and(compiler: str):
+    """A skip mark for the benches that compile their own loops (bench.ports, tile_pace, vcpus)."""
+    return pytest.mark.skipif(not has_vnni() or shutil.which(compiler) is None,
+                              reason=f"needs AVX-512 VNNI and {compiler}")
 
 
 def load_module():

@@ -1,22 +1,12 @@
 """bench.ports compiles and runs its mixes (on a CPU with AVX-512 VNNI and gcc): one row each, positive times, the
 dot-product rows their own reference, and the result saved with its provenance."""
 import json
-import shutil
-from pathlib import Path
-
-import pytest
 
 from bench import ports
+from cpu_paths import needs_vnni_and
 
 
-def has_vnni() -> bool:
-    try:
-        return "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not has_vnni() or shutil.which("gcc") is None, reason="needs AVX-512 VNNI and gcc")
+@needs_vnni_and("gcc")
 def test_ports_rows(tmp_path):
     ports.main(["--iters", "2000", "--repeats", "1", "--out", str(tmp_path), "--name", "p"])
     result = json.loads((tmp_path / "p.json").read_text())

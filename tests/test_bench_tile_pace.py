@@ -2,22 +2,12 @@
 per format, T and regime, positive times, T's own reference at 1, more rows costing more in L2, and the result saved
 with its provenance."""
 import json
-import shutil
-from pathlib import Path
-
-import pytest
 
 from bench import tile_pace
+from cpu_paths import needs_vnni_and
 
 
-def has_vnni() -> bool:
-    try:
-        return "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not has_vnni() or shutil.which("g++") is None, reason="needs AVX-512 VNNI and g++")
+@needs_vnni_and("g++")
 def test_tile_pace_rows(tmp_path):
     tile_pace.main(["--rows", "1", "16", "--rounds", "1", "--repeats", "1", "--stream-mb", "4", "--out", str(tmp_path),
                     "--name", "t"])

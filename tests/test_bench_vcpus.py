@@ -2,22 +2,14 @@
 a round with a time per CPU, the fastest named, the slowest-over-fastest ratio at least 1, and the result saved."""
 import json
 import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 from bench import vcpus
+from cpu_paths import needs_vnni_and
 
 
-def has_vnni() -> bool:
-    try:
-        return "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not has_vnni() or shutil.which("g++") is None, reason="needs AVX-512 VNNI and g++")
+@needs_vnni_and("g++")
 def test_vcpus_rounds(tmp_path):
     vcpus.main(["--rounds", "2", "--repeats", "1", "--pause", "0", "--out", str(tmp_path), "--name", "v"])
     result = json.loads((tmp_path / "v.json").read_text())
