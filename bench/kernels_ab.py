@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 
 from bench.common import in_tree, markdown_table, provenance, write_results
+from bench.kernels import LAYER_SHAPES  # the default model's qkv, o, gate_up, down
 
 HERE = Path(__file__).resolve().parents[1]
 COMPUTE_SHAPE = (1536, 576)  # (out, in): 96 panels x 18 blocks of q4, ~0.55 MB, inside a 1 MB L2
 PROLOGUE_SHAPE = (16, 1536)  # one panel: a call's own work beside its tiles
-LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # the default model's qkv, o, gate_up, down
 STREAM_SHAPES = [(2048, 1536), (1536, 1536), (2 * 8960, 1536), (1536, 8960)]  # Qwen2.5-1.5B: qkv, o, gate_up, down
 CHECK_SHAPES = [(960, 576), (1536, 8960), (100, 1000)]  # ragged ones too: a partial panel, a partial block
 CHECK_ROWS = (1, 3, 6, 9, 16)
