@@ -20,13 +20,12 @@ VNNI and g++.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.common import markdown_table, provenance, write_results
+from bench.common import markdown_table, run_and_save
 from engine.observe.bandwidth import measure_gbs
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc" / "cpu"
@@ -192,7 +191,7 @@ def bench(args) -> dict:
     return dict(rows=rows, rounds=args.rounds, repeats=args.repeats, stream_mb=args.stream_mb,
                 read_gb_s=statistics.median(rd["read_gb_s"] for rd in rounds),
                 raw=[dict(read_gb_s=rd["read_gb_s"], ns={"|".join(map(str, k)): v for k, v in rd["ns"].items()})
-                     for rd in rounds], provenance=provenance("cpu"))
+                     for rd in rounds])
 
 
 def markdown(result: dict) -> str:
@@ -214,11 +213,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--name", default="tile-pace-cpu")
     args = p.parse_args(argv)
-    result = bench(args)
-    md = markdown(result)
-    write_results(args.out, args.name, result, md)
-    print(md)
-    print(json.dumps({"read_gb_s": result["read_gb_s"]}))
+    run_and_save(args.out, args.name, "cpu", lambda save: bench(args), markdown)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench import tile_pace
-from bench.common import markdown_table, provenance, write_results
+from bench.common import markdown_table, run_and_save
 
 T = 6
 
@@ -78,8 +78,7 @@ def bench(args) -> dict:
             for i, rd in enumerate(rounds)]
     return dict(cpus=cpus, rows=rows, rounds=args.rounds, repeats=args.repeats, pause_s=args.pause,
                 median_slowest_over_fastest=statistics.median(ratios), max_slowest_over_fastest=max(ratios),
-                rounds_fastest={c: sum(rd["fastest_cpu"] == c for rd in rounds) for c in cpus},
-                provenance=provenance("cpu"))
+                rounds_fastest={c: sum(rd["fastest_cpu"] == c for rd in rounds) for c in cpus})
 
 
 def markdown(result: dict) -> str:
@@ -102,10 +101,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--name", default="vcpus-cpu")
     args = p.parse_args(argv)
-    result = bench(args)
-    md = markdown(result)
-    write_results(args.out, args.name, result, md)
-    print(md)
+    run_and_save(args.out, args.name, "cpu", lambda save: bench(args), markdown)
 
 
 if __name__ == "__main__":

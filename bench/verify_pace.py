@@ -25,7 +25,7 @@ import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch l
 import torch
 
 from bench import tile_pace, vcpus
-from bench.common import markdown_table, provenance, write_results
+from bench.common import markdown_table, run_and_save
 from bench.steps import TEXT, greedy_ids, sync
 
 FULL, CONTENDED = 1.15, 1.3  # a probe's time over the run's fastest probe
@@ -102,8 +102,7 @@ def bench(args) -> dict:
                 print(i, {k: round(v, 2) if isinstance(v, float) else v for k, v in s.items()}, flush=True)
     classify(samples)
     return dict(weights=args.weights, rows=summarize(samples, args.rows), samples=samples, threads=args.threads,
-                repeats=args.repeats, prompt_len=args.prompt_len, full_within=FULL, contended_from=CONTENDED,
-                provenance=provenance("cpu"))
+                repeats=args.repeats, prompt_len=args.prompt_len, full_within=FULL, contended_from=CONTENDED)
 
 
 def markdown(result: dict) -> str:
@@ -129,10 +128,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--name", default="verify-pace-cpu")
     args = p.parse_args(argv)
-    result = bench(args)
-    md = markdown(result)
-    write_results(args.out, args.name, result, md)
-    print(md)
+    run_and_save(args.out, args.name, "cpu", lambda save: bench(args), markdown)
 
 
 if __name__ == "__main__":
