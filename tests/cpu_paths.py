@@ -5,12 +5,12 @@ the tiles meet every row count the tests sweep."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 from engine import weights as W
+from engine.observe.provenance import cpu_info
 from engine.ops import ext
 
 NAN = float("nan")
@@ -23,17 +23,11 @@ def linear(m, fmt: str, out: torch.Tensor, x: torch.Tensor, *tensors: torch.Tens
     m.linear(out, x, m.formats().index(fmt), list(tensors))
 
 
-def has_vnni() -> bool:
-    """Whether this CPU has AVX-512 VNNI, as /proc/cpuinfo says."""
-    try:
-        return "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-
-
 def needs_vnni_and(compiler: str):
-    """A skip mark for the benches that compile their own loops (bench.ports, tile_pace, vcpus)."""
-    return pytest.mark.skipif(not has_vnni() or shutil.which(compiler) is None,
+    """A skip mark for the benches that compile their own loops (bench.ports, tile_pace, vcpus, verify_pace): the
+    CPU's flags as provenance reads them."""
+    has_vnni = "avx512_vnni" in cpu_info()["cpu_flags"].split()
+    return pytest.mark.skipif(not has_vnni or shutil.which(compiler) is None,
                               reason=f"needs AVX-512 VNNI and {compiler}")
 
 
