@@ -2,16 +2,20 @@
 back-to-back steps do not.
 
 Before each timed step runs one prelude: another decode step (plain decoding's case, the baseline), a verify pass
-of T positions rolled back (a round that drafted), an idle pause, the same time spent busy (a spin that touches no
-memory: where it costs what the pause does, the time since the weights were read is what counts, not an idle core
-waking), or a read of a buffer twice the last-level cache's size (the caches flushed). A step of the default model
-reads ~100 MB of weights; on a machine whose last-level cache is shared with other work and about that size or
-larger, part of them can still be there from the step before, and whatever runs in between (a slower pass, a
-pause, others' jobs) lets them age out.
+of T positions rolled back (a round that drafted), the n-gram drafter's share of a plain round (its commit of the
+last token and its lookup, what an n-gram run does between two plain steps), an idle pause, the same time spent
+busy (a spin that touches no memory: where it costs what the pause does, the time since the weights were read is
+what counts, not an idle core waking), or a read of a buffer twice the last-level cache's size (the caches
+flushed). A step of the default model reads ~100 MB of weights; on a machine whose last-level cache is shared with
+other work and about that size or larger, part of them can still be there from the step before, and whatever runs
+in between (a slower pass, a pause, others' jobs) lets them age out.
 The preludes rotate within each round, every step runs after a fresh prefill of the same prompt, and over_step is
-the median over rounds of a prelude's median step over the same round's baseline.
+the median over rounds of a prelude's median step over the same round's baseline. With --then N, N steps are
+timed one after another behind each prelude (each rolled back to the prompt), and a row per prelude and step
+shows how long what the prelude did stays in the steps after it.
 
-    python -m bench.step_after [--weights q4_a8] [--ts 6 17] [--pause-ms 3] [--rounds 5] [--name step-after-cpu-<kind>]
+    python -m bench.step_after [--weights q4_a8] [--ts 6 17] [--pause-ms 3] [--then 1] [--rounds 5]
+                               [--name step-after-cpu-<kind>]
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch l
 from bench.common import markdown_table, run_and_save
 from bench.steps import TEXT, cpu_path
 from engine import Engine, Tokenizer, load_model
+from engine.speculative import NgramDrafter
 from engine.observe.bandwidth import measure_gbs
 import torch
 
@@ -44,18 +49,22 @@ def llc_bytes(default: int = 256 << 20) -> int:
 def preludes(ts: list[int], pause_ms: float, flush_bytes: int) -> list[tuple[str, str, float]]:
     """(name, kind, argument) of each prelude, the baseline first."""
     return ([("after a step", "step", 0)] + [(f"after a verify pass of {T}", "verify", T) for T in ts]
-            + [(f"after {pause_ms:g} ms idle", "pause", pause_ms), (f"after {pause_ms:g} ms busy", "busy", pause_ms),
+            + [("after the n-gram commit and lookup", "lookup", 0), (f"after {pause_ms:g} ms idle", "pause", pause_ms),
+               (f"after {pause_ms:g} ms busy", "busy", pause_ms),
                (f"after reading {flush_bytes >> 20} MB", "flush", flush_bytes)])
 
 
 @torch.inference_mode()
 def steps_after(eng: Engine, prompt: list[int], kind: str, arg: float, steps: int, flush: torch.Tensor | None,
-                warmup: int = 3) -> list[float]:
-    """ms of `steps` decode steps, each after its prelude, on top of the prompt's prefill; the cache is rolled back
-    to the prompt after each step, so every step attends to the same length."""
+                warmup: int = 3, then: int = 1) -> list[list[float]]:
+    """ms of `steps` decode steps after their preludes, on top of the prompt's prefill: [the first step after each
+    prelude, ..., the then-th step after it]. The cache is rolled back to the prompt after each step, so every
+    step attends to the same length."""
     eng.prefill(prompt)
     base, token = len(prompt), torch.tensor([prompt[-1]], device=eng.device)
-    times = []
+    drafter = NgramDrafter()
+    drafter.begin(eng, prompt)
+    times: list[list[float]] = [[] for _ in range(then)]
     for i in range(warmup + steps):
         if kind == "step":
             eng.decode(token)
@@ -63,6 +72,9 @@ def steps_after(eng: Engine, prompt: list[int], kind: str, arg: float, steps: in
         elif kind == "verify":
             eng.chunk(torch.tensor([prompt[:int(arg)]], device=eng.device))
             eng.rollback(base)
+        elif kind == "lookup":  # the drafter's tokens grow by one a round, as in a run
+            drafter.commit(0, [prompt[i % len(prompt)]])
+            drafter.context()
         elif kind == "pause":
             time.sleep(arg / 1e3)
         elif kind == "busy":
@@ -71,13 +83,19 @@ def steps_after(eng: Engine, prompt: list[int], kind: str, arg: float, steps: in
                 pass
         elif kind == "flush":
             flush.add_(1)  # every line read and written
-        t = time.perf_counter()
-        eng.decode(token)
-        ms = (time.perf_counter() - t) * 1e3
-        eng.rollback(base)
-        if i >= warmup:
-            times.append(ms)
+        for d in range(then):
+            t = time.perf_counter()
+            eng.decode(token)
+            ms = (time.perf_counter() - t) * 1e3
+            eng.rollback(base)
+            if i >= warmup:
+                times[d].append(ms)
     return times
+
+
+def label(name: str, d: int, then: int) -> str:
+    """A row's prelude: its name, and with more than one step timed after it, which one."""
+    return name if then == 1 else f"{name}, step {d + 1}"
 
 
 def summarize(names: list[str], rounds: list[dict[str, float]]) -> list[dict]:
@@ -98,16 +116,18 @@ def bench(args, save) -> dict:
     flush_bytes = 2 * llc_bytes()
     flush = torch.zeros(flush_bytes // 4)
     kinds = preludes(args.ts, args.pause_ms, flush_bytes)
-    names = [name for name, _, _ in kinds]
+    names = [label(name, d, args.then) for name, _, _ in kinds for d in range(args.then)]
     out = dict(model="SmolLM2-135M-Instruct (embedded default)", weights=model.weight_format,
                isa=cpu_path(), weight_bytes=model.weight_bytes, llc_bytes=flush_bytes // 2, steps=args.steps,
+               then=args.then,
                prompt_len=len(prompt), rounds=[], read_gb_s=[], rows=[])
     for r in range(args.rounds):
         out["read_gb_s"].append(measure_gbs("cpu"))
         medians = {}
         for j in range(len(kinds)):  # the order rotates one place a round, so no prelude always follows another
             name, kind, arg = kinds[(j + r) % len(kinds)]
-            medians[name] = statistics.median(steps_after(eng, prompt, kind, arg, args.steps, flush))
+            for d, times in enumerate(steps_after(eng, prompt, kind, arg, args.steps, flush, then=args.then)):
+                medians[label(name, d, args.then)] = statistics.median(times)
         out["rounds"].append(medians)
         out["rows"] = summarize(names, out["rounds"])
         print(r, {k: round(v, 2) for k, v in medians.items()}, flush=True)
@@ -119,7 +139,8 @@ def markdown(result: dict) -> str:
     gbs = result["read_gb_s"]
     return (f"A decode step of {result['model']} ({result['weights']}, {result['weight_bytes'] / 1e6:.0f} MB of "
             f"weights; {result['isa']}) timed right after each prelude, {result['prompt_len']}-token prompt, "
-            f"{result['steps']} steps a prelude and round, {len(result['rounds'])} rounds, the preludes' order "
+            f"{result['steps']} preludes a round, each followed by {result.get('then', 1)} timed step(s) (step d: "
+            f"the d-th after it), {len(result['rounds'])} rounds, the preludes' order "
             f"rotating; last-level cache {result['llc_bytes'] >> 20} MB as the kernel reports it; read bandwidth "
             f"{min(gbs):.1f}-{max(gbs):.1f} GB/s. over_step: the median over rounds of the prelude's median step "
             f"over the same round's step after a step (lo / hi: the least and most).\n\n"
@@ -131,7 +152,8 @@ def main(argv=None) -> None:
     p.add_argument("--weights", default="q4_a8")
     p.add_argument("--ts", type=int, nargs="+", default=[6, 17], help="verify pass sizes")
     p.add_argument("--pause-ms", type=float, default=3.0)
-    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--steps", type=int, default=24, help="preludes a round")
+    p.add_argument("--then", type=int, default=1, help="steps timed in a row after each prelude")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))

@@ -14,15 +14,17 @@ def eng(tmp_path_factory):
     return Engine(load_model(str(folder), weights="q4_a8", progress=lambda msg: None), max_seq_len=64)
 
 
-def test_the_baseline_comes_first_then_each_verify_size_a_pause_a_busy_wait_and_a_flush():
+def test_the_baseline_comes_first_then_each_verify_size_the_lookup_a_pause_a_busy_wait_and_a_flush():
     kinds = step_after.preludes([6, 17], 3.0, 600 << 20)
-    assert [k for _, k, _ in kinds] == ["step", "verify", "verify", "pause", "busy", "flush"]
-    assert [a for _, _, a in kinds] == [0, 6, 17, 3.0, 3.0, 600 << 20]
+    assert [k for _, k, _ in kinds] == ["step", "verify", "verify", "lookup", "pause", "busy", "flush"]
+    assert [a for _, _, a in kinds] == [0, 6, 17, 0, 3.0, 3.0, 600 << 20]
     assert kinds[0][0] == "after a step" and kinds[-1][0] == "after reading 600 MB"
 
 
-@pytest.mark.parametrize("kind, arg", [("step", 0), ("verify", 5), ("pause", 0.5), ("busy", 0.5), ("flush", 0)])
-def test_each_step_runs_at_the_prompts_length_whatever_ran_before(eng, kind, arg):
+@pytest.mark.parametrize("then", [1, 3])
+@pytest.mark.parametrize("kind, arg", [("step", 0), ("verify", 5), ("lookup", 0), ("pause", 0.5), ("busy", 0.5),
+                                       ("flush", 0)])
+def test_each_step_runs_at_the_prompts_length_whatever_ran_before(eng, kind, arg, then):
     prompt = list(range(20, 40))
     flush = torch.zeros(1024)
     seen = []
@@ -34,12 +36,12 @@ def test_each_step_runs_at_the_prompts_length_whatever_ran_before(eng, kind, arg
 
     eng.decode = spy
     try:
-        times = step_after.steps_after(eng, prompt, kind, arg, steps=4, flush=flush, warmup=1)
+        times = step_after.steps_after(eng, prompt, kind, arg, steps=4, flush=flush, warmup=1, then=then)
     finally:
         del eng.decode
-    assert len(times) == 4 and all(t > 0 for t in times)
+    assert len(times) == then and all(len(ts) == 4 and all(t > 0 for t in ts) for ts in times)
     assert set(seen) == {len(prompt)} and eng.length == len(prompt)  # every decode, prelude or timed, at the prompt
-    assert len(seen) == (10 if kind == "step" else 5)
+    assert len(seen) == 5 * then + (5 if kind == "step" else 0)
     assert flush[0].item() == (5.0 if kind == "flush" else 0.0)
 
 
@@ -49,6 +51,25 @@ def test_a_busy_wait_takes_its_time(eng):
     t = time.perf_counter()
     step_after.steps_after(eng, prompt, "busy", 20.0, steps=2, flush=None, warmup=0)
     assert time.perf_counter() - t >= 0.04  # two 20 ms waits
+
+
+def test_the_lookup_prelude_runs_the_drafter_over_a_growing_sequence(eng, monkeypatch):
+    seen = []
+
+    class Spy(step_after.NgramDrafter):
+        def commit(self, n_accepted, emitted):
+            super().commit(n_accepted, emitted)
+            seen.append(len(self.tokens))
+
+    monkeypatch.setattr(step_after, "NgramDrafter", Spy)
+    prompt = list(range(20, 40))
+    step_after.steps_after(eng, prompt, "lookup", 0, steps=3, flush=None, warmup=1)
+    assert seen == [21, 22, 23, 24]  # the prompt, then one token a round
+
+
+def test_rows_name_the_step_after_the_prelude_when_more_than_one_is_timed():
+    assert step_after.label("after a step", 0, 1) == "after a step"
+    assert step_after.label("after a verify pass of 6", 2, 4) == "after a verify pass of 6, step 3"
 
 
 def test_ratios_are_taken_within_a_round_then_the_median():
