@@ -13,7 +13,9 @@ Each repeat runs every prompt of a half under plain decoding and every mode back
 rotated from prompt to prompt (bench.common.alternation); ratio = a mode's decode tok/s over plain's in the same
 repeat, the median over repeats (lo / hi: worst and best). plain_round_over_step: the median round that did not draft
 inside the mode's runs over the median plain step of plain decoding's runs in the same repeat (the goal is
-<= 1.02); choice_us: what the drafter and the schedule took in those rounds (Round.draft_ms).
+<= 1.02), and the same of the plain rounds right after a plain round and right after a drafted one (a verify pass
+slows the steps after it where the weights sit in a cache it ages: bench/step_after.py); choice_us: what the
+drafter and the schedule took in those rounds (Round.draft_ms).
 
 Related requests: one rename applied to variants of a function, in order, each answer copying its prompt with
 the same edits; n-gram lookup alone, and with a SessionIndex shared by the sequence (fresh each repeat).
@@ -71,43 +73,58 @@ def related_prompts(tok: Tokenizer, n: int) -> list[str]:
                                                                       b=rng.randint(2, 9))) for _ in range(n)]
 
 
-def decode_figures(stats) -> tuple[int, float, list[float], list[float]]:
-    """(tokens after the first, their ms, plain rounds' ms, plain rounds' drafter ms)."""
+def decode_figures(stats) -> tuple[int, float, list[float], list[float], list[bool]]:
+    """(tokens after the first, their ms, plain rounds' ms, plain rounds' drafter ms, whether each plain round came
+    right after a drafted one)."""
     r = stats.rounds
-    plain = [x for x in r[1:] if not x.n_drafted]
-    return len(stats.ids) - 1, r[-1].t_end_ms - r[0].t_end_ms, [x.total_ms for x in plain], [x.draft_ms for x in plain]
+    pairs = [(before, x) for before, x in zip(r[:-1], r[1:], strict=True) if not x.n_drafted]
+    return (len(stats.ids) - 1, r[-1].t_end_ms - r[0].t_end_ms, [x.total_ms for _, x in pairs],
+            [x.draft_ms for _, x in pairs], [bool(before.n_drafted) for before, _ in pairs])
 
 
 def alternate(modes: dict, prompts: list, run, repeats: int) -> dict:
-    """{mode: [(tokens, ms, plain round ms, drafter ms) per repeat]}, run in bench.common.alternation's order;
+    """{mode: [(tokens, ms, plain round ms, drafter ms, after a drafted round) per repeat]}, run in
+    bench.common.alternation's order;
     modes[name]() gives a mode's state for a repeat (a session, which then sees the prompts in order)."""
     names = list(modes)
     states: dict = {}
-    sums = {(n, rep): (0, 0.0, [], []) for n in names for rep in range(repeats)}
+    sums = {(n, rep): (0, 0.0, [], [], []) for n in names for rep in range(repeats)}
     for rep, i, m in alternation(len(names), len(prompts), repeats):
         name = names[m]
         if (name, rep) not in states:
             states[name, rep] = modes[name]()
-        t, ms, r, c = decode_figures(run(name, states[name, rep], prompts[i]))
-        tokens, total, rounds, choice = sums[name, rep]
-        sums[name, rep] = (tokens + t, total + ms, rounds + r, choice + c)
+        t, ms, r, c, a = decode_figures(run(name, states[name, rep], prompts[i]))
+        tokens, total, rounds, choice, after = sums[name, rep]
+        sums[name, rep] = (tokens + t, total + ms, rounds + r, choice + c, after + a)
     return {n: [sums[n, rep] for rep in range(repeats)] for n in names}
+
+
+def over_step(reps: list, plain: list, after: bool | None = None) -> float | None:
+    """The median over repeats of the mode's median plain round (all of them, or only those right after a drafted
+    round, after=True, or after a plain one, after=False) over plain decoding's median step in the same repeat."""
+    ratios = []
+    for (_, _, rounds, _, afters), p in zip(reps, plain, strict=True):
+        kept = [ms for ms, a in zip(rounds, afters, strict=True) if after is None or a == after]
+        if kept:
+            ratios.append(statistics.median(kept) / statistics.median(p[2]))
+    return statistics.median(ratios) if ratios else None
 
 
 def rows_of(times: dict, **key) -> list[dict]:
     plain = times["plain"]
     rows = []
     for name, reps in times.items():
-        row = dict(key, mode=name, tok_s=statistics.median(1e3 * t / ms for t, ms, _, _ in reps))
+        row = dict(key, mode=name, tok_s=statistics.median(1e3 * rep[0] / rep[1] for rep in reps))
         if name != "plain":
-            ratios = [(t / ms) / (pt / pms) for (t, ms, _, _), (pt, pms, _, _) in zip(reps, plain, strict=True)]
-            costs = [statistics.median(r) / statistics.median(p[2]) for (_, _, r, _), p in zip(reps, plain,
-                                                                                                  strict=True) if r]
-            choice = [c for *_, cs in reps for c in cs]
+            ratios = [(rep[0] / rep[1]) / (p[0] / p[1]) for rep, p in zip(reps, plain, strict=True)]
+            choice = [c for rep in reps for c in rep[3]]
             row |= dict(ratio=statistics.median(ratios), lo=min(ratios), hi=max(ratios),
-                        plain_round_over_step=statistics.median(costs) if costs else None,
+                        plain_round_over_step=over_step(reps, plain),
+                        after_plain_over_step=over_step(reps, plain, after=False),
+                        after_draft_over_step=over_step(reps, plain, after=True),
                         choice_us=1e3 * statistics.median(choice) if choice else None,
-                        plain_rounds=sum(len(r) for _, _, r, _ in reps))
+                        plain_rounds=sum(len(rep[2]) for rep in reps),
+                        after_draft_rounds=sum(sum(rep[4]) for rep in reps))
         rows.append(row)
     return rows
 
@@ -158,8 +175,8 @@ def bench(args, save) -> dict:
     return out
 
 
-COLS = ["set", "temperature", "mode", "tok_s", "ratio", "lo", "hi", "plain_round_over_step", "choice_us",
-        "plain_rounds"]
+COLS = ["set", "temperature", "mode", "tok_s", "ratio", "lo", "hi", "plain_round_over_step", "after_plain_over_step",
+        "after_draft_over_step", "choice_us", "plain_rounds", "after_draft_rounds"]
 
 
 def markdown(result: dict) -> str:

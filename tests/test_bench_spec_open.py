@@ -35,8 +35,28 @@ def test_alternate_interleaves_modes_per_prompt_and_rotates():
     assert sessions[0] is sessions[2] and sessions[3] is not sessions[0]
     assert sessions[3] == ["p0", "p1", "p2"]
     # per repeat: tokens and ms summed over the prompts, every plain round kept
-    assert out["plain"] == [(30, 300.0, [1.0, 3.0] * 3, [0.01] * 6)] * 2
+    assert out["plain"] == [(30, 300.0, [1.0, 3.0] * 3, [0.01] * 6, [False] * 6)] * 2
     assert [rep[1] for rep in out["ngram"]] == [150.0, 150.0]
     rows = spec_open.rows_of(out, set="s")
     ngram = next(r for r in rows if r["mode"] == "ngram")
     assert ngram["ratio"] == 2.0 and ngram["plain_round_over_step"] == 1.0 and ngram["plain_rounds"] == 12
+
+
+def test_plain_rounds_are_told_apart_by_the_round_before_them():
+    drafted = SimpleNamespace(t_end_ms=0.0, n_drafted=3, total_ms=9.0, draft_ms=0.0)
+
+    def plain(ms):
+        return SimpleNamespace(t_end_ms=0.0, n_drafted=0, total_ms=ms, draft_ms=0.01)
+
+    first = SimpleNamespace(t_end_ms=0.0, n_drafted=0, total_ms=0.0, draft_ms=0.0)
+    last = plain(1.0)
+    last.t_end_ms = 40.0
+    stats = SimpleNamespace(ids=list(range(8)), rounds=[first, plain(1.0), drafted, plain(1.5), plain(1.0), drafted,
+                                                        plain(1.5), last])
+    tokens, ms, rounds, choice, after = spec_open.decode_figures(stats)
+    assert (tokens, ms, rounds) == (7, 40.0, [1.0, 1.5, 1.0, 1.5, 1.0]) and after == [False, True, False, True, False]
+    step = (10, 10.0, [1.0, 1.0], [], [False, False])
+    out = dict(plain=[step, step], ngram=[(tokens, ms, rounds, choice, after)] * 2)
+    row = next(r for r in spec_open.rows_of(out, set="s") if r["mode"] == "ngram")
+    assert row["after_plain_over_step"] == 1.0 and row["after_draft_over_step"] == 1.5
+    assert row["plain_round_over_step"] == 1.0 and row["plain_rounds"] == 10 and row["after_draft_rounds"] == 4
