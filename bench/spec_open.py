@@ -30,6 +30,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from bench.common import alternation, markdown_table, run_and_save
@@ -73,40 +74,47 @@ def related_prompts(tok: Tokenizer, n: int) -> list[str]:
                                                                       b=rng.randint(2, 9))) for _ in range(n)]
 
 
-def decode_figures(stats) -> tuple[int, float, list[float], list[float], list[bool]]:
-    """(tokens after the first, their ms, plain rounds' ms, plain rounds' drafter ms, whether each plain round came
-    right after a drafted one)."""
+class Figures(NamedTuple):
+    """Decode figures of a run, or of a mode's runs summed over a repeat."""
+    tokens: int  # after the first
+    ms: float  # their time
+    rounds: list[float]  # plain rounds' ms
+    choice: list[float]  # plain rounds' drafter ms
+    after: list[bool]  # whether each plain round came right after a drafted one
+
+    def __add__(self, other: Figures) -> Figures:
+        return Figures(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+def decode_figures(stats) -> Figures:
     r = stats.rounds
     pairs = [(before, x) for before, x in zip(r[:-1], r[1:], strict=True) if not x.n_drafted]
-    return (len(stats.ids) - 1, r[-1].t_end_ms - r[0].t_end_ms, [x.total_ms for _, x in pairs],
-            [x.draft_ms for _, x in pairs], [bool(before.n_drafted) for before, _ in pairs])
+    return Figures(len(stats.ids) - 1, r[-1].t_end_ms - r[0].t_end_ms, [x.total_ms for _, x in pairs],
+                   [x.draft_ms for _, x in pairs], [bool(before.n_drafted) for before, _ in pairs])
 
 
 def alternate(modes: dict, prompts: list, run, repeats: int) -> dict:
-    """{mode: [(tokens, ms, plain round ms, drafter ms, after a drafted round) per repeat]}, run in
-    bench.common.alternation's order;
+    """{mode: [Figures summed over the prompts, per repeat]}, run in bench.common.alternation's order;
     modes[name]() gives a mode's state for a repeat (a session, which then sees the prompts in order)."""
     names = list(modes)
     states: dict = {}
-    sums = {(n, rep): (0, 0.0, [], [], []) for n in names for rep in range(repeats)}
+    sums = {(n, rep): Figures(0, 0.0, [], [], []) for n in names for rep in range(repeats)}
     for rep, i, m in alternation(len(names), len(prompts), repeats):
         name = names[m]
         if (name, rep) not in states:
             states[name, rep] = modes[name]()
-        t, ms, r, c, a = decode_figures(run(name, states[name, rep], prompts[i]))
-        tokens, total, rounds, choice, after = sums[name, rep]
-        sums[name, rep] = (tokens + t, total + ms, rounds + r, choice + c, after + a)
+        sums[name, rep] += decode_figures(run(name, states[name, rep], prompts[i]))
     return {n: [sums[n, rep] for rep in range(repeats)] for n in names}
 
 
-def over_step(reps: list, plain: list, after: bool | None = None) -> float | None:
+def over_step(reps: list[Figures], plain: list[Figures], after: bool | None = None) -> float | None:
     """The median over repeats of the mode's median plain round (all of them, or only those right after a drafted
     round, after=True, or after a plain one, after=False) over plain decoding's median step in the same repeat."""
     ratios = []
-    for (_, _, rounds, _, afters), p in zip(reps, plain, strict=True):
-        kept = [ms for ms, a in zip(rounds, afters, strict=True) if after is None or a == after]
+    for rep, p in zip(reps, plain, strict=True):
+        kept = [ms for ms, a in zip(rep.rounds, rep.after, strict=True) if after is None or a == after]
         if kept:
-            ratios.append(statistics.median(kept) / statistics.median(p[2]))
+            ratios.append(statistics.median(kept) / statistics.median(p.rounds))
     return statistics.median(ratios) if ratios else None
 
 
@@ -114,17 +122,17 @@ def rows_of(times: dict, **key) -> list[dict]:
     plain = times["plain"]
     rows = []
     for name, reps in times.items():
-        row = dict(key, mode=name, tok_s=statistics.median(1e3 * rep[0] / rep[1] for rep in reps))
+        row = dict(key, mode=name, tok_s=statistics.median(1e3 * rep.tokens / rep.ms for rep in reps))
         if name != "plain":
-            ratios = [(rep[0] / rep[1]) / (p[0] / p[1]) for rep, p in zip(reps, plain, strict=True)]
-            choice = [c for rep in reps for c in rep[3]]
+            ratios = [(rep.tokens / rep.ms) / (p.tokens / p.ms) for rep, p in zip(reps, plain, strict=True)]
+            choice = [c for rep in reps for c in rep.choice]
             row |= dict(ratio=statistics.median(ratios), lo=min(ratios), hi=max(ratios),
                         plain_round_over_step=over_step(reps, plain),
                         after_plain_over_step=over_step(reps, plain, after=False),
                         after_draft_over_step=over_step(reps, plain, after=True),
                         choice_us=1e3 * statistics.median(choice) if choice else None,
-                        plain_rounds=sum(len(rep[2]) for rep in reps),
-                        after_draft_rounds=sum(sum(rep[4]) for rep in reps))
+                        plain_rounds=sum(len(rep.rounds) for rep in reps),
+                        after_draft_rounds=sum(sum(rep.after) for rep in reps))
         rows.append(row)
     return rows
 

@@ -53,10 +53,11 @@ def test_plain_rounds_are_told_apart_by_the_round_before_them():
     last.t_end_ms = 40.0
     stats = SimpleNamespace(ids=list(range(8)), rounds=[first, plain(1.0), drafted, plain(1.5), plain(1.0), drafted,
                                                         plain(1.5), last])
-    tokens, ms, rounds, choice, after = spec_open.decode_figures(stats)
+    figures = spec_open.decode_figures(stats)
+    tokens, ms, rounds, choice, after = figures
     assert (tokens, ms, rounds) == (7, 40.0, [1.0, 1.5, 1.0, 1.5, 1.0]) and after == [False, True, False, True, False]
-    step = (10, 10.0, [1.0, 1.0], [], [False, False])
-    out = dict(plain=[step, step], ngram=[(tokens, ms, rounds, choice, after)] * 2)
+    step = spec_open.Figures(10, 10.0, [1.0, 1.0], [], [False, False])
+    out = dict(plain=[step, step], ngram=[figures] * 2)
     row = next(r for r in spec_open.rows_of(out, set="s") if r["mode"] == "ngram")
     assert row["after_plain_over_step"] == 1.0 and row["after_draft_over_step"] == 1.5
     assert row["plain_round_over_step"] == 1.0 and row["plain_rounds"] == 10 and row["after_draft_rounds"] == 4
