@@ -222,3 +222,26 @@ def test_q4_a8_evidence_reads_the_committed_benchmarks(tmp_path):
     said = q4_a8_evidence(tmp_path)
     assert "on Some CPU (avx512f avx512_vnni)" in said and "from 1.23x to 1.57x" in said and "95.4% top-1" in said
     assert f"k={Request().k}" in said
+
+
+def test_q4_a8_evidence_prefers_this_kind_of_cpus_own_benchmark(tmp_path):
+    """Where this kind of CPU has its own spec and quality files (named -<kind>), the clause quotes them and names the
+    kind; another kind's files are not read, and a kind with none falls back to the unnamed files."""
+    def write(stem, q4, q4_a8, top1, telemetry):
+        rows = [dict(target=t, set="edit", temperature=0.0, mode="ngram", k=Request().k, speedup=x)
+                for t, x in (("q4", q4), ("q4_a8", q4_a8))]
+        (tmp_path / f"spec-cpu-q4-q4_a8{stem}.json").write_text(json.dumps(dict(rows=rows, provenance=dict(
+            telemetry=telemetry))))
+        (tmp_path / f"quality-cpu{stem}.json").write_text(json.dumps(dict(rows=[dict(weights="q4_a8",
+                                                                                    top1_agreement=top1)])))
+
+    write("", 1.11, 1.22, 0.91, dict(cpu_model="Old CPU", cpu_flags="avx2"))
+    write("-zen4", 1.86, 2.07, 0.95, dict(cpu_model="AMD EPYC", cpu_kind="zen4", cpu_flags="avx512f avx512_vnni"))
+    q4_a8_evidence.cache_clear()
+    said = q4_a8_evidence(tmp_path, "zen4")
+    assert "on AMD EPYC, zen4 (avx512f avx512_vnni)" in said and "from 1.86x to 2.07x" in said
+    assert "(bench/results/spec-cpu-q4-q4_a8-zen4)" in said and "95.0% top-1" in said and "quality-cpu-zen4" in said
+    for kind in ("zen5", "sapphire-rapids"):  # kinds with no files of their own
+        said = q4_a8_evidence(tmp_path, kind)
+        assert "on Old CPU (avx2)" in said and "from 1.11x to 1.22x" in said
+        assert "(bench/results/spec-cpu-q4-q4_a8)" in said and "quality-cpu)" in said

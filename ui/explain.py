@@ -8,6 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
+from engine.observe.provenance import cpu_info
 from engine.request import Request
 from engine.speculative.schedule import MIN_GAIN
 from engine.stats import Stats, finite
@@ -88,14 +89,29 @@ def verify_slope(stats: Stats) -> float | None:
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
+def this_kind() -> str | None:
+    """This machine's CPU kind as benchmark files name it (zen4, emerald-rapids, ...; provenance.cpu_kind)."""
+    return cpu_info().get("cpu_kind")
+
+
+def results_file(stem: str, kind: str | None, results: Path = RESULTS) -> Path:
+    """bench/results/<stem>-<kind>.json where that kind of CPU has its own, else <stem>.json."""
+    own = results / f"{stem}-{kind}.json"
+    return own if kind and own.exists() else results / f"{stem}.json"
+
+
 @functools.cache
-def q4_a8_evidence(results: Path = RESULTS) -> str:
+def q4_a8_evidence(results: Path = RESULTS, kind: str | None = None) -> str:
     """What the committed benchmarks measured for q4_a8 against q4, as a clause: the copy set's n-gram speedup at
-    the page's k for each (bench/results/spec-cpu-q4-q4_a8), the CPU it ran on, and q4_a8's top-1 against the
-    file's exact values (bench/results/quality-cpu); "" where those files are not here (an installed package)."""
+    the page's k for each (bench/results/spec-cpu-q4-q4_a8, this kind of CPU's own file where it has one: `kind`,
+    by default this machine's), the CPU it ran on, and q4_a8's top-1 against the file's exact values
+    (bench/results/quality-cpu, likewise); "" where those files are not here (an installed package)."""
+    kind = kind or this_kind()
+    spec_file, quality_file = results_file("spec-cpu-q4-q4_a8", kind, results), results_file("quality-cpu", kind,
+                                                                                               results)
     try:
-        spec = json.loads((results / "spec-cpu-q4-q4_a8.json").read_text())
-        quality = json.loads((results / "quality-cpu.json").read_text())
+        spec = json.loads(spec_file.read_text())
+        quality = json.loads(quality_file.read_text())
     except (OSError, ValueError):
         return ""
     k = Request().k
@@ -105,10 +121,11 @@ def q4_a8_evidence(results: Path = RESULTS) -> str:
     if not {"q4", "q4_a8"} <= speedup.keys() or "q4_a8" not in top1:
         return ""
     cpu = spec["provenance"].get("telemetry", {})
-    on = f"on {cpu['cpu_model']} ({cpu['cpu_flags']})" if cpu.get("cpu_model") else "on a CPU"
+    ran = f"{cpu['cpu_model']}, {cpu['cpu_kind']}" if cpu.get("cpu_kind") else cpu.get("cpu_model")
+    on = f"on {ran} ({cpu['cpu_flags']})" if ran else "on a CPU"
     return (f"; {on} the copy set's n-gram speedup at k={k} went from {speedup['q4']:.2f}x to "
-            f"{speedup['q4_a8']:.2f}x (bench/results/spec-cpu-q4-q4_a8), at {top1['q4_a8']:.1%} top-1 against the "
-            "file's exact values (bench/results/quality-cpu)")
+            f"{speedup['q4_a8']:.2f}x (bench/results/{spec_file.stem}), at {top1['q4_a8']:.1%} top-1 against the "
+            f"file's exact values (bench/results/{quality_file.stem})")
 
 
 def verify_note(stats: Stats, weights: str) -> str:
