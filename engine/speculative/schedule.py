@@ -6,6 +6,7 @@ its priors and when it probes: docs/SPECULATIVE.md.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import time
 import weakref
@@ -51,7 +52,8 @@ class Costs:
     draft: list[float] = field(default_factory=list)
     overhead: list[float] = field(default_factory=list)
     _table: list[float] = field(default_factory=list, repr=False)  # V(1..) since the last measurement added
-    _memo: dict[str, float] = field(default_factory=dict, repr=False)  # step and slope, likewise
+    _memo: dict[str | int, float] = field(default_factory=dict, repr=False)  # step, slope and each size's
+    # measured(T), likewise
     prior_slope: float = PRIOR_VERIFY_SLOPE  # a verify position's cost over a step's, before this run measures it
 
     @property
@@ -91,10 +93,13 @@ class Costs:
         return median(self.draft) if self.draft else None
 
     def measured(self, T: int) -> float:
-        """A size's median, with the prior counted as one more round: one noisy round does not settle it."""
+        """A size's median, with the prior counted as one more round: one noisy round does not settle it. Kept
+        until the next measurement: a round's table reads each size's several times."""
         if T == 1:
             return self.step
-        return median(self.verify[T] + [self.step * (1 + self.prior_slope * (T - 1))])
+        if T not in self._memo:
+            self._memo[T] = median(self.verify[T] + [self.step * (1 + self.prior_slope * (T - 1))])
+        return self._memo[T]
 
     def slope(self) -> float:
         """Extra ms per verified position past the largest size seen: the smaller of the mean slope measured and
@@ -111,18 +116,21 @@ class Costs:
     def table(self, n: int) -> list[float]:
         """[V(1), ..., V(n)], computed once per measurement added."""
         if len(self._table) < n:
-            self._table = [self.verify_ms(T) for T in range(1, n + 1)]
+            seen = sorted(self.verify)
+            self._table = [self.verify_ms(T, seen) for T in range(1, n + 1)]
         return self._table
 
-    def verify_ms(self, T: int) -> float:
-        """V(T): measured where seen, linear between the nearest sizes seen, extrapolated past the largest."""
+    def verify_ms(self, T: int, seen: list[int] | None = None) -> float:
+        """V(T): measured where seen, linear between the nearest sizes seen, extrapolated past the largest.
+        seen: the sizes measured, ascending (sorted(self.verify), which a table passes once for all its sizes)."""
         if T == 1 or T in self.verify:
             return self.measured(T)
-        below = max([1] + [t for t in self.verify if t < T])
-        above = [t for t in self.verify if t > T]
-        if not above:
+        seen = sorted(self.verify) if seen is None else seen
+        i = bisect.bisect(seen, T)  # seen[:i] lie below T, seen[i:] above it
+        below = seen[i - 1] if i else 1
+        if i == len(seen):
             return self.measured(below) + self.slope() * (T - below)
-        hi = min(above)
+        hi = seen[i]
         lo_ms, hi_ms = self.measured(below), self.measured(hi)
         return lo_ms + (hi_ms - lo_ms) * (T - below) / (hi - below)
 
@@ -203,7 +211,7 @@ class Acceptance:
         out = []
         for p in range(k):
             a, b = (a0, b0) if p == 0 else posterior(continuation, p)
-            sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
+            sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))) if z else 0.0
             out.append(min(1.0, a / (a + b) + z * sd))
         return out
 
