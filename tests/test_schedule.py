@@ -39,6 +39,20 @@ def test_costs_median_interpolate_and_extrapolate():
     assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5
 
 
+
+def test_cost_table_follows_every_measurement():
+    """The table a round reads (its sizes sorted once, each size's median kept until the next measurement) equals
+    V(T) computed afresh, after every measurement of a random sequence: nothing it keeps goes stale."""
+    rng = random.Random(7)
+    c = Costs()
+    for _ in range(200):
+        c.add_verify(rng.choice([1, 1, 2, 3, 5, 8, 13]), rng.uniform(5, 30))
+        if rng.random() < 0.05:
+            c.set_prior(rng.uniform(0.05, 0.4))
+        table = c.table(17)
+        fresh = Costs(verify={t: list(v) for t, v in c.verify.items()}, prior_slope=c.prior_slope)
+        assert table == [fresh.verify_ms(T) for T in range(1, 18)]
+
 def test_acceptance_posterior_by_position():
     a = Acceptance(lambda ctx: 0.5)
     assert a.estimates("x", 3) == [0.5, 0.5, 0.5]
