@@ -89,11 +89,6 @@ def verify_slope(stats: Stats) -> float | None:
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
-def this_kind() -> str | None:
-    """This machine's CPU kind as benchmark files name it (zen4, emerald-rapids, ...; provenance.cpu_kind)."""
-    return cpu_info().get("cpu_kind")
-
-
 def results_file(stem: str, kind: str | None, results: Path = RESULTS) -> Path:
     """bench/results/<stem>-<kind>.json where that kind of CPU has its own, else <stem>.json."""
     own = results / f"{stem}-{kind}.json"
@@ -106,9 +101,9 @@ def q4_a8_evidence(results: Path = RESULTS, kind: str | None = None) -> str:
     the page's k for each (bench/results/spec-cpu-q4-q4_a8, this kind of CPU's own file where it has one: `kind`,
     by default this machine's), the CPU it ran on, and q4_a8's top-1 against the file's exact values
     (bench/results/quality-cpu, likewise); "" where those files are not here (an installed package)."""
-    kind = kind or this_kind()
-    spec_file, quality_file = results_file("spec-cpu-q4-q4_a8", kind, results), results_file("quality-cpu", kind,
-                                                                                               results)
+    kind = kind or cpu_info().get("cpu_kind")  # as benchmark files name it: zen4, emerald-rapids, ...
+    spec_file = results_file("spec-cpu-q4-q4_a8", kind, results)
+    quality_file = results_file("quality-cpu", kind, results)
     try:
         spec = json.loads(spec_file.read_text())
         quality = json.loads(quality_file.read_text())

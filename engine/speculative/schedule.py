@@ -52,8 +52,7 @@ class Costs:
     draft: list[float] = field(default_factory=list)
     overhead: list[float] = field(default_factory=list)
     _table: list[float] = field(default_factory=list, repr=False)  # V(1..) since the last measurement added
-    _memo: dict[str | int, float] = field(default_factory=dict, repr=False)  # step, slope and each size's
-    # measured(T), likewise
+    _memo: dict[str | int, float] = field(default_factory=dict, repr=False)  # step, slope, measured(T): likewise
     prior_slope: float = PRIOR_VERIFY_SLOPE  # a verify position's cost over a step's, before this run measures it
 
     @property
@@ -93,8 +92,7 @@ class Costs:
         return median(self.draft) if self.draft else None
 
     def measured(self, T: int) -> float:
-        """A size's median, with the prior counted as one more round: one noisy round does not settle it. Kept
-        until the next measurement: a round's table reads each size's several times."""
+        """A size's median, with the prior counted as one more round: one noisy round does not settle it."""
         if T == 1:
             return self.step
         if T not in self._memo:
@@ -121,8 +119,8 @@ class Costs:
         return self._table
 
     def verify_ms(self, T: int, seen: list[int] | None = None) -> float:
-        """V(T): measured where seen, linear between the nearest sizes seen, extrapolated past the largest.
-        seen: the sizes measured, ascending (sorted(self.verify), which a table passes once for all its sizes)."""
+        """V(T): measured where seen, linear between the nearest sizes seen (seen: sorted(self.verify), a table's
+        once for all its T), extrapolated past the largest."""
         if T == 1 or T in self.verify:
             return self.measured(T)
         seen = sorted(self.verify) if seen is None else seen
