@@ -67,12 +67,13 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
     """csrc/cpu/kernels.h's K-quant panels, element by element: in a super-block of a panel, output o's byte k of
     a field sits at the field's start + 16 * (unit * (k // unit)) + unit * (o % 16) + k % unit."""
     fields = {  # (start in the panel, unit, start in the file's block, bytes)
+        "q3_k": ((0, 4, 0, 32), (512, 4, 32, 64), (1536, 1, 96, 12), (1728, 2, 108, 2)),  # hmask, qs, scales, d
         "q4_k": ((0, 2, 0, 2), (32, 2, 2, 2), (64, 1, 4, 12), (256, 4, 16, 128)),  # d, dmin, scales, qs
         "q6_k": ((0, 4, 0, 128), (2048, 4, 128, 64), (3072, 1, 192, 16), (3328, 2, 208, 2)),  # ql, qh, scales, d
     }
     for fmt, spec in fields.items():
         b = blocks(fmt, out, n_in)
-        raw = W.get(fmt).to_gguf(b).view(out, -1, 144 if fmt == "q4_k" else 210)
+        raw = W.get(fmt).to_gguf(b).view(out, -1, {"q3_k": 110, "q4_k": 144, "q6_k": 210}[fmt])
         (w,) = W.to_panels(b)
         if fmt == "q6_k":  # the file's bytes, with their bits placed for the kernel (checked below): put back
             w = k_quants.unplace_q6_k(w)
@@ -100,6 +101,13 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         x, y, z = (int(sb[288 + line * 64 + at]) for line in lines)
         q = (x & 63, y & 63, z & 63, (x >> 6) | ((y >> 4) & 12) | ((z >> 2) & 48))[k]
         assert q - 32 == int(q6k.q[o, i]), (o, i)
+    q3k = blocks("q3_k", out, n_in)  # Q3_K as csrc/cpu/kquants.h q3k_group reads a group's qs and hmask lines
+    (w,) = W.to_panels(q3k)
+    for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230)]:
+        n, j, g, r = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4
+        sb, at = w[o // 16, i // 256], (o % 16) * 4 + r
+        low, high = (int(sb[512 + 64 * (8 * n + g) + at]) >> 2 * j) & 3, (int(sb[64 * g + at]) >> 4 * n + j) & 1
+        assert low | high << 2 == int(q3k.q[o, i]) + 4, (o, i)
 
 
 GGUF_FIELDS = {**k_quants.FIELDS, **q4_0.FIELDS}  # every format whose panels are its file's bytes interleaved

@@ -53,9 +53,11 @@ constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a wei
 // order: q4_k d[16], dmin[16] fp16, 12 scale bytes x 16, 32 groups of [16 rows][4 quant bytes]; q5_k the same
 // with 8 groups of [16][4] high-bit bytes before the quants. q6_k's file order (32 groups of ql, 16 of qh, 16 int8
 // scales x 16, d[16]) is placed (engine/weights/k_quants.py place_q6_k) as its scales x 16 and d[16] first, then
-// its 48 quant lines with their bits regrouped and the lines reordered. Each the file's own bits per weight.
+// its 48 quant lines with their bits regrouped and the lines reordered. q3_k in the file's order: 8 groups of
+// [16 rows][4 hmask bytes], 16 of [16][4 qs bytes], 12 scale bytes x 16, d[16]. Each the file's own bits per weight.
 constexpr int kSuper = 256;
-constexpr int kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
+constexpr int kQ3KBytes = 16 * 110, kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
+constexpr int kQ3Hmask = 0, kQ3Qs = 512, kQ3Scales = 1536, kQ3D = 1728;
 // A placed Q6_K super-block: its 16 int8 scales x 16 rows, d[16], then 48 quant lines (64 bytes: 4 bytes of 16
 // rows), all in the order the kernel first reads them, so a super-block streams front to back.
 // Measured on an AVX2 EPYC (Q6_K matrices of Qwen2.5-1.5B's MLP shapes streamed from memory, against Q4_K's GB/s
@@ -80,7 +82,7 @@ constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;
 // q8: the same weights as int8 against the 16-bit activations (act): a q4 model's LM head.
 // q4_a8: q4's stream against the int8 activations (qx, dx, qoff), as llama.cpp runs Q4_1 on Q8_1's.
 // q4_0, q5_0: w the stream above against the int8 activations (qx, dx, qoff), as llama.cpp runs them on Q8_0's.
-// q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xsum [T, ns*16] (the
+// q3_k, q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xsum [T, ns*16] (the
 //     sums of every 16 qx) come from quantize_rows_k (llama.cpp's Q8_K).
 struct LinearArgs {
   float* y;

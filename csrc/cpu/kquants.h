@@ -1,4 +1,4 @@
-// The K-quant GEMMs (GGUF Q4_K, Q5_K, Q6_K) over panels that are the file's blocks of 16 rows interleaved
+// The K-quant GEMMs (GGUF Q3_K, Q4_K, Q5_K, Q6_K) over panels that are the file's blocks of 16 rows interleaved
 // field by field (kernels.h; Q6_K's quant bits regrouped, q6k_group), against llama.cpp's Q8_K activations.
 // Written once over a SIMD vocabulary S and compiled in each ISA's translation unit (gemm.h dispatches to them).
 // Torch-free.
@@ -11,9 +11,9 @@
 //
 //   q4_k, q5_k: y += float(isum) fl(d dx) - float(imin) fl(dmin dx),  isum = sum_s sc_s sum_i q_i qx_i,
 //               imin = sum_s mn_s xsum_s (the mins fold in through the activations' sums, no weight touched)
-//   q6_k:       y += float(isum) fl(d dx),  isum = sum_s sc_s (sum_i (q_i + 32) qx_i - 32 xsum_s)
+//   q3_k, q6_k: y += float(isum) fl(d dx),  isum = sum_s sc_s (sum_i (q_i + o) qx_i - o xsum_s), o = 4, 32
 //
-// (Q6_K's quants are stored as q + 32, unsigned as VPDPBUSD wants them; the offset leaves through xsum.) The
+// (Q3_K's and Q6_K's quants are read as q + o, unsigned as VPDPBUSD wants them; the offset leaves through xsum.) The
 // activations, 8 bits per 256 with one scale, cost about 0.65% of an output's size against fp32 on Gaussian
 // inputs, as llama.cpp's. Decode reads 4.5-6.6 bits a weight: with VPDPBUSD (AVX-512 VNNI) memory bounds it, but
 // on AVX2 cores VPMADDUBSW's integer work does (a Q4_K matrix resident in L3 ran at 43 GB/s, one streamed from
@@ -125,12 +125,13 @@ struct KQuants {
   // A super-block of a panel with its quants unpacked into VPDPBUSD operands (lane j row j) and its scales (and
   // mins) into int32 lanes: a pass of more rows than a tile holds unpacks each super-block once for all its
   // tiles (Stored), a tile of the rows there are unpacks as it goes (Direct). Both give the tile the same
-  // operands, so the same integers. w: Q4_K / Q5_K [pair i][group g][low, high]; Q6_K [h][ab][group g][k = ab, ab + 2].
+  // operands, so the same integers. w: Q4_K / Q5_K [pair i][group g][low, high]; Q6_K [h][ab][group g][k = ab, ab + 2];
+  // Q3_K [n][jp / 2][group g][j = jp, jp + 1].
   static_assert(std::is_same_v<typename S::SubScale, I>);
   struct Unpacked {
     U8 w[64];
-    I sc[16];  // the sub-blocks' SubScales (S::SubScale is I everywhere): Q4_K / Q5_K 8, Q6_K 16
-    I mn[8];   // Q4_K / Q5_K: the mins as scales_q4k gives them (4); Q6_K: the scales as pairs (8)
+    I sc[16];  // the sub-blocks' SubScales (S::SubScale is I everywhere): Q4_K / Q5_K 8, Q3_K / Q6_K 16
+    I mn[8];   // Q4_K / Q5_K: the mins as scales_q4k gives them (4); Q3_K / Q6_K: the scales as pairs (8)
   };
 
   // Where a Q4_K / Q5_K super-block's quant lines start in its panel (after d, dmin, the scales and Q5_K's
@@ -318,22 +319,135 @@ struct KQuants {
     }
   }
 
-  // One format's unpack and rows (Bits: 4, 5 or 6).
+  // Q3_K, in the file's order (kernels.h kQ3*). Input 128n + 32j + l (l < 32) is bits 2j, 2j + 1 of qs byte
+  // 32n + l, less 4 where bit 4n + j of hmask byte l is clear: read as q + 4 = low | high << 2 in 0..7. For the 4
+  // bytes l = 4g.. of 16 rows, qs line 8n + g and hmask line g give the operands of j = 0..3, of sub-blocks
+  // 8n + 2j + (g >= 4). A group's pair j = jp, jp + 1 (jp = 0, 2), each operand 4-5 instructions.
+  static void q3k_group(const uint8_t* wb, int n, int jp, int g, U8& wl, U8& wh) {
+    const U8 qs = S::u8_load(wb + kQ3Qs + 64 * (8 * n + g)), hm = S::u8_load(wb + kQ3Hmask + 64 * g);
+    wl = S::u8_or(bit_to(qs, 2 * jp, 0, 2), bit_to(hm, 4 * n + jp, 2, 1));
+    wh = S::u8_or(bit_to(qs, 2 * jp + 2, 0, 2), bit_to(hm, 4 * n + jp + 1, 2, 1));
+  }
+
+  // Q3_K's 12 scale bytes of 16 rows (byte k of row j at p[16k + j]; ggml's dequantize_row_q3_K) as S::sub_scaled
+  // takes them (ss[s]: sc - 32) and as int16 pairs of sub-blocks s, s + 8 (pairs[s]) for the offset's sum. Scale
+  // s's low 4 bits are byte s % 8's low nibble (s < 8) or high one, its high 2 bits 2 (s / 4), 2 (s / 4) + 1 of
+  // byte 8 + s % 4: s and s + 8 share both bytes, so they are made side by side in one 32-byte vector.
+  static void scales_q3k(const uint8_t* p, typename S::SubScale* ss, I* pairs) {
+    const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(0x30), m32 = _mm256_set1_epi8(32);
+    for (int s = 0; s < 8; ++s) {
+      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * s));
+      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * (8 + s % 4)));
+      const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), m15);
+      // the high pair of s (bits 0-1 or 2-3) and of s + 8 (bits 4-5 or 6-7) moved to bits 4-5, the mask dropping
+      // what the 16-bit shifts carry across bytes
+      const __m128i top_s = s < 4 ? _mm_slli_epi16(hi, 4) : _mm_slli_epi16(hi, 2);
+      const __m128i top_s8 = s < 4 ? hi : _mm_srli_epi16(hi, 2);
+      const __m256i top = _mm256_and_si256(_mm256_set_m128i(top_s8, top_s), m48);
+      const __m256i v = _mm256_sub_epi8(_mm256_or_si256(nib, top), m32);
+      S::template sub_scales<true>(v, ss[s], ss[s + 8]);
+      pairs[s] = S::template min_pairs<true>(v);
+    }
+  }
+
+  static void q3k_unpack(const uint8_t* wb, Unpacked& u) {
+    scales_q3k(wb + kQ3Scales, u.sc, u.mn);
+    for (int n = 0; n < 2; ++n)
+      for (int jp = 0; jp < 4; jp += 2)
+        for (int g = 0; g < 8; ++g) {
+          const int at = 2 * (8 * (2 * n + jp / 2) + g);
+          q3k_group(wb, n, jp, g, u.w[at], u.w[at + 1]);
+        }
+  }
+
+  template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
+  static void q3k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
+    const int ns = (a.in + kSuper - 1) / kSuper;
+    const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
+    typename S::SubScale ssd[16];
+    I opd[8];
+    if constexpr (!Stored) scales_q3k(wb + kQ3Scales, ssd, opd);
+    const typename S::SubScale* ss = Stored ? u->sc : ssd;
+    const I* op = Stored ? u->mn : opd;
+    // groups one Sub holds exactly (a lane's pair sums at most 2 * 7 * 128 each), at most a sub-block's 4
+    constexpr int kFit = S::kSubSum / (2 * 7 * 128), kG = kFit < 4 ? kFit : 4;
+    static_assert(kG >= 1 && 4 % kG == 0);
+    I isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; ++n) {
+#pragma GCC unroll 2
+      for (int jp = 0; jp < 4; jp += 2) {
+#pragma GCC unroll 2
+        for (int gg = 0; gg < 2; ++gg) {
+          const int sub = 8 * n + 2 * jp + gg;  // j = jp; j = jp + 1 is sub + 2
+#pragma GCC unroll 4
+          for (int g0 = 4 * gg; g0 < 4 * gg + 4; g0 += kG) {
+            typename S::Sub lo[R], hi[R];
+            for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::sub_zero();
+#pragma GCC unroll 4
+            for (int g = g0; g < g0 + kG; ++g) {
+              U8 wl, wh;
+              const int at = 2 * (8 * (2 * n + jp / 2) + g);
+              if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
+              else {
+                if (jp == 0) {  // each of the 24 lines asked for once: qs at its first use, hmask in half 0
+                  stream_line<kQ3KBytes>(wb + kQ3Qs + 64 * (8 * n + g));
+                  if (n == 0) stream_line<kQ3KBytes>(wb + kQ3Hmask + 64 * g);
+                }
+                q3k_group(wb, n, jp, g, wl, wh);
+              }
+#pragma GCC unroll 8
+              for (int r = 0; r < R; ++r) {
+                const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * n + 32 * jp + 4 * g;
+                lo[r] = S::sub_dot(lo[r], wl, x4(xr));
+                hi[r] = S::sub_dot(hi[r], wh, x4(xr + 32));
+              }
+            }
+            for (int r = 0; r < R; ++r)
+              isum[r] = S::i32_add(isum[r], S::i32_add(S::sub_scaled(lo[r], ss[sub]), S::sub_scaled(hi[r], ss[sub + 2])));
+          }
+        }
+      }
+    }
+    const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ3D));
+    for (int r = 0; r < R; ++r) {
+      // the quants' +4 out through the activations' sums: isum -= 4 sum_s sc_s xsum_s (|xsum_s| <= 2032)
+      const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
+      I off = S::i32_zero();
+      for (int s = 0; s < 8; ++s) {
+        const uint32_t lo16 = static_cast<uint16_t>(xs[s]), hi16 = static_cast<uint16_t>(xs[s + 8]);
+        off = S::min_dot(off, op[s], static_cast<int32_t>(lo16 | (hi16 << 16)));
+      }
+      isum[r] = S::i32_sub(isum[r], S::i32_shl(off, 2));
+      y[r] = S::fma(S::to_float(isum[r]), S::mul(d, S::set1(a.dx[(r0 + r) * ns + sb])), y[r]);
+    }
+  }
+
+  // One format's unpack and rows (Bits: 3, 4, 5 or 6).
   template <int Bits>
   static void unpack(const uint8_t* wb, Unpacked& u) {
-    if constexpr (Bits == 6) q6k_unpack(wb, u);
+    if constexpr (Bits == 3) q3k_unpack(wb, u);
+    else if constexpr (Bits == 6) q6k_unpack(wb, u);
     else q45k_unpack<Bits == 5>(wb, u);
   }
   template <int Bits, int R, bool Stored>
   static void rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
-    if constexpr (Bits == 6) q6k_rows<R, false, Stored>(a, wb, u, sb, r0, y);
+    if constexpr (Bits == 3) q3k_rows<R, false, Stored>(a, wb, u, sb, r0, y);
+    else if constexpr (Bits == 6) q6k_rows<R, false, Stored>(a, wb, u, sb, r0, y);
     else q45k_rows<R, Bits == 5, Stored>(a, wb, u, sb, r0, y);
   }
-  static constexpr int bytes(int bits) { return bits == 4 ? kQ4KBytes : bits == 5 ? kQ5KBytes : kQ6KBytes; }
-  // A super-block's bytes before its quant lines (its scales and d; Q4_K and Q5_K's dmin, Q5_K's high bits, read
-  // by every pair), which a tile asks for at the super-block's start; the quant lines are asked for one group at
-  // a time as the rows read them.
-  static constexpr int head_bytes(int bits) { return bits == 6 ? kQ6Quants : q45k_quants(bits == 5); }
+  static constexpr int bytes(int bits) {
+    return bits == 3 ? kQ3KBytes : bits == 4 ? kQ4KBytes : bits == 5 ? kQ5KBytes : kQ6KBytes;
+  }
+  // A super-block's bytes other than its quant lines (its scales and d; Q4_K and Q5_K's dmin, Q5_K's high bits,
+  // read by every pair), [head_at, head_end), which a tile asks for at the super-block's start; the quant lines
+  // are asked for one group at a time as the rows read them. (Q3_K's come last in the file, after its hmask and
+  // qs lines.)
+  static constexpr int head_at(int bits) { return bits == 3 ? kQ3Scales : 0; }
+  static constexpr int head_end(int bits) {
+    return bits == 3 ? kQ3KBytes : bits == 6 ? kQ6Quants : q45k_quants(bits == 5);
+  }
 
   // A tile of R rows of panel p, unpacking as it goes: a pass of at most kRows rows (a decode step).
   template <int Bits, int R>
@@ -344,7 +458,7 @@ struct KQuants {
     for (int r = 0; r < R; ++r) y[r] = S::zero();
     for (int sb = 0; sb < ns; ++sb) {
       const uint8_t* wb = wp + static_cast<int64_t>(sb) * bytes(Bits);
-      for (int line = 0; line < head_bytes(Bits); line += 64) stream_line<bytes(Bits)>(wb + line);
+      for (int line = head_at(Bits); line < head_end(Bits); line += 64) stream_line<bytes(Bits)>(wb + line);
       rows<Bits, R, false>(a, wb, nullptr, sb, r0, y);
     }
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);

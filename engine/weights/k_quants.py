@@ -1,7 +1,9 @@
-"""q4_k, q5_k, q6_k: GGUF's K-quant blocks, the formats most GGUF files ship (Q4_K_M mixes Q4_K and Q6_K).
+"""q3_k, q4_k, q5_k, q6_k: GGUF's K-quant blocks, the formats most GGUF files ship (Q4_K_M mixes Q4_K and Q6_K,
+Q3_K_M mostly Q3_K with Q4_K, Q5_K and Q6_K).
 
 A super-block covers 256 inputs with one fp16 scale d, split into sub-blocks with small integer scales of their
-own, so a weight costs 4.5 / 5.5 / 6.5625 bits:
+own, so a weight costs 3.4375 / 4.5 / 5.5 / 6.5625 bits:
+    q3_k        16 sub-blocks of 16: 6-bit sc stored + 32; w = d*sc * q, sc in -32..31, q in -4..3
     q4_k, q5_k  8 sub-blocks of 32: 6-bit sc and mn, fp16 d and dmin (Blocks.m); w = d*sc * q - dmin*mn,
                 q in 0..15 (0..31)
     q6_k        16 sub-blocks of 16: int8 sc; w = d*sc * q, q in -32..31
@@ -14,8 +16,8 @@ Layouts: the torch twins read canonical Blocks. The CPU kernels (csrc/cpu/kquant
 64-byte VNNI operand, its scales for 16 outputs one vector, so packing a file's tensor is a reorder of its bytes
 (pack_gguf) and the panels stream exactly the file's bits per weight (Q6_K's quant bits regrouped within the
 bytes that hold them, as its kernel reads them more cheaply: place_q6_k). Their activations are llama.cpp's Q8_K:
-int8 per super-block of 256 with one scale and the sums of every 16 (the mins and Q6_K's offset of 32 fold in
-through those sums).
+int8 per super-block of 256 with one scale and the sums of every 16 (the mins and Q3_K's and Q6_K's offsets of 4
+and 32 fold in through those sums).
 """
 from __future__ import annotations
 
@@ -61,18 +63,22 @@ def quantizer_qk(fmt: str, bits: int):
     return quantize
 
 
-def quantize_q6_k(w: torch.Tensor) -> Blocks:
-    """Q6_K: per sub-block of 16, a signed step with the largest magnitude on -32; the steps as int8 multiples of
-    the super-block's d."""
-    x = _pad(w, 16)  # [out, ns, 16, 16]
-    far = x.gather(-1, x.abs().argmax(-1, keepdim=True))[..., 0]
-    step = far / -32
-    d = (step.abs().amax(-1) / 127).half()
-    sc = torch.round(_ratio(step, d.float()[..., None])).clamp(-127, 127)
-    scale = d.float()[..., None] * sc
-    q = torch.round(_ratio(x, scale[..., None])).clamp(-32, 31)
-    out = w.shape[0]
-    return Blocks("q6_k", out, w.shape[1], q.to(torch.int8).view(out, -1), d, None, sc.to(torch.int8).view(out, -1))
+def quantizer_signed(fmt: str, bits: int, sc_max: int):
+    """Q3_K / Q6_K: per sub-block of 16, a signed step with the largest magnitude on -2^(bits-1); the steps as
+    multiples of the super-block's d in -sc_max - 1..sc_max (Q3_K's 6-bit scales, Q6_K's int8 ones)."""
+    low = 1 << (bits - 1)
+
+    def quantize(w: torch.Tensor) -> Blocks:
+        x = _pad(w, 16)  # [out, ns, 16, 16]
+        far = x.gather(-1, x.abs().argmax(-1, keepdim=True))[..., 0]
+        step = far / -low
+        d = (step.abs().amax(-1) / sc_max).half()
+        sc = torch.round(_ratio(step, d.float()[..., None])).clamp(-sc_max - 1, sc_max)
+        scale = d.float()[..., None] * sc
+        q = torch.round(_ratio(x, scale[..., None])).clamp(-low, low - 1)
+        out = w.shape[0]
+        return Blocks(fmt, out, w.shape[1], q.to(torch.int8).view(out, -1), d, None, sc.to(torch.int8).view(out, -1))
+    return quantize
 
 
 def dequantize(b: Blocks) -> torch.Tensor:
@@ -274,6 +280,39 @@ def q6_k_to_gguf(b: Blocks) -> torch.Tensor:
     return torch.cat((ql, qh, sc, gguf_bytes.f16_bytes(b.d)), -1).reshape(out, -1)
 
 
+Q3_K_HIGH = torch.arange(8, dtype=torch.uint8).view(2, 4, 1)  # input 128n + 32j + l: hmask[l]'s bit 4n + j
+Q3_K_LOW = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)  # and bits 2j, 2j + 1 of qs[32n + l]
+
+
+def q3_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
+    """Q3_K (110 bytes): 32 bytes of high bits (hmask), 64 of 2-bit quants (qs), 12 of 6-bit scales, fp16 d last
+    (ggml's dequantize_row_q3_K). Input 128n + 32j + l (l < 32) is bits 2j, 2j + 1 of qs[32n + l], less 4 where
+    bit 4n + j of hmask[l] is clear. Scale s (sub-block of 16) stored + 32: its low 4 bits in byte s % 8 (the low
+    nibble for s < 8, the high one after), its high 2 in bits 2 (s // 4), 2 (s // 4) + 1 of byte 8 + s % 4."""
+    b = gguf_bytes.blocks(raw, out, 110)
+    hm = b[..., None, None, 0:32]  # [out, ns, 1, 1, l]
+    qs = b[..., 32:96].reshape(out, -1, 2, 1, 32)  # [out, ns, n, 1, l]
+    low = (qs >> Q3_K_LOW) & 3  # [out, ns, n, j, l]
+    high = (hm >> Q3_K_HIGH) & 1
+    q = (low.to(torch.int8) - 4 * (1 - high.to(torch.int8))).reshape(out, -1)
+    s = b[..., 96:108]
+    nib = torch.cat((s[..., :8] & 0xF, s[..., :8] >> 4), -1)  # [out, ns, 16]
+    top = (s[..., 8:12, None] >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)) & 3  # [out, ns, s % 4, s // 4]
+    sc = (nib | (top.transpose(-1, -2).reshape(*nib.shape) << 4)).to(torch.int8) - 32
+    return Blocks("q3_k", out, n_in, q, gguf_bytes.f16(b, 108), None, sc.reshape(out, -1))
+
+
+def q3_k_to_gguf(b: Blocks) -> torch.Tensor:
+    out = b.out_features
+    u = (b.q.to(torch.int16) + 4).to(torch.uint8).view(out, -1, 2, 4, 32)  # [out, ns, n, j, l], 0..7
+    qs = ((u & 3) << Q3_K_LOW).sum(-2, dtype=torch.uint8).reshape(out, -1, 64)  # disjoint bits: the sum is an OR
+    hm = ((u >> 2) << Q3_K_HIGH).reshape(out, -1, 8, 32).sum(-2, dtype=torch.uint8)
+    v = (b.sc.to(torch.int16) + 32).to(torch.uint8).view(out, -1, 16)
+    nib = (v[..., :8] & 0xF) | ((v[..., 8:] & 0xF) << 4)
+    top = ((v >> 4).view(out, -1, 4, 4).transpose(-1, -2) << torch.tensor([0, 2, 4, 6], dtype=torch.uint8))
+    return torch.cat((hm, qs, nib, top.sum(-1, dtype=torch.uint8), gguf_bytes.f16_bytes(b.d)), -1).reshape(out, -1)
+
+
 # ---- the torch twins' layout: canonical Blocks ------------------------------------------------------------
 
 
@@ -282,7 +321,7 @@ def canonical(b: Blocks) -> tuple[torch.Tensor, ...]:
 
 
 def from_canonical(fmt: str, out: int, n_in: int, tensors) -> Blocks:
-    if fmt == "q6_k":
+    if fmt in ("q3_k", "q6_k"):
         q, d, sc = tensors
         return Blocks(fmt, out, n_in, q, d, None, sc)
     return Blocks(fmt, out, n_in, *tensors)
@@ -295,6 +334,7 @@ def canonical_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
 ROWS = Layout(canonical, from_canonical, canonical_rows)
 # each block's fields as (bytes, unit) in ggml-common.h's order (panels.interleave)
 FIELDS = {
+    "q3_k": ((32, 4), (64, 4), (12, 1), (2, 2)),  # hmask, qs, scales, d
     "q4_k": ((2, 2), (2, 2), (12, 1), (128, 4)),  # d, dmin, scales, qs
     "q5_k": ((2, 2), (2, 2), (12, 1), (32, 4), (128, 4)),  # d, dmin, scales, qh, qs
     "q6_k": ((128, 4), (64, 4), (16, 1), (2, 2)),  # ql, qh, scales, d
@@ -314,7 +354,8 @@ def record(name: str, bits: float, quantize, from_gguf, to_gguf) -> WeightFormat
 
 
 FORMATS = (
+    record("q3_k", 3.4375, quantizer_signed("q3_k", 3, 31), q3_k_from_gguf, q3_k_to_gguf),
     record("q4_k", 4.5, quantizer_qk("q4_k", 4), decoder_qk("q4_k", 4), encoder_qk(4)),
     record("q5_k", 5.5, quantizer_qk("q5_k", 5), decoder_qk("q5_k", 5), encoder_qk(5)),
-    record("q6_k", 6.5625, quantize_q6_k, q6_k_from_gguf, q6_k_to_gguf),
+    record("q6_k", 6.5625, quantizer_signed("q6_k", 6, 127), q6_k_from_gguf, q6_k_to_gguf),
 )
