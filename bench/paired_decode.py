@@ -120,7 +120,9 @@ def main(argv=None):
 
     p = argparse.ArgumentParser(description="decode tok/s against llama.cpp on one file, burst by burst")
     p.add_argument("--shapes", nargs="*", default=["1.5B"], choices=list(random_gguf.BIG_SHAPES),
-                   help="random Q4_K_M files of these shapes (made in --folder if missing)")
+                   help="random files of these shapes in --kind's mix (made in --folder if missing)")
+    p.add_argument("--kind", default="Q4_K_M", choices=random_gguf.KQUANT_KINDS,
+                   help="llama-quantize's mix for the random files")
     p.add_argument("--files", nargs="*", default=[], type=Path, metavar="GGUF", help="real GGUF files, as they are")
     p.add_argument("--folder", default=str(Path(tempfile.gettempdir()) / "decodescope-kquant"))
     p.add_argument("--cycles", type=int, default=20)
@@ -134,7 +136,8 @@ def main(argv=None):
     def run(save):
         out = dict(tokens=args.tokens, prompt_tokens=args.prompt_len, threads=args.threads,
                    cycles=args.cycles, llamacpp=llamacpp.describe(), rows=[])
-        files = [(f"random {s} Q4_K_M", random_gguf.kquant_file(s, Path(args.folder))) for s in args.shapes]
+        files = [(f"random {s} {args.kind}", random_gguf.kquant_file(s, Path(args.folder), args.kind))
+                 for s in args.shapes]
         for name, path in files + [(f.name, f) for f in args.files]:
             out["rows"].append(row(name, path, args))
             save(out)

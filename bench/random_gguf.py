@@ -81,6 +81,9 @@ def kquant_name(shape: str) -> str:
     return shape if vocab == VOCAB else f"{shape}-{vocab}tok"
 
 
+KQUANT_KINDS = ("Q4_K_M", "Q3_K_M", "Q5_K_M", "Q6_K")  # llama-quantize's mixes of the types we read natively
+
+
 def kquant_file(shape: str, folder: Path, kind: str = "Q4_K_M", cache_dir=None, progress: Progress = print) -> Path:
     """random-{shape}[-{vocab}tok]-{kind}.gguf in `folder`, made as people's files are: a random F16 file written a
     tensor at a time (never the model in memory), quantized by llama.cpp's own llama-quantize (its K-quant
