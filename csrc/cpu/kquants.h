@@ -360,56 +360,67 @@ struct KQuants {
         }
   }
 
+  // A quarter of a Q3_K super-block for R rows: half N, operands j = JP, JP + 1 (sub-blocks 8N + 2JP + gg and
+  // that + 2, gg = 0, 1), 8 groups, its sums added into isum. A function of its own, not inlined: with the whole
+  // super-block's 32 groups in one body GCC held the 24 scale vectors in registers and spilled the rows' sums
+  // around every VPDPBUSD (a 6-row tile ran at 1.97x one row's time); a quarter is Q4_K's loop body's size.
+  template <int R, bool Stored, int N, int JP>
+  __attribute__((noinline)) static void q3k_quarter(const LinearArgs& a, const uint8_t* wb, const Unpacked* u,
+                                                    const typename S::SubScale* ss, int sb, int64_t r0, I* isum) {
+    const int ns = (a.in + kSuper - 1) / kSuper;
+    const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
+    // groups one Sub holds exactly (a lane's pair sums at most 2 * 7 * 128 each), at most a sub-block's 4
+    constexpr int kFit = S::kSubSum / (2 * 7 * 128), kG = kFit < 4 ? kFit : 4;
+    static_assert(kG >= 1 && 4 % kG == 0);
+    I sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = isum[r];
+#pragma GCC unroll 2
+    for (int gg = 0; gg < 2; ++gg) {
+      const int sub = 8 * N + 2 * JP + gg;  // j = JP; j = JP + 1 is sub + 2
+#pragma GCC unroll 4
+      for (int g0 = 4 * gg; g0 < 4 * gg + 4; g0 += kG) {
+        typename S::Sub lo[R], hi[R];
+        for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::sub_zero();
+#pragma GCC unroll 4
+        for (int g = g0; g < g0 + kG; ++g) {
+          U8 wl, wh;
+          const int at = 2 * (8 * (2 * N + JP / 2) + g);
+          if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
+          else {
+            if constexpr (JP == 0) {  // each of the 24 lines asked for once: qs at its first use, hmask in half 0
+              stream_line<kQ3KBytes>(wb + kQ3Qs + 64 * (8 * N + g));
+              if constexpr (N == 0) stream_line<kQ3KBytes>(wb + kQ3Hmask + 64 * g);
+            }
+            q3k_group(wb, N, JP, g, wl, wh);
+          }
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * N + 32 * JP + 4 * g;
+            lo[r] = S::sub_dot(lo[r], wl, x4(xr));
+            hi[r] = S::sub_dot(hi[r], wh, x4(xr + 32));
+          }
+        }
+        for (int r = 0; r < R; ++r)
+          sum[r] = S::i32_add(sum[r], S::i32_add(S::sub_scaled(lo[r], ss[sub]), S::sub_scaled(hi[r], ss[sub + 2])));
+      }
+    }
+    for (int r = 0; r < R; ++r) isum[r] = sum[r];
+  }
+
   template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
   static void q3k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
     const int ns = (a.in + kSuper - 1) / kSuper;
-    const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
     typename S::SubScale ssd[16];
     I opd[8];
     if constexpr (!Stored) scales_q3k(wb + kQ3Scales, ssd, opd);
     const typename S::SubScale* ss = Stored ? u->sc : ssd;
     const I* op = Stored ? u->mn : opd;
-    // groups one Sub holds exactly (a lane's pair sums at most 2 * 7 * 128 each), at most a sub-block's 4
-    constexpr int kFit = S::kSubSum / (2 * 7 * 128), kG = kFit < 4 ? kFit : 4;
-    static_assert(kG >= 1 && 4 % kG == 0);
     I isum[R];
     for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
-#pragma GCC unroll 2
-    for (int n = 0; n < 2; ++n) {
-#pragma GCC unroll 2
-      for (int jp = 0; jp < 4; jp += 2) {
-#pragma GCC unroll 2
-        for (int gg = 0; gg < 2; ++gg) {
-          const int sub = 8 * n + 2 * jp + gg;  // j = jp; j = jp + 1 is sub + 2
-#pragma GCC unroll 4
-          for (int g0 = 4 * gg; g0 < 4 * gg + 4; g0 += kG) {
-            typename S::Sub lo[R], hi[R];
-            for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::sub_zero();
-#pragma GCC unroll 4
-            for (int g = g0; g < g0 + kG; ++g) {
-              U8 wl, wh;
-              const int at = 2 * (8 * (2 * n + jp / 2) + g);
-              if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
-              else {
-                if (jp == 0) {  // each of the 24 lines asked for once: qs at its first use, hmask in half 0
-                  stream_line<kQ3KBytes>(wb + kQ3Qs + 64 * (8 * n + g));
-                  if (n == 0) stream_line<kQ3KBytes>(wb + kQ3Hmask + 64 * g);
-                }
-                q3k_group(wb, n, jp, g, wl, wh);
-              }
-#pragma GCC unroll 8
-              for (int r = 0; r < R; ++r) {
-                const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * n + 32 * jp + 4 * g;
-                lo[r] = S::sub_dot(lo[r], wl, x4(xr));
-                hi[r] = S::sub_dot(hi[r], wh, x4(xr + 32));
-              }
-            }
-            for (int r = 0; r < R; ++r)
-              isum[r] = S::i32_add(isum[r], S::i32_add(S::sub_scaled(lo[r], ss[sub]), S::sub_scaled(hi[r], ss[sub + 2])));
-          }
-        }
-      }
-    }
+    q3k_quarter<R, Stored, 0, 0>(a, wb, u, ss, sb, r0, isum);
+    q3k_quarter<R, Stored, 0, 2>(a, wb, u, ss, sb, r0, isum);
+    q3k_quarter<R, Stored, 1, 0>(a, wb, u, ss, sb, r0, isum);
+    q3k_quarter<R, Stored, 1, 2>(a, wb, u, ss, sb, r0, isum);
     const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ3D));
     for (int r = 0; r < R; ++r) {
       // the quants' +4 out through the activations' sums: isum -= 4 sum_s sc_s xsum_s (|xsum_s| <= 2032)
