@@ -75,8 +75,8 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         b = blocks(fmt, out, n_in)
         raw = W.get(fmt).to_gguf(b).view(out, -1, {"q3_k": 110, "q4_k": 144, "q6_k": 210}[fmt])
         (w,) = W.to_panels(b)
-        if fmt == "q6_k":  # the file's bytes, with their bits placed for the kernel (checked below): put back
-            w = k_quants.unplace_q6_k(w)
+        if fmt in k_quants.BITS:  # the file's bytes, with their bits placed for the kernel (checked below): put back
+            w = k_quants.BITS[fmt][1](w)
         assert w.shape == (-(-out // 16), -(-n_in // 256), 16 * raw.shape[-1]) and w.dtype == torch.uint8
         for at, unit, start, n in spec:
             for o, sb, k in [(0, 0, 0), (16, 0, 3), (out - 1, w.shape[1] - 1, 11), (5, 0, 1), (7, 0, 127)]:
@@ -101,13 +101,19 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         x, y, z = (int(sb[288 + line * 64 + at]) for line in lines)
         q = (x & 63, y & 63, z & 63, (x >> 6) | ((y >> 4) & 12) | ((z >> 2) & 48))[k]
         assert q - 32 == int(q6k.q[o, i]), (o, i)
-    q3k = blocks("q3_k", out, n_in)  # Q3_K as csrc/cpu/kquants.h q3k_group reads a group's qs and hmask lines
+    q3k = blocks("q3_k", out, n_in)  # Q3_K as csrc/cpu/kquants.h q3k_operands reads the placed super-block
     (w,) = W.to_panels(q3k)
-    for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230)]:
+    for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230), (2, 72), (9, 200)]:
         n, j, g, r = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4
         sb, at = w[o // 16, i // 256], (o % 16) * 4 + r
-        low, high = (int(sb[512 + 64 * (8 * n + g) + at]) >> 2 * j) & 3, (int(sb[64 * g + at]) >> 4 * n + j) & 1
-        assert low | high << 2 == int(q3k.q[o, i]) + 4, (o, i)
+        # the scales (16 rows a sub-block, sc + 32 in 6 bits: the file's 12 bytes) and d first, then the lines
+        assert sb[192 + 2 * (o % 16):194 + 2 * (o % 16)].view(torch.float16) == q3k.d[o, i // 256], (o, i)
+        s = i % 256 // 16  # sub-block s's low 4 bits: byte s % 8's low nibble (s < 8) or high one
+        assert (int(sb[16 * (s % 8) + o % 16]) >> 4 * (s // 8)) & 15 == (int(q3k.sc[o, i // 16]) + 32) & 15, (o, i)
+        x, z, y = (int(sb[224 + 64 * (8 * k + g) + at]) for k in range(3))  # kernels.h q3k_x_at, q3k_z_at, ...
+        v = y if n else x
+        q = (v & 7, (v >> 3) & 7, (v >> 6) | ((z >> 6 + n) & 1) << 2, (z >> 3 * n) & 7)[j]
+        assert q - 4 == int(q3k.q[o, i]), (o, i)
 
 
 GGUF_FIELDS = {**k_quants.FIELDS, **q4_0.FIELDS}  # every format whose panels are its file's bytes interleaved
@@ -203,8 +209,9 @@ def test_rows_of_every_layout_dequantize_the_blocks(fmt):
 @pytest.mark.parametrize("fmt", sorted(GGUF_FIELDS))
 @pytest.mark.parametrize("out", [1, 16, 37, 100])
 def test_native_packing_moves_the_bytes_the_torch_code_moves(fmt, out, monkeypatch):
-    """csrc/cpu/ops_pack.cpp against its torch twins (panels.interleave's copies, k_quants.place_q6_k's words) on
-    random bytes: whole, padded and partial panels, into a slice of a larger tensor as a chunked load writes."""
+    """csrc/cpu/ops_pack.cpp against its torch twins (panels.interleave's copies, k_quants.place_q6_k's and
+    place_q3_k's words) on random bytes: whole, padded and partial panels, into a slice of a larger tensor as a
+    chunked load writes."""
     if panels.native() is None:
         pytest.skip("the CPU kernel library is not loaded here")
     fields = GGUF_FIELDS[fmt]
@@ -214,13 +221,14 @@ def test_native_packing_moves_the_bytes_the_torch_code_moves(fmt, out, monkeypat
     big = torch.zeros(-(-out // 16) + 2, 3, 16 * size, dtype=torch.uint8)
     native = panels.interleave(raw, out, fields).clone()
     panels.interleave(raw, out, fields, big[1:-1])
-    placed = k_quants.place_q6_k(native.clone()) if fmt == "q6_k" else None
+    place = k_quants.BITS[fmt][0] if fmt in k_quants.BITS else None
+    placed = place(native.clone()) if place else None
     monkeypatch.setattr(panels, "native", lambda: None)
     twin = panels.interleave(raw, out, fields)
     assert torch.equal(native, twin) and torch.equal(big[1:-1], twin)
     assert not big[0].any() and not big[-1].any()  # nothing written outside the slice
-    if fmt == "q6_k":
-        assert torch.equal(placed, k_quants.place_q6_k(twin.clone()))
+    if place:
+        assert torch.equal(placed, place(twin.clone()))
         assert not torch.equal(placed, twin)  # the bits did move
 
 
@@ -298,3 +306,5 @@ def test_native_packing_refuses_what_it_cannot_move():
         lib.interleave_panels(torch.empty(1, 2, 16 * 144, dtype=torch.uint8), raw, k_quants.FIELDS["q4_k"])
     with pytest.raises(RuntimeError, match=r"w must be Q6_K panels \[\.\.\., nb, 3360\]"):
         lib.place_q6_k(torch.empty(2, 3000, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match=r"w must be Q3_K panels \[\.\.\., nb, 1760\]"):
+        lib.place_q3_k(torch.empty(2, 3360, dtype=torch.uint8))

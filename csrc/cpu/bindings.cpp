@@ -55,6 +55,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         nogil(), py::arg("into"), py::arg("raw"), py::arg("fields"));
   m.def("place_q6_k", &c::place_q6_k, "Q6_K panels' quant bits regrouped in place as the kernel reads them",
         nogil(), py::arg("w"));
+  m.def("place_q3_k", &c::place_q3_k, "Q3_K panels' quant bits regrouped in place as the kernel reads them",
+        nogil(), py::arg("w"));
   m.def("q6_k_rows", &c::q6_k_rows, "rows of placed Q6_K panels dequantized (an embedding's lookup in a tied head)",
         nogil(), py::arg("out"), py::arg("w"), py::arg("ids"));
   m.def("q8_rows", &c::q8_rows, "rows of int8 / q8 panels dequantized (an embedding's lookup in a tied head)",

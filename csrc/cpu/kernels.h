@@ -53,11 +53,19 @@ constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a wei
 // order: q4_k d[16], dmin[16] fp16, 12 scale bytes x 16, 32 groups of [16 rows][4 quant bytes]; q5_k the same
 // with 8 groups of [16][4] high-bit bytes before the quants. q6_k's file order (32 groups of ql, 16 of qh, 16 int8
 // scales x 16, d[16]) is placed (engine/weights/k_quants.py place_q6_k) as its scales x 16 and d[16] first, then
-// its 48 quant lines with their bits regrouped and the lines reordered. q3_k in the file's order: 8 groups of
-// [16 rows][4 hmask bytes], 16 of [16][4 qs bytes], 12 scale bytes x 16, d[16]. Each the file's own bits per weight.
+// its 48 quant lines with their bits regrouped and the lines reordered. q3_k's file order (8 groups of [16 rows]
+// [4 hmask bytes], 16 of [16][4 qs bytes], 12 scale bytes x 16, d[16]) is placed (k_quants.py place_q3_k) as its
+// scales x 16 and d[16] first, then 24 quant lines, X, Z and Y of each group of 4 inputs: the 8 quants q(n, j)
+// (input 128n + 32j + 4g + r, stored + 4: 0..7) a byte position holds as X = q(0,0) | q(0,1) << 3 | q(0,2)[0:2] << 6,
+// Y = q(1,0) | q(1,1) << 3 | q(1,2)[0:2] << 6, Z = q(0,3) | q(1,3) << 3 | q(0,2)[2] << 6 | q(1,2)[2] << 7.
+// Each the file's own bits per weight.
 constexpr int kSuper = 256;
 constexpr int kQ3KBytes = 16 * 110, kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
-constexpr int kQ3Hmask = 0, kQ3Qs = 512, kQ3Scales = 1536, kQ3D = 1728;
+constexpr int kQ3Scales = 0, kQ3D = 192, kQ3Quants = 224;
+// Where the X, Z and Y lines of group g are: in the order the kernel's quarters first read them.
+constexpr int q3k_x_at(int g) { return kQ3Quants + 64 * g; }
+constexpr int q3k_z_at(int g) { return kQ3Quants + 64 * (8 + g); }
+constexpr int q3k_y_at(int g) { return kQ3Quants + 64 * (16 + g); }
 // A placed Q6_K super-block: its 16 int8 scales x 16 rows, d[16], then 48 quant lines (64 bytes: 4 bytes of 16
 // rows), all in the order the kernel first reads them, so a super-block streams front to back.
 // Measured on an AVX2 EPYC (Q6_K matrices of Qwen2.5-1.5B's MLP shapes streamed from memory, against Q4_K's GB/s

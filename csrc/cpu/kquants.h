@@ -319,14 +319,20 @@ struct KQuants {
     }
   }
 
-  // Q3_K, in the file's order (kernels.h kQ3*). Input 128n + 32j + l (l < 32) is bits 2j, 2j + 1 of qs byte
-  // 32n + l, less 4 where bit 4n + j of hmask byte l is clear: read as q + 4 = low | high << 2 in 0..7. For the 4
-  // bytes l = 4g.. of 16 rows, qs line 8n + g and hmask line g give the operands of j = 0..3, of sub-blocks
-  // 8n + 2j + (g >= 4). A group's pair j = jp, jp + 1 (jp = 0, 2), each operand 4-5 instructions.
-  static void q3k_group(const uint8_t* wb, int n, int jp, int g, U8& wl, U8& wh) {
-    const U8 qs = S::u8_load(wb + kQ3Qs + 64 * (8 * n + g)), hm = S::u8_load(wb + kQ3Hmask + 64 * g);
-    wl = S::u8_or(bit_to(qs, 2 * jp, 0, 2), bit_to(hm, 4 * n + jp, 2, 1));
-    wh = S::u8_or(bit_to(qs, 2 * jp + 2, 0, 2), bit_to(hm, 4 * n + jp + 1, 2, 1));
+  // Q3_K, placed (kernels.h kQ3*, q3k_x_at): the quants q(n, j) + 4 (0..7) of inputs 128n + 32j + 4g.. of 16 rows,
+  // sub-block 8n + 2j + (g >= 4), from group g's X, Z and Y lines. The operands of j = JP, JP + 1 of half N: q(0,0),
+  // q(0,1) from X; q(0,2) from X's top pair and Z's bit 6, q(0,3) from Z; q(1,0), q(1,1) from Y; q(1,2) from Y's
+  // top pair and Z's bit 7, q(1,3) from Z.
+  template <int N, int JP>
+  static void q3k_operands(const uint8_t* wb, int g, U8& wl, U8& wh) {
+    const U8 z = S::u8_load(wb + q3k_z_at(g));
+    const U8 v = S::u8_load(wb + (N == 0 ? q3k_x_at(g) : q3k_y_at(g)));
+    if constexpr (JP == 0) {
+      wl = S::u8_and(v, 7), wh = bit_to(v, 3, 0, 3);
+    } else {
+      wl = S::u8_or(bit_to(v, 6, 0, 2), bit_to(z, 6 + N, 2, 1));
+      wh = N == 0 ? S::u8_and(z, 7) : bit_to(z, 3, 0, 3);
+    }
   }
 
   // Q3_K's 12 scale bytes of 16 rows (byte k of row j at p[16k + j]; ggml's dequantize_row_q3_K) as S::sub_scaled
@@ -350,14 +356,17 @@ struct KQuants {
     }
   }
 
+  template <int N, int JP>
+  static void q3k_unpack_quarter(const uint8_t* wb, Unpacked& u) {
+    for (int g = 0; g < 8; ++g) {
+      const int at = 2 * (8 * (2 * N + JP / 2) + g);
+      q3k_operands<N, JP>(wb, g, u.w[at], u.w[at + 1]);
+    }
+  }
   static void q3k_unpack(const uint8_t* wb, Unpacked& u) {
     scales_q3k(wb + kQ3Scales, u.sc, u.mn);
-    for (int n = 0; n < 2; ++n)
-      for (int jp = 0; jp < 4; jp += 2)
-        for (int g = 0; g < 8; ++g) {
-          const int at = 2 * (8 * (2 * n + jp / 2) + g);
-          q3k_group(wb, n, jp, g, u.w[at], u.w[at + 1]);
-        }
+    q3k_unpack_quarter<0, 0>(wb, u), q3k_unpack_quarter<0, 2>(wb, u);
+    q3k_unpack_quarter<1, 0>(wb, u), q3k_unpack_quarter<1, 2>(wb, u);
   }
 
   // A quarter of a Q3_K super-block for R rows: half N, operands j = JP, JP + 1 (sub-blocks 8N + 2JP + gg and
@@ -387,11 +396,10 @@ struct KQuants {
           const int at = 2 * (8 * (2 * N + JP / 2) + g);
           if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
           else {
-            if constexpr (JP == 0) {  // each of the 24 lines asked for once: qs at its first use, hmask in half 0
-              stream_line<kQ3KBytes>(wb + kQ3Qs + 64 * (8 * N + g));
-              if constexpr (N == 0) stream_line<kQ3KBytes>(wb + kQ3Hmask + 64 * g);
-            }
-            q3k_group(wb, N, JP, g, wl, wh);
+            // each of the 24 lines asked for once, at its first use: X, then Z, then Y (their order in memory)
+            if constexpr (JP == 0) stream_line<kQ3KBytes>(wb + (N == 0 ? q3k_x_at(g) : q3k_y_at(g)));
+            else if constexpr (N == 0) stream_line<kQ3KBytes>(wb + q3k_z_at(g));
+            q3k_operands<N, JP>(wb, g, wl, wh);
           }
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
@@ -451,13 +459,11 @@ struct KQuants {
   static constexpr int bytes(int bits) {
     return bits == 3 ? kQ3KBytes : bits == 4 ? kQ4KBytes : bits == 5 ? kQ5KBytes : kQ6KBytes;
   }
-  // A super-block's bytes other than its quant lines (its scales and d; Q4_K and Q5_K's dmin, Q5_K's high bits,
-  // read by every pair), [head_at, head_end), which a tile asks for at the super-block's start; the quant lines
-  // are asked for one group at a time as the rows read them. (Q3_K's come last in the file, after its hmask and
-  // qs lines.)
-  static constexpr int head_at(int bits) { return bits == 3 ? kQ3Scales : 0; }
-  static constexpr int head_end(int bits) {
-    return bits == 3 ? kQ3KBytes : bits == 6 ? kQ6Quants : q45k_quants(bits == 5);
+  // A super-block's bytes before its quant lines (its scales and d; Q4_K and Q5_K's dmin, Q5_K's high bits, read
+  // by every pair), which a tile asks for at the super-block's start; the quant lines are asked for one group at
+  // a time as the rows read them.
+  static constexpr int head_bytes(int bits) {
+    return bits == 3 ? kQ3Quants : bits == 6 ? kQ6Quants : q45k_quants(bits == 5);
   }
 
   // A tile of R rows of panel p, unpacking as it goes: a pass of at most kRows rows (a decode step).
@@ -469,7 +475,7 @@ struct KQuants {
     for (int r = 0; r < R; ++r) y[r] = S::zero();
     for (int sb = 0; sb < ns; ++sb) {
       const uint8_t* wb = wp + static_cast<int64_t>(sb) * bytes(Bits);
-      for (int line = head_at(Bits); line < head_end(Bits); line += 64) stream_line<bytes(Bits)>(wb + line);
+      for (int line = 0; line < head_bytes(Bits); line += 64) stream_line<bytes(Bits)>(wb + line);
       rows<Bits, R, false>(a, wb, nullptr, sb, r0, y);
     }
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);

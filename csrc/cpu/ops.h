@@ -117,6 +117,7 @@ class BlockPlan {
 // bits regrouped and their lines reordered in place as the kernel reads them (kquants.h q6k_group).
 void interleave_panels(at::Tensor& into, const at::Tensor& raw, const std::vector<std::pair<int64_t, int64_t>>& fields);
 void place_q6_k(at::Tensor& w);
+void place_q3_k(at::Tensor& w);  // likewise Q3_K's (kquants.h q3k_operands)
 // Rows `ids` of placed Q6_K panels [P, ns, 3360] dequantized into out float [len(ids), in] (in <= 256 ns): an
 // embedding's lookup in a tied head's blocks, as k_quants.py's unplace, deinterleave and dequantize give them.
 void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids);

@@ -126,6 +126,52 @@ void place_q6_k(at::Tensor& w) {
   });
 }
 
+void place_q3_k(at::Tensor& w) {
+  RECORD_FUNCTION("decodescope::place_q3_k", std::vector<c10::IValue>({w}));
+  constexpr int64_t kSuperBlock = kQ3KBytes;  // as interleave_panels leaves it: hmask 512, qs 1024, scales 192, d 32
+  check_cpu(w, "w");
+  check_dtype(w, "w", at::kByte);
+  check_dense(w, "w");
+  TORCH_CHECK(w.dim() >= 2 && w.size(-1) == kSuperBlock, "w must be Q3_K panels [..., nb, ", kSuperBlock, "], got ",
+              w.sizes());
+  uint8_t* base = w.data_ptr<uint8_t>();
+  // k_quants.py place_q3_k's moves on each 4-byte word (4 bytes of a row): group g's hmask line g and qs lines g
+  // (half 0) and 8 + g (half 1) become its X, Z and Y lines (kernels.h), after the scales and d, moved to the front
+  constexpr int64_t kFileScales = 24 * 64;  // where the file's order has them: after the quants
+  static_assert(kQ3Scales == 0 && kQ3D == kQ3Scales + 192 && kQ3Quants == kQ3D + 32 &&
+                kFileScales + kQ3Quants == kSuperBlock);
+  parallel_chunks(w.numel() / kSuperBlock, 256, [&](int64_t begin, int64_t end) {
+    constexpr uint32_t m3 = 0x03030303u, m1 = 0x01010101u;
+    alignas(64) uint8_t placed[kSuperBlock];
+    for (int64_t blk = begin; blk < end; ++blk) {
+      uint8_t* sb = base + blk * kSuperBlock;
+      std::memcpy(placed + kQ3Scales, sb + kFileScales, kQ3Quants);  // the scales, then d: the file's last 224 bytes
+      for (int g = 0; g < 8; ++g) {
+        const uint8_t* lh = sb + 64 * g;
+        const uint8_t* l0 = sb + 512 + 64 * g;
+        const uint8_t* l1 = sb + 512 + 64 * (8 + g);
+        for (int i = 0; i < 64; i += 4) {
+          uint32_t h, a, b;
+          std::memcpy(&h, lh + i, 4);
+          std::memcpy(&a, l0 + i, 4);
+          std::memcpy(&b, l1 + i, 4);
+          // q(n, j) of each byte, 0..7: bits 2j, 2j + 1 of qs line n, bit 4n + j of the hmask line as bit 2
+          const auto q = [h](uint32_t qs, int n, int j) {
+            return ((qs >> 2 * j) & m3) | (((h >> (4 * n + j)) & m1) << 2);
+          };
+          const uint32_t x = q(a, 0, 0) | q(a, 0, 1) << 3 | (q(a, 0, 2) & m3) << 6;
+          const uint32_t y = q(b, 1, 0) | q(b, 1, 1) << 3 | (q(b, 1, 2) & m3) << 6;
+          const uint32_t z = q(a, 0, 3) | q(b, 1, 3) << 3 | ((q(a, 0, 2) >> 2) & m1) << 6 | ((q(b, 1, 2) >> 2) & m1) << 7;
+          std::memcpy(placed + q3k_x_at(g) + i, &x, 4);
+          std::memcpy(placed + q3k_y_at(g) + i, &y, 4);
+          std::memcpy(placed + q3k_z_at(g) + i, &z, 4);
+        }
+      }
+      std::memcpy(sb, placed, kSuperBlock);
+    }
+  });
+}
+
 namespace {
 // A row lookup's out [len(ids), in] (in within the last of nb blocks of `block` inputs) and ids (rows of P panels).
 void check_row_lookup(const at::Tensor& out, const at::Tensor& ids, int64_t P, int64_t nb, int64_t block) {

@@ -286,6 +286,53 @@ def unplace_q6_k(w: torch.Tensor) -> torch.Tensor:
     return w
 
 
+Q3_K_HEAD = 16 * (12 + 2)  # a panel super-block's scales and d: the file's last 224 bytes, placed first
+
+
+def _q3_k_sbs(w: torch.Tensor):
+    """Q3_K panels [..., ns, 16 * 110] (contiguous) -> their super-blocks [n, 1760], 4096 at a time (so the
+    temporaries made from them stay small)."""
+    flat = w.view(-1, 16 * 110)
+    for i in range(0, flat.shape[0], 4096):
+        yield flat[i:i + 4096]
+
+
+def place_q3_k(w: torch.Tensor) -> torch.Tensor:
+    """Q3_K panels, in place: each super-block's scales and d first, then for each group g of 4 inputs (of 16 rows:
+    64-byte lines) its hmask line g and qs lines g and 8 + g, whose bytes hold the 8 quants q(n, j) of inputs
+    128n + 32j + 4g + r as 2 low bits and a high one (+ 4: 0..7), rewritten as X = q(0,0) | q(0,1) << 3 | q(0,2)
+    low 2 bits << 6, Y = the same of q(1, .), Z = q(0,3) | q(1,3) << 3 | q(0,2)'s high bit << 6 | q(1,2)'s << 7,
+    lines X 0-7, Z 0-7, Y 0-7 (csrc/cpu/kernels.h q3k_x_at). The kernel (csrc/cpu/kquants.h q3k_operands) then
+    takes 6 quants with one or two instructions each and 2 with four, where the file's 2-bit and 1-bit fields took
+    four or five each. Natively where the CPU kernel library is loaded (panels.native); this torch form is its twin."""
+    if (lib := panels.native()) is not None and w.is_contiguous():
+        lib.place_q3_k(w)
+        return w
+    for sb in _q3_k_sbs(w):
+        h, a, b = sb[:, :512].view(-1, 8, 64), sb[:, 512:1024].view(-1, 8, 64), sb[:, 1024:1536].view(-1, 8, 64)
+        # q(n, j) of each byte, 0..7: bits 2j, 2j + 1 of qs line n (a, b), bit 4n + j of the hmask line as bit 2
+        (q00, q01, q02, q03), (q10, q11, q12, q13) = (
+            [((qs >> 2 * j) & 3) | (((h >> 4 * n + j) & 1) << 2) for j in range(4)] for n, qs in ((0, a), (1, b)))
+        x = q00 | q01 << 3 | (q02 & 3) << 6
+        y = q10 | q11 << 3 | (q12 & 3) << 6
+        z = q03 | q13 << 3 | (q02 >> 2) << 6 | (q12 >> 2) << 7
+        sb.copy_(torch.cat((sb[:, 1536:], x.flatten(1), z.flatten(1), y.flatten(1)), 1))
+    return w
+
+
+def unplace_q3_k(w: torch.Tensor) -> torch.Tensor:
+    """The inverse of place_q3_k, into a new tensor: the file's hmask and qs bytes again."""
+    w = w.clone(memory_format=torch.contiguous_format)
+    for sb in _q3_k_sbs(w):
+        x, z, y = (sb[:, Q3_K_HEAD + 512 * k:Q3_K_HEAD + 512 * (k + 1)].view(-1, 8, 64) for k in range(3))
+        q = [[x & 7, (x >> 3) & 7, ((x >> 6) & 3) | (((z >> 6) & 1) << 2), z & 7],
+             [y & 7, (y >> 3) & 7, ((y >> 6) & 3) | (((z >> 7) & 1) << 2), (z >> 3) & 7]]
+        qs = [sum((q[n][j] & 3) << 2 * j for j in range(4)) for n in range(2)]
+        h = sum((q[n][j] >> 2) << 4 * n + j for n in range(2) for j in range(4))
+        sb.copy_(torch.cat((h.flatten(1), qs[0].flatten(1), qs[1].flatten(1), sb[:, :Q3_K_HEAD]), 1))
+    return w
+
+
 def q6_k_rows(w: torch.Tensor, ids: torch.Tensor, n_in: int) -> torch.Tensor | None:
     """Rows `ids` of placed Q6_K panels as fp32 [len(ids), n_in], natively (a tied head's embedding lookup: the
     torch form, unplace_q6_k, deinterleave and dequantize of the rows' panels, takes ~0.47 ms a token on
@@ -369,7 +416,8 @@ FIELDS = {
 NOTE = "the CPU kernel reads the file's bytes; activations at 8 bits per 256 (llama.cpp's Q8_K)"
 
 
-BITS = {"q6_k": (place_q6_k, unplace_q6_k)}  # the panels' bits as the kernel reads them (panels.gguf_layout)
+# the panels' bits as the kernel reads them (panels.gguf_layout)
+BITS = {"q3_k": (place_q3_k, unplace_q3_k), "q6_k": (place_q6_k, unplace_q6_k)}
 NATIVE_ROWS = {"q6_k": q6_k_rows}  # a row's lookup from the kernel library (panels.gguf_layout)
 
 
