@@ -352,6 +352,7 @@ struct KQuants {
       const __m256i top = _mm256_and_si256(_mm256_set_m128i(top_s8, top_s), m48);
       const __m256i v = _mm256_sub_epi8(_mm256_or_si256(nib, top), m32);
       S::template sub_scales<true>(v, ss[s], ss[s + 8]);
+      ss[s] = S::sub_scale16(ss[s]), ss[s + 8] = S::sub_scale16(ss[s + 8]);  // for sub_scaled16 (q3k_quarter)
       pairs[s] = S::template min_pairs<true>(v);
     }
   }
@@ -409,7 +410,8 @@ struct KQuants {
           }
         }
         for (int r = 0; r < R; ++r)
-          sum[r] = S::i32_add(sum[r], S::i32_add(S::sub_scaled(lo[r], ss[sub]), S::sub_scaled(hi[r], ss[sub + 2])));
+          sum[r] = S::i32_add(sum[r],
+                              S::i32_add(S::sub_scaled16(lo[r], ss[sub]), S::sub_scaled16(hi[r], ss[sub + 2])));
       }
     }
     for (int r = 0; r < R; ++r) isum[r] = sum[r];

@@ -263,6 +263,9 @@ struct Avx2 {
   static I sub_scaled(Sub acc, SubScale sc) {
     return {_mm256_madd_epi16(acc.lo, sc.lo), _mm256_madd_epi16(acc.hi, sc.hi)};
   }
+  // (simd_avx512.h's sums known to fit in int16: here every Sub's are, and sub_scaled already takes them so)
+  static SubScale sub_scale16(SubScale sc) { return sc; }
+  static I sub_scaled16(Sub acc, SubScale sc) { return sub_scaled(acc, sc); }
   // K-quant scales and mins (kquants.h scales_q4k, scales_q6k): v holds two sub-blocks' bytes of 16 rows (bytes
   // 0-15 and 16-31, row j at byte j), unsigned (Q4_K, Q5_K) or signed (Q6_K). Each half broadcast to both 128-bit
   // lanes, one byte shuffle puts row j's byte in both 16-bit halves of lane j (rows 0-7 in lo, 8-15 in hi), as

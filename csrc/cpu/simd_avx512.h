@@ -181,6 +181,10 @@ struct Avx512 {
   static Sub sub_dot(Sub acc, U8 w, int32_t x4) { return dot_u8s8(acc, w, x4); }
   static SubScale sub_scale(I sc) { return sc; }
   static I sub_scaled(Sub acc, SubScale sc) { return _mm512_mullo_epi32(acc, sc); }
+  // Sums that fit in int16 (Q3_K's sub-block: 16 inputs x 7 x 127) scaled by VPMADDWD, the scale in each lane's low
+  // half and zero above (sub_scale16): one instruction where VPMULLD is two (Intel's), the same integer
+  static SubScale sub_scale16(SubScale sc) { return _mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF)); }
+  static I sub_scaled16(Sub acc, SubScale sc) { return _mm512_madd_epi16(acc, sc); }
   // K-quant scales and mins (kquants.h scales_q4k, scales_q6k; v: two sub-blocks' bytes of 16 rows, row j at
   // byte j of each half, unsigned or signed): the scales as int32 lanes, the mins as int16 pairs for min_dot
   // (VPDPWSSD, exact in int32).
