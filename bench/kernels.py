@@ -13,10 +13,10 @@ Attention: 9 query / 3 kv heads of dim 64 over 30 layers' caches at a few contex
 window of 512 + 4 sinks. The machine's load average is recorded before and after: timings from a busy
 machine are slower, never faster, so minimums over repeats are the figure to trust.
 
---alternate times the formats named against one another in one interleaved group, on the best path: a few
-layers of Qwen2.5-1.5B's shapes (hidden 1536, intermediate 8960: every input a whole number of the K-quants'
-super-blocks of 256, as in the GGUF files that ship them), written to kernels-formats-cpu.* (--name: another
-name, one per CPU kind).
+--alternate times the formats named against one another in one interleaved group, on the best path (or the
+first of --paths this CPU runs): a few layers of Qwen2.5-1.5B's shapes (hidden 1536, intermediate 8960: every
+input a whole number of the K-quants' super-blocks of 256, as in the GGUF files that ship them), written to
+kernels-formats-cpu.* (--name: another name, one per CPU kind).
 """
 from __future__ import annotations
 
@@ -252,6 +252,8 @@ def main(argv=None) -> None:
         sys.exit(f"the CPU kernels are not available, nothing to time: {status.reason}")
     m = status.module
     if args.alternate:
+        if args.paths != list(PATHS):  # --paths named: the first of them this CPU runs, else the best path
+            m.set_isa(PATHS[available_paths(m, args.paths)[0]][0])
         torch.set_num_threads(args.threads)
         load_before = os.getloadavg()
         rows = bench_alternating(m, args.alternate, args.layers, args.rows, args.repeats, ReadProbe())
