@@ -45,8 +45,19 @@ def server_greedy(root: str, prompt: list[int], new_tokens: int) -> dict:
                 ignore_eos=True, return_tokens=True, seed=0)
     r = httpx.post(root + "/completion", json=body, trust_env=False, timeout=300)
     r.raise_for_status()
-    probs = r.json()["completion_probabilities"]
-    return dict(ids=[int(p["id"]) for p in probs], margins=[top_margin(p) for p in probs], eos_banned=True)
+    out = r.json()
+    probs = out["completion_probabilities"]
+    if "tokens" not in out:
+        return dict(ids=[int(p["id"]) for p in probs], margins=[top_margin(p) for p in probs], eos_banned=True)
+    # every generated id is in `tokens`; a token that ends inside a UTF-8 character has no probability entry (on a
+    # random-weight Q3_K_M file, 58 entries for 64 tokens: ids read from the entries put llama.cpp's later picks a
+    # token early, and every one after the gap read as a split), so the entries are matched to the ids in order
+    ids, margins, k = [int(t) for t in out["tokens"]], [], 0
+    for t in ids:
+        hit = k < len(probs) and int(probs[k]["id"]) == t
+        margins.append(top_margin(probs[k]) if hit else None)
+        k += hit
+    return dict(ids=ids, margins=margins, eos_banned=True)
 
 
 def reference(gguf_file: Path, threads: int):

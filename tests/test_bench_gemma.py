@@ -152,6 +152,29 @@ def test_server_margins_read_either_response_shape():
     assert reference.top_margin(dict(id=5, top_logprobs=[dict(id=5, logprob=0.0)])) is None
 
 
+def test_server_ids_come_from_its_tokens_with_each_margin_where_it_has_one(monkeypatch):
+    """llama-server leaves out the probability entry of a token that ends inside a UTF-8 character: the ids are its
+    `tokens`, every one, and the margins are matched to them in order (None at a gap), not read off the entries."""
+    def entry(i, lp1, lp2):
+        return {"id": i, "top_logprobs": [{"id": i, "logprob": lp1}, {"id": 0, "logprob": lp2}]}
+
+    body = {"tokens": [5, 7, 7, 9], "completion_probabilities": [entry(5, -1.0, -3.0), entry(7, -2.0, -2.5),
+                                                                  entry(9, -0.5, -4.0)]}
+
+    class Reply:
+        def raise_for_status(self):
+            pass
+
+        def json(self):
+            return body
+
+    monkeypatch.setattr("httpx.post", lambda *a, **k: Reply())
+    got = reference.server_greedy("http://x", [1, 2], 4)
+    assert got["ids"] == [5, 7, 7, 9] and got["margins"] == [2.0, 0.5, None, 3.5]
+    del body["tokens"]  # an older server: the entries are all there is
+    assert reference.server_greedy("http://x", [1, 2], 4)["ids"] == [5, 7, 9]
+
+
 def test_markdown_shows_agreement_splits_and_facts():
     split = dict(at=3, ours=10, theirs=11, our_margin=0.2, llamacpp_margin=0.3)
     result = dict(model="tiny", new_tokens=4, prompts=[dict(text="x", tokens=3)], threads=1, isa="avx2", rounds=0,

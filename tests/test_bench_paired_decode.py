@@ -45,3 +45,19 @@ def test_a_row_pairs_each_cycle_on_the_default_file():
     assert r["ours_tok_s"] == statistics.median(r["runs"]["ours"])
     md = paired_decode.markdown(dict(rows=[r], cycles=3, tokens=4, prompt_tokens=8, threads=1))
     assert "| default |" in md and f"{r['ours_over_bench']['median']:.3f}" in md
+
+
+def test_kind_picks_the_random_files_mix(tmp_path, monkeypatch):
+    """--kind makes the random files in another of llama-quantize's mixes, and names it in the row."""
+    made = []
+    monkeypatch.setattr(paired_decode.random_gguf, "kquant_file",
+                        lambda shape, folder, kind: made.append((shape, kind)) or tmp_path / f"{shape}-{kind}.gguf")
+    ratio = dict(median=2.0, lo=1.9, hi=2.1)
+    monkeypatch.setattr(paired_decode, "row", lambda name, path, args: dict(
+        file=name, file_gb=0.8, ours_tok_s=30.0, server_tok_s=15.0, bench_tok_s=15.0, ours_over_bench=ratio,
+        ours_over_server=ratio, server_over_bench=ratio, ours_ahead_of_bench=1.0))
+    paired_decode.main(["--kind", "Q3_K_M", "--shapes", "1.5B", "--out", str(tmp_path), "--name", "pd"])
+    assert made == [("1.5B", "Q3_K_M")]
+    assert "| random 1.5B Q3_K_M |" in (tmp_path / "pd.md").read_text()
+    with pytest.raises(SystemExit):
+        paired_decode.main(["--kind", "IQ4_XS", "--out", str(tmp_path)])
