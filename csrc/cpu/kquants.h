@@ -235,12 +235,7 @@ struct KQuants {
 
   static void q6k_unpack(const uint8_t* wb, Unpacked& u) {
     scales_q6k(wb + kQ6Scales, u.sc, u.mn);
-    for (int h = 0; h < 2; ++h)
-      for (int ab = 0; ab < 2; ++ab)
-        for (int g = 0; g < 8; ++g) {
-          const int at = 2 * (8 * (2 * h + ab) + g);
-          q6k_group(wb, h, ab, g, u.w[at], u.w[at + 1]);
-        }
+    unpack_quarters<Q6>(wb, u);
   }
 
   // Q6_K's 16 int8 scales of 16 rows (sub-block s at p[16s + j]) as S::sub_scaled takes them, and as int16
@@ -256,55 +251,14 @@ struct KQuants {
   template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
   static void q6k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
     const int ns = (a.in + kSuper - 1) / kSuper;
-    const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
     typename S::SubScale ssd[16];
     I opd[8];
     if constexpr (!Stored) scales_q6k(wb + kQ6Scales, ssd, opd);
     const typename S::SubScale* ss = Stored ? u->sc : ssd;
     const I* op = Stored ? u->mn : opd;
-    // groups one Sub holds exactly (a lane's pair sums at most 2 * 63 * 128 each), at most a sub-block's 4
-    constexpr int kFit = S::kSubSum / (2 * 63 * 128), kG = kFit < 4 ? kFit : 4;
-    static_assert(kG >= 1 && 4 % kG == 0);
     I isum[R];
     for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-#pragma GCC unroll 2
-      for (int ab = 0; ab < 2; ++ab) {
-#pragma GCC unroll 2
-        for (int gg = 0; gg < 2; ++gg) {
-          const int sub = 8 * h + 2 * ab + gg;  // k = ab; k = ab + 2 is sub + 4
-#pragma GCC unroll 4
-          for (int g0 = 4 * gg; g0 < 4 * gg + 4; g0 += kG) {
-            typename S::Sub lo[R], hi[R];
-            for (int r = 0; r < R; ++r) lo[r] = hi[r] = S::sub_zero();
-#pragma GCC unroll 4
-            for (int g = g0; g < g0 + kG; ++g) {
-              U8 wl, wh;
-              const int at = 2 * (8 * (2 * h + ab) + g);
-              if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
-              else {
-                if (ab == 0) {  // X and Z, then Y at ab = 1: each of the 48 lines asked for once
-                  stream_line<kQ6KBytes>(wb + q6k_x_at(h, g));
-                  stream_line<kQ6KBytes>(wb + q6k_z_at(h, g));
-                } else {
-                  stream_line<kQ6KBytes>(wb + q6k_y_at(h, g));
-                }
-                q6k_group(wb, h, ab, g, wl, wh);
-              }
-#pragma GCC unroll 8
-              for (int r = 0; r < R; ++r) {
-                const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * h + 32 * ab + 4 * g;
-                lo[r] = S::sub_dot(lo[r], wl, x4(xr));
-                hi[r] = S::sub_dot(hi[r], wh, x4(xr + 64));
-              }
-            }
-            for (int r = 0; r < R; ++r)
-              isum[r] = S::i32_add(isum[r], S::i32_add(S::sub_scaled(lo[r], ss[sub]), S::sub_scaled(hi[r], ss[sub + 4])));
-          }
-        }
-      }
-    }
+    quarters<R, Stored, Q6>(a, wb, u, ss, sb, r0, isum);
     const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ6D));
     for (int r = 0; r < R; ++r) {
       // the quants' +32 out through the activations' sums: isum -= 32 sum_s sc_s xsum_s (|xsum_s| <= 2032)
@@ -352,41 +306,74 @@ struct KQuants {
       const __m256i top = _mm256_and_si256(_mm256_set_m128i(top_s8, top_s), m48);
       const __m256i v = _mm256_sub_epi8(_mm256_or_si256(nib, top), m32);
       S::template sub_scales<true>(v, ss[s], ss[s + 8]);
-      ss[s] = S::sub_scale16(ss[s]), ss[s + 8] = S::sub_scale16(ss[s + 8]);  // for sub_scaled16 (q3k_quarter)
+      ss[s] = S::sub_scale16(ss[s]), ss[s + 8] = S::sub_scale16(ss[s + 8]);  // for sub_scaled16 (Q3::scaled)
       pairs[s] = S::template min_pairs<true>(v);
     }
   }
 
-  template <int N, int JP>
-  static void q3k_unpack_quarter(const uint8_t* wb, Unpacked& u) {
-    for (int g = 0; g < 8; ++g) {
-      const int at = 2 * (8 * (2 * N + JP / 2) + g);
-      q3k_operands<N, JP>(wb, g, u.w[at], u.w[at + 1]);
-    }
-  }
   static void q3k_unpack(const uint8_t* wb, Unpacked& u) {
     scales_q3k(wb + kQ3Scales, u.sc, u.mn);
-    q3k_unpack_quarter<0, 0>(wb, u), q3k_unpack_quarter<0, 2>(wb, u);
-    q3k_unpack_quarter<1, 0>(wb, u), q3k_unpack_quarter<1, 2>(wb, u);
+    unpack_quarters<Q3>(wb, u);
   }
 
-  // A quarter of a Q3_K super-block for R rows: half N, operands j = JP, JP + 1 (sub-blocks 8N + 2JP + gg and
-  // that + 2, gg = 0, 1), 8 groups, its sums added into isum. A function of its own, not inlined: with the whole
-  // super-block's 32 groups in one body GCC held the 24 scale vectors in registers and spilled the rows' sums
-  // around every VPDPBUSD (a 6-row tile ran at 1.97x one row's time); a quarter is Q4_K's loop body's size.
-  template <int R, bool Stored, int N, int JP>
-  __attribute__((noinline)) static void q3k_quarter(const LinearArgs& a, const uint8_t* wb, const Unpacked* u,
-                                                    const typename S::SubScale* ss, int sb, int64_t r0, I* isum) {
+  // Q6_K and Q3_K, whose sub-blocks are 16 inputs, as quarter() reads them: a quarter q (0..3) of a super-block is
+  // 8 groups g of 4 inputs of 16 rows, each giving two operands (Unpacked.w[2 (8q + g)] and the next): the low one
+  // of sub-block sub0(q) + (g >= 4) at inputs x0(q) + 4g, the high one of that + kHiSub at x0(q) + kXHi + 4g.
+  struct Q6 {  // q = 2h + ab: half h, k = ab (low) and ab + 2 (high)
+    static constexpr int kMax = 63, kHiSub = 4, kXHi = 64;
+    static constexpr int sub0(int q) { return 8 * (q / 2) + 2 * (q % 2); }
+    static constexpr int x0(int q) { return 128 * (q / 2) + 32 * (q % 2); }
+    template <int Q>
+    static void operands(const uint8_t* wb, int g, U8& wl, U8& wh) { q6k_group(wb, Q / 2, Q % 2, g, wl, wh); }
+    template <int Q>
+    static void stream(const uint8_t* wb, int g) {  // X and Z, then Y at ab = 1: each of the 48 lines asked for once
+      if constexpr (Q % 2 == 0) {
+        stream_line<kQ6KBytes>(wb + q6k_x_at(Q / 2, g));
+        stream_line<kQ6KBytes>(wb + q6k_z_at(Q / 2, g));
+      } else {
+        stream_line<kQ6KBytes>(wb + q6k_y_at(Q / 2, g));
+      }
+    }
+    static I scaled(typename S::Sub acc, typename S::SubScale sc) { return S::sub_scaled(acc, sc); }
+  };
+  struct Q3 {  // q = 2n + jp / 2: half n, j = jp (low) and jp + 1 (high)
+    static constexpr int kMax = 7, kHiSub = 2, kXHi = 32;
+    static constexpr int sub0(int q) { return 8 * (q / 2) + 4 * (q % 2); }
+    static constexpr int x0(int q) { return 128 * (q / 2) + 64 * (q % 2); }
+    template <int Q>
+    static void operands(const uint8_t* wb, int g, U8& wl, U8& wh) { q3k_operands<Q / 2, 2 * (Q % 2)>(wb, g, wl, wh); }
+    template <int Q>
+    static void stream(const uint8_t* wb, int g) {  // each of the 24 lines once, at its first use: X, Z, then Y
+      if constexpr (Q % 2 == 0) stream_line<kQ3KBytes>(wb + (Q == 0 ? q3k_x_at(g) : q3k_y_at(g)));
+      else if constexpr (Q == 1) stream_line<kQ3KBytes>(wb + q3k_z_at(g));
+    }
+    // a sub-block's sums fit int16 (16 inputs x 7 x 127): VPMADDWD, not VPMULLD
+    static I scaled(typename S::Sub acc, typename S::SubScale sc) { return S::sub_scaled16(acc, sc); }
+  };
+
+  template <class Fmt, int Q = 0>
+  static void unpack_quarters(const uint8_t* wb, Unpacked& u) {
+    for (int g = 0; g < 8; ++g) Fmt::template operands<Q>(wb, g, u.w[2 * (8 * Q + g)], u.w[2 * (8 * Q + g) + 1]);
+    if constexpr (Q < 3) unpack_quarters<Fmt, Q + 1>(wb, u);
+  }
+
+  // Quarter Q of a super-block for R rows, its sums added into isum. A function of its own, not inlined: with a
+  // whole super-block's 32 groups in one body GCC held the 24 scale vectors in registers and spilled the rows'
+  // sums around every VPDPBUSD (a 6-row Q3_K tile ran at 1.97x one row's time; Q6_K's moved 475 vectors through
+  // the stack a tile); a quarter is Q4_K's loop body's size.
+  template <int R, bool Stored, class Fmt, int Q>
+  __attribute__((noinline)) static void quarter(const LinearArgs& a, const uint8_t* wb, const Unpacked* u,
+                                                const typename S::SubScale* ss, int sb, int64_t r0, I* isum) {
     const int ns = (a.in + kSuper - 1) / kSuper;
     const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
-    // groups one Sub holds exactly (a lane's pair sums at most 2 * 7 * 128 each), at most a sub-block's 4
-    constexpr int kFit = S::kSubSum / (2 * 7 * 128), kG = kFit < 4 ? kFit : 4;
+    // groups one Sub holds exactly (a lane's pair sums at most 2 * kMax * 128 each), at most a sub-block's 4
+    constexpr int kFit = S::kSubSum / (2 * Fmt::kMax * 128), kG = kFit < 4 ? kFit : 4;
     static_assert(kG >= 1 && 4 % kG == 0);
     I sum[R];
     for (int r = 0; r < R; ++r) sum[r] = isum[r];
 #pragma GCC unroll 2
     for (int gg = 0; gg < 2; ++gg) {
-      const int sub = 8 * N + 2 * JP + gg;  // j = JP; j = JP + 1 is sub + 2
+      const int sub = Fmt::sub0(Q) + gg;
 #pragma GCC unroll 4
       for (int g0 = 4 * gg; g0 < 4 * gg + 4; g0 += kG) {
         typename S::Sub lo[R], hi[R];
@@ -394,27 +381,31 @@ struct KQuants {
 #pragma GCC unroll 4
         for (int g = g0; g < g0 + kG; ++g) {
           U8 wl, wh;
-          const int at = 2 * (8 * (2 * N + JP / 2) + g);
-          if constexpr (Stored) wl = u->w[at], wh = u->w[at + 1];
+          if constexpr (Stored) wl = u->w[2 * (8 * Q + g)], wh = u->w[2 * (8 * Q + g) + 1];
           else {
-            // each of the 24 lines asked for once, at its first use: X, then Z, then Y (their order in memory)
-            if constexpr (JP == 0) stream_line<kQ3KBytes>(wb + (N == 0 ? q3k_x_at(g) : q3k_y_at(g)));
-            else if constexpr (N == 0) stream_line<kQ3KBytes>(wb + q3k_z_at(g));
-            q3k_operands<N, JP>(wb, g, wl, wh);
+            Fmt::template stream<Q>(wb, g);
+            Fmt::template operands<Q>(wb, g, wl, wh);
           }
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
-            const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + 128 * N + 32 * JP + 4 * g;
+            const int8_t* xr = a.qx + (r0 + r) * ldq + sb * kSuper + Fmt::x0(Q) + 4 * g;
             lo[r] = S::sub_dot(lo[r], wl, x4(xr));
-            hi[r] = S::sub_dot(hi[r], wh, x4(xr + 32));
+            hi[r] = S::sub_dot(hi[r], wh, x4(xr + Fmt::kXHi));
           }
         }
         for (int r = 0; r < R; ++r)
-          sum[r] = S::i32_add(sum[r],
-                              S::i32_add(S::sub_scaled16(lo[r], ss[sub]), S::sub_scaled16(hi[r], ss[sub + 2])));
+          sum[r] = S::i32_add(sum[r], S::i32_add(Fmt::scaled(lo[r], ss[sub]), Fmt::scaled(hi[r], ss[sub + Fmt::kHiSub])));
       }
     }
     for (int r = 0; r < R; ++r) isum[r] = sum[r];
+  }
+  template <int R, bool Stored, class Fmt>
+  static void quarters(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, const typename S::SubScale* ss,
+                       int sb, int64_t r0, I* isum) {
+    quarter<R, Stored, Fmt, 0>(a, wb, u, ss, sb, r0, isum);
+    quarter<R, Stored, Fmt, 1>(a, wb, u, ss, sb, r0, isum);
+    quarter<R, Stored, Fmt, 2>(a, wb, u, ss, sb, r0, isum);
+    quarter<R, Stored, Fmt, 3>(a, wb, u, ss, sb, r0, isum);
   }
 
   template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
@@ -427,10 +418,7 @@ struct KQuants {
     const I* op = Stored ? u->mn : opd;
     I isum[R];
     for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
-    q3k_quarter<R, Stored, 0, 0>(a, wb, u, ss, sb, r0, isum);
-    q3k_quarter<R, Stored, 0, 2>(a, wb, u, ss, sb, r0, isum);
-    q3k_quarter<R, Stored, 1, 0>(a, wb, u, ss, sb, r0, isum);
-    q3k_quarter<R, Stored, 1, 2>(a, wb, u, ss, sb, r0, isum);
+    quarters<R, Stored, Q3>(a, wb, u, ss, sb, r0, isum);
     const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ3D));
     for (int r = 0; r < R; ++r) {
       // the quants' +4 out through the activations' sums: isum -= 4 sum_s sc_s xsum_s (|xsum_s| <= 2032)
