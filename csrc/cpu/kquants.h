@@ -357,13 +357,10 @@ struct KQuants {
     if constexpr (Q < 3) unpack_quarters<Fmt, Q + 1>(wb, u);
   }
 
-  // Quarter Q of a super-block for R rows, its sums added into isum. A function of its own, not inlined: with a
-  // whole super-block's 32 groups in one body GCC held the 24 scale vectors in registers and spilled the rows'
-  // sums around every VPDPBUSD (a 6-row Q3_K tile ran at 1.97x one row's time; Q6_K's moved 475 vectors through
-  // the stack a tile); a quarter is Q4_K's loop body's size.
+  // Quarter Q of a super-block for R rows, its sums added into isum.
   template <int R, bool Stored, class Fmt, int Q>
-  __attribute__((noinline)) static void quarter(const LinearArgs& a, const uint8_t* wb, const Unpacked* u,
-                                                const typename S::SubScale* ss, int sb, int64_t r0, I* isum) {
+  __attribute__((always_inline)) static void quarter(const LinearArgs& a, const uint8_t* wb, const Unpacked* u,
+                                                     const typename S::SubScale* ss, int sb, int64_t r0, I* isum) {
     const int ns = (a.in + kSuper - 1) / kSuper;
     const int64_t ldq = static_cast<int64_t>(ns) * kSuper;
     // groups one Sub holds exactly (a lane's pair sums at most 2 * kMax * 128 each), at most a sub-block's 4
@@ -399,13 +396,22 @@ struct KQuants {
     }
     for (int r = 0; r < R; ++r) isum[r] = sum[r];
   }
-  template <int R, bool Stored, class Fmt>
+  // A pass of more than 2 rows runs each quarter as a function of its own: with a whole super-block's 32 groups in
+  // one body GCC held the 24 scale vectors in registers and spilled the rows' sums around every VPDPBUSD (a 6-row
+  // Q3_K tile ran at 1.97x one row's time; Q6_K's moved 475 vectors through the stack a tile), and a quarter is
+  // Q4_K's loop body's size. One or two rows leave registers to spare, and there one body streamed Q6_K from
+  // DRAM 1.24x quicker than four calls (kernels_ab, 8 rounds).
+  template <int R, bool Stored, class Fmt, int Q>
+  __attribute__((noinline)) static void quarter_call(const LinearArgs& a, const uint8_t* wb, const Unpacked* u,
+                                                     const typename S::SubScale* ss, int sb, int64_t r0, I* isum) {
+    quarter<R, Stored, Fmt, Q>(a, wb, u, ss, sb, r0, isum);
+  }
+  template <int R, bool Stored, class Fmt, int Q = 0>
   static void quarters(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, const typename S::SubScale* ss,
                        int sb, int64_t r0, I* isum) {
-    quarter<R, Stored, Fmt, 0>(a, wb, u, ss, sb, r0, isum);
-    quarter<R, Stored, Fmt, 1>(a, wb, u, ss, sb, r0, isum);
-    quarter<R, Stored, Fmt, 2>(a, wb, u, ss, sb, r0, isum);
-    quarter<R, Stored, Fmt, 3>(a, wb, u, ss, sb, r0, isum);
+    if constexpr (R <= 2) quarter<R, Stored, Fmt, Q>(a, wb, u, ss, sb, r0, isum);
+    else quarter_call<R, Stored, Fmt, Q>(a, wb, u, ss, sb, r0, isum);
+    if constexpr (Q < 3) quarters<R, Stored, Fmt, Q + 1>(a, wb, u, ss, sb, r0, isum);
   }
 
   template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
