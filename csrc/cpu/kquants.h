@@ -233,11 +233,6 @@ struct KQuants {
                   S::u8_and(S::u8_shr(z, 2), 48));
   }
 
-  static void q6k_unpack(const uint8_t* wb, Unpacked& u) {
-    scales_q6k(wb + kQ6Scales, u.sc, u.mn);
-    unpack_quarters<Q6>(wb, u);
-  }
-
   // Q6_K's 16 int8 scales of 16 rows (sub-block s at p[16s + j]) as S::sub_scaled takes them, and as int16
   // pairs (sub-blocks 2t, 2t + 1) for the offset's sum: the same byte-level path as scales_q4k, sign-extended.
   static void scales_q6k(const uint8_t* p, typename S::SubScale* ss, I* pairs) {
@@ -245,31 +240,6 @@ struct KQuants {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * t));
       S::template sub_scales<true>(v, ss[2 * t], ss[2 * t + 1]);
       pairs[t] = S::template min_pairs<true>(v);
-    }
-  }
-
-  template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
-  static void q6k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
-    const int ns = (a.in + kSuper - 1) / kSuper;
-    typename S::SubScale ssd[16];
-    I opd[8];
-    if constexpr (!Stored) scales_q6k(wb + kQ6Scales, ssd, opd);
-    const typename S::SubScale* ss = Stored ? u->sc : ssd;
-    const I* op = Stored ? u->mn : opd;
-    I isum[R];
-    for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
-    quarters<R, Stored, Q6>(a, wb, u, ss, sb, r0, isum);
-    const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ6D));
-    for (int r = 0; r < R; ++r) {
-      // the quants' +32 out through the activations' sums: isum -= 32 sum_s sc_s xsum_s (|xsum_s| <= 2032)
-      const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
-      I off = S::i32_zero();
-      for (int t = 0; t < 8; ++t) {
-        const uint32_t lo16 = static_cast<uint16_t>(xs[2 * t]), hi16 = static_cast<uint16_t>(xs[2 * t + 1]);
-        off = S::min_dot(off, op[t], static_cast<int32_t>(lo16 | (hi16 << 16)));
-      }
-      isum[r] = S::i32_sub(isum[r], S::i32_shl(off, 5));
-      y[r] = S::fma(S::to_float(isum[r]), S::mul(d, S::set1(a.dx[(r0 + r) * ns + sb])), y[r]);
     }
   }
 
@@ -311,16 +281,13 @@ struct KQuants {
     }
   }
 
-  static void q3k_unpack(const uint8_t* wb, Unpacked& u) {
-    scales_q3k(wb + kQ3Scales, u.sc, u.mn);
-    unpack_quarters<Q3>(wb, u);
-  }
-
   // Q6_K and Q3_K, whose sub-blocks are 16 inputs, as quarter() reads them: a quarter q (0..3) of a super-block is
   // 8 groups g of 4 inputs of 16 rows, each giving two operands (Unpacked.w[2 (8q + g)] and the next): the low one
   // of sub-block sub0(q) + (g >= 4) at inputs x0(q) + 4g, the high one of that + kHiSub at x0(q) + kXHi + 4g.
   struct Q6 {  // q = 2h + ab: half h, k = ab (low) and ab + 2 (high)
-    static constexpr int kMax = 63, kHiSub = 4, kXHi = 64;
+    static constexpr int kMax = 63, kHiSub = 4, kXHi = 64, kD = kQ6D, kShift = 5;
+    static void scales(const uint8_t* wb, typename S::SubScale* ss, I* pairs) { scales_q6k(wb + kQ6Scales, ss, pairs); }
+    static constexpr int pair(int t, int k) { return 2 * t + k; }  // scales_q6k's pairs: sub-blocks 2t, 2t + 1
     static constexpr int sub0(int q) { return 8 * (q / 2) + 2 * (q % 2); }
     static constexpr int x0(int q) { return 128 * (q / 2) + 32 * (q % 2); }
     template <int Q>
@@ -337,7 +304,9 @@ struct KQuants {
     static I scaled(typename S::Sub acc, typename S::SubScale sc) { return S::sub_scaled(acc, sc); }
   };
   struct Q3 {  // q = 2n + jp / 2: half n, j = jp (low) and jp + 1 (high)
-    static constexpr int kMax = 7, kHiSub = 2, kXHi = 32;
+    static constexpr int kMax = 7, kHiSub = 2, kXHi = 32, kD = kQ3D, kShift = 2;
+    static void scales(const uint8_t* wb, typename S::SubScale* ss, I* pairs) { scales_q3k(wb + kQ3Scales, ss, pairs); }
+    static constexpr int pair(int t, int k) { return t + 8 * k; }  // scales_q3k's pairs: sub-blocks t, t + 8
     static constexpr int sub0(int q) { return 8 * (q / 2) + 4 * (q % 2); }
     static constexpr int x0(int q) { return 128 * (q / 2) + 64 * (q % 2); }
     template <int Q>
@@ -391,7 +360,8 @@ struct KQuants {
           }
         }
         for (int r = 0; r < R; ++r)
-          sum[r] = S::i32_add(sum[r], S::i32_add(Fmt::scaled(lo[r], ss[sub]), Fmt::scaled(hi[r], ss[sub + Fmt::kHiSub])));
+          sum[r] = S::i32_add(sum[r],
+                              S::i32_add(Fmt::scaled(lo[r], ss[sub]), Fmt::scaled(hi[r], ss[sub + Fmt::kHiSub])));
       }
     }
     for (int r = 0; r < R; ++r) isum[r] = sum[r];
@@ -414,27 +384,36 @@ struct KQuants {
     if constexpr (Q < 3) quarters<R, Stored, Fmt, Q + 1>(a, wb, u, ss, sb, r0, isum);
   }
 
-  template <int R, bool High, bool Stored>  // High: unused (one signature for every K-quant)
-  static void q3k_rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
+  // A super-block of a 16-input-sub-block format: its scales and operands unpacked (Stored), or R of its rows
+  // folded into y: the four quarters' sums, then the quants' offset (Q6_K's 32, Q3_K's 4: 2^kShift) out through
+  // the activations' sums, isum -= offset sum_s sc_s xsum_s (|xsum_s| <= 2032), the scales paired as Fmt::scales
+  // pairs them.
+  template <class Fmt>
+  static void unpack16(const uint8_t* wb, Unpacked& u) {
+    Fmt::scales(wb, u.sc, u.mn);
+    unpack_quarters<Fmt>(wb, u);
+  }
+  template <int R, bool Stored, class Fmt>
+  static void rows16(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
     const int ns = (a.in + kSuper - 1) / kSuper;
     typename S::SubScale ssd[16];
     I opd[8];
-    if constexpr (!Stored) scales_q3k(wb + kQ3Scales, ssd, opd);
+    if constexpr (!Stored) Fmt::scales(wb, ssd, opd);
     const typename S::SubScale* ss = Stored ? u->sc : ssd;
     const I* op = Stored ? u->mn : opd;
     I isum[R];
     for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
-    quarters<R, Stored, Q3>(a, wb, u, ss, sb, r0, isum);
-    const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + kQ3D));
+    quarters<R, Stored, Fmt>(a, wb, u, ss, sb, r0, isum);
+    const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + Fmt::kD));
     for (int r = 0; r < R; ++r) {
-      // the quants' +4 out through the activations' sums: isum -= 4 sum_s sc_s xsum_s (|xsum_s| <= 2032)
       const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
       I off = S::i32_zero();
-      for (int s = 0; s < 8; ++s) {
-        const uint32_t lo16 = static_cast<uint16_t>(xs[s]), hi16 = static_cast<uint16_t>(xs[s + 8]);
-        off = S::min_dot(off, op[s], static_cast<int32_t>(lo16 | (hi16 << 16)));
+      for (int t = 0; t < 8; ++t) {
+        const uint32_t lo16 = static_cast<uint16_t>(xs[Fmt::pair(t, 0)]);
+        const uint32_t hi16 = static_cast<uint16_t>(xs[Fmt::pair(t, 1)]);
+        off = S::min_dot(off, op[t], static_cast<int32_t>(lo16 | (hi16 << 16)));
       }
-      isum[r] = S::i32_sub(isum[r], S::i32_shl(off, 2));
+      isum[r] = S::i32_sub(isum[r], S::i32_shl(off, Fmt::kShift));
       y[r] = S::fma(S::to_float(isum[r]), S::mul(d, S::set1(a.dx[(r0 + r) * ns + sb])), y[r]);
     }
   }
@@ -442,14 +421,14 @@ struct KQuants {
   // One format's unpack and rows (Bits: 3, 4, 5 or 6).
   template <int Bits>
   static void unpack(const uint8_t* wb, Unpacked& u) {
-    if constexpr (Bits == 3) q3k_unpack(wb, u);
-    else if constexpr (Bits == 6) q6k_unpack(wb, u);
+    if constexpr (Bits == 3) unpack16<Q3>(wb, u);
+    else if constexpr (Bits == 6) unpack16<Q6>(wb, u);
     else q45k_unpack<Bits == 5>(wb, u);
   }
   template <int Bits, int R, bool Stored>
   static void rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
-    if constexpr (Bits == 3) q3k_rows<R, false, Stored>(a, wb, u, sb, r0, y);
-    else if constexpr (Bits == 6) q6k_rows<R, false, Stored>(a, wb, u, sb, r0, y);
+    if constexpr (Bits == 3) rows16<R, Stored, Q3>(a, wb, u, sb, r0, y);
+    else if constexpr (Bits == 6) rows16<R, Stored, Q6>(a, wb, u, sb, r0, y);
     else q45k_rows<R, Bits == 5, Stored>(a, wb, u, sb, r0, y);
   }
   static constexpr int bytes(int bits) {
