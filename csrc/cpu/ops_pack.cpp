@@ -79,9 +79,10 @@ void interleave_panels(at::Tensor& into, const at::Tensor& raw,
 }
 
 namespace {
-// K-quant panels [..., nb, Bytes] whose super-blocks a kernel reads rearranged (place_q6_k, place_q3_k): each one
-// rewritten by place(super-block, into) into a buffer, then copied back, the super-blocks split across threads.
-template <int64_t Bytes, class Place>
+// K-quant panels [..., nb, Bytes] whose super-blocks a kernel reads rearranged (place_q6_k, place_q3_k): in each,
+// the file's last Head bytes (the scales and d) move to the front and place(super-block, into) writes the quant
+// lines after them, into a buffer then copied back; the super-blocks split across threads.
+template <int64_t Bytes, int64_t Head, class Place>
 void place_super_blocks(at::Tensor& w, const char* what, Place place) {
   check_cpu(w, "w");
   check_dtype(w, "w", at::kByte);
@@ -93,10 +94,28 @@ void place_super_blocks(at::Tensor& w, const char* what, Place place) {
     alignas(64) uint8_t placed[Bytes];
     for (int64_t blk = begin; blk < end; ++blk) {
       uint8_t* sb = base + blk * Bytes;
+      std::memcpy(placed, sb + Bytes - Head, Head);
       place(sb, placed);
       std::memcpy(sb, placed, Bytes);
     }
   });
+}
+
+// Three 64-byte lines (4 bytes of each of 16 rows) rewritten word by word into three others: move(a, b, c, x, y, z)
+// makes a row's words x, y, z from its words a, b, c.
+template <class Move>
+void move_lines(const uint8_t* la, const uint8_t* lb, const uint8_t* lc, uint8_t* lx, uint8_t* ly, uint8_t* lz,
+                Move move) {
+  for (int i = 0; i < 64; i += 4) {
+    uint32_t a, b, c, x, y, z;
+    std::memcpy(&a, la + i, 4);
+    std::memcpy(&b, lb + i, 4);
+    std::memcpy(&c, lc + i, 4);
+    move(a, b, c, x, y, z);
+    std::memcpy(lx + i, &x, 4);
+    std::memcpy(ly + i, &y, 4);
+    std::memcpy(lz + i, &z, 4);
+  }
 }
 }  // namespace
 
@@ -105,67 +124,43 @@ void place_q6_k(at::Tensor& w) {
   // k_quants.py place_q6_k's moves on each 4-byte word (4 bytes of a row): for the half h and group g of a
   // super-block, the file's A line 16h + g, B line 16h + 8 + g and qh line 32 + 8h + g (64-byte lines) become
   // the X, Y and Z lines at kernels.h's q6k_x_at, q6k_y_at and q6k_z_at, after the scales and d, moved to the front
-  // (interleave_panels leaves ql 2048, qh 1024, scales 256, d 32)
-  constexpr int64_t kFileScales = 48 * 64;  // where the file's order has them: after the quants
+  // (interleave_panels leaves ql 2048, qh 1024, scales 256, d 32: the file's last 288 bytes)
   static_assert(kQ6Scales == 0 && kQ6D == kQ6Scales + 256 && kQ6Quants == kQ6D + 32 &&
-                kFileScales + kQ6Quants == kQ6KBytes);
-  place_super_blocks<kQ6KBytes>(w, "Q6_K", [](const uint8_t* sb, uint8_t* placed) {
-    constexpr uint32_t f0 = 0x0F0F0F0Fu, f3 = 0x30303030u, c0 = 0xC0C0C0C0u, t0 = 0xF0F0F0F0u;
-    std::memcpy(placed + kQ6Scales, sb + kFileScales, kQ6Quants);  // the scales, then d: the file's last 288 bytes
-    for (int h = 0; h < 2; ++h) {
-      for (int g = 0; g < 8; ++g) {
-        const uint8_t* la = sb + 64 * (16 * h + g);
-        const uint8_t* lb = sb + 64 * (16 * h + 8 + g);
-        const uint8_t* lh = sb + 64 * (32 + 8 * h + g);
-        for (int i = 0; i < 64; i += 4) {
-          uint32_t a, b, q;
-          std::memcpy(&a, la + i, 4);
-          std::memcpy(&b, lb + i, 4);
-          std::memcpy(&q, lh + i, 4);
-          const uint32_t x = (a & f0) | ((q << 4) & f3) | ((b << 2) & c0);
-          const uint32_t y = (b & f0) | ((q << 2) & f3) | (b & c0);
-          const uint32_t z = ((a >> 4) & f0) | (q & t0);
-          std::memcpy(placed + q6k_x_at(h, g) + i, &x, 4);
-          std::memcpy(placed + q6k_y_at(h, g) + i, &y, 4);
-          std::memcpy(placed + q6k_z_at(h, g) + i, &z, 4);
-        }
-      }
-    }
+                48 * 64 + kQ6Quants == kQ6KBytes);
+  place_super_blocks<kQ6KBytes, kQ6Quants>(w, "Q6_K", [](const uint8_t* sb, uint8_t* placed) {
+    for (int h = 0; h < 2; ++h)
+      for (int g = 0; g < 8; ++g)
+        move_lines(sb + 64 * (16 * h + g), sb + 64 * (16 * h + 8 + g), sb + 64 * (32 + 8 * h + g),
+                   placed + q6k_x_at(h, g), placed + q6k_y_at(h, g), placed + q6k_z_at(h, g),
+                   [](uint32_t a, uint32_t b, uint32_t q, uint32_t& x, uint32_t& y, uint32_t& z) {
+                     constexpr uint32_t f0 = 0x0F0F0F0Fu, f3 = 0x30303030u, c0 = 0xC0C0C0C0u, t0 = 0xF0F0F0F0u;
+                     x = (a & f0) | ((q << 4) & f3) | ((b << 2) & c0);
+                     y = (b & f0) | ((q << 2) & f3) | (b & c0);
+                     z = ((a >> 4) & f0) | (q & t0);
+                   });
   });
 }
 
 void place_q3_k(at::Tensor& w) {
   RECORD_FUNCTION("decodescope::place_q3_k", std::vector<c10::IValue>({w}));
   // k_quants.py place_q3_k's moves on each 4-byte word (4 bytes of a row): group g's hmask line g and qs lines g
-  // (half 0) and 8 + g (half 1) become its X, Z and Y lines (kernels.h), after the scales and d, moved to the front
-  // (interleave_panels leaves hmask 512, qs 1024, scales 192, d 32)
-  constexpr int64_t kFileScales = 24 * 64;  // where the file's order has them: after the quants
+  // (half 0) and 8 + g (half 1) become its X, Y and Z lines (kernels.h q3k_x_at, ...), after the scales and d,
+  // moved to the front (interleave_panels leaves hmask 512, qs 1024, scales 192, d 32: the file's last 224 bytes)
   static_assert(kQ3Scales == 0 && kQ3D == kQ3Scales + 192 && kQ3Quants == kQ3D + 32 &&
-                kFileScales + kQ3Quants == kQ3KBytes);
-  place_super_blocks<kQ3KBytes>(w, "Q3_K", [](const uint8_t* sb, uint8_t* placed) {
-    constexpr uint32_t m3 = 0x03030303u, m1 = 0x01010101u;
-    std::memcpy(placed + kQ3Scales, sb + kFileScales, kQ3Quants);  // the scales, then d: the file's last 224 bytes
-    for (int g = 0; g < 8; ++g) {
-      const uint8_t* lh = sb + 64 * g;
-      const uint8_t* l0 = sb + 512 + 64 * g;
-      const uint8_t* l1 = sb + 512 + 64 * (8 + g);
-      for (int i = 0; i < 64; i += 4) {
-        uint32_t h, a, b;
-        std::memcpy(&h, lh + i, 4);
-        std::memcpy(&a, l0 + i, 4);
-        std::memcpy(&b, l1 + i, 4);
-        // q(n, j) of each byte, 0..7: bits 2j, 2j + 1 of qs line n, bit 4n + j of the hmask line as bit 2
-        const auto q = [h](uint32_t qs, int n, int j) {
-          return ((qs >> 2 * j) & m3) | (((h >> (4 * n + j)) & m1) << 2);
-        };
-        const uint32_t x = q(a, 0, 0) | q(a, 0, 1) << 3 | (q(a, 0, 2) & m3) << 6;
-        const uint32_t y = q(b, 1, 0) | q(b, 1, 1) << 3 | (q(b, 1, 2) & m3) << 6;
-        const uint32_t z = q(a, 0, 3) | q(b, 1, 3) << 3 | ((q(a, 0, 2) >> 2) & m1) << 6 | ((q(b, 1, 2) >> 2) & m1) << 7;
-        std::memcpy(placed + q3k_x_at(g) + i, &x, 4);
-        std::memcpy(placed + q3k_y_at(g) + i, &y, 4);
-        std::memcpy(placed + q3k_z_at(g) + i, &z, 4);
-      }
-    }
+                24 * 64 + kQ3Quants == kQ3KBytes);
+  place_super_blocks<kQ3KBytes, kQ3Quants>(w, "Q3_K", [](const uint8_t* sb, uint8_t* placed) {
+    for (int g = 0; g < 8; ++g)
+      move_lines(sb + 64 * g, sb + 512 + 64 * g, sb + 512 + 64 * (8 + g), placed + q3k_x_at(g), placed + q3k_y_at(g),
+                 placed + q3k_z_at(g), [](uint32_t h, uint32_t a, uint32_t b, uint32_t& x, uint32_t& y, uint32_t& z) {
+                   constexpr uint32_t m3 = 0x03030303u, m1 = 0x01010101u;
+                   // q(n, j) of each byte, 0..7: bits 2j, 2j + 1 of qs line n, bit 4n + j of the hmask line as bit 2
+                   const auto q = [h](uint32_t qs, int n, int j) {
+                     return ((qs >> 2 * j) & m3) | (((h >> (4 * n + j)) & m1) << 2);
+                   };
+                   x = q(a, 0, 0) | q(a, 0, 1) << 3 | (q(a, 0, 2) & m3) << 6;
+                   y = q(b, 1, 0) | q(b, 1, 1) << 3 | (q(b, 1, 2) & m3) << 6;
+                   z = q(a, 0, 3) | q(b, 1, 3) << 3 | ((q(a, 0, 2) >> 2) & m1) << 6 | ((q(b, 1, 2) >> 2) & m1) << 7;
+                 });
   });
 }
 
