@@ -354,8 +354,9 @@ def q6_k_to_gguf(b: Blocks) -> torch.Tensor:
     return torch.cat((ql, qh, sc, gguf_bytes.f16_bytes(b.d)), -1).reshape(out, -1)
 
 
+PAIRS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)  # the shifts of a byte's four 2-bit fields
 Q3_K_HIGH = torch.arange(8, dtype=torch.uint8).view(2, 4, 1)  # input 128n + 32j + l: hmask[l]'s bit 4n + j
-Q3_K_LOW = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)  # and bits 2j, 2j + 1 of qs[32n + l]
+Q3_K_LOW = PAIRS.view(4, 1)  # and bits 2j, 2j + 1 of qs[32n + l]
 
 
 def q3_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
@@ -371,7 +372,7 @@ def q3_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
     q = (low.to(torch.int8) - 4 * (1 - high.to(torch.int8))).reshape(out, -1)
     s = b[..., 96:108]
     nib = torch.cat((s[..., :8] & 0xF, s[..., :8] >> 4), -1)  # [out, ns, 16]
-    top = (s[..., 8:12, None] >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)) & 3  # [out, ns, s % 4, s // 4]
+    top = (s[..., 8:12, None] >> PAIRS) & 3  # [out, ns, s % 4, s // 4]
     sc = (nib | (top.transpose(-1, -2).reshape(*nib.shape) << 4)).to(torch.int8) - 32
     return Blocks("q3_k", out, n_in, q, gguf_bytes.f16(b, 108), None, sc.reshape(out, -1))
 
@@ -383,7 +384,7 @@ def q3_k_to_gguf(b: Blocks) -> torch.Tensor:
     hm = ((u >> 2) << Q3_K_HIGH).reshape(out, -1, 8, 32).sum(-2, dtype=torch.uint8)
     v = (b.sc.to(torch.int16) + 32).to(torch.uint8).view(out, -1, 16)
     nib = (v[..., :8] & 0xF) | ((v[..., 8:] & 0xF) << 4)
-    top = ((v >> 4).view(out, -1, 4, 4).transpose(-1, -2) << torch.tensor([0, 2, 4, 6], dtype=torch.uint8))
+    top = (v >> 4).view(out, -1, 4, 4).transpose(-1, -2) << PAIRS
     return torch.cat((hm, qs, nib, top.sum(-1, dtype=torch.uint8), gguf_bytes.f16_bytes(b.d)), -1).reshape(out, -1)
 
 
