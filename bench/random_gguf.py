@@ -81,7 +81,7 @@ def kquant_name(shape: str) -> str:
     return shape if vocab == VOCAB else f"{shape}-{vocab}tok"
 
 
-KQUANT_KINDS = ("Q4_K_M", "Q3_K_M", "Q5_K_M", "Q6_K")  # llama-quantize's mixes of the types we read natively
+KQUANT_KINDS = ("Q4_K_M", "Q3_K_M", "Q2_K", "Q5_K_M", "Q6_K")  # llama-quantize's mixes of the types we read natively
 
 
 def kquant_file(shape: str, folder: Path, kind: str = "Q4_K_M", cache_dir=None, progress: Progress = print) -> Path:

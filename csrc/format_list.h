@@ -28,7 +28,8 @@
   X(q6_k, 6.5625, 256, yes, kQ6K, q8_k, no)          \
   X(q4_0, 4.5, 32, yes, kQ4_0, int8, no)             \
   X(q5_0, 5.5, 32, yes, kQ5_0, int8, no)            \
-  X(q3_k, 3.4375, 256, yes, kQ3K, q8_k, no)
+  X(q3_k, 3.4375, 256, yes, kQ3K, q8_k, no)         \
+  X(q2_k, 2.625, 256, yes, kQ2K, q8_k, no)
 
 // The rows a column selects: DECODESCOPE_<column>_<value>(text) is the text where the value selects the row, else
 // nothing. CPU: the CPU kernels run it; CUDA_GEMV: a GEMV of its own (blocks::Format); CUDA: a CUDA kernel reads it.

@@ -32,7 +32,7 @@ def cpu_module():
         pytest.skip("the CPU kernels did not build")
     return module
 
-FORMATS = ["fp32", "fp16", "int8", "q4", "q4_a8", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0"]
+FORMATS = ["fp32", "fp16", "int8", "q4", "q4_a8", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0"]
 SHAPES = {  # head_dim 16 runs attention's generic path; 64 its unrolled one. 352 = 11 blocks, a ragged panel count
     "tiny": dict(),
     "wide": dict(hidden_size=128, intermediate_size=352, num_attention_heads=2, num_key_value_heads=1,

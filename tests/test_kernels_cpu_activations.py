@@ -104,7 +104,7 @@ def test_k_quant_exact_sums(cpu_module, fmt):
     b.sc = torch.randint(-3 if fmt == "q6_k" else 0, 4, b.sc.shape, generator=g).to(b.sc.dtype)
     if b.m is not None:
         b.m = torch.ones_like(b.m)
-        b.mn = torch.randint(0, 64, b.mn.shape, generator=g).to(b.mn.dtype)
+        b.mn = torch.randint(0, 16 if fmt == "q2_k" else 64, b.mn.shape, generator=g).to(b.mn.dtype)  # 4 or 6 bits
     x = torch.randint(-100, 101, (17, n_in), generator=g).float()
     x[:, ::256] = 127 * torch.where(torch.rand(17, n_in // 256, generator=g) < 0.5, -1.0, 1.0)
     want = ref.linear_q8_k(x, b.q, b.d, b.sc, b.m, b.mn)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import weights as W
-from engine.weights import k_quants, panels, q4_0
+from engine.weights import k_placed, k_quants, panels, q4_0
 
 SHAPES = [(1, 32), (15, 100), (16, 64), (17, 576), (769, 100), (40, 1536)]  # (out, in)
 
@@ -67,16 +67,17 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
     """csrc/cpu/kernels.h's K-quant panels, element by element: in a super-block of a panel, output o's byte k of
     a field sits at the field's start + 16 * (unit * (k // unit)) + unit * (o % 16) + k % unit."""
     fields = {  # (start in the panel, unit, start in the file's block, bytes)
+        "q2_k": ((0, 1, 0, 16), (256, 4, 16, 64), (1280, 2, 80, 2), (1312, 2, 82, 2)),  # scales, qs, d, dmin
         "q3_k": ((0, 4, 0, 32), (512, 4, 32, 64), (1536, 1, 96, 12), (1728, 2, 108, 2)),  # hmask, qs, scales, d
         "q4_k": ((0, 2, 0, 2), (32, 2, 2, 2), (64, 1, 4, 12), (256, 4, 16, 128)),  # d, dmin, scales, qs
         "q6_k": ((0, 4, 0, 128), (2048, 4, 128, 64), (3072, 1, 192, 16), (3328, 2, 208, 2)),  # ql, qh, scales, d
     }
     for fmt, spec in fields.items():
         b = blocks(fmt, out, n_in)
-        raw = W.get(fmt).to_gguf(b).view(out, -1, {"q3_k": 110, "q4_k": 144, "q6_k": 210}[fmt])
+        raw = W.get(fmt).to_gguf(b).view(out, -1, {"q2_k": 84, "q3_k": 110, "q4_k": 144, "q6_k": 210}[fmt])
         (w,) = W.to_panels(b)
-        if fmt in k_quants.BITS:  # the file's bytes, with their bits placed for the kernel (checked below): put back
-            w = k_quants.BITS[fmt][1](w)
+        if fmt in k_placed.BITS:  # the file's bytes, with their bits placed for the kernel (checked below): put back
+            w = k_placed.BITS[fmt][1](w)
         assert w.shape == (-(-out // 16), -(-n_in // 256), 16 * raw.shape[-1]) and w.dtype == torch.uint8
         for at, unit, start, n in spec:
             for o, sb, k in [(0, 0, 0), (16, 0, 3), (out - 1, w.shape[1] - 1, 11), (5, 0, 1), (7, 0, 127)]:
@@ -114,6 +115,16 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         v = y if n else x
         q = (v & 7, (v >> 3) & 7, (v >> 6) | ((z >> 6 + n) & 1) << 2, (z >> 3 * n) & 7)[j]
         assert q - 4 == int(q3k.q[o, i]), (o, i)
+    q2k = blocks("q2_k", out, n_in)  # Q2_K as csrc/cpu/kquants.h q2k_operands and scales_q2k read the file's panels
+    (w,) = W.to_panels(q2k)
+    for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230), (2, 72), (9, 200)]:
+        n, j, g, r = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4
+        sb, at = w[o // 16, i // 256], (o % 16) * 4 + r
+        s = int(sb[16 * (i % 256 // 16) + o % 16])  # kernels.h kQ2Scales: sub-block s's byte of row o
+        assert (s & 15, s >> 4) == (int(q2k.sc[o, i // 16]), int(q2k.mn[o, i // 16])), (o, i)
+        assert (int(sb[256 + 64 * (8 * n + g) + at]) >> 2 * j) & 3 == int(q2k.q[o, i]), (o, i)  # q2k_at(n, g)
+        assert sb[1280 + 2 * (o % 16):1282 + 2 * (o % 16)].view(torch.float16) == q2k.d[o, i // 256], (o, i)
+        assert sb[1312 + 2 * (o % 16):1314 + 2 * (o % 16)].view(torch.float16) == q2k.m[o, i // 256], (o, i)
 
 
 GGUF_FIELDS = {**k_quants.FIELDS, **q4_0.FIELDS}  # every format whose panels are its file's bytes interleaved
@@ -209,7 +220,7 @@ def test_rows_of_every_layout_dequantize_the_blocks(fmt):
 @pytest.mark.parametrize("fmt", sorted(GGUF_FIELDS))
 @pytest.mark.parametrize("out", [1, 16, 37, 100])
 def test_native_packing_moves_the_bytes_the_torch_code_moves(fmt, out, monkeypatch):
-    """csrc/cpu/ops_pack.cpp against its torch twins (panels.interleave's copies, k_quants.place_q6_k's and
+    """csrc/cpu/ops_pack.cpp against its torch twins (panels.interleave's copies, k_placed.place_q6_k's and
     place_q3_k's words) on random bytes: whole, padded and partial panels, into a slice of a larger tensor as a
     chunked load writes."""
     if panels.native() is None:
@@ -221,7 +232,7 @@ def test_native_packing_moves_the_bytes_the_torch_code_moves(fmt, out, monkeypat
     big = torch.zeros(-(-out // 16) + 2, 3, 16 * size, dtype=torch.uint8)
     native = panels.interleave(raw, out, fields).clone()
     panels.interleave(raw, out, fields, big[1:-1])
-    place = k_quants.BITS[fmt][0] if fmt in k_quants.BITS else None
+    place = k_placed.BITS[fmt][0] if fmt in k_placed.BITS else None
     placed = place(native.clone()) if place else None
     monkeypatch.setattr(panels, "native", lambda: None)
     twin = panels.interleave(raw, out, fields)
@@ -247,7 +258,7 @@ def test_native_q6_k_rows_are_the_torch_lookups(n_in, monkeypatch):
     quantized = W.pack(blocks("q6_k", 37, n_in), "cpu")
     ids = torch.tensor([0, 36, 17, 17, 16, 5])
     native = [W.rows(p, ids) for p in (random, quantized)]
-    assert k_quants.q6_k_rows(random.tensors[0], ids, n_in) is not None  # the library's path was the one taken
+    assert k_placed.q6_k_rows(random.tensors[0], ids, n_in) is not None  # the library's path was the one taken
     monkeypatch.setattr(panels, "native", lambda: None)
     for got, p in zip(native, (random, quantized), strict=True):
         want = W.rows(p, ids)

@@ -58,6 +58,8 @@ constexpr std::array<PackedTensors, kNumFormats> packed_tensors() {
                    .dims = {kP, kNs, kQ5KBytes}}}}};
   t[kQ6K] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 3360]", .rank = 3,
                    .dims = {kP, kNs, kQ6KBytes}}}}};
+  t[kQ2K] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 1344]", .rank = 3,
+                   .dims = {kP, kNs, kQ2KBytes}}}}};
   t[kQ3K] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, ns, 1760]", .rank = 3,
                    .dims = {kP, kNs, kQ3KBytes}}}}};
   t[kQ4_0] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 288]", .rank = 3,

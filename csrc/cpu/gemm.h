@@ -296,6 +296,7 @@ struct Gemm {
   static void linear_int8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<I8, kRowsI8>(a, p0, p1); }
   static void linear_q8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q8, kRowsQ16>(a, p0, p1); }
   // K-quants: their own loop (kquants.h), which unpacks a super-block once for all the rows of a verify pass
+  static constexpr LinearFn linear_q2k = KQuants<S>::template linear<2>;
   static constexpr LinearFn linear_q3k = KQuants<S>::template linear<3>;
   static constexpr LinearFn linear_q4k = KQuants<S>::template linear<4>;
   static constexpr LinearFn linear_q5k = KQuants<S>::template linear<5>;
@@ -313,6 +314,7 @@ struct Gemm {
     t[kQ8] = linear_q8;
     t[kQ4] = linear_q4;
     t[kQ4A8] = linear_q4_a8;
+    t[kQ2K] = linear_q2k;
     t[kQ3K] = linear_q3k;
     t[kQ4K] = linear_q4k;
     t[kQ5K] = linear_q5k;

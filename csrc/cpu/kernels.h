@@ -52,15 +52,20 @@ constexpr int kQ4BlockBytes = kQ4Nibbles + 2 * 2 * kPanel;  // 320: 5 bits a wei
 // file's block of 16 rows interleaved field by field (engine/weights/panels.py interleave), fields in the file's
 // order: q4_k d[16], dmin[16] fp16, 12 scale bytes x 16, 32 groups of [16 rows][4 quant bytes]; q5_k the same
 // with 8 groups of [16][4] high-bit bytes before the quants. q6_k's file order (32 groups of ql, 16 of qh, 16 int8
-// scales x 16, d[16]) is placed (engine/weights/k_quants.py place_q6_k) as its scales x 16 and d[16] first, then
+// scales x 16, d[16]) is placed (engine/weights/k_placed.py place_q6_k) as its scales x 16 and d[16] first, then
 // its 48 quant lines with their bits regrouped and the lines reordered. q3_k's file order (8 groups of [16 rows]
-// [4 hmask bytes], 16 of [16][4 qs bytes], 12 scale bytes x 16, d[16]) is placed (k_quants.py place_q3_k) as its
+// [4 hmask bytes], 16 of [16][4 qs bytes], 12 scale bytes x 16, d[16]) is placed (k_placed.py place_q3_k) as its
 // scales x 16 and d[16] first, then 24 quant lines, X, Z and Y of each group of 4 inputs: the 8 quants q(n, j)
 // (input 128n + 32j + 4g + r, stored + 4: 0..7) a byte position holds as X = q(0,0) | q(0,1) << 3 | q(0,2)[0:2] << 6,
 // Y = q(1,0) | q(1,1) << 3 | q(1,2)[0:2] << 6, Z = q(0,3) | q(1,3) << 3 | q(0,2)[2] << 6 | q(1,2)[2] << 7.
-// Each the file's own bits per weight.
+// q2_k's panels keep the file's order: 16 scale bytes x 16 (sub-block s's scale in byte s's low nibble, its min in
+// the high one), 16 groups of [16 rows][4 qs bytes], d[16], dmin[16]. Each the file's own bits per weight.
 constexpr int kSuper = 256;
-constexpr int kQ3KBytes = 16 * 110, kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176, kQ6KBytes = 16 * 210;
+constexpr int kQ2KBytes = 16 * 84, kQ3KBytes = 16 * 110, kQ4KBytes = 16 * 144, kQ5KBytes = 16 * 176;
+constexpr int kQ6KBytes = 16 * 210;
+constexpr int kQ2Scales = 0, kQ2Quants = 256, kQ2D = 1280, kQ2DMin = 1312;
+// Where the qs line of half n, group g is: its bytes 4g.. of 16 rows, inputs 128n + 32j + 4g.. (j = 0..3).
+constexpr int q2k_at(int n, int g) { return kQ2Quants + 64 * (8 * n + g); }
 constexpr int kQ3Scales = 0, kQ3D = 192, kQ3Quants = 224;
 // Where the X, Z and Y lines of group g are: in the order the kernel's quarters first read them.
 constexpr int q3k_x_at(int g) { return kQ3Quants + 64 * g; }
@@ -90,7 +95,7 @@ constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;
 // q8: the same weights as int8 against the 16-bit activations (act): a q4 model's LM head.
 // q4_a8: q4's stream against the int8 activations (qx, dx, qoff), as llama.cpp runs Q4_1 on Q8_1's.
 // q4_0, q5_0: w the stream above against the int8 activations (qx, dx, qoff), as llama.cpp runs them on Q8_0's.
-// q3_k, q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xsum [T, ns*16] (the
+// q2_k, q3_k, q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xsum [T, ns*16] (the
 //     sums of every 16 qx) come from quantize_rows_k (llama.cpp's Q8_K).
 struct LinearArgs {
   float* y;

@@ -1,4 +1,4 @@
-// The K-quant GEMMs (GGUF Q3_K, Q4_K, Q5_K, Q6_K) over panels that are the file's blocks of 16 rows interleaved
+// The K-quant GEMMs (GGUF Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) over panels that are the file's blocks of 16 rows interleaved
 // field by field (kernels.h; Q6_K's quant bits regrouped, q6k_group), against llama.cpp's Q8_K activations.
 // Written once over a SIMD vocabulary S and compiled in each ISA's translation unit (gemm.h dispatches to them).
 // Torch-free.
@@ -9,7 +9,7 @@
 // integers (|isum| < 2^31 below), the sub-blocks' small scales and mins applied in int32, and one float fold
 // per super-block remains:
 //
-//   q4_k, q5_k: y += float(isum) fl(d dx) - float(imin) fl(dmin dx),  isum = sum_s sc_s sum_i q_i qx_i,
+//   q2_k, q4_k, q5_k: y += float(isum) fl(d dx) - float(imin) fl(dmin dx),  isum = sum_s sc_s sum_i q_i qx_i,
 //               imin = sum_s mn_s xsum_s (the mins fold in through the activations' sums, no weight touched)
 //   q3_k, q6_k: y += float(isum) fl(d dx),  isum = sum_s sc_s (sum_i (q_i + o) qx_i - o xsum_s), o = 4, 32
 //
@@ -126,12 +126,12 @@ struct KQuants {
   // mins) into int32 lanes: a pass of more rows than a tile holds unpacks each super-block once for all its
   // tiles (Stored), a tile of the rows there are unpacks as it goes (Direct). Both give the tile the same
   // operands, so the same integers. w: Q4_K / Q5_K [pair i][group g][low, high]; Q6_K [h][ab][group g][k = ab, ab + 2];
-  // Q3_K [n][jp / 2][group g][j = jp, jp + 1].
+  // Q2_K, Q3_K [n][jp / 2][group g][j = jp, jp + 1].
   static_assert(std::is_same_v<typename S::SubScale, I>);
   struct Unpacked {
     U8 w[64];
-    I sc[16];  // the sub-blocks' SubScales (S::SubScale is I everywhere): Q4_K / Q5_K 8, Q3_K / Q6_K 16
-    I mn[8];   // Q4_K / Q5_K: the mins as scales_q4k gives them (4); Q3_K / Q6_K: the scales as pairs (8)
+    I sc[16];  // the sub-blocks' SubScales (S::SubScale is I everywhere): Q4_K / Q5_K 8, Q2_K / Q3_K / Q6_K 16
+    I mn[8];   // Q4_K / Q5_K: the mins as scales_q4k gives them (4); Q2_K the mins, Q3_K / Q6_K the scales as pairs (8)
   };
 
   // Where a Q4_K / Q5_K super-block's quant lines start in its panel (after d, dmin, the scales and Q5_K's
@@ -215,7 +215,7 @@ struct KQuants {
 
   // Q6_K. In the file each half h of 128 inputs has 64 ql bytes (A = bytes 0-31, B = 32-63) and 32 qh bytes:
   // inputs 128h + 32k + l take A's low, B's low, A's high, B's high nibble (k = 0..3) of byte l and bits 2k, 2k+1
-  // of qh[l]. The panels hold those bits moved (engine/weights/k_quants.py place_q6_k): for the 4 bytes l = 4g..
+  // of qh[l]. The panels hold those bits moved (engine/weights/k_placed.py place_q6_k): for the 4 bytes l = 4g..
   // of 16 rows, line X (kernels.h q6k_x_at) holds q0 | q3's bits 0-1 << 6, Y q1 | bits 2-3 << 6 and Z q2 |
   // bits 4-5 << 6, q_k the 6-bit quant of input 128h + 32k + l, the lines in the order read here. So a
   // group g of k = ab and ab + 2 is X and Z under one AND each (ab = 0), or Y under one and q3 gathered from the
@@ -281,11 +281,35 @@ struct KQuants {
     }
   }
 
-  // Q6_K and Q3_K, whose sub-blocks are 16 inputs, as quarter() reads them: a quarter q (0..3) of a super-block is
+  // Q2_K, the file's own panels (kernels.h kQ2*): the quants q(n, j) (0..3) of inputs 128n + 32j + 4g.. of 16 rows
+  // are bits 2j, 2j + 1 of the qs line of half n, group g (sub-block 8n + 2j + (g >= 4)): the operands of j = JP,
+  // JP + 1 are two fields of one line.
+  template <int N, int JP>
+  static void q2k_operands(const uint8_t* wb, int g, U8& wl, U8& wh) {
+    const U8 v = S::u8_load(wb + q2k_at(N, g));
+    wl = JP == 0 ? S::u8_and(v, 3) : bit_to(v, 2 * JP, 0, 2);
+    wh = bit_to(v, 2 * JP + 2, 0, 2);
+  }
+
+  // Q2_K's 16 scale bytes of 16 rows (sub-block s at p[16s + j]: its scale in the low nibble, its min in the high
+  // one) as S::sub_scaled16 takes the scales (ss[s]) and as int16 pairs of sub-blocks 2t, 2t + 1 (mins[t]).
+  static void scales_q2k(const uint8_t* p, typename S::SubScale* ss, I* mins) {
+    const __m256i m15 = _mm256_set1_epi8(15);
+    for (int t = 0; t < 8; ++t) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * t));
+      S::sub_scales(_mm256_and_si256(v, m15), ss[2 * t], ss[2 * t + 1]);
+      ss[2 * t] = S::sub_scale16(ss[2 * t]), ss[2 * t + 1] = S::sub_scale16(ss[2 * t + 1]);
+      mins[t] = S::min_pairs(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15));
+    }
+  }
+
+  // Q6_K, Q3_K and Q2_K, whose sub-blocks are 16 inputs, as quarter() reads them: a quarter q (0..3) of a super-block is
   // 8 groups g of 4 inputs of 16 rows, each giving two operands (Unpacked.w[2 (8q + g)] and the next): the low one
   // of sub-block sub0(q) + (g >= 4) at inputs x0(q) + 4g, the high one of that + kHiSub at x0(q) + kXHi + 4g.
+  // Fmt::kMins: the format has mins (Q2_K: scaled by dmin at kDMin), else its quants' offset is 2^kShift.
   struct Q6 {  // q = 2h + ab: half h, k = ab (low) and ab + 2 (high)
     static constexpr int kMax = 63, kHiSub = 4, kXHi = 64, kD = kQ6D, kShift = 5;
+    static constexpr bool kMins = false;
     static void scales(const uint8_t* wb, typename S::SubScale* ss, I* pairs) { scales_q6k(wb + kQ6Scales, ss, pairs); }
     static constexpr int pair(int t, int k) { return 2 * t + k; }  // scales_q6k's pairs: sub-blocks 2t, 2t + 1
     static constexpr int sub0(int q) { return 8 * (q / 2) + 2 * (q % 2); }
@@ -305,6 +329,7 @@ struct KQuants {
   };
   struct Q3 {  // q = 2n + jp / 2: half n, j = jp (low) and jp + 1 (high)
     static constexpr int kMax = 7, kHiSub = 2, kXHi = 32, kD = kQ3D, kShift = 2;
+    static constexpr bool kMins = false;
     static void scales(const uint8_t* wb, typename S::SubScale* ss, I* pairs) { scales_q3k(wb + kQ3Scales, ss, pairs); }
     static constexpr int pair(int t, int k) { return t + 8 * k; }  // scales_q3k's pairs: sub-blocks t, t + 8
     static constexpr int sub0(int q) { return 8 * (q / 2) + 4 * (q % 2); }
@@ -317,6 +342,22 @@ struct KQuants {
       else if constexpr (Q == 1) stream_line<kQ3KBytes>(wb + q3k_z_at(g));
     }
     // a sub-block's sums fit int16 (16 inputs x 7 x 127): VPMADDWD, not VPMULLD
+    static I scaled(typename S::Sub acc, typename S::SubScale sc) { return S::sub_scaled16(acc, sc); }
+  };
+  struct Q2 {  // as Q3: q = 2n + jp / 2, half n, j = jp (low) and jp + 1 (high)
+    static constexpr int kMax = 3, kHiSub = 2, kXHi = 32, kD = kQ2D, kDMin = kQ2DMin;
+    static constexpr bool kMins = true;
+    static void scales(const uint8_t* wb, typename S::SubScale* ss, I* mins) { scales_q2k(wb + kQ2Scales, ss, mins); }
+    static constexpr int pair(int t, int k) { return 2 * t + k; }  // scales_q2k's pairs: sub-blocks 2t, 2t + 1
+    static constexpr int sub0(int q) { return Q3::sub0(q); }
+    static constexpr int x0(int q) { return Q3::x0(q); }
+    template <int Q>
+    static void operands(const uint8_t* wb, int g, U8& wl, U8& wh) { q2k_operands<Q / 2, 2 * (Q % 2)>(wb, g, wl, wh); }
+    template <int Q>
+    static void stream(const uint8_t* wb, int g) {  // each of the 16 lines once, at its first use
+      if constexpr (Q % 2 == 0) stream_line<kQ2KBytes>(wb + q2k_at(Q / 2, g));
+    }
+    // a sub-block's sums fit int16 (16 inputs x 3 x 127)
     static I scaled(typename S::Sub acc, typename S::SubScale sc) { return S::sub_scaled16(acc, sc); }
   };
 
@@ -385,9 +426,9 @@ struct KQuants {
   }
 
   // A super-block of a 16-input-sub-block format: its scales and operands unpacked (Stored), or R of its rows
-  // folded into y: the four quarters' sums, then the quants' offset (Q6_K's 32, Q3_K's 4: 2^kShift) out through
-  // the activations' sums, isum -= offset sum_s sc_s xsum_s (|xsum_s| <= 2032), the scales paired as Fmt::scales
-  // pairs them.
+  // folded into y: the four quarters' sums, then through the activations' sums (|xsum_s| <= 2032) either the mins,
+  // imin = sum_s mn_s xsum_s folded with dmin (Q2_K, as Q4_K), or the quants' offset (Q6_K's 32, Q3_K's 4:
+  // 2^kShift), isum -= offset sum_s sc_s xsum_s; the scales or mins paired as Fmt::scales pairs them.
   template <class Fmt>
   static void unpack16(const uint8_t* wb, Unpacked& u) {
     Fmt::scales(wb, u.sc, u.mn);
@@ -413,32 +454,41 @@ struct KQuants {
         const uint32_t hi16 = static_cast<uint16_t>(xs[Fmt::pair(t, 1)]);
         off = S::min_dot(off, op[t], static_cast<int32_t>(lo16 | (hi16 << 16)));
       }
-      isum[r] = S::i32_sub(isum[r], S::i32_shl(off, Fmt::kShift));
-      y[r] = S::fma(S::to_float(isum[r]), S::mul(d, S::set1(a.dx[(r0 + r) * ns + sb])), y[r]);
+      const F dx = S::set1(a.dx[(r0 + r) * ns + sb]);
+      if constexpr (Fmt::kMins) {
+        const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + Fmt::kDMin));
+        y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
+        y[r] = S::fnma(S::to_float(off), S::mul(dmin, dx), y[r]);
+      } else {
+        isum[r] = S::i32_sub(isum[r], S::i32_shl(off, Fmt::kShift));
+        y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
+      }
     }
   }
 
-  // One format's unpack and rows (Bits: 3, 4, 5 or 6).
+  // One format's unpack and rows (Bits: 2, 3, 4, 5 or 6).
   template <int Bits>
   static void unpack(const uint8_t* wb, Unpacked& u) {
-    if constexpr (Bits == 3) unpack16<Q3>(wb, u);
+    if constexpr (Bits == 2) unpack16<Q2>(wb, u);
+    else if constexpr (Bits == 3) unpack16<Q3>(wb, u);
     else if constexpr (Bits == 6) unpack16<Q6>(wb, u);
     else q45k_unpack<Bits == 5>(wb, u);
   }
   template <int Bits, int R, bool Stored>
   static void rows(const LinearArgs& a, const uint8_t* wb, const Unpacked* u, int sb, int64_t r0, F* y) {
-    if constexpr (Bits == 3) rows16<R, Stored, Q3>(a, wb, u, sb, r0, y);
+    if constexpr (Bits == 2) rows16<R, Stored, Q2>(a, wb, u, sb, r0, y);
+    else if constexpr (Bits == 3) rows16<R, Stored, Q3>(a, wb, u, sb, r0, y);
     else if constexpr (Bits == 6) rows16<R, Stored, Q6>(a, wb, u, sb, r0, y);
     else q45k_rows<R, Bits == 5, Stored>(a, wb, u, sb, r0, y);
   }
   static constexpr int bytes(int bits) {
-    return bits == 3 ? kQ3KBytes : bits == 4 ? kQ4KBytes : bits == 5 ? kQ5KBytes : kQ6KBytes;
+    return bits == 2 ? kQ2KBytes : bits == 3 ? kQ3KBytes : bits == 4 ? kQ4KBytes : bits == 5 ? kQ5KBytes : kQ6KBytes;
   }
   // A super-block's bytes before its quant lines (its scales and d; Q4_K and Q5_K's dmin, Q5_K's high bits, read
   // by every pair), which a tile asks for at the super-block's start; the quant lines are asked for one group at
-  // a time as the rows read them.
+  // a time as the rows read them. Q2_K's d and dmin, the file's last 64 bytes, are its one line after them.
   static constexpr int head_bytes(int bits) {
-    return bits == 3 ? kQ3Quants : bits == 6 ? kQ6Quants : q45k_quants(bits == 5);
+    return bits == 2 ? kQ2Quants : bits == 3 ? kQ3Quants : bits == 6 ? kQ6Quants : q45k_quants(bits == 5);
   }
 
   // A tile of R rows of panel p, unpacking as it goes: a pass of at most kRows rows (a decode step).
@@ -451,6 +501,7 @@ struct KQuants {
     for (int sb = 0; sb < ns; ++sb) {
       const uint8_t* wb = wp + static_cast<int64_t>(sb) * bytes(Bits);
       for (int line = 0; line < head_bytes(Bits); line += 64) stream_line<bytes(Bits)>(wb + line);
+      if constexpr (Bits == 2) stream_line<bytes(Bits)>(wb + kQ2D);
       rows<Bits, R, false>(a, wb, nullptr, sb, r0, y);
     }
     for (int r = 0; r < R; ++r) store_row(a, p, r0 + r, y[r]);

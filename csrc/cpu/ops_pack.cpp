@@ -1,5 +1,5 @@
 // Torch-facing host code that packs a GGUF tensor's bytes into the kernels' panels at load: the same moves as
-// engine/weights/panels.py's interleave and k_quants.py's place_q6_k (their torch forms stay the twins and the
+// engine/weights/panels.py's interleave and k_placed.py's place_q6_k and place_q3_k (their torch forms stay the twins and the
 // path without this module), done a block at a time in cache instead of as strided torch copies of 1-4 byte
 // elements, which made packing most of a warm load (a 1.5B Q4_K_M's: 2.2-2.8 s with them, 1.2-1.6 s with these).
 #include <ATen/record_function.h>
@@ -121,7 +121,7 @@ void move_lines(const uint8_t* la, const uint8_t* lb, const uint8_t* lc, uint8_t
 
 void place_q6_k(at::Tensor& w) {
   RECORD_FUNCTION("decodescope::place_q6_k", std::vector<c10::IValue>({w}));
-  // k_quants.py place_q6_k's moves on each 4-byte word (4 bytes of a row): for the half h and group g of a
+  // k_placed.py place_q6_k's moves on each 4-byte word (4 bytes of a row): for the half h and group g of a
   // super-block, the file's A line 16h + g, B line 16h + 8 + g and qh line 32 + 8h + g (64-byte lines) become
   // the X, Y and Z lines at kernels.h's q6k_x_at, q6k_y_at and q6k_z_at, after the scales and d, moved to the front
   // (interleave_panels leaves ql 2048, qh 1024, scales 256, d 32: the file's last 288 bytes)
@@ -143,7 +143,7 @@ void place_q6_k(at::Tensor& w) {
 
 void place_q3_k(at::Tensor& w) {
   RECORD_FUNCTION("decodescope::place_q3_k", std::vector<c10::IValue>({w}));
-  // k_quants.py place_q3_k's moves on each 4-byte word (4 bytes of a row): group g's hmask line g and qs lines g
+  // k_placed.py place_q3_k's moves on each 4-byte word (4 bytes of a row): group g's hmask line g and qs lines g
   // (half 0) and 8 + g (half 1) become its X, Y and Z lines (kernels.h q3k_x_at, ...), after the scales and d,
   // moved to the front (interleave_panels leaves hmask 512, qs 1024, scales 192, d 32: the file's last 224 bytes)
   static_assert(kQ3Scales == 0 && kQ3D == kQ3Scales + 192 && kQ3Quants == kQ3D + 32 &&

@@ -9,8 +9,9 @@ quantizer, its dequantize twin, its layouts and its record (WeightFormat):
     q4_1.py       q4, q4_a8            GGUF Q4_1 blocks: the default model's own, so lossless for it (q4_a8: the
                                        same blocks against 8-bit activations on a CPU, llama.cpp's recipe)
     q4_0.py       q4_0, q5_0           GGUF Q4_0 / Q5_0 blocks (also held exactly by int8's)
-    k_quants.py   q3_k, q4_k, q5_k,    GGUF K-quant super-blocks of 256
-                  q6_k
+    k_quants.py   q2_k, q3_k, q4_k,    GGUF K-quant super-blocks of 256
+                  q5_k, q6_k
+    k_placed.py                        Q3_K's and Q6_K's panels with their quant bits placed for the CPU kernel
     gguf_bytes.py                      what the formats' GGUF byte codecs share
 
 registry.py lists them by name; everything else (the loader, the ops, the app, the benchmarks) reads the

@@ -1,8 +1,9 @@
-"""q3_k, q4_k, q5_k, q6_k: GGUF's K-quant blocks, the formats most GGUF files ship (Q4_K_M mixes Q4_K and Q6_K,
-Q3_K_M mostly Q3_K with Q4_K, Q5_K and Q6_K).
+"""q2_k, q3_k, q4_k, q5_k, q6_k: GGUF's K-quant blocks, the formats most GGUF files ship (Q4_K_M mixes Q4_K and
+Q6_K, Q3_K_M mostly Q3_K with Q4_K, Q5_K and Q6_K, Q2_K mostly Q2_K with Q3_K, Q4_K and Q6_K).
 
 A super-block covers 256 inputs with one fp16 scale d, split into sub-blocks with small integer scales of their
-own, so a weight costs 3.4375 / 4.5 / 5.5 / 6.5625 bits:
+own, so a weight costs 2.625 / 3.4375 / 4.5 / 5.5 / 6.5625 bits:
+    q2_k        16 sub-blocks of 16: 4-bit sc and mn, fp16 d and dmin; w = d*sc * q - dmin*mn, q in 0..3
     q3_k        16 sub-blocks of 16: 6-bit sc stored + 32; w = d*sc * q, sc in -32..31, q in -4..3
     q4_k, q5_k  8 sub-blocks of 32: 6-bit sc and mn, fp16 d and dmin (Blocks.m); w = d*sc * q - dmin*mn,
                 q in 0..15 (0..31)
@@ -14,19 +15,19 @@ blocks for tests and for weights="q4_k", not llama.cpp's exact choices.
 Layouts: the torch twins read canonical Blocks. The CPU kernels (csrc/cpu/kquants.h) read the file's own bytes,
 16 rows interleaved field by field (panels.interleave): a block's 4-byte groups of quants for 16 outputs make one
 64-byte VNNI operand, its scales for 16 outputs one vector, so packing a file's tensor is a reorder of its bytes
-(pack_gguf) and the panels stream exactly the file's bits per weight (Q6_K's quant bits regrouped within the
-bytes that hold them, as its kernel reads them more cheaply: place_q6_k). Their activations are llama.cpp's Q8_K:
+(pack_gguf) and the panels stream exactly the file's bits per weight. Their activations are llama.cpp's Q8_K:
 int8 per super-block of 256 with one scale and the sums of every 16 (the mins and Q3_K's and Q6_K's offsets of 4
-and 32 fold in through those sums).
+and 32 fold in through those sums). Q3_K's and Q6_K's panels have their quant bits placed for the kernel
+(k_placed.py).
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
 
 from engine.weights import gguf_bytes, panels
+from engine.weights.k_placed import BITS, NATIVE_ROWS
 from engine.weights.format import Blocks, Layout, Packed, WeightFormat
 
 QK = 256  # inputs per super-block
@@ -92,6 +93,42 @@ def quantize_q3_k(w: torch.Tensor) -> Blocks:
     q = torch.round(_ratio(x, (d.float()[..., None] * sc)[..., None])).clamp(-4, 3)
     out = w.shape[0]
     return Blocks("q3_k", out, w.shape[1], q.to(torch.int8).view(out, -1), d, None, sc.to(torch.int8).view(out, -1))
+
+
+Q2_SEARCH = torch.linspace(-0.5, 1.0, 16)  # q2_k: the grids tried per sub-block, (max - min) / (3 + c)
+
+
+def quantize_q2_k(w: torch.Tensor) -> Blocks:
+    """Q2_K after llama.cpp's quantize_row_q2_K_ref (make_qkx2_quants), vectorized: per sub-block of 16 the levels
+    0..3 laid on min(x, 0)..max(x) with 3 + c steps (c in Q2_SEARCH), each grid refitted by least squares for a
+    step and an offset (the offset kept <= 0, as mins are stored negated), the least squared error kept; then the
+    steps and offsets as 4-bit multiples of d and dmin, and the quants rounded on the grid as stored."""
+    x = _pad(w, 16)  # [out, ns, 16, 16]
+    lo, hi = x.amin(-1, keepdim=True).clamp(max=0), x.amax(-1, keepdim=True)
+    span = hi - lo
+    best_step, best_off = span / 3, lo
+    best_err = ((torch.round(_ratio(x - lo, best_step)).clamp(0, 3) * best_step + lo - x) ** 2).sum(-1, keepdim=True)
+    n, sx = x.shape[-1], x.sum(-1, keepdim=True)
+    for c in Q2_SEARCH.tolist():
+        q = torch.round(_ratio(x - lo, span) * (3 + c)).clamp_(0, 3)
+        sq, sqq, sqx = q.sum(-1, keepdim=True), (q * q).sum(-1, keepdim=True), (q * x).sum(-1, keepdim=True)
+        det = n * sqq - sq * sq  # least squares of x ~ step q + off
+        step, off = _ratio(n * sqx - sq * sx, det), _ratio(sqq * sx - sq * sqx, det)
+        above = off > 0  # an offset above 0 cannot be stored: refit the step alone
+        step, off = torch.where(above, _ratio(sqx, sqq), step), torch.where(above, 0.0, off)
+        err = ((step * q + off - x) ** 2).sum(-1, keepdim=True)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_step, best_off = torch.where(better, step, best_step), torch.where(better, off, best_off)
+    step, mins = best_step[..., 0].clamp(min=0), -best_off[..., 0]  # [out, ns, 16]
+    d, dmin = (step.amax(-1) / 15).half(), (mins.amax(-1) / 15).half()
+    sc = torch.round(_ratio(step, d.float()[..., None])).clamp(0, 15)
+    mn = torch.round(_ratio(mins, dmin.float()[..., None])).clamp(0, 15)
+    scale, offset = d.float()[..., None] * sc, dmin.float()[..., None] * mn
+    q = torch.round(_ratio(x + offset[..., None], scale[..., None])).clamp(0, 3)
+    out = w.shape[0]
+    return Blocks("q2_k", out, w.shape[1], q.to(torch.uint8).view(out, -1), d, dmin,
+                  sc.to(torch.uint8).view(out, -1), mn.to(torch.uint8).view(out, -1))
 
 
 def quantize_q6_k(w: torch.Tensor) -> Blocks:
@@ -197,153 +234,6 @@ def q6_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
     return Blocks("q6_k", out, n_in, q, gguf_bytes.f16(b, 208), None, sc)
 
 
-def _bytes4(b: int) -> int:
-    """Byte b in each byte of an int32 (as a signed value torch takes)."""
-    return int.from_bytes(bytes([b]) * 4, "little", signed=True)
-
-
-def _q6_k_lines(w: torch.Tensor):
-    """Q6_K panels [..., ns, 16 * 210] (contiguous) -> for each 16 panels, views (as int32, 4 bytes of a row each)
-    of the lines that hold the quants of a half h and group g (inputs 128h + 32k + 4g + j, k = 0..3, of 16 rows):
-    ql's A and B lines (16h + g, 16h + 8 + g) and qh's (32 + 8h + g), each [16, ns, 2, 8, 16]. 16 panels at a time,
-    so the temporaries made from them stay small (and in cache)."""
-    flat = w.view(math.prod(w.shape[:-2]), *w.shape[-2:])  # (-1 is ambiguous for a tensor of no inputs)
-    for i in range(0, flat.shape[0], 16):
-        ql = flat[i:i + 16, :, :2048].view(torch.int32).unflatten(-1, (2, 2, 8, 16))
-        qh = flat[i:i + 16, :, 2048:3072].view(torch.int32).unflatten(-1, (2, 8, 16))
-        yield ql[..., 0, :, :], ql[..., 1, :, :], qh
-
-
-def _q6_k_order() -> list[int]:
-    """Q6_K's 48 quant lines placed in the order the kernel first reads them (csrc/cpu/kernels.h q6k_x_at,
-    q6k_y_at, q6k_z_at): for half h, group g's X and Z lines side by side, then the half's 8 Y lines. Returns
-    for each placed line the file's line it holds."""
-    order = [0] * 48
-    for h in range(2):
-        for g in range(8):
-            order[24 * h + 2 * g] = 16 * h + g  # X, in the file's A line
-            order[24 * h + 2 * g + 1] = 32 + 8 * h + g  # Z, in its qh line
-            order[24 * h + 16 + g] = 16 * h + 8 + g  # Y, in its B line
-    return order
-
-
-Q6_K_ORDER = _q6_k_order()
-Q6_K_HEAD = 16 * (16 + 2)  # a panel super-block's scales and d: the file's last 288 bytes, placed first
-
-
-def _q6_k_bytes() -> tuple[torch.Tensor, torch.Tensor]:
-    """A placed Q6_K panel super-block's 3360 bytes as indices into its file-ordered bytes: the scales and d first,
-    then the 48 quant lines in Q6_K_ORDER (csrc/cpu/kernels.h kQ6Scales, kQ6D, kQ6Quants). Returns (for each placed
-    byte the file's byte it holds, its inverse)."""
-    lines = torch.tensor(Q6_K_ORDER)[:, None] * 64 + torch.arange(64)
-    place = torch.cat((torch.arange(3072, 3072 + Q6_K_HEAD), lines.reshape(-1)))
-    return place, place.argsort()
-
-
-Q6_K_PLACE, Q6_K_UNPLACE = _q6_k_bytes()
-
-
-def _q6_k_reorder(w: torch.Tensor, index: torch.Tensor) -> None:
-    """Q6_K panels' super-blocks rearranged, in place: byte n of each <- its byte index[n], 16 panels at a time."""
-    flat = w.view(math.prod(w.shape[:-2]), *w.shape[-2:])
-    for i in range(0, flat.shape[0], 16):
-        sb = flat[i:i + 16]
-        sb.copy_(sb[:, :, index])
-
-
-def place_q6_k(w: torch.Tensor) -> torch.Tensor:
-    """Q6_K panels, in place: the same bytes with the bits moved so that the four 6-bit quants q0..q3 a byte
-    position holds (inputs 32k apart: the file's A low, B low, A high, B high nibbles and qh's four pairs) read
-    as X = q0 | q3[0:2] << 6, Y = q1 | q3[2:4] << 6, Z = q2 | q3[4:6] << 6 in the A, B and qh lines, then each
-    super-block put in the order the kernel reads it: the scales and d first, then the lines (Q6_K_ORDER). The
-    kernel (csrc/cpu/kquants.h q6k_group) then takes q0, q1, q2 with one AND each and q3 from the three top pairs,
-    11 instructions for the four where the file's nibbles and pairs took 18, and streams each super-block front to
-    back (csrc/cpu/kernels.h kQ6Quants says what each order measured). Natively where the CPU kernel library is
-    loaded (panels.native), the same moves on each 4-byte word; this torch form is its twin."""
-    if (lib := panels.native()) is not None and w.is_contiguous():
-        lib.place_q6_k(w)
-        return w
-    f0, f3, c0, t0 = (_bytes4(v) for v in (0x0F, 0x30, 0xC0, 0xF0))
-    for a, b, h in _q6_k_lines(w):
-        x = (a & f0) | ((h << 4) & f3) | ((b << 2) & c0)  # q0 (A low, qh 0-1), q3's bits 0-1 (B's bits 4-5)
-        y = (b & f0) | ((h << 2) & f3) | (b & c0)  # q1 (B low, qh 2-3), q3's bits 2-3 (B's bits 6-7)
-        h.copy_(((a >> 4) & f0) | (h & t0))  # q2 (A high, qh 4-5), q3's bits 4-5 (qh 6-7)
-        a.copy_(x), b.copy_(y)
-    _q6_k_reorder(w, Q6_K_PLACE)
-    return w
-
-
-def unplace_q6_k(w: torch.Tensor) -> torch.Tensor:
-    """The inverse of place_q6_k, into a new tensor: the file's ql and qh bytes again."""
-    w = w.clone(memory_format=torch.contiguous_format)  # one copy, contiguous for _q6_k_lines' views
-    _q6_k_reorder(w, Q6_K_UNPLACE)
-    f0, f3, c0, t0, m3, mc = (_bytes4(v) for v in (0x0F, 0x30, 0xC0, 0xF0, 0x03, 0x0C))
-    for x, y, z in _q6_k_lines(w):
-        a = (x & f0) | ((z & f0) << 4)  # q0's and q2's low nibbles
-        b = (y & f0) | ((x >> 2) & f3) | (y & c0)  # q1's low nibble; q3's from X's and Y's top pairs
-        z.copy_(((x >> 4) & m3) | ((y >> 2) & mc) | (z & t0))  # the four high pairs
-        x.copy_(a), y.copy_(b)
-    return w
-
-
-Q3_K_HEAD = 16 * (12 + 2)  # a panel super-block's scales and d: the file's last 224 bytes, placed first
-
-
-def _q3_k_sbs(w: torch.Tensor):
-    """Q3_K panels [..., ns, 16 * 110] (contiguous) -> their super-blocks [n, 1760], 4096 at a time (so the
-    temporaries made from them stay small)."""
-    flat = w.view(-1, 16 * 110)
-    for i in range(0, flat.shape[0], 4096):
-        yield flat[i:i + 4096]
-
-
-def place_q3_k(w: torch.Tensor) -> torch.Tensor:
-    """Q3_K panels, in place: each super-block's scales and d first, then for each group g of 4 inputs (of 16 rows:
-    64-byte lines) its hmask line g and qs lines g and 8 + g, whose bytes hold the 8 quants q(n, j) of inputs
-    128n + 32j + 4g + r as 2 low bits and a high one (+ 4: 0..7), rewritten as X = q(0,0) | q(0,1) << 3 | q(0,2)
-    low 2 bits << 6, Y = the same of q(1, .), Z = q(0,3) | q(1,3) << 3 | q(0,2)'s high bit << 6 | q(1,2)'s << 7,
-    lines X 0-7, Z 0-7, Y 0-7 (csrc/cpu/kernels.h q3k_x_at). The kernel (csrc/cpu/kquants.h q3k_operands) then
-    takes 6 quants with one or two instructions each and 2 with four, where the file's 2-bit and 1-bit fields took
-    four or five each. Natively where the CPU kernel library is loaded (panels.native); this torch form is its twin."""
-    if (lib := panels.native()) is not None and w.is_contiguous():
-        lib.place_q3_k(w)
-        return w
-    for sb in _q3_k_sbs(w):
-        h, a, b = sb[:, :512].view(-1, 8, 64), sb[:, 512:1024].view(-1, 8, 64), sb[:, 1024:1536].view(-1, 8, 64)
-        # q(n, j) of each byte, 0..7: bits 2j, 2j + 1 of qs line n (a, b), bit 4n + j of the hmask line as bit 2
-        (q00, q01, q02, q03), (q10, q11, q12, q13) = (
-            [((qs >> 2 * j) & 3) | (((h >> 4 * n + j) & 1) << 2) for j in range(4)] for n, qs in ((0, a), (1, b)))
-        x = q00 | q01 << 3 | (q02 & 3) << 6
-        y = q10 | q11 << 3 | (q12 & 3) << 6
-        z = q03 | q13 << 3 | (q02 >> 2) << 6 | (q12 >> 2) << 7
-        sb.copy_(torch.cat((sb[:, 1536:], x.flatten(1), z.flatten(1), y.flatten(1)), 1))
-    return w
-
-
-def unplace_q3_k(w: torch.Tensor) -> torch.Tensor:
-    """The inverse of place_q3_k, into a new tensor: the file's hmask and qs bytes again."""
-    w = w.clone(memory_format=torch.contiguous_format)
-    for sb in _q3_k_sbs(w):
-        x, z, y = (sb[:, Q3_K_HEAD + 512 * k:Q3_K_HEAD + 512 * (k + 1)].view(-1, 8, 64) for k in range(3))
-        q = [[x & 7, (x >> 3) & 7, ((x >> 6) & 3) | (((z >> 6) & 1) << 2), z & 7],
-             [y & 7, (y >> 3) & 7, ((y >> 6) & 3) | (((z >> 7) & 1) << 2), (z >> 3) & 7]]
-        qs = [sum((q[n][j] & 3) << 2 * j for j in range(4)) for n in range(2)]
-        h = sum((q[n][j] >> 2) << 4 * n + j for n in range(2) for j in range(4))
-        sb.copy_(torch.cat((h.flatten(1), qs[0].flatten(1), qs[1].flatten(1), sb[:, :Q3_K_HEAD]), 1))
-    return w
-
-
-def q6_k_rows(w: torch.Tensor, ids: torch.Tensor, n_in: int) -> torch.Tensor | None:
-    """Rows `ids` of placed Q6_K panels as fp32 [len(ids), n_in], natively (a tied head's embedding lookup: the
-    torch form, unplace_q6_k, deinterleave and dequantize of the rows' panels, takes ~0.47 ms a token on
-    Qwen2.5-1.5B's 1536 inputs, in ~40 small ops); None where the CPU kernel library is not loaded."""
-    if (lib := panels.native()) is None or not w.is_contiguous():
-        return None
-    out = torch.empty(ids.numel(), n_in)
-    lib.q6_k_rows(out, w, ids.reshape(-1).contiguous())
-    return out
-
-
 def q6_k_to_gguf(b: Blocks) -> torch.Tensor:
     out = b.out_features
     u = (b.q.to(torch.int16) + 32).to(torch.uint8).view(out, -1, 2, 2, 2, 32)  # [.., half, nibble, A|B, l]
@@ -388,6 +278,26 @@ def q3_k_to_gguf(b: Blocks) -> torch.Tensor:
     return torch.cat((hm, qs, nib, top.sum(-1, dtype=torch.uint8), gguf_bytes.f16_bytes(b.d)), -1).reshape(out, -1)
 
 
+def q2_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
+    """Q2_K (84 bytes): 16 scale bytes (sub-block s's scale in the low nibble of byte s, its min in the high one),
+    64 bytes of 2-bit quants (qs), fp16 d and dmin last (ggml's dequantize_row_q2_K). Input 128n + 32j + l (l < 32)
+    is bits 2j, 2j + 1 of qs[32n + l], as Q3_K's low bits."""
+    b = gguf_bytes.blocks(raw, out, 84)
+    qs = b[..., 16:80].reshape(out, -1, 2, 1, 32)  # [out, ns, n, 1, l]
+    q = ((qs >> Q3_K_LOW) & 3).reshape(out, -1)
+    s = b[..., :16]
+    return Blocks("q2_k", out, n_in, q, gguf_bytes.f16(b, 80), gguf_bytes.f16(b, 82), (s & 0xF).reshape(out, -1),
+                  (s >> 4).reshape(out, -1))
+
+
+def q2_k_to_gguf(b: Blocks) -> torch.Tensor:
+    out = b.out_features
+    u = b.q.view(out, -1, 2, 4, 32)  # [out, ns, n, j, l], 0..3
+    qs = (u << Q3_K_LOW).sum(-2, dtype=torch.uint8).reshape(out, -1, 64)  # disjoint bits: the sum is an OR
+    s = (b.sc | (b.mn << 4)).view(out, -1, 16)
+    return torch.cat((s, qs, gguf_bytes.f16_bytes(b.d), gguf_bytes.f16_bytes(b.m)), -1).reshape(out, -1)
+
+
 # ---- the torch twins' layout: canonical Blocks ------------------------------------------------------------
 
 
@@ -409,6 +319,7 @@ def canonical_rows(p: Packed, ids: torch.Tensor) -> torch.Tensor:
 ROWS = Layout(canonical, from_canonical, canonical_rows)
 # each block's fields as (bytes, unit) in ggml-common.h's order (panels.interleave)
 FIELDS = {
+    "q2_k": ((16, 1), (64, 4), (2, 2), (2, 2)),  # scales, qs, d, dmin
     "q3_k": ((32, 4), (64, 4), (12, 1), (2, 2)),  # hmask, qs, scales, d
     "q4_k": ((2, 2), (2, 2), (12, 1), (128, 4)),  # d, dmin, scales, qs
     "q5_k": ((2, 2), (2, 2), (12, 1), (32, 4), (128, 4)),  # d, dmin, scales, qh, qs
@@ -417,14 +328,11 @@ FIELDS = {
 NOTE = "the CPU kernel reads the file's bytes; activations at 8 bits per 256 (llama.cpp's Q8_K)"
 
 
-# the panels' bits as the kernel reads them (panels.gguf_layout)
-BITS = {"q3_k": (place_q3_k, unplace_q3_k), "q6_k": (place_q6_k, unplace_q6_k)}
-NATIVE_ROWS = {"q6_k": q6_k_rows}  # a row's lookup from the kernel library (panels.gguf_layout)
 
 
 def record(name: str, bits: float, quantize, from_gguf, to_gguf, head: str | None = None) -> WeightFormat:
     cpu = panels.gguf_layout(QK, FIELDS[name], from_gguf, to_gguf, dequantize, BITS.get(name), NATIVE_ROWS.get(name))
-    in_head = f" (a model in it keeps its LM head in {head}, as llama.cpp's Q3_K mixes do)" if head else ""
+    in_head = f" (a model in it keeps its LM head in {head}, as llama.cpp's {name.upper()} mixes do)" if head else ""
     return WeightFormat(name=name, bits=bits, block=QK, quantize=quantize, dequantize=dequantize,
                         layouts={"torch": ROWS, "cpu": cpu}, cpu_activations="q8_k", gguf=name.upper(),
                         from_gguf=from_gguf, to_gguf=to_gguf, head=head,
@@ -432,6 +340,7 @@ def record(name: str, bits: float, quantize, from_gguf, to_gguf, head: str | Non
 
 
 FORMATS = (
+    record("q2_k", 2.625, quantize_q2_k, q2_k_from_gguf, q2_k_to_gguf, head="q6_k"),
     record("q3_k", 3.4375, quantize_q3_k, q3_k_from_gguf, q3_k_to_gguf, head="q6_k"),
     record("q4_k", 4.5, quantizer_qk("q4_k", 4), decoder_qk("q4_k", 4), encoder_qk(4)),
     record("q5_k", 5.5, quantizer_qk("q5_k", 5), decoder_qk("q5_k", 5), encoder_qk(5)),

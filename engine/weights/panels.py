@@ -207,7 +207,7 @@ def gguf_layout(block: int, fields: tuple[tuple[int, int], ...], from_gguf, to_g
     through the file's codec, so packing, unpacking and a row's lookup are exact by construction. bits: a
     format's (place, unplace), which move bits between the bytes of each panel once interleaved (place, in place)
     and move them back before the bytes are read as the file's (unplace, into a new tensor): a bijection the
-    format's kernel reads more cheaply than the file's arrangement (k_quants.py place_q6_k). native_rows(panels,
+    format's kernel reads more cheaply than the file's arrangement (k_placed.py place_q6_k). native_rows(panels,
     ids, in_features): the same rows as the lookup below, from the CPU kernel library, or None without it."""
     from engine.weights.format import Layout
 
