@@ -90,7 +90,7 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         group = (i % 256) // 64 * 8 + (i % 32) // 4
         byte = int(w[o // 16, i // 256, 256 + group * 64 + (o % 16) * 4 + i % 4])
         assert (byte >> 4 * (i % 64 // 32)) & 0xF == int(q4k.q[o, i])
-    q6k = blocks("q6_k", out, n_in)  # Q6_K as csrc/cpu/kquants.h reads the placed super-block
+    q6k = blocks("q6_k", out, n_in)  # Q6_K as csrc/cpu/kquants16.h reads the placed super-block
     (w,) = W.to_panels(q6k)
     for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230)]:
         h, k, g, j = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4
@@ -102,7 +102,7 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         x, y, z = (int(sb[288 + line * 64 + at]) for line in lines)
         q = (x & 63, y & 63, z & 63, (x >> 6) | ((y >> 4) & 12) | ((z >> 2) & 48))[k]
         assert q - 32 == int(q6k.q[o, i]), (o, i)
-    q3k = blocks("q3_k", out, n_in)  # Q3_K as csrc/cpu/kquants.h q3k_operands reads the placed super-block
+    q3k = blocks("q3_k", out, n_in)  # Q3_K as csrc/cpu/kquants16.h q3k_operands reads the placed super-block
     (w,) = W.to_panels(q3k)
     for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230), (2, 72), (9, 200)]:
         n, j, g, r = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4
@@ -115,7 +115,7 @@ def test_k_quant_panels_are_the_files_bytes_interleaved(out, n_in):
         v = y if n else x
         q = (v & 7, (v >> 3) & 7, (v >> 6) | ((z >> 6 + n) & 1) << 2, (z >> 3 * n) & 7)[j]
         assert q - 4 == int(q3k.q[o, i]), (o, i)
-    q2k = blocks("q2_k", out, n_in)  # Q2_K as csrc/cpu/kquants.h q2k_operands and scales_q2k read the file's panels
+    q2k = blocks("q2_k", out, n_in)  # Q2_K as csrc/cpu/kquants16.h q2k_operands and scales_q2k read the file's panels
     (w,) = W.to_panels(q2k)
     for o, i in [(0, 0), (16, 37), (5, 100), (3, 161), (out - 1, 255), (out - 1, 230), (2, 72), (9, 200)]:
         n, j, g, r = (i % 256) // 128, (i % 128) // 32, (i % 32) // 4, i % 4

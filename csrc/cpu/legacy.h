@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "kernels.h"
-#include "kquants.h"
+#include "kquant_base.h"
 #include "prefetch.h"
 
 namespace decodescope::cpu {
@@ -26,7 +26,7 @@ struct Legacy {
   using F = typename S::F;
   using I = typename S::I;
   using U8 = typename S::U8;
-  using K = KQuants<S>;  // its row store and 4-byte activation loads
+  using K = KQuantBase<S>;  // its row store and 4-byte activation loads
   static constexpr int kRows = S::kRegs == 32 ? 8 : 2;
 
   template <int R, bool High>

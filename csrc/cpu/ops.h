@@ -114,10 +114,10 @@ class BlockPlan {
 // Packing a GGUF tensor at load (ops_pack.cpp; engine/weights/panels.py and k_placed.py hold the torch forms):
 // raw uint8 [rows, nb * B] -> into uint8 [ceil(rows / 16), nb, 16 * B], each block's fields (bytes, unit) cut
 // into units and unit u of a panel's 16 rows stored side by side (padded rows zero); and Q6_K panels' quant
-// bits regrouped and their lines reordered in place as the kernel reads them (kquants.h q6k_group).
+// bits regrouped and their lines reordered in place as the kernel reads them (kquants16.h q6k_group).
 void interleave_panels(at::Tensor& into, const at::Tensor& raw, const std::vector<std::pair<int64_t, int64_t>>& fields);
 void place_q6_k(at::Tensor& w);
-void place_q3_k(at::Tensor& w);  // likewise Q3_K's (kquants.h q3k_operands)
+void place_q3_k(at::Tensor& w);  // likewise Q3_K's (kquants16.h q3k_operands)
 // Rows `ids` of placed Q6_K panels [P, ns, 3360] dequantized into out float [len(ids), in] (in <= 256 ns): an
 // embedding's lookup in a tied head's blocks, as k_placed.py's unplace, deinterleave and dequantize give them.
 void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids);

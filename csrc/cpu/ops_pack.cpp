@@ -189,7 +189,7 @@ void q6_k_rows(at::Tensor& out, const at::Tensor& w, const at::Tensor& ids) {
   const int64_t* id = ids.data_ptr<int64_t>();
   const uint8_t* base = w.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
-  // the quants as kquants.h q6k_group reads them: for half h and group g, byte b of row j's 4 in the X, Y and Z
+  // the quants as kquants16.h q6k_group reads them: for half h and group g, byte b of row j's 4 in the X, Y and Z
   // lines holds q0, q1, q2 (inputs 128h + 32k + 4g + b, k = 0, 1, 2) in its low 6 bits and a pair of q3's on top
   float row[kSuper];
   for (int64_t i = 0; i < n; ++i) {

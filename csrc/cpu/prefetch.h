@@ -1,4 +1,4 @@
-// Software prefetch of the panel streams, shared by every GEMM tile (gemm.h, kquants.h, amx.h).
+// Software prefetch of the panel streams, shared by every GEMM tile (gemm.h, kquant_base.h, kquants.h, amx.h).
 #pragma once
 
 namespace decodescope::cpu {
@@ -26,7 +26,7 @@ inline void prefetch(const void* p, int ahead = kPrefetch) {
 // 6% and Q6_K 8% faster on an AVX2 EPYC (24 matrices of Qwen2.5-1.5B's MLP shape through linear, the old and
 // new sources in alternating processes); 16 KB ahead in L2 instead of 8 KB gave half of that, two
 // super-blocks ahead in L1 nothing more. Both requests are made for one line at a time as the tile reads it
-// (kquants.h stream_line), not for a whole super-block at its start.
+// (kquant_base.h stream_line), not for a whole super-block at its start.
 inline void prefetch_l1(const void* p) { asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }
 
 }  // namespace

@@ -266,7 +266,7 @@ struct Avx2 {
   // (simd_avx512.h's sums known to fit in int16: here every Sub's are, and sub_scaled already takes them so)
   static SubScale sub_scale16(SubScale sc) { return sc; }
   static I sub_scaled16(Sub acc, SubScale sc) { return sub_scaled(acc, sc); }
-  // K-quant scales and mins (kquants.h scales_q4k, scales_q6k): v holds two sub-blocks' bytes of 16 rows (bytes
+  // K-quant scales and mins (kquants.h scales_q4k, kquants16.h scales_q6k): v holds two sub-blocks' bytes of 16 rows (bytes
   // 0-15 and 16-31, row j at byte j), unsigned (Q4_K, Q5_K) or signed (Q6_K). Each half broadcast to both 128-bit
   // lanes, one byte shuffle puts row j's byte in both 16-bit halves of lane j (rows 0-7 in lo, 8-15 in hi), as
   // sub_scaled wants it: in the low byte (zero-extended), or in the high byte, then shifted down with its sign.

@@ -185,7 +185,7 @@ struct Avx512 {
   // half and zero above (sub_scale16): one instruction where VPMULLD is two (Intel's), the same integer
   static SubScale sub_scale16(SubScale sc) { return _mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF)); }
   static I sub_scaled16(Sub acc, SubScale sc) { return _mm512_madd_epi16(acc, sc); }
-  // K-quant scales and mins (kquants.h scales_q4k, scales_q6k; v: two sub-blocks' bytes of 16 rows, row j at
+  // K-quant scales and mins (kquants.h scales_q4k, kquants16.h scales_q6k; v: two sub-blocks' bytes of 16 rows, row j at
   // byte j of each half, unsigned or signed): the scales as int32 lanes, the mins as int16 pairs for min_dot
   // (VPDPWSSD, exact in int32).
   template <bool Signed = false>

@@ -1,4 +1,4 @@
-"""The K-quant panels' bits as their CPU kernels read them (csrc/cpu/kquants.h): Q6_K's and Q3_K's quant fields
+"""The K-quant panels' bits as their CPU kernels read them (csrc/cpu/kquants16.h): Q6_K's and Q3_K's quant fields
 regrouped within the bytes that hold them, and each super-block's scales and d moved to its front, so the kernel
 takes a quant with one or two instructions and streams a super-block front to back. Each placement runs natively
 where the CPU kernel library is loaded (csrc/cpu/ops_pack.cpp, panels.native); the torch forms here are their twins,
@@ -72,7 +72,7 @@ def place_q6_k(w: torch.Tensor) -> torch.Tensor:
     position holds (inputs 32k apart: the file's A low, B low, A high, B high nibbles and qh's four pairs) read
     as X = q0 | q3[0:2] << 6, Y = q1 | q3[2:4] << 6, Z = q2 | q3[4:6] << 6 in the A, B and qh lines, then each
     super-block put in the order the kernel reads it: the scales and d first, then the lines (Q6_K_ORDER). The
-    kernel (csrc/cpu/kquants.h q6k_group) then takes q0, q1, q2 with one AND each and q3 from the three top pairs,
+    kernel (csrc/cpu/kquants16.h q6k_group) then takes q0, q1, q2 with one AND each and q3 from the three top pairs,
     11 instructions for the four where the file's nibbles and pairs took 18, and streams each super-block front to
     back (csrc/cpu/kernels.h kQ6Quants says what each order measured). Natively where the CPU kernel library is
     loaded (panels.native), the same moves on each 4-byte word; this torch form is its twin."""
@@ -118,7 +118,7 @@ def place_q3_k(w: torch.Tensor) -> torch.Tensor:
     64-byte lines) its hmask line g and qs lines g and 8 + g, whose bytes hold the 8 quants q(n, j) of inputs
     128n + 32j + 4g + r as 2 low bits and a high one (+ 4: 0..7), rewritten as X = q(0,0) | q(0,1) << 3 | q(0,2)
     low 2 bits << 6, Y = the same of q(1, .), Z = q(0,3) | q(1,3) << 3 | q(0,2)'s high bit << 6 | q(1,2)'s << 7,
-    lines X 0-7, Z 0-7, Y 0-7 (csrc/cpu/kernels.h q3k_x_at). The kernel (csrc/cpu/kquants.h q3k_operands) then
+    lines X 0-7, Z 0-7, Y 0-7 (csrc/cpu/kernels.h q3k_x_at). The kernel (csrc/cpu/kquants16.h q3k_operands) then
     takes 6 quants with one or two instructions each and 2 with four, where the file's 2-bit and 1-bit fields took
     four or five each. Natively where the CPU kernel library is loaded (panels.native); this torch form is its twin."""
     if (lib := panels.native()) is not None and w.is_contiguous():
