@@ -19,7 +19,7 @@ enum class Activations {
   exact,  // x [T, in] as given
   int8,   // quantized to int8 per block of 32 (qx, dx, qoff: quantize_rows)
   int16,  // quantized to 16 bits per block of 32 (Act16: quantize_rows16)
-  q8_k,   // quantized to int8 per super-block of 256, with the sums of every 16 (qx, dx, xsum: quantize_rows_k)
+  q8_k,   // quantized to int8 per super-block of 256, with the sums of every 16 (qx, dx, xpair: quantize_rows_k)
 };
 
 // A packed tensor's expected shape, symbolic in P (panels of 16 outputs), nb (blocks of 32 inputs), in and ns

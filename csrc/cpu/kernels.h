@@ -95,8 +95,8 @@ constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;
 // q8: the same weights as int8 against the 16-bit activations (act): a q4 model's LM head.
 // q4_a8: q4's stream against the int8 activations (qx, dx, qoff), as llama.cpp runs Q4_1 on Q8_1's.
 // q4_0, q5_0: w the stream above against the int8 activations (qx, dx, qoff), as llama.cpp runs them on Q8_0's.
-// q2_k, q3_k, q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xsum [T, ns*16] (the
-//     sums of every 16 qx) come from quantize_rows_k (llama.cpp's Q8_K).
+// q2_k, q3_k, q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xpair
+//     [T, ns, kXPairs] (the sums of every 16 qx, paired) come from quantize_rows_k (llama.cpp's Q8_K).
 struct LinearArgs {
   float* y;
   int64_t ldy;
@@ -110,15 +110,21 @@ struct LinearArgs {
   const int32_t* qoff;  // [T, nb] (int8)
   const float* fold;    // [nb, T, 2] (q4_a8): each block's dx and dx * sum(qx), the rows of a block side by side
   const Act16* act;     // (q4, q8)
-  const int32_t* xsum;  // [T, ns*16] (K-quants)
+  const int32_t* xpair;  // [T, ns, kXPairs] (K-quants)
 };
+// A Q8_K super-block's sums of every 16 qx (|sum| <= 2032; of 32: <= 4064) as the int16 pairs S::min_dot takes
+// against a vector of int16 pairs of scales or mins (one int32: the first sum in its low half), for every K-quant
+// format's sub-blocks: from kXPair32, Q4_K / Q5_K's 32-input sub-blocks 2t and 2t + 1 (t < 4); from kXPairNext,
+// 16-input sub-blocks 2t and 2t + 1 (Q2_K, Q6_K); from kXPairHalf, t and t + 8 (Q3_K). Made once per row and
+// super-block by quantize_rows_k rather than in every panel's tile.
+constexpr int kXPair32 = 0, kXPairNext = 4, kXPairHalf = 12, kXPairs = 20;
 using LinearFn = void (*)(const LinearArgs&, int64_t p0, int64_t p1);
 
 // int8 activations, rows [r0, r1): qx, dx and qoff as LinearArgs describes; x [T, in], rows ldx apart.
 using QuantizeRowsFn = void (*)(const float* x, int64_t ldx, int in, int nb, int8_t* qx, float* dx,
                                 int32_t* qoff, int64_t r0, int64_t r1);
-// Q8_K activations, rows [r0, r1): per super-block of 256 qx int8, dx, and the sums of every 16 qx (xsum).
-using QuantizeRowsKFn = void (*)(const float* x, int64_t ldx, int in, int ns, int8_t* qx, float* dx, int32_t* xsum,
+// Q8_K activations, rows [r0, r1): per super-block of 256 qx int8, dx, and the sums of every 16 qx paired (xpair).
+using QuantizeRowsKFn = void (*)(const float* x, int64_t ldx, int in, int ns, int8_t* qx, float* dx, int32_t* xpair,
                                  int64_t r0, int64_t r1);
 // 16-bit activations, rows [r0, r1), into the planes of Act16 this ISA's kernels read.
 using QuantizeRows16Fn = void (*)(const float* x, int64_t ldx, int in, int nb, const Act16& a, int64_t r0,

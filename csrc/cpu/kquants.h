@@ -83,15 +83,10 @@ struct KQuants : KQuants16<S> {
     }
   }
 
-  // sum_s mn_s xsum_s over a super-block's 8 sub-blocks of 32 (xsum_s = xs[2s] + xs[2s + 1], |xsum_s| <= 4064,
-  // so a pair of them fits one int32 as two int16).
-  static I mins_q4k(const I* mn, const int32_t* xs) {
+  // sum_s mn_s xsum_s over a super-block's 8 sub-blocks of 32 (kernels.h kXPair32: xsum_s as int16 pairs).
+  static I mins_q4k(const I* mn, const int32_t* xp) {
     I imin = S::i32_zero();
-    for (int t = 0; t < 4; ++t) {
-      const uint32_t a = static_cast<uint16_t>(xs[4 * t] + xs[4 * t + 1]);
-      const uint32_t b = static_cast<uint16_t>(xs[4 * t + 2] + xs[4 * t + 3]);
-      imin = S::min_dot(imin, mn[t], static_cast<int32_t>(a | (b << 16)));
-    }
+    for (int t = 0; t < 4; ++t) imin = S::min_dot(imin, mn[t], xp[kXPair32 + t]);
     return imin;
   }
 
@@ -167,7 +162,7 @@ struct KQuants : KQuants16<S> {
     const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + 32));
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
-      const I imin = mins_q4k(mn, a.xsum + (row * ns + sb) * (kSuper / 16));
+      const I imin = mins_q4k(mn, a.xpair + (row * ns + sb) * kXPairs);
       const F dx = S::set1(a.dx[row * ns + sb]);
       y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
       y[r] = S::fnma(S::to_float(imin), S::mul(dmin, dx), y[r]);
@@ -269,9 +264,14 @@ struct KQuants : KQuants16<S> {
   // Q8_K, the recipe of engine/ops/ref.py quantize_blocks(x, in_pad, 127, 256) bit for bit: per row and
   // super-block of 256, inv = 127 / amax and dx = amax / 127 in scalar fp32, qx = round_half_even(x * inv), with
   // q16.h block_scales's rules for inf / NaN (zeros, dx = NaN) and for blocks too small to scale (zeros, dx = 0);
-  // x past `in` counts as 0. xsum: the sums of every 16 qx (exact), through one sum tree (S::hsum16) rather than 16
-  // horizontal sums, and the inf / NaN test one lane check of v * 0 summed, not a horizontal sum per block.
-  static void quantize_rows_k(const float* x, int64_t ldx, int in, int ns, int8_t* qx, float* dx, int32_t* xsum,
+  // x past `in` counts as 0. xpair: the sums of every 16 qx (exact), through one sum tree (S::hsum16) rather than 16
+  // horizontal sums, paired as every format's tile takes them (kernels.h kXPairs); the inf / NaN test one lane
+  // check of v * 0 summed, not a horizontal sum per block.
+  static int32_t int16_pair(int32_t lo, int32_t hi) {
+    return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
+                                (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
+  }
+  static void quantize_rows_k(const float* x, int64_t ldx, int in, int ns, int8_t* qx, float* dx, int32_t* xpair,
                               int64_t r0, int64_t r1) {
     constexpr int kVecs = kSuper / 16;
     static_assert(kVecs == 16, "one hsum16 per super-block");
@@ -297,7 +297,13 @@ struct KQuants : KQuants16<S> {
         }
         alignas(64) float sums[kVecs];
         S::store(sums, S::hsum16(q));  // exact: |sum| <= 16 * 127
-        for (int k = 0; k < kVecs; ++k) xsum[s * kVecs + k] = static_cast<int32_t>(sums[k]);
+        int32_t xs[kVecs];
+        for (int k = 0; k < kVecs; ++k) xs[k] = static_cast<int32_t>(sums[k]);
+        int32_t* xp = xpair + s * kXPairs;
+        for (int t = 0; t < 4; ++t)
+          xp[kXPair32 + t] = int16_pair(xs[4 * t] + xs[4 * t + 1], xs[4 * t + 2] + xs[4 * t + 3]);
+        for (int t = 0; t < 8; ++t) xp[kXPairNext + t] = int16_pair(xs[2 * t], xs[2 * t + 1]);
+        for (int t = 0; t < 8; ++t) xp[kXPairHalf + t] = int16_pair(xs[t], xs[t + 8]);
         dx[s] = d;
       }
     }

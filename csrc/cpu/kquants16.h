@@ -114,15 +114,16 @@ struct KQuants16 : KQuantBase<S> {
     }
   }
 
-  // Q6_K, Q3_K and Q2_K, whose sub-blocks are 16 inputs, as quarter() reads them: a quarter q (0..3) of a super-block is
-  // 8 groups g of 4 inputs of 16 rows, each giving two operands (Unpacked.w[2 (8q + g)] and the next): the low one
-  // of sub-block sub0(q) + (g >= 4) at inputs x0(q) + 4g, the high one of that + kHiSub at x0(q) + kXHi + 4g.
+  // Q6_K, Q3_K and Q2_K, whose sub-blocks are 16 inputs, as quarter() reads them: a quarter q (0..3) of a
+  // super-block is 8 groups g of 4 inputs of 16 rows, each giving two operands (Unpacked.w[2 (8q + g)] and the
+  // next): the low one of sub-block sub0(q) + (g >= 4) at inputs x0(q) + 4g, the high one of that + kHiSub at
+  // x0(q) + kXHi + 4g.
   // Fmt::kMins: the format has mins (Q2_K: scaled by dmin at kDMin), else its quants' offset is 2^kShift.
   struct Q6 {  // q = 2h + ab: half h, k = ab (low) and ab + 2 (high)
     static constexpr int kMax = 63, kHiSub = 4, kXHi = 64, kD = kQ6D, kShift = 5;
     static constexpr bool kMins = false;
     static void scales(const uint8_t* wb, typename S::SubScale* ss, I* pairs) { scales_q6k(wb + kQ6Scales, ss, pairs); }
-    static constexpr int pair(int t, int k) { return 2 * t + k; }  // scales_q6k's pairs: sub-blocks 2t, 2t + 1
+    static constexpr int kXPair = kXPairNext;  // scales_q6k's pairs: sub-blocks 2t, 2t + 1
     static constexpr int sub0(int q) { return 8 * (q / 2) + 2 * (q % 2); }
     static constexpr int x0(int q) { return 128 * (q / 2) + 32 * (q % 2); }
     template <int Q>
@@ -142,7 +143,7 @@ struct KQuants16 : KQuantBase<S> {
     static constexpr int kMax = 7, kHiSub = 2, kXHi = 32, kD = kQ3D, kShift = 2;
     static constexpr bool kMins = false;
     static void scales(const uint8_t* wb, typename S::SubScale* ss, I* pairs) { scales_q3k(wb + kQ3Scales, ss, pairs); }
-    static constexpr int pair(int t, int k) { return t + 8 * k; }  // scales_q3k's pairs: sub-blocks t, t + 8
+    static constexpr int kXPair = kXPairHalf;  // scales_q3k's pairs: sub-blocks t, t + 8
     static constexpr int sub0(int q) { return 8 * (q / 2) + 4 * (q % 2); }
     static constexpr int x0(int q) { return 128 * (q / 2) + 64 * (q % 2); }
     template <int Q>
@@ -159,7 +160,7 @@ struct KQuants16 : KQuantBase<S> {
     static constexpr int kMax = 3, kHiSub = 2, kXHi = 32, kD = kQ2D, kDMin = kQ2DMin;
     static constexpr bool kMins = true;
     static void scales(const uint8_t* wb, typename S::SubScale* ss, I* mins) { scales_q2k(wb + kQ2Scales, ss, mins); }
-    static constexpr int pair(int t, int k) { return 2 * t + k; }  // scales_q2k's pairs: sub-blocks 2t, 2t + 1
+    static constexpr int kXPair = kXPairNext;  // scales_q2k's pairs: sub-blocks 2t, 2t + 1
     static constexpr int sub0(int q) { return Q3::sub0(q); }
     static constexpr int x0(int q) { return Q3::x0(q); }
     template <int Q>
@@ -239,7 +240,8 @@ struct KQuants16 : KQuantBase<S> {
   // A super-block of a 16-input-sub-block format: its scales and operands unpacked (Stored), or R of its rows
   // folded into y: the four quarters' sums, then through the activations' sums (|xsum_s| <= 2032) either the mins,
   // imin = sum_s mn_s xsum_s folded with dmin (Q2_K, as Q4_K), or the quants' offset (Q6_K's 32, Q3_K's 4:
-  // 2^kShift), isum -= offset sum_s sc_s xsum_s; the scales or mins paired as Fmt::scales pairs them.
+  // 2^kShift), isum -= offset sum_s sc_s xsum_s; the scales or mins paired as Fmt::scales pairs them, the sums as
+  // Fmt::kXPair (kernels.h) says.
   template <class Fmt>
   static void unpack16(const uint8_t* wb, Unpacked& u) {
     Fmt::scales(wb, u.sc, u.mn);
@@ -258,13 +260,9 @@ struct KQuants16 : KQuantBase<S> {
     quarters<R, Stored, Fmt>(a, wb, u, ss, sb, r0, isum);
     const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + Fmt::kD));
     for (int r = 0; r < R; ++r) {
-      const int32_t* xs = a.xsum + ((r0 + r) * ns + sb) * (kSuper / 16);
+      const int32_t* xp = a.xpair + ((r0 + r) * ns + sb) * kXPairs + Fmt::kXPair;
       I off = S::i32_zero();
-      for (int t = 0; t < 8; ++t) {
-        const uint32_t lo16 = static_cast<uint16_t>(xs[Fmt::pair(t, 0)]);
-        const uint32_t hi16 = static_cast<uint16_t>(xs[Fmt::pair(t, 1)]);
-        off = S::min_dot(off, op[t], static_cast<int32_t>(lo16 | (hi16 << 16)));
-      }
+      for (int t = 0; t < 8; ++t) off = S::min_dot(off, op[t], xp[t]);
       const F dx = S::set1(a.dx[(r0 + r) * ns + sb]);
       if constexpr (Fmt::kMins) {
         const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + Fmt::kDMin));

@@ -61,7 +61,7 @@ struct Scratch {
   std::vector<int8_t> qx, hi;
   std::vector<uint8_t> lo;
   std::vector<int16_t> xp;
-  std::vector<int32_t> qoff, sum16, shi, xsum;
+  std::vector<int32_t> qoff, sum16, shi, xpair;
   Act16 act;
 };
 thread_local Scratch scratch;
@@ -95,17 +95,17 @@ void fold_factors(LinearArgs& a, const Shape& s) {
   a.fold = fold.data();
 }
 
-// Q8_K: int8 per super-block of 256 and the sums of every 16, once here as quantize_int8.
+// Q8_K: int8 per super-block of 256 and the sums of every 16 paired, once here as quantize_int8.
 void quantize_q8k(LinearArgs& a, const Shape& s) {
   Scratch& sc = scratch;
   sc.qx.resize(s.rows * s.ns * kSuper);
   sc.dx.resize(s.rows * s.ns);
-  sc.xsum.resize(s.rows * s.ns * kSuper / 16);
-  kernels().quantize_rows_k(a.x, a.ldx, a.in, static_cast<int>(s.ns), sc.qx.data(), sc.dx.data(), sc.xsum.data(), 0,
+  sc.xpair.resize(s.rows * s.ns * kXPairs);
+  kernels().quantize_rows_k(a.x, a.ldx, a.in, static_cast<int>(s.ns), sc.qx.data(), sc.dx.data(), sc.xpair.data(), 0,
                             s.rows);
   a.qx = sc.qx.data();
   a.dx = sc.dx.data();
-  a.xsum = sc.xsum.data();
+  a.xpair = sc.xpair.data();
 }
 
 // The 16-bit activations (kernels.h Act16), every plane and kAct16PadRows rows past T allocated: the ISA's prep
