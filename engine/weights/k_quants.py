@@ -24,13 +24,12 @@ and 32 fold in through those sums). Q3_K's and Q6_K's panels have their quant bi
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
 from engine.weights import gguf_bytes, panels
-from engine.weights.k_placed import BITS, NATIVE_ROWS
 from engine.weights.format import Blocks, Layout, Packed, WeightFormat
+from engine.weights.k_placed import BITS, NATIVE_ROWS
 
 QK = 256  # inputs per super-block
 
@@ -250,7 +249,17 @@ def q6_k_to_gguf(b: Blocks) -> torch.Tensor:
 
 PAIRS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)  # the shifts of a byte's four 2-bit fields
 Q3_K_HIGH = torch.arange(8, dtype=torch.uint8).view(2, 4, 1)  # input 128n + 32j + l: hmask[l]'s bit 4n + j
-Q3_K_LOW = PAIRS.view(4, 1)  # and bits 2j, 2j + 1 of qs[32n + l]
+
+
+def _qs_fields(qs: torch.Tensor) -> torch.Tensor:
+    """Q2_K's and Q3_K's 64 qs bytes [out, ns, 64] -> their 2-bit fields [out, ns, n, j, l]: input 128n + 32j + l
+    (l < 32) is bits 2j, 2j + 1 of qs[32n + l]."""
+    return (qs.reshape(*qs.shape[:-1], 2, 1, 32) >> PAIRS.view(4, 1)) & 3
+
+
+def _qs_bytes(u: torch.Tensor) -> torch.Tensor:
+    """The inverse of _qs_fields: fields [out, ns, n, j, l] (0..3) -> qs bytes [out, ns, 64]."""
+    return (u << PAIRS.view(4, 1)).sum(-2, dtype=torch.uint8).reshape(*u.shape[:-3], 64)  # disjoint: the sum is an OR
 
 
 def q3_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
@@ -260,8 +269,7 @@ def q3_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
     nibble for s < 8, the high one after), its high 2 in bits 2 (s // 4), 2 (s // 4) + 1 of byte 8 + s % 4."""
     b = gguf_bytes.blocks(raw, out, 110)
     hm = b[..., None, None, 0:32]  # [out, ns, 1, 1, l]
-    qs = b[..., 32:96].reshape(out, -1, 2, 1, 32)  # [out, ns, n, 1, l]
-    low = (qs >> Q3_K_LOW) & 3  # [out, ns, n, j, l]
+    low = _qs_fields(b[..., 32:96])  # [out, ns, n, j, l]
     high = (hm >> Q3_K_HIGH) & 1
     q = (low.to(torch.int8) - 4 * (1 - high.to(torch.int8))).reshape(out, -1)
     s = b[..., 96:108]
@@ -274,7 +282,7 @@ def q3_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
 def q3_k_to_gguf(b: Blocks) -> torch.Tensor:
     out = b.out_features
     u = (b.q.to(torch.int16) + 4).to(torch.uint8).view(out, -1, 2, 4, 32)  # [out, ns, n, j, l], 0..7
-    qs = ((u & 3) << Q3_K_LOW).sum(-2, dtype=torch.uint8).reshape(out, -1, 64)  # disjoint bits: the sum is an OR
+    qs = _qs_bytes(u & 3)
     hm = ((u >> 2) << Q3_K_HIGH).reshape(out, -1, 8, 32).sum(-2, dtype=torch.uint8)
     v = (b.sc.to(torch.int16) + 32).to(torch.uint8).view(out, -1, 16)
     nib = (v[..., :8] & 0xF) | ((v[..., 8:] & 0xF) << 4)
@@ -287,8 +295,7 @@ def q2_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
     64 bytes of 2-bit quants (qs), fp16 d and dmin last (ggml's dequantize_row_q2_K). Input 128n + 32j + l (l < 32)
     is bits 2j, 2j + 1 of qs[32n + l], as Q3_K's low bits."""
     b = gguf_bytes.blocks(raw, out, 84)
-    qs = b[..., 16:80].reshape(out, -1, 2, 1, 32)  # [out, ns, n, 1, l]
-    q = ((qs >> Q3_K_LOW) & 3).reshape(out, -1)
+    q = _qs_fields(b[..., 16:80]).reshape(out, -1)
     s = b[..., :16]
     return Blocks("q2_k", out, n_in, q, gguf_bytes.f16(b, 80), gguf_bytes.f16(b, 82), (s & 0xF).reshape(out, -1),
                   (s >> 4).reshape(out, -1))
@@ -296,8 +303,7 @@ def q2_k_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
 
 def q2_k_to_gguf(b: Blocks) -> torch.Tensor:
     out = b.out_features
-    u = b.q.view(out, -1, 2, 4, 32)  # [out, ns, n, j, l], 0..3
-    qs = (u << Q3_K_LOW).sum(-2, dtype=torch.uint8).reshape(out, -1, 64)  # disjoint bits: the sum is an OR
+    qs = _qs_bytes(b.q.view(out, -1, 2, 4, 32))
     s = (b.sc | (b.mn << 4)).view(out, -1, 16)
     return torch.cat((s, qs, gguf_bytes.f16_bytes(b.d), gguf_bytes.f16_bytes(b.m)), -1).reshape(out, -1)
 
@@ -330,8 +336,6 @@ FIELDS = {
     "q6_k": ((128, 4), (64, 4), (16, 1), (2, 2)),  # ql, qh, scales, d
 }
 NOTE = "the CPU kernel reads the file's bytes; activations at 8 bits per 256 (llama.cpp's Q8_K)"
-
-
 
 
 def record(name: str, bits: float, quantize, from_gguf, to_gguf, head: str | None = None) -> WeightFormat:
