@@ -54,6 +54,23 @@ struct KQuantBase {
     hi = S::u8_shr(S::u8_and(q, 0xF0), 4);
   }
 
+  // sum_t pairs[t] . xp[t] over N int16 pairs: a super-block's sum_s m_s xsum_s, the scales or mins m_s paired as
+  // the format's scales function pairs them, the activations' sums as quantize_rows_k pairs them (kernels.h
+  // kXPairs, xp at the format's pairing).
+  template <int N>
+  static I pair_dot(const I* pairs, const int32_t* xp) {
+    I acc = S::i32_zero();
+    for (int t = 0; t < N; ++t) acc = S::min_dot(acc, pairs[t], xp[t]);
+    return acc;
+  }
+
+  // y + float(isum) fl(d dx) - float(imin) fl(dmin dx): a super-block's fold for the formats with mins (Q2_K, Q4_K,
+  // Q5_K), in engine/ops/ref.py linear_q8_k's order.
+  static F fold_mins(F y, I isum, I imin, F d, F dmin, F dx) {
+    y = S::fma(S::to_float(isum), S::mul(d, dx), y);
+    return S::fnma(S::to_float(imin), S::mul(dmin, dx), y);
+  }
+
   // Bit k of every byte moved to bit `to` (the rest zero).
   static U8 bit_to(U8 v, int k, int to, int width) {
     const int mask = ((1 << width) - 1) << to;

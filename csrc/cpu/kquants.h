@@ -56,6 +56,7 @@ struct KQuants : KQuants16<S> {
   using typename B::Q3;
   using typename B::Q6;
   using B::bit_to;
+  using B::fold_mins;
   using B::kRows;
   using B::nibbles;
   using B::store_row;
@@ -81,13 +82,6 @@ struct KQuants : KQuants16<S> {
       mn[k] = S::min_pairs(mn_lo);
       mn[2 + k] = S::min_pairs(mn_hi);
     }
-  }
-
-  // sum_s mn_s xsum_s over a super-block's 8 sub-blocks of 32 (kernels.h kXPair32: xsum_s as int16 pairs).
-  static I mins_q4k(const I* mn, const int32_t* xp) {
-    I imin = S::i32_zero();
-    for (int t = 0; t < 4; ++t) imin = S::min_dot(imin, mn[t], xp[kXPair32 + t]);
-    return imin;
   }
 
   // Where a Q4_K / Q5_K super-block's quant lines start in its panel (after d, dmin, the scales and Q5_K's
@@ -162,10 +156,8 @@ struct KQuants : KQuants16<S> {
     const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + 32));
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
-      const I imin = mins_q4k(mn, a.xpair + (row * ns + sb) * kXPairs);
-      const F dx = S::set1(a.dx[row * ns + sb]);
-      y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
-      y[r] = S::fnma(S::to_float(imin), S::mul(dmin, dx), y[r]);
+      const I imin = B::template pair_dot<4>(mn, a.xpair + (row * ns + sb) * kXPairs + kXPair32);
+      y[r] = fold_mins(y[r], isum[r], imin, d, dmin, S::set1(a.dx[row * ns + sb]));
     }
   }
 

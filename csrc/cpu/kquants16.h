@@ -22,6 +22,7 @@ struct KQuants16 : KQuantBase<S> {
   using typename B::U8;
   using typename B::Unpacked;
   using B::bit_to;
+  using B::fold_mins;
   using B::x4;
 
   // Q6_K. In the file each half h of 128 inputs has 64 ql bytes (A = bytes 0-31, B = 32-63) and 32 qh bytes:
@@ -259,15 +260,13 @@ struct KQuants16 : KQuantBase<S> {
     for (int r = 0; r < R; ++r) isum[r] = S::i32_zero();
     quarters<R, Stored, Fmt>(a, wb, u, ss, sb, r0, isum);
     const F d = S::load_f16(reinterpret_cast<const uint16_t*>(wb + Fmt::kD));
+    F dmin = S::zero();
+    if constexpr (Fmt::kMins) dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + Fmt::kDMin));
     for (int r = 0; r < R; ++r) {
-      const int32_t* xp = a.xpair + ((r0 + r) * ns + sb) * kXPairs + Fmt::kXPair;
-      I off = S::i32_zero();
-      for (int t = 0; t < 8; ++t) off = S::min_dot(off, op[t], xp[t]);
+      const I off = B::template pair_dot<8>(op, a.xpair + ((r0 + r) * ns + sb) * kXPairs + Fmt::kXPair);
       const F dx = S::set1(a.dx[(r0 + r) * ns + sb]);
-      if constexpr (Fmt::kMins) {
-        const F dmin = S::load_f16(reinterpret_cast<const uint16_t*>(wb + Fmt::kDMin));
-        y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
-        y[r] = S::fnma(S::to_float(off), S::mul(dmin, dx), y[r]);
+      if constexpr (Fmt::kMins) {  // off: the mins' sum
+        y[r] = fold_mins(y[r], isum[r], off, d, dmin, dx);
       } else {
         isum[r] = S::i32_sub(isum[r], S::i32_shl(off, Fmt::kShift));
         y[r] = S::fma(S::to_float(isum[r]), S::mul(d, dx), y[r]);
