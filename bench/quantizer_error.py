@@ -39,10 +39,7 @@ def tensor_errors(file: Path, shape: str, layers: list[int]) -> list[dict]:
         fmt = weights.BY_GGUF.get(t.tensor_type.name)
         if fmt is None or not t.name.startswith(prefixes):
             continue
-        i, dims, role, heads = made[t.name]
-        w = random_gguf.random_tensor(i, dims, role)
-        if heads is not None:
-            w = random_gguf.permute(w, heads)
+        w = random_gguf.file_tensor(*made[t.name])
         w = torch.from_numpy(w.astype(np.float16).astype(np.float32))  # the F16 file's values
         out, n_in = w.shape
         raw = torch.from_numpy(np.array(t.data)).view(torch.uint8).reshape(out, -1)

@@ -152,6 +152,12 @@ def random_tensor(index: int, shape: tuple[int, ...], role: str, seed: int = 0) 
     return rng.standard_normal(shape, dtype=np.float32) * np.float32(STD)
 
 
+def file_tensor(index: int, shape: tuple[int, ...], role: str, heads: int | None, seed: int = 0) -> np.ndarray:
+    """random_tensor in llama.cpp's layout, as every file holds it: a q/k projection's rows permuted (heads)."""
+    t = random_tensor(index, shape, role, seed)
+    return t if heads is None else permute(t, heads)
+
+
 def stored_type(kind: str, role: str) -> str:
     """The GGUF type a tensor of `role` is stored in, in the file of `kind`."""
     if role == "norm":
@@ -229,9 +235,7 @@ def write(folder: Path, shape: str, s: dict, tok: dict, kinds=KINDS, seed: int =
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
     for i, (_name, dims, role, heads) in enumerate(tensors):
-        t = random_tensor(i, dims, role, seed)
-        if heads is not None:
-            t = permute(t, heads)
+        t = file_tensor(i, dims, role, heads, seed)
         for kind, w in writers.items():
             w.write_tensor_data(encode(t, stored_type(kind, role)))
         if i % 64 == 0:

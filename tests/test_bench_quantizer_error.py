@@ -22,9 +22,7 @@ def write_file(path, stored):
     for i, (name, dims, role, heads) in enumerate(random_gguf.hf_tensors(TINY, TINY["vocab"])):
         if not name.startswith("blk.0.") or role != "linear":
             continue
-        t = random_gguf.random_tensor(i, dims, role)
-        if heads is not None:
-            t = random_gguf.permute(t, heads)
+        t = random_gguf.file_tensor(i, dims, role, heads)
         raw = stored(name, torch.from_numpy(t.astype(np.float16).astype(np.float32)))
         w.add_tensor(name, raw.numpy(), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
     w.write_header_to_file()
