@@ -20,7 +20,10 @@ llama.cpp's.
 bench/data/prose.txt (n_ctx 128) and long.txt (n_ctx 512), the second half of each chunk scored, per format our
 KL divergence from fp32, perplexity and top-1 agreement, and llama.cpp's on the same tokens against the same
 reference file (llama-perplexity --kl-divergence; the model's Q4_1 file, which it runs against 8-bit activation
-blocks, and the same file requantized to F32 by llama-quantize: the reference's own floor).
+blocks, and the same file requantized to F32 by llama-quantize: the reference's own floor). --mixes Q5_K_M ...
+adds the model's weights in llama.cpp's own mixes (llama-quantize --allow-requantize from the model's file), each
+file run by both engines as it is: ours loaded as the app loads a file (each tensor in its own blocks; SmolLM2's
+576-wide rows are not whole super-blocks, so a Q5_K mix stores most of them as Q5_1, a Q4_K mix as Q5_0).
 """
 from __future__ import annotations
 
@@ -112,10 +115,10 @@ def bench(args) -> dict:
                 greedy_prompts=PROMPTS, new_tokens=args.new_tokens, rows=rows,
                 llamacpp=None if theirs is None else dict(reference="llama-server on the model's Q4_1 GGUF file, f32 "
                                                           "KV cache, flash attention off", ids=theirs),
-                kld=kld_table(tok, args.formats, args.work) if args.kld else None)
+                kld=kld_table(tok, args.formats, args.work, args.mixes) if args.kld else None)
 
 
-def kld_table(tok: Tokenizer, formats: list[str], work: Path) -> dict:
+def kld_table(tok: Tokenizer, formats: list[str], work: Path, mixes: list[str] = ()) -> dict:
     """Per text and format, ours and llama.cpp's distance from the exact model on the same chunks (bench/kld.py).
     The reference is our fp32 (the file's exact values); fp32's own row is the base file's rounding."""
     from bench import kld, llamacpp
@@ -127,9 +130,16 @@ def kld_table(tok: Tokenizer, formats: list[str], work: Path) -> dict:
     for path, n_ctx in KLD_TEXTS:
         texts.append(dict(text=path.name, n_ctx=n_ctx, chunks=kld.chunks(tok.encode(path.read_text()), n_ctx),
                           base=work / f"{path.stem}-{n_ctx}.kld"))
+    exe, quantize = llamacpp.perplexity_binary(), llamacpp.quantize_binary()
+    if mixes and quantize is None:
+        raise SystemExit(f"--mixes needs llama-quantize ({llamacpp.prefix() / 'bin'}): scripts/build_llamacpp.sh "
+                         "builds it")
+    files = {mix: llamacpp.requantized(quantize, gguf_file, mix, work) for mix in mixes}
     base_rows = {}
-    for fmt in ["fp32", *(f for f in formats if f != "fp32")]:
-        model = load_model(None, weights=fmt, progress=lambda msg: None)
+    runs = [("fp32", None), *((f, None) for f in formats if f != "fp32"), *((None, m) for m in mixes)]
+    for fmt, mix in runs:
+        model = load_model(files[mix] if mix else None, weights=fmt, progress=lambda msg: None)
+        fmt = fmt or f"{mix} file, its own blocks ({model_mix(model)})"
         eng = Engine(model, max_seq_len=max(n for _, n in KLD_TEXTS))
         for t in texts:
             rows = [eng.logits(c)[kld.scored(t["n_ctx"])] for c in t["chunks"]]
@@ -140,10 +150,10 @@ def kld_table(tok: Tokenizer, formats: list[str], work: Path) -> dict:
                      for r, b, c in zip(rows, base_rows[t["text"]], t["chunks"], strict=True)]
             t.setdefault("rows", []).append(dict(engine="ours", weights=fmt, **kld.summary(parts)))
             print(t["text"], t["rows"][-1], flush=True)
-    exe, quantize = llamacpp.perplexity_binary(), llamacpp.quantize_binary()
     theirs = [] if exe is None else [("Q4_1 (the file)", gguf_file)]
     if exe is not None and quantize is not None:
         theirs.append(("F32 (llama-quantize from the file)", llamacpp.requantized(quantize, gguf_file, "F32", work)))
+    theirs += [] if exe is None else [(f"{mix} file", path) for mix, path in files.items()]
     for t in texts:
         for name, model in theirs:
             t["rows"].append(dict(engine="llama.cpp", weights=name, **kld.llamacpp_stats(
@@ -152,6 +162,12 @@ def kld_table(tok: Tokenizer, formats: list[str], work: Path) -> dict:
     return dict(reference="our fp32 logits (the file's exact values)", llamacpp_missing=llamacpp.perplexity_missing(),
                 texts=[{k: v for k, v in t.items() if k not in ("chunks", "base")} | dict(tokens=len(t["chunks"]) *
                                                                                          t["n_ctx"]) for t in texts])
+
+
+def model_mix(model) -> str:
+    """What a loaded file's tensors run in, as its load note says: "Q5_1 as q5_1 (166); Q8_0 as int8 (15); ..."."""
+    note = next((n for n in model.load_notes if "runs the file's own blocks" in n), "")
+    return note.split(": ", 2)[-1] if note else model.weight_format
 
 
 def markdown(result: dict) -> str:
@@ -191,6 +207,9 @@ def main(argv=None):
     p.add_argument("--llamacpp", action="store_true", help="also top-1 on llama.cpp's greedy ids (llama-server)")
     p.add_argument("--kld", action="store_true",
                    help="also each format's KL divergence from fp32, and llama.cpp's on the same tokens")
+    p.add_argument("--mixes", nargs="*", default=[], metavar="TYPE",
+                   help="with --kld, also the model requantized by llama-quantize to these file types (Q5_K_M ...), "
+                        "each file run as it is by both engines")
     p.add_argument("--work", type=Path, default=Path("/tmp/decodescope-kld"),
                    help="where --kld writes its reference files and llama.cpp's F32 file")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))

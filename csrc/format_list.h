@@ -28,6 +28,7 @@
   X(q6_k, 6.5625, 256, yes, kQ6K, q8_k, no)          \
   X(q4_0, 4.5, 32, yes, kQ4_0, int8, no)             \
   X(q5_0, 5.5, 32, yes, kQ5_0, int8, no)            \
+  X(q5_1, 6.0, 32, yes, kQ5_1, int8, no)            \
   X(q3_k, 3.4375, 256, yes, kQ3K, q8_k, no)         \
   X(q2_k, 2.625, 256, yes, kQ2K, q8_k, no)
 

@@ -49,6 +49,7 @@ def test_decoding_arbitrary_bytes_matches_gguf(fmt):
 
 # (inputs per step-setting block, how a block's step follows from its values)
 STEPS = {"q4_0": (32, lambda x: x.abs().amax(-1) / 8), "q5_0": (32, lambda x: x.abs().amax(-1) / 16),
+         "q5_1": (32, lambda x: (x.amax(-1) - x.amin(-1)) / 31),
          "q2_k": (16, lambda x: (x.amax(-1) - x.amin(-1).clamp(max=0)) / 3),
          "q3_k": (16, lambda x: x.abs().amax(-1) / 4),
          "q4_k": (32, lambda x: (x.amax(-1) - x.amin(-1).clamp(max=0)) / 15),
@@ -78,7 +79,7 @@ def test_legacy_blocks_are_int8_blocks_exactly(fmt):
                                                                  "int8") is None
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"])
 def test_gguf_formats_run_on_their_kernels_or_twins(tmp_path, fmt):
     cfg = tiny_config(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
     folder = write_tiny_model(tmp_path / "m", cfg)
@@ -145,3 +146,33 @@ def test_the_gemma3_files_own_tensors_decode_as_gguf_does():
             packed = weights.Packed(fmt, "cpu", out, n_in, cpu.pack_gguf(raw, out, n_in))
             assert np.array_equal(weights.rows(packed, torch.arange(out)).numpy(), want), t.tensor_type.name
     assert seen == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+
+
+def test_a_q5_k_mix_of_rows_that_are_not_whole_super_blocks_runs_its_q5_1_blocks(tmp_path):
+    """llama.cpp's Q5_K mixes store a tensor whose rows are not whole super-blocks (SmolLM2's 576 and 960 inputs) as
+    Q5_1: such a file loads in place, its Q5_1 tensors on their own kernel with their values bit for bit, and the
+    kernels give the twins' logits and greedy ids."""
+    from safetensors.torch import load_file
+
+    from gguf_files import write_gguf
+
+    shape = dict(hidden_size=192, intermediate_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=48,
+                 num_hidden_layers=2)
+    mix = {"attn_q": "Q5_1", "attn_k": "Q5_1", "attn_v": "Q8_0", "attn_output": "Q5_1", "ffn_gate": "Q5_1",
+           "ffn_up": "Q5_1", "ffn_down": "Q8_0", "token_embd": "Q8_0"}
+    folder = write_tiny_model(tmp_path / "hf", tiny_config("qwen2", tie_word_embeddings=True, **shape), seed=7)
+    path = tmp_path / "m.gguf"
+    values = write_gguf(folder, path, mix)
+    model = load_model(path, cache_dir=tmp_path / "cache", progress=lambda s: None)
+    notes = " ".join(model.load_notes)
+    assert "Q5_1 as q5_1 (10)" in notes and "second rounding" not in notes
+    ref = load_file(values / "model.safetensors")
+    mlp = model.layers[1].mlp.w_gate_up.weight
+    assert mlp.fmt == "q5_1" and model.layers[0].attn.wo.weight.fmt == "q5_1"
+    want = torch.cat([ref[f"model.layers.1.mlp.{p}_proj.weight"] for p in ("gate", "up")])
+    assert torch.equal(weights.dequantize(weights.unpack(mlp)), want)
+    ids = list(range(3, 40))
+    twin = Engine(load_model(path, fused=False, cache_dir=tmp_path / "cache", progress=lambda s: None), 96)
+    got, want = Engine(model, 96).logits(ids), twin.logits(ids)
+    assert (got - want).abs().max().item() <= 0.05 * want.std().item()
+    assert Engine(model, 96).generate(ids, 16, stop_ids=[])[0] == twin.generate(ids, 16, stop_ids=[])[0]

@@ -66,6 +66,8 @@ constexpr std::array<PackedTensors, kNumFormats> packed_tensors() {
                     .dims = {kP, kNb, kQ4_0Bytes}}}}};
   t[kQ5_0] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 352]", .rank = 3,
                     .dims = {kP, kNb, kQ5_0Bytes}}}}};
+  t[kQ5_1] = {1, {{{.name = "w", .dtype = at::kByte, .letters = "[P, nb, 384]", .rank = 3,
+                    .dims = {kP, kNb, kQ5_1Bytes}}}}};
   return t;
 }
 inline constexpr std::array<PackedTensors, kNumFormats> kPackedTensors = packed_tensors();

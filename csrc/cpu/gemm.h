@@ -249,6 +249,7 @@ struct Gemm {
   struct Q8 {};
   struct Q4_0 {};
   struct Q5_0 {};
+  struct Q5_1 {};
 
   template <class K, int R>
   static void tile(const LinearArgs& a, int64_t p, int r0) {
@@ -257,8 +258,9 @@ struct Gemm {
     else if constexpr (std::is_same_v<K, Q4>) q4_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q4A8>) q4a8_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q8>) q8_tile<R>(a, p, r0);
-    else if constexpr (std::is_same_v<K, Q4_0>) Legacy<S>::template q50_tile<R, false>(a, p, r0);
-    else if constexpr (std::is_same_v<K, Q5_0>) Legacy<S>::template q50_tile<R, true>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q4_0>) Legacy<S>::template tile<R, typename Legacy<S>::Q4_0>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q5_0>) Legacy<S>::template tile<R, typename Legacy<S>::Q5_0>(a, p, r0);
+    else if constexpr (std::is_same_v<K, Q5_1>) Legacy<S>::template tile<R, typename Legacy<S>::Q5_1>(a, p, r0);
     else i8_tile<R>(a, p, r0);
   }
 
@@ -303,6 +305,7 @@ struct Gemm {
   static constexpr LinearFn linear_q6k = KQuants<S>::template linear<6>;
   static void linear_q4_0(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4_0, Legacy<S>::kRows>(a, p0, p1); }
   static void linear_q5_0(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q5_0, Legacy<S>::kRows>(a, p0, p1); }
+  static void linear_q5_1(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q5_1, Legacy<S>::kRows>(a, p0, p1); }
   static constexpr QuantizeRowsKFn quantize_rows_k = KQuants<S>::quantize_rows_k;
 
   // KernelTable::linear: each format's kernel at its code.
@@ -321,6 +324,7 @@ struct Gemm {
     t[kQ6K] = linear_q6k;
     t[kQ4_0] = linear_q4_0;
     t[kQ5_0] = linear_q5_0;
+    t[kQ5_1] = linear_q5_1;
     return t;
   }
 

@@ -83,9 +83,9 @@ constexpr int kQ6Scales = 0, kQ6D = 256, kQ6Quants = 288;
 constexpr int q6k_x_at(int h, int g) { return kQ6Quants + 64 * (24 * h + 2 * g); }
 constexpr int q6k_z_at(int h, int g) { return kQ6Quants + 64 * (24 * h + 2 * g + 1); }
 constexpr int q6k_y_at(int h, int g) { return kQ6Quants + 64 * (24 * h + 16 + g); }
-// q4_0 and q5_0 panels (legacy.h) likewise, [P, nb, bytes] per block of 32: d[16] fp16, (q5_0: the 16 rows'
-// 32-bit high-bit masks), then 4 groups of [16 rows][4 nibble bytes].
-constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;
+// q4_0, q5_0 and q5_1 panels (legacy.h) likewise, [P, nb, bytes] per block of 32: d[16] fp16, (q5_1: m[16] fp16,)
+// (q5_0, q5_1: the 16 rows' 32-bit high-bit masks), then 4 groups of [16 rows][4 nibble bytes].
+constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22, kQ5_1Bytes = 16 * 24;
 
 // y[T, n_out] = x[T, in] @ W^T over panels [p0, p1). Rows `ldx` / `ldy` floats apart.
 // f32: w [P, in, 16] fp32.  f16: w [P, in, 16] fp16 bits.
@@ -95,6 +95,7 @@ constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22;
 // q8: the same weights as int8 against the 16-bit activations (act): a q4 model's LM head.
 // q4_a8: q4's stream against the int8 activations (qx, dx, qoff), as llama.cpp runs Q4_1 on Q8_1's.
 // q4_0, q5_0: w the stream above against the int8 activations (qx, dx, qoff), as llama.cpp runs them on Q8_0's.
+// q5_1: likewise, its min folded as q4_a8's (fold), as llama.cpp runs Q5_1 on Q8_1's.
 // q2_k, q3_k, q4_k, q5_k, q6_k: w the stream above; x is unused: qx [T, ns*256] int8, dx [T, ns] and xpair
 //     [T, ns, kXPairs] (the sums of every 16 qx, paired) come from quantize_rows_k (llama.cpp's Q8_K).
 struct LinearArgs {
@@ -108,7 +109,7 @@ struct LinearArgs {
   const int8_t* qx;     // [T, nb*32] (int8)
   const float* dx;      // [T, nb] (int8)
   const int32_t* qoff;  // [T, nb] (int8)
-  const float* fold;    // [nb, T, 2] (q4_a8): each block's dx and dx * sum(qx), the rows of a block side by side
+  const float* fold;    // [nb, T, 2] (q4_a8, q5_1): each block's dx and dx * sum(qx), the rows of a block side by side
   const Act16* act;     // (q4, q8)
   const int32_t* xpair;  // [T, ns, kXPairs] (K-quants)
 };

@@ -78,7 +78,7 @@ void quantize_int8(LinearArgs& a, const Shape& s) {
   a.qoff = sc.qoff.data();
 }
 
-// q4_a8's fold factors (fold_q4's dx and xs) per block and row, once per call rather than in every panel's tile,
+// q4_a8's and q5_1's fold factors (fold_q4's dx and xs) per block and row, once per call rather than in every panel's tile,
 // and block-major so that a tile reads its rows' at one pointer.
 // The scratch's address is looked up once here and in the functions around: a thread_local in a shared library is a
 // call per use (__tls_get_addr), which in this loop took more of a 6-row call's time than its quantization did.
@@ -185,7 +185,7 @@ void run_linear(at::Tensor& out, const at::Tensor& x, int64_t format, const std:
     case Activations::exact: break;
     case Activations::int8:
       quantize_int8(a, s);
-      if (format == kQ4A8) fold_factors(a, s);
+      if (format == kQ4A8 || format == kQ5_1) fold_factors(a, s);
       break;
     case Activations::int16: quantize_int16(a, s); break;
     case Activations::q8_k: quantize_q8k(a, s); break;

@@ -2,7 +2,7 @@
 as they are.
 
 A load asks for a format (weights="q4"), or leaves it to the file: then each tensor runs its own blocks where a
-kernel of this path runs their format (Q4_1: q4_a8 on a CPU, q4 on CUDA; Q8_0: int8; the K-quants, Q4_0, Q5_0 on a
+kernel of this path runs their format (Q4_1: q4_a8 on a CPU, q4 on CUDA; Q8_0: int8; the K-quants, Q4_0, Q5_0, Q5_1 on a
 CPU), as llama.cpp runs them (on a CPU against 8-bit activation blocks, FILE_RECIPE), else in a format
 that holds them exactly (Q5_0 / Q4_0 are int8 blocks), else in a stand-in: the smallest format this path runs with
 at least their bits per weight (Q6_K -> int8 on CUDA), re-quantized from one tensor's dequantized rows at a time: a

@@ -251,7 +251,7 @@ def matmul_dequantized(x: torch.Tensor, w) -> torch.Tensor:
 
 
 def matmul_int8_a8(x: torch.Tensor, w) -> torch.Tensor:
-    """int8, q4_0, q5_0 and q4_a8 on a CPU: the blocks against int8 activations, the SIMD kernels' recipe
+    """int8, q4_0, q5_0, q4_a8 and q5_1 on a CPU: the blocks against int8 activations, the SIMD kernels' recipe
     (linear_a8)."""
     return linear_a8(x, *w.tensors).to(x.dtype)
 
@@ -297,8 +297,8 @@ def quantize_activations(x: torch.Tensor, in_pad: int) -> tuple[torch.Tensor, to
 
 def linear_a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
     """Block weights times int8 activations (the CPU int8 kernel, W8A8 as llama.cpp's Q8_0 path; with m, Q4_1
-    blocks against Q8_1's recipe, the q4_a8 kernel): x [N, in] fp32, q [out, in_pad] (int8, or uint8 0..15),
-    d (and m) fp16 [out, nb] ->
+    blocks against Q8_1's recipe, the q4_a8 kernel, and Q5_1's): x [N, in] fp32, q [out, in_pad] (int8, or uint8
+    0..15 / 0..31), d (and m) fp16 [out, nb] ->
         y[n, o] = sum_b (d[o, b] * dx[n, b]) * S[n, o, b]  +  m[o, b] * xs[n, b],   S = sum_i q[o, b, i] * qx[n, b, i]
     with xs = fl(dx * sum_i qx_i), the quantized block sum (csrc/cpu/q16.h says why). The integer sums are exact
     in fp32 (|S| <= 32 * 127 * 127 < 2^24)."""

@@ -6,8 +6,8 @@ quantizer, its dequantize twin, its layouts and its record (WeightFormat):
 
     dense.py      fp32, fp16, bf16     the weight itself
     q8_0.py       int8, q8             GGUF Q8_0 blocks (q8: a q4 model's head, 16-bit activations on a CPU)
-    q4_1.py       q4, q4_a8            GGUF Q4_1 blocks: the default model's own, so lossless for it (q4_a8: the
-                                       same blocks against 8-bit activations on a CPU, llama.cpp's recipe)
+    q4_1.py       q4, q4_a8, q5_1      GGUF Q4_1 blocks: the default model's own, so lossless for it (q4_a8: the
+                                       same blocks against 8-bit activations on a CPU, llama.cpp's recipe); Q5_1
     q4_0.py       q4_0, q5_0           GGUF Q4_0 / Q5_0 blocks (also held exactly by int8's)
     k_quants.py   q2_k, q3_k, q4_k,    GGUF K-quant super-blocks of 256
                   q5_k, q6_k
@@ -18,7 +18,7 @@ registry.py lists them by name; everything else (the loader, the ops, the app, t
 records through it. A new format: its record (quantizer, twin, layouts) in its module (a new module: one line
 in registry.py), its row in csrc/format_list.h (the native modules' one list, checked against the records at
 load), its CPU kernel (csrc/cpu/formats.h packed tensors + gemm.h) and its tests. A GGUF type whose CPU
-panels are its file's bytes interleaved by 16 rows (panels.gguf_layout: q4_0, q5_0, the K-quants) gets
+panels are its file's bytes interleaved by 16 rows (panels.gguf_layout: q4_0, q5_0, q5_1, the K-quants) gets
 pack_gguf with them: a file's tensor packs without Blocks. Q8_0's and Q4_1's panels are not their bytes (offset
 codes, regrouped nibbles): their pack_gguf decodes and packs a chunk of rows at a time (panels.blocks_pack_gguf).
 """

@@ -1,5 +1,6 @@
-"""q4 and q4_a8: GGUF's Q4_1 blocks. Per block of 32 inputs: q in [0, 15], fp16 scale d and min m; w = d * q + m.
-Quantized with d = (max - min) / 15, m = min, q = round((w - m) / d); the fp16-rounded d and m are used.
+"""q4 and q4_a8: GGUF's Q4_1 blocks; q5_1: GGUF's Q5_1. Per block of 32 inputs: q in [0, 15] (Q5_1: [0, 31]), fp16
+scale d and min m; w = d * q + m. Quantized with d = (max - min) / 15 (31), m = min, q = round((w - m) / d); the
+fp16-rounded d and m are used.
 
 The two formats are the same blocks and layouts; they differ in what the CPU kernel does with the activations:
 q4 quantizes them to 16 bits per block (csrc/cpu/q16.h, near exact, 16 integer instructions a row and block),
@@ -12,6 +13,10 @@ CPU panels: one stream w uint8 [P, nb, 320] (csrc/cpu/kernels.h), each block of 
 chunks c of [16 outputs j][4 bytes r] with byte = q[16p + j, 32b + 8c + r] | q[16p + j, 32b + 8c + 4 + r] << 4
 (256 bytes), then the block's d[16] and m[16] fp16 (64 bytes): 5 bits a weight, one forward stream a panel,
 and a chunk's nibbles masked or shifted are VNNI and AMX operands as they stand.
+
+q5_1 (the fallback of llama.cpp's Q5_K mixes for rows that are not whole super-blocks: SmolLM2's 576 and 960) keeps
+q4's canonical Blocks (q as uint8 0..31) and twin; its CPU panels are the file's bytes interleaved by 16 rows, as
+Q5_0's (panels.gguf_layout), against int8 activations as llama.cpp runs Q5_1 on Q8_1's (csrc/cpu/legacy.h).
 """
 from __future__ import annotations
 
@@ -22,13 +27,13 @@ from engine.weights.format import BLOCK, Blocks, Layout, Packed, WeightFormat
 from engine.weights.panels import PANEL
 
 
-def quantizer(fmt: str):
+def quantizer(fmt: str, top: int = 15):
     def quantize(w: torch.Tensor) -> Blocks:
         x = panels.pad_blocks(w)
         lo, hi = x.amin(-1), x.amax(-1)
-        d, m = ((hi - lo) / 15).half(), lo.half()
+        d, m = ((hi - lo) / top).half(), lo.half()
         inv = torch.where(d == 0, 0.0, 1.0 / d.float())
-        q = torch.round((x - m.float()[..., None]) * inv[..., None]).clamp_(0, 15).to(torch.uint8)
+        q = torch.round((x - m.float()[..., None]) * inv[..., None]).clamp_(0, top).to(torch.uint8)
         return Blocks(fmt, w.shape[0], w.shape[1], q.view(w.shape[0], -1), d, m)
     return quantize
 
@@ -126,6 +131,25 @@ def to_gguf(b: Blocks) -> torch.Tensor:
     return torch.cat((gguf_bytes.f16_bytes(b.d), gguf_bytes.f16_bytes(b.m), q), -1).reshape(b.out_features, -1)
 
 
+def q5_1_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
+    """GGUF Q5_1 block (24 bytes): fp16 d, fp16 m, 32 fifth bits (uint32 little-endian: bit j is element j's),
+    16 bytes of low nibbles in pack_nibbles' order."""
+    b = gguf_bytes.blocks(raw, out, 24)
+    high = gguf_bytes.unbits(b[..., 4:8])  # [out, nb, 32]
+    qs = b[..., 8:]
+    q = torch.cat((qs & 0xF, qs >> 4), -1) | (high << 4)
+    return Blocks("q5_1", out, n_in, q.reshape(out, -1), gguf_bytes.f16(b, 0), gguf_bytes.f16(b, 2))
+
+
+def q5_1_to_gguf(b: Blocks) -> torch.Tensor:
+    u = b.q.view(b.out_features, -1, BLOCK)
+    qh = gguf_bytes.bits_of(u >> 4, 4)
+    qs = gguf_bytes.nibbles(u[..., :16] & 0xF, u[..., 16:] & 0xF)
+    return torch.cat((gguf_bytes.f16_bytes(b.d), gguf_bytes.f16_bytes(b.m), qh, qs), -1).reshape(b.out_features, -1)
+
+
+Q5_1_FIELDS = ((2, 2), (2, 2), (4, 4), (16, 4))  # d, m, qh, qs: each block's fields (panels.interleave)
+
 LAYOUTS = {"torch": Layout(canonical, from_canonical, canonical_rows),
            "cuda": Layout(to_nibble_rows, from_nibble_rows, nibble_rows),
            "cpu": Layout(to_panels, from_panels, panel_rows, panels.blocks_pack_gguf(20, from_gguf, to_panels))}
@@ -139,4 +163,10 @@ FORMATS = (
                  layouts=LAYOUTS, cpu_activations="int8", head="int8", cuda_kernel="linear_q4", gguf="Q4_1",
                  to_gguf=to_gguf, exact_in=("q4",),
                  notes="q4's blocks against int8 activations on a CPU, as llama.cpp runs Q4_1: a cheaper verify pass"),
+    WeightFormat(name="q5_1", bits=6.0, block=BLOCK, quantize=quantizer("q5_1", 31), dequantize=dequantize,
+                 layouts={"torch": LAYOUTS["torch"],
+                          "cpu": panels.gguf_layout(BLOCK, Q5_1_FIELDS, q5_1_from_gguf, q5_1_to_gguf, dequantize)},
+                 cpu_activations="int8", gguf="Q5_1", from_gguf=q5_1_from_gguf, to_gguf=q5_1_to_gguf,
+                 notes="GGUF Q5_1 blocks (Q5_K mixes' fallback); the CPU kernel reads the file's bytes against int8 "
+                       "activations"),
 )
