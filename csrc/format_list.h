@@ -18,7 +18,7 @@
 #define DECODESCOPE_FORMATS(X)                       \
   X(fp32, 32.0, 1, yes, kFp32, exact, no)            \
   X(fp16, 16.0, 1, yes, kFp16, exact, gemv)          \
-  X(bf16, 16.0, 1, no, none, exact, gemv)            \
+  X(bf16, 16.0, 1, yes, kBf16, exact, gemv)          \
   X(int8, 8.5, 32, yes, kInt8, int8, gemv)           \
   X(q8, 8.5, 32, yes, kQ8, int16, int8)              \
   X(q4, 5.0, 32, yes, kQ4, int16, gemv)              \

@@ -47,9 +47,15 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+DENSE_16 = {"F16": torch.float16, "BF16": torch.bfloat16}
+
+
 def quantized(w: torch.Tensor, kind: str, mix: dict[str, str]) -> tuple[str, torch.Tensor | None, torch.Tensor]:
     """(GGUF type, raw block bytes or None, the values the file stands for) of an HF weight [out, in]."""
     gtype = mix.get(kind, "F32")
+    if gtype in DENSE_16 and w.dim() == 2:  # a 16-bit dense tensor: its bytes, the values they stand for
+        x = w.to(DENSE_16[gtype]).contiguous()
+        return gtype, x.view(torch.uint8), x.float()
     fmt = weights.BY_GGUF.get(gtype)
     if fmt is None or w.dim() != 2 or w.shape[1] % weights.get(fmt).block:
         return "F32", None, w

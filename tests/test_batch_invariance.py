@@ -2,7 +2,7 @@
 verify pass of any T = 1..17, so greedy speculative output cannot depend on the k a round chose; compared with
 torch.equal, no tolerance, full and windowed attention.
 
-CPU kernels: every weight format (fp32, fp16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0,
+CPU kernels: every weight format (fp32, fp16, bf16, int8, q4 with its q8 head, the K-quants on Q8_K activations, q4_0,
 q5_0 and q5_1) and merged weights stacked in segments of two formats, every instruction-set path this CPU runs (amx
 with its tiles from one row up, and at its default crossover), the native block loop and Block.forward in Python. CUDA
 kernels (on a GPU, and on the CPU emulation of CUDA threads): every format the GEMV runs (int8, q4 with its q8 head,
@@ -32,7 +32,8 @@ def cpu_module():
         pytest.skip("the CPU kernels did not build")
     return module
 
-FORMATS = ["fp32", "fp16", "int8", "q4", "q4_a8", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0", "q5_1"]
+FORMATS = ["fp32", "fp16", "bf16", "int8", "q4", "q4_a8", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0",
+           "q5_1"]
 SHAPES = {  # head_dim 16 runs attention's generic path; 64 its unrolled one. 352 = 11 blocks, a ragged panel count
     "tiny": dict(),
     "wide": dict(hidden_size=128, intermediate_size=352, num_attention_heads=2, num_key_value_heads=1,

@@ -80,9 +80,8 @@ def test_a_record_the_cpu_module_disagrees_with_refuses_the_load(cpu_module, mon
                                                                       cpu_activations="int8"))
     with pytest.raises(RuntimeError, match="q4_k.cpu_activations is 'q8_k' in csrc/format_list.h, 'int8'"):
         ops.select("cpu")
-    monkeypatch.setitem(weights.REGISTRY, "bf16", dataclasses.replace(
-        weights.REGISTRY["bf16"], layouts=weights.REGISTRY["fp16"].layouts))  # a CPU layout, no CPU kernel
-    with pytest.raises(RuntimeError, match="bf16 is in engine/weights only"):
+    monkeypatch.setitem(weights.REGISTRY, "fp16x", dataclasses.replace(weights.REGISTRY["fp16"], name="fp16x"))
+    with pytest.raises(RuntimeError, match="fp16x is in engine/weights only"):  # a CPU layout, no CPU kernel
         ops.cpu_ops()
 
 

@@ -262,3 +262,28 @@ def test_a_files_blocks_in_another_format_are_converted_a_chunk_at_a_time(llama,
                     exact += 1
                 row += len(v)
     assert exact >= got.config.n_layers  # each format holds at least one of the mix's types
+
+
+@pytest.mark.parametrize("gtype, fmt", [("F16", "fp16"), ("BF16", "bf16")])
+def test_a_16_bit_file_keeps_its_dtype_and_gives_its_fp32_widenings_bits(tmp_path, gtype, fmt):
+    """A GGUF's F16 / BF16 matrices (and an HF folder's float16 / bfloat16 ones) run in their own dtype on the CPU
+    kernels, half the bytes of fp32, the untied embedding too: the kernels widen each weight exactly as they read
+    it, so the logits are the fp32 load's (weights="fp32": the projections widened at load) bit for bit."""
+    from gguf_files import family_config, write_gguf
+    from engine.tiny import write_tiny_model
+
+    path = tmp_path / "m.gguf"
+    write_gguf(write_tiny_model(tmp_path / "hf", family_config("llama"), seed=3), path, {k: gtype for k in MIX})
+    folder = write_tiny_model(tmp_path / "hf16", family_config("llama"), seed=3, dtype=weights.DENSE_DTYPES[fmt])
+    ids = list(range(3, 40))
+    for source in (path, folder):
+        model = quiet(source, cache_dir=tmp_path / "cache")
+        if model.ops.name != "fused":
+            pytest.skip("the CPU kernels do not run here")
+        wide = quiet(source, weights="fp32", cache_dir=tmp_path / "cache")
+        assert {s.fmt for m in model.linears() for s in m.weight.segments} == {fmt} and model.format == fmt
+        assert model.embed.weight.dtype == weights.DENSE_DTYPES[fmt]  # as a block file's stays in its blocks
+        assert 2 * model.weight_bytes < 1.1 * wide.weight_bytes
+        assert torch.equal(Engine(model, 64).logits(ids), Engine(wide, 64).logits(ids))
+    notes = " ".join(quiet(path, cache_dir=tmp_path / "cache").load_notes)
+    assert f"{gtype} as {fmt} (15)" in notes and f"the embedding stays in {fmt}" in notes

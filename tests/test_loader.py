@@ -162,20 +162,28 @@ def test_each_format_is_exact_on_weights_already_on_its_grid(tmp_path, fmt, boun
 def test_formats_on_random_weights_stay_near_fp32(folder, fmt, bound):
     """Off the grid each format rounds every weight: fp16 ~2^-11, bf16 ~2^-8 of it, int8 ~1/254 and q4 ~1/30 of
     its block's range, which for random normal weights is several std (q4's error is then as large as the
-    spread of random logits: the bound only catches a broken path, the grid test above checks exactness).
-    bf16 has no CPU kernel (fp16 has), so its twin runs."""
+    spread of random logits: the bound only catches a broken path, the grid test above checks exactness)."""
     ids = list(range(3, 40))
     want = Engine(load_model(folder, weights="fp32"), 64).logits(ids)
-    got = Engine(load_model(folder, weights=fmt, fused=fmt != "bf16"), 64).logits(ids)
+    got = Engine(load_model(folder, weights=fmt), 64).logits(ids)
     assert (got - want).abs().max().item() <= bound * want.std().item()
 
 
-def test_a_format_without_a_cpu_kernel_is_named(folder):
-    if load_model(folder).ops.name != "fused":
-        pytest.skip("the CPU kernels do not run here, so every format runs its twin")
+def test_a_format_without_a_cpu_kernel_is_named(monkeypatch):
+    """Every format has a CPU kernel today; one without (its record has no "cpu" layout) is refused on the kernels by
+    name, with the way to run its twin and the formats that do run."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from engine import weights
+    from engine.checkpoint.formats import pick_format
+
+    bf16 = weights.REGISTRY["bf16"]
+    monkeypatch.setitem(weights.REGISTRY, "bf16", dataclasses.replace(
+        bf16, layouts={k: v for k, v in bf16.layouts.items() if k != "cpu"}))
     with pytest.raises(ModelLoadError, match=r"weights='bf16' has no CPU kernel; its torch twin runs it with "
                                              r"fused=False \(--no-fused\), or pick one of fp32, fp16, int8, q4"):
-        load_model(folder, weights="bf16")
+        pick_format("bf16", torch.float32, SimpleNamespace(layout="cpu"))
 
 
 def test_weight_bytes_follow_the_format(folder):

@@ -44,6 +44,8 @@ constexpr std::array<PackedTensors, kNumFormats> packed_tensors() {
   std::array<PackedTensors, kNumFormats> t{};
   t[kFp32] = {1, {{{.name = "w", .dtype = at::kFloat, .letters = "[P, in, 16]", .rank = 3, .dims = {kP, kIn, 16}}}}};
   t[kFp16] = {1, {{{.name = "w", .dtype = at::kHalf, .letters = "[P, in, 16]", .rank = 3, .dims = {kP, kIn, 16}}}}};
+  t[kBf16] = {1, {{{.name = "w", .dtype = at::kBFloat16, .letters = "[P, in, 16]", .rank = 3,
+                    .dims = {kP, kIn, 16}}}}};
   constexpr TensorSpec qs{.name = "qs", .dtype = at::kByte, .letters = "[P, nb, 8, 16, 4]", .rank = 5,
                           .dims = {kP, kNb, 8, 16, 4}};
   constexpr TensorSpec d{.name = "d", .dtype = at::kHalf, .letters = "[P, nb, 16]", .rank = 3, .dims = {kP, kNb, 16}};

@@ -47,9 +47,14 @@ struct Gemm {
     else S::store_n(dst, v, static_cast<int>(left));  // padded outputs are never written
   }
 
-  // 16 stored weights -> fp32.
+  // 16 stored weights -> fp32, exactly: fp16 and bf16 widen to the fp32 of the same value, so a model in either
+  // gives the bits of its fp32 widening (the same chain of FMAs).
+  struct Bf16 {
+    uint16_t bits;
+  };
   static F load(const float* w) { return S::load(w); }
   static F load(const uint16_t* w) { return S::load_f16(w); }
+  static F load(const Bf16* w) { return S::load_bf16(reinterpret_cast<const uint16_t*>(w)); }
 
   // f32 and f16: w [P, in, 16]; a tile of R rows x NP panels. One accumulator chain per output, inputs in order,
   //   y = fma(w[in-1], x[in-1], ... fma(w[1], x[1], fma(w[0], x[0], +0)))
@@ -243,6 +248,7 @@ struct Gemm {
   // does not apply the translation unit's `#pragma GCC target` to them).
   struct F32 {};
   struct F16 {};
+  struct BF16 {};
   struct Q4 {};
   struct Q4A8 {};
   struct I8 {};
@@ -255,6 +261,7 @@ struct Gemm {
   static void tile(const LinearArgs& a, int64_t p, int r0) {
     if constexpr (std::is_same_v<K, F32>) dense_tile<R, 1, float>(a, p, r0);
     else if constexpr (std::is_same_v<K, F16>) dense_tile<R, 1, uint16_t>(a, p, r0);
+    else if constexpr (std::is_same_v<K, BF16>) dense_tile<R, 1, Bf16>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q4>) q4_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q4A8>) q4a8_tile<R>(a, p, r0);
     else if constexpr (std::is_same_v<K, Q8>) q8_tile<R>(a, p, r0);
@@ -293,6 +300,7 @@ struct Gemm {
 
   static void linear_f32(const LinearArgs& a, int64_t p0, int64_t p1) { dense_panels<F32, float>(a, p0, p1); }
   static void linear_f16(const LinearArgs& a, int64_t p0, int64_t p1) { dense_panels<F16, uint16_t>(a, p0, p1); }
+  static void linear_bf16(const LinearArgs& a, int64_t p0, int64_t p1) { dense_panels<BF16, Bf16>(a, p0, p1); }
   static void linear_q4(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4, kRowsQ16>(a, p0, p1); }
   static void linear_q4_a8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<Q4A8, kRowsA8>(a, p0, p1); }
   static void linear_int8(const LinearArgs& a, int64_t p0, int64_t p1) { panels<I8, kRowsI8>(a, p0, p1); }
@@ -313,6 +321,7 @@ struct Gemm {
     std::array<LinearFn, kNumFormats> t{};
     t[kFp32] = linear_f32;
     t[kFp16] = linear_f16;
+    t[kBf16] = linear_bf16;
     t[kInt8] = linear_int8;
     t[kQ8] = linear_q8;
     t[kQ4] = linear_q4;

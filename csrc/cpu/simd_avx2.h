@@ -79,6 +79,13 @@ struct Avx2 {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
   }
+  // bf16 -> fp32, exact: a bf16 is the top half of its fp32.
+  static F load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16);
+    const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16);
+    return {_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi)};
+  }
 
   // int8 (W8A8) without VNNI: maddubs multiplies unsigned by signed bytes into saturating int16 pairs, and 2 * 255 *
   // 127 would saturate. So the weights go back to signed q (xor 0x80) and the sign moves to the activation:

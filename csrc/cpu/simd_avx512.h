@@ -49,6 +49,11 @@ struct Avx512 {
   static F load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  // 16 bf16 values -> fp32, exact: a bf16 is the top half of its fp32.
+  static F load_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
 
   // int8 (W8A8) dot products: 16 outputs x 4 inputs of offset-binary weights (q + 128) against 4 int8 activations
   // broadcast to every output. VNNI's vpdpbusd multiplies unsigned by signed bytes and adds the four

@@ -102,6 +102,11 @@ def near(fmt: str, stored: str) -> bool:
 # and its verify pass does half of q4's integer work (a 6-token pass 1.5 steps against 2.0 on a Zen 4), so drafts
 # pay. weights="q4" keeps the file's exact values (16-bit activations: logits within 0.01 of the fp32 model's).
 FILE_RECIPE = {("cpu", "q4"): "q4_a8"}  # (device type, the file's format) -> the format it runs in
+# A file's dense matrices on the CPU kernels keep their dtype (a GGUF's F16 / BF16 tensors, an HF folder's float16 /
+# bfloat16 safetensors), as llama.cpp runs F16 and BF16: the kernels widen each weight to fp32 as they read it,
+# exactly, so the logits are the bits of its fp32 widening at half the bytes. On the twins and on CUDA a dense
+# tensor runs in the activations' dtype.
+KEPT_DENSE = {"F16": "fp16", "BF16": "bf16"}
 
 
 def stand_in_order(fmt: str) -> tuple:
@@ -142,7 +147,7 @@ class FormatPlan:
         """The format the file's own blocks of tensor `name` run in on this path."""
         stored = stored_format(self.src, name)
         if stored is None:
-            return self.dense
+            return self.kept_dense(name) or self.dense
         if prefer in self.here and near(prefer, stored):
             return prefer
         recipe = FILE_RECIPE.get((self.device, stored))
@@ -155,6 +160,12 @@ class FormatPlan:
             return min(exact, key=stand_in_order)
         fits = [f for f in self.here if wts.get(f).bits >= wts.get(stored).bits]
         return min(fits, key=lambda f: (f != prefer, *stand_in_order(f))) if fits else self.dense
+
+    def kept_dense(self, name: str) -> str | None:
+        """The format dense tensor `name` keeps its file's dtype in on the CPU kernels (KEPT_DENSE), else None."""
+        if self.opset.layout != "cpu" or self.dense != "fp32":
+            return None
+        return KEPT_DENSE.get(self.src.dense_type(name))
 
     def formats(self, ours: str) -> list[str]:
         """The format of each HF tensor of our parameter, in order."""

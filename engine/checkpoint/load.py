@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch import nn
 from engine import ops
 from engine import weights as wts
 from engine.checkpoint import memory, notes
@@ -109,6 +110,7 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
     plan = FormatPlan(weights, dt, opset, src, targets, device.type)
     embed = our_targets(cfg).get("embed.weight")
     blocks_embed = embed is not None and device.type == "cpu" and stored_format(src, embed[0]) is not None
+    kept_embed = embed is not None and not blocks_embed and plan.kept_dense(embed[0])  # its file's dtype, or None
     memory.check_fits(folder, plan, targets, src, embed, blocks_embed, dt)
     # torch.empty, not to_empty: empty_like of a meta tensor imports sympy (seconds, at every start)
     model = model._apply(lambda t: torch.empty(t.shape, dtype=dt if t.is_floating_point() else t.dtype, device=device))
@@ -119,6 +121,9 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
                 linear_of(model, ours).weight = wts.to_device(plan.weight(ours, names, targets[ours][1][1]), device)
             elif ours == "embed.weight" and blocks_embed:
                 model.embed = BlockEmbedding(stored_format(src, names[0]), src.raw(names[0]), cfg.hidden_size)
+            elif ours == "embed.weight" and kept_embed:  # a lookup widens the rows it reads (embed_tokens)
+                model.embed.weight = nn.Parameter(src.dense(names[0]).to(wts.DENSE_DTYPES[kept_embed]).contiguous(),
+                                                  requires_grad=False)
             else:
                 value = plan.values(names)
                 # (1 + w) norms: the model runs the weight the formula uses, summed in fp32 as transformers does

@@ -72,7 +72,8 @@ def need_bytes(plan, targets: dict, src, embed: list[str] | None, blocks_embed: 
         transient = max(transient, sum(stored_bytes(src, n) for n in names) + shape[0] * shape[1] + packed)
     if embed is not None:
         rows, cols = src.shapes[embed[0]]
-        weights += stored_bytes(src, embed[0]) if blocks_embed else rows * cols * dtype_bytes
+        kept = 2 if plan.kept_dense(embed[0]) else dtype_bytes  # fp16 / bf16 kept as the file has them
+        weights += stored_bytes(src, embed[0]) if blocks_embed else rows * cols * kept
     weights += sum(4 * s[0] for s in src.shapes.values() if len(s) == 1)
     return dict(weights=weights, transient=transient)
 

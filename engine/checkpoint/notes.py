@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from engine.checkpoint.formats import CONVERSIONS, holds, stored_format
+from engine.checkpoint.formats import CONVERSIONS, KEPT_DENSE, holds, stored_format
+from engine.weights import DENSE_DTYPES
 
 
 def summary(src, plan, model) -> list[str]:
@@ -19,7 +20,9 @@ def summary(src, plan, model) -> list[str]:
     native, converted = defaultdict(int), defaultdict(int)
     for name, fmt in plan.choice.items():
         gtype, stored = src.gguf_type(name), stored_format(src, name)
-        if stored is None:
+        if stored is None:  # dense: in its own dtype where the kernels keep it (KEPT_DENSE)
+            if KEPT_DENSE.get(gtype) == fmt:
+                native[f"{gtype} as {fmt}"] += 1
             continue
         exact = holds(fmt, stored) or CONVERSIONS.get((stored, fmt), (None, "rounds"))[1] is None
         (native if exact else converted)[f"{gtype} as {fmt}"] += 1
@@ -30,4 +33,7 @@ def summary(src, plan, model) -> list[str]:
     embed = getattr(model.embed, "fmt", None)
     if embed is not None:
         lines[-1] += f"; the embedding stays in its {embed} blocks, a lookup decodes the rows it reads"
+    elif model.embed is not None and model.embed.weight.dtype != model.dtype:
+        kept = next(f for f, dt in DENSE_DTYPES.items() if dt == model.embed.weight.dtype)
+        lines[-1] += f"; the embedding stays in {kept}, a lookup widens the rows it reads"
     return lines

@@ -53,6 +53,10 @@ class SafetensorsSource:
     def gguf_type(self, name: str) -> str | None:
         return None
 
+    def dense_type(self, name: str) -> str:
+        """The tensor's dtype as safetensors names it (F32, F16, BF16, ...), from the file's header."""
+        return self.handles[self.found[name][0]].get_slice(name).get_dtype()
+
     def gguf_name(self, name: str) -> str:
         return name
 
@@ -127,6 +131,9 @@ class GGUFSource:
 
     def gguf_type(self, name: str) -> str:
         return self.index[name][1]
+
+    def dense_type(self, name: str) -> str:
+        return self.gguf_type(name)
 
     def gguf_name(self, name: str) -> str:
         return self.index[name][0]

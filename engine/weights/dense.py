@@ -1,8 +1,8 @@
 """Dense formats: the weight itself, [out, in], in fp32, fp16 or bf16.
 
 Layouts: the torch twins (and cuBLAS for fp32) read W^T [in, out]; the CUDA GEMV reads fp16 and bf16 as rows
-[out, in]; the CPU kernels read panels w [P, in, 16] with w[p, i, j] = W[16p + j, i] (fp32 and fp16: bf16 has no CPU
-kernel, its activations would not be fp32).
+[out, in]; the CPU kernels read panels w [P, in, 16] with w[p, i, j] = W[16p + j, i], each widened to fp32 as it is
+read (exactly) against fp32 activations: fp16 and bf16 give their fp32 widening's bits at half its bytes.
 """
 from __future__ import annotations
 
@@ -78,6 +78,6 @@ FORMATS = (
     record("fp32", torch.float32, 32.0, cpu=True, gguf="F32", notes="the checkpoint's own values: the reference"),
     record("fp16", torch.float16, 16.0, cpu=True, gguf="F16", notes="half the bytes; products and sums in fp32",
            cuda_kernel="linear_dense"),
-    record("bf16", torch.bfloat16, 16.0, cpu=False, gguf="BF16", notes="half the bytes, fp32's range (GPU)",
+    record("bf16", torch.bfloat16, 16.0, cpu=True, gguf="BF16", notes="half the bytes, fp32's range",
            cuda_kernel="linear_dense"),
 )
