@@ -41,7 +41,7 @@ STEPS = (
     Step("verify", "verify-cpu-{kind}", 4, ("bench.steps", "--formats", "q4", "q4_a8", "int8", "fp32",
                                             "--name", "verify-cpu-{kind}")),
     Step("kernels", "kernels-formats-cpu-{kind}", 4,
-         ("bench.kernels", "--alternate", "q4", "q4_a8", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0", "int8",
+         ("bench.kernels", "--alternate", "q4", "q4_a8", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0", "q5_1", "int8",
           "--rows", "1", "6", "--repeats", "15", "--name", "kernels-formats-cpu-{kind}")),
     Step("step-after", "step-after-cpu-{kind}", 3, ("bench.step_after", "--then", "6", "--name",
                                                     "step-after-cpu-{kind}")),
