@@ -81,11 +81,17 @@ def byte_tokenizer_json(vocab_size: int = 256 + len(SPECIALS)) -> str:
 def write_tiny_model(folder: str | Path, cfg: ModelConfig | None = None, seed: int = 0, std: float = 0.1,
                      dtype: torch.dtype = torch.float32) -> Path:
     """An HF folder of random weights (random_weights, stored in `dtype`) and the byte-level tokenizer."""
+    cfg = cfg or tiny_config()
+    folder = write_model_files(folder, cfg)
+    save_file({k: v.to(dtype) for k, v in random_weights(cfg, seed, std).items()}, folder / "model.safetensors")
+    return folder
+
+
+def write_model_files(folder: str | Path, cfg: ModelConfig) -> Path:
+    """An HF folder's files but its weights: config.json and the byte-level tokenizer."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = cfg or tiny_config()
     (folder / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
-    save_file({k: v.to(dtype) for k, v in random_weights(cfg, seed, std).items()}, folder / "model.safetensors")
     (folder / "tokenizer.json").write_text(byte_tokenizer_json(cfg.vocab_size))
     (folder / "tokenizer_config.json").write_text(json.dumps(dict(
         chat_template=CHAT_TEMPLATE, bos_token="<|endoftext|>", eos_token="<|im_end|>", add_bos_token=False)))

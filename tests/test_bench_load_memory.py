@@ -5,6 +5,7 @@ are a load's."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bench import load_memory
 
@@ -14,7 +15,7 @@ def test_rows_rotate_the_formats_and_take_the_largest_peak(monkeypatch, tmp_path
     gguf.write_bytes(b"x" * 2_000_000)
     calls = []
 
-    def in_child(path, fmt):
+    def in_child(path, fmt, decode=0):
         calls.append(fmt)
         n = len(calls)
         return dict(bare_mb=200.0, peak_mb=1000.0 + n, after_mb=600.0 + n, load_s=float(n), weights=[fmt],
@@ -45,7 +46,33 @@ def test_a_child_reports_its_load(tmp_path):
     folder = write_tiny_model(tmp_path / "tiny")
     got = load_memory.in_child(folder, "q4")
     assert got["peak_mb"] >= got["after_mb"] >= got["bare_mb"] > 50 and 0 < got["load_s"] < 60
-    assert "q4" in got["weights"]
+    assert "q4" in got["weights"] and "decode_tok_s" not in got
+    got = load_memory.in_child(folder, "default", decode=6)
+    assert got["decode_tok_s"] > 0 and got["peak_after_decode_mb"] >= got["peak_mb"]
+
+
+def test_a_random_folder_is_written_a_chunk_at_a_time_and_loads(tmp_path, monkeypatch):
+    """The streamed safetensors hold every tensor the config needs, bf16, in the header's places: safetensors reads
+    them, the norms near 1 and the rest near 0, and the folder loads as bf16 (its own dtype on the CPU kernels)."""
+    from safetensors.torch import load_file
+
+    from engine import load_model
+    from engine.checkpoint.hf import expected_shapes
+    from engine.tiny import tiny_config
+
+    monkeypatch.setitem(load_memory.RANDOM, "tiny", dict(model_type="qwen2", like="a tiny model", hidden_size=64,
+                                                         intermediate_size=96, num_hidden_layers=2))
+    monkeypatch.setattr(load_memory, "CHUNK_BYTES", 1000)  # several chunks a tensor
+    folder = load_memory.random_folder("tiny", tmp_path)
+    assert load_memory.random_folder("tiny", tmp_path) == folder  # made once
+    got = load_file(folder / "model.safetensors")
+    cfg = tiny_config("qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=2)
+    assert {n: tuple(t.shape) for n, t in got.items()} == expected_shapes(cfg)
+    assert all(t.dtype == torch.bfloat16 for t in got.values())
+    norm, proj = got["model.norm.weight"].float(), got["model.layers.1.mlp.down_proj.weight"].float()
+    assert abs(norm.mean() - 1) < 0.1 and abs(proj.std() - 0.02) < 0.005 and len(proj.unique()) > 100
+    model = load_model(folder, progress=lambda s: None)
+    assert model.ops.name != "fused" or model.format == "bf16"
 
 
 def test_nothing_to_load_is_refused(capsys):
