@@ -122,7 +122,7 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
             elif ours == "embed.weight" and blocks_embed:
                 model.embed = BlockEmbedding(stored_format(src, names[0]), src.raw(names[0]), cfg.hidden_size)
             elif ours == "embed.weight" and kept_embed:  # a lookup widens the rows it reads (embed_tokens)
-                model.embed.weight = nn.Parameter(src.dense(names[0]).to(wts.DENSE_DTYPES[kept_embed]).contiguous(),
+                model.embed.weight = nn.Parameter(dense_table(src, names[0], wts.DENSE_DTYPES[kept_embed]),
                                                   requires_grad=False)
             else:
                 value = plan.values(names)
@@ -140,6 +140,17 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
         progress(note)
     model.use_ops(opset)
     return model
+
+
+def dense_table(src, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """A dense matrix read from its file a chunk of rows at a time into a table of its own (a safetensors tensor as
+    safe_open gives it would be a map of the file, its pages read on first touch and the file held open)."""
+    table = torch.empty(src.shapes[name], dtype=dtype)
+    r0 = 0
+    for chunk in src.dense_chunks(name):
+        table[r0:r0 + chunk.shape[0]] = chunk.view(-1, table.shape[1])
+        r0 += chunk.shape[0]
+    return table
 
 
 def linear_of(model: Transformer, ours: str):
