@@ -9,8 +9,9 @@ at least their bits per weight (Q6_K -> int8 on CUDA), re-quantized from one ten
 second rounding, and a note names the tensors, their type and the choice. A merged projection (q/k/v, gate/up)
 whose parts differ in format (a Q4_K_M file's Q4_K q and k, its Q6_K v) is stacked (weights.Stacked): each run of
 parts in one format is a segment of its own, so no part is rounded again to match another. Dense tensors (F32,
-F16, an HF folder's) run in the activations' dtype. Every choice is made before a byte is read, so the memory a
-load needs is known before it starts (load.py checks it).
+F16, BF16, an HF folder's) run in the activations' dtype, but on the CPU kernels a 16-bit one keeps its own
+(KEPT_DENSE). Every choice is made before a byte is read, so the memory a load needs is known before it starts
+(load.py checks it).
 """
 from __future__ import annotations
 
