@@ -119,8 +119,9 @@ def main(argv=None):
     from bench.common import run_and_save
 
     p = argparse.ArgumentParser(description="decode tok/s against llama.cpp on one file, burst by burst")
-    p.add_argument("--shapes", nargs="*", default=["1.5B"], choices=list(random_gguf.BIG_SHAPES),
-                   help="random files of these shapes in --kind's mix (made in --folder if missing)")
+    p.add_argument("--shapes", nargs="*", default=None, choices=list(random_gguf.BIG_SHAPES),
+                   help="random files of these shapes in --kind's mix (made in --folder if missing; default: 1.5B "
+                        "where no --files are given)")
     p.add_argument("--kind", default="Q4_K_M", choices=random_gguf.KQUANT_KINDS,
                    help="llama-quantize's mix for the random files")
     p.add_argument("--files", nargs="*", default=[], type=Path, metavar="GGUF", help="real GGUF files, as they are")
@@ -136,8 +137,9 @@ def main(argv=None):
     def run(save):
         out = dict(tokens=args.tokens, prompt_tokens=args.prompt_len, threads=args.threads,
                    cycles=args.cycles, llamacpp=llamacpp.describe(), rows=[])
+        shapes = args.shapes if args.shapes is not None else [] if args.files else ["1.5B"]
         files = [(f"random {s} {args.kind}", random_gguf.kquant_file(s, Path(args.folder), args.kind))
-                 for s in args.shapes]
+                 for s in shapes]
         for name, path in files + [(f.name, f) for f in args.files]:
             out["rows"].append(row(name, path, args))
             save(out)

@@ -59,5 +59,10 @@ def test_kind_picks_the_random_files_mix(tmp_path, monkeypatch):
     paired_decode.main(["--kind", "Q3_K_M", "--shapes", "1.5B", "--out", str(tmp_path), "--name", "pd"])
     assert made == [("1.5B", "Q3_K_M")]
     assert "| random 1.5B Q3_K_M |" in (tmp_path / "pd.md").read_text()
+    made.clear()  # files alone: no random shape beside them unless one is named
+    paired_decode.main(["--files", str(tmp_path / "real.gguf"), "--out", str(tmp_path), "--name", "pd"])
+    assert made == [] and "| real.gguf |" in (tmp_path / "pd.md").read_text()
+    paired_decode.main(["--out", str(tmp_path), "--name", "pd"])
+    assert made == [("1.5B", "Q4_K_M")]
     with pytest.raises(SystemExit):
         paired_decode.main(["--kind", "IQ4_XS", "--out", str(tmp_path)])
