@@ -56,7 +56,7 @@ struct Gemm {
   static F load(const uint16_t* w) { return S::load_f16(w); }
   static F load(const Bf16* w) { return S::load_bf16(reinterpret_cast<const uint16_t*>(w)); }
 
-  // f32 and f16: w [P, in, 16]; a tile of R rows x NP panels. One accumulator chain per output, inputs in order,
+  // f32, f16 and bf16: w [P, in, 16]; a tile of R rows x NP panels. One accumulator chain per output, inputs in order,
   //   y = fma(w[in-1], x[in-1], ... fma(w[1], x[1], fma(w[0], x[0], +0)))
   // so the sum order does not depend on the row count. One chain waits on its FMA's latency (4 cycles) at
   // every input; the independent FMAs that hide it come from other panels (a 1-row tile streams 4 panels side

@@ -88,7 +88,7 @@ constexpr int q6k_y_at(int h, int g) { return kQ6Quants + 64 * (24 * h + 16 + g)
 constexpr int kQ4_0Bytes = 16 * 18, kQ5_0Bytes = 16 * 22, kQ5_1Bytes = 16 * 24;
 
 // y[T, n_out] = x[T, in] @ W^T over panels [p0, p1). Rows `ldx` / `ldy` floats apart.
-// f32: w [P, in, 16] fp32.  f16: w [P, in, 16] fp16 bits.
+// f32: w [P, in, 16] fp32.  f16, bf16: w [P, in, 16] fp16 / bf16 bits.
 // q4: w the stream above; x is unused: act holds the 16-bit activations.
 // int8: qs [P, nb, 8, 16, 4] bytes q+128, d [P, nb, 16] fp16; x is unused: qx [T, nb*32] int8,
 //     dx [T, nb] and qoff [T, nb] = -128 * sum(qx of the block) come from quantize_rows.

@@ -78,8 +78,8 @@ void quantize_int8(LinearArgs& a, const Shape& s) {
   a.qoff = sc.qoff.data();
 }
 
-// q4_a8's and q5_1's fold factors (fold_q4's dx and xs) per block and row, once per call rather than in every panel's tile,
-// and block-major so that a tile reads its rows' at one pointer.
+// q4_a8's and q5_1's fold factors (fold_q4's dx and xs) per block and row, once per call rather than in every
+// panel's tile, and block-major so that a tile reads its rows' at one pointer.
 // The scratch's address is looked up once here and in the functions around: a thread_local in a shared library is a
 // call per use (__tls_get_addr), which in this loop took more of a 6-row call's time than its quantization did.
 void fold_factors(LinearArgs& a, const Shape& s) {
