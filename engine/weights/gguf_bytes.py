@@ -36,6 +36,17 @@ def bits_of(x: torch.Tensor, n: int) -> torch.Tensor:
     return (x.view(*x.shape[:-1], n, 8).to(torch.uint8) << shifts).sum(-1, dtype=torch.uint8)
 
 
+def quants5(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    """A 5-bit block's quants (Q5_0, Q5_1), 0..31 uint8 [..., 32], from its 4 bytes of fifth bits (a little-endian
+    uint32, bit j element j's) and 16 bytes of low nibbles (byte j: element j low, element j + 16 high)."""
+    return torch.cat((qs & 0xF, qs >> 4), -1) | (unbits(qh) << 4)
+
+
+def quants5_bytes(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of quants5: uint8 quants 0..31 [..., 32] -> (fifth bits [..., 4], nibbles [..., 16])."""
+    return bits_of(u >> 4, 4), nibbles(u[..., :16] & 0xF, u[..., 16:] & 0xF)
+
+
 def unbits(b: torch.Tensor) -> torch.Tensor:
     """[..., k] bytes -> [..., 8k] bits, the inverse of bits_of."""
     shifts = torch.arange(8, dtype=torch.uint8)

@@ -46,16 +46,13 @@ def q5_0_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
     """GGUF Q5_0 block (22 bytes): fp16 d, 32 high bits (uint32 little-endian: bit j is element j's), 16 bytes
     of low nibbles as Q4_0's; q - 16."""
     b = gguf_bytes.blocks(raw, out, 22)
-    high = gguf_bytes.unbits(b[..., 2:6])  # [out, nb, 32]
-    qs = b[..., 6:]
-    q = (torch.cat((qs & 0xF, qs >> 4), -1) | (high << 4)).to(torch.int8) - 16
+    q = gguf_bytes.quants5(b[..., 2:6], b[..., 6:]).to(torch.int8) - 16
     return Blocks("q5_0", out, n_in, q.reshape(out, -1), gguf_bytes.f16(b, 0))
 
 
 def q5_0_to_gguf(b: Blocks) -> torch.Tensor:
     u = (b.q.to(torch.int16) + 16).to(torch.uint8).view(b.out_features, -1, BLOCK)
-    qh = gguf_bytes.bits_of(u >> 4, 4)
-    qs = gguf_bytes.nibbles(u[..., :16] & 0xF, u[..., 16:] & 0xF)
+    qh, qs = gguf_bytes.quants5_bytes(u)
     return torch.cat((gguf_bytes.f16_bytes(b.d), qh, qs), -1).reshape(b.out_features, -1)
 
 

@@ -135,16 +135,12 @@ def q5_1_from_gguf(raw: torch.Tensor, out: int, n_in: int) -> Blocks:
     """GGUF Q5_1 block (24 bytes): fp16 d, fp16 m, 32 fifth bits (uint32 little-endian: bit j is element j's),
     16 bytes of low nibbles in pack_nibbles' order."""
     b = gguf_bytes.blocks(raw, out, 24)
-    high = gguf_bytes.unbits(b[..., 4:8])  # [out, nb, 32]
-    qs = b[..., 8:]
-    q = torch.cat((qs & 0xF, qs >> 4), -1) | (high << 4)
+    q = gguf_bytes.quants5(b[..., 4:8], b[..., 8:])
     return Blocks("q5_1", out, n_in, q.reshape(out, -1), gguf_bytes.f16(b, 0), gguf_bytes.f16(b, 2))
 
 
 def q5_1_to_gguf(b: Blocks) -> torch.Tensor:
-    u = b.q.view(b.out_features, -1, BLOCK)
-    qh = gguf_bytes.bits_of(u >> 4, 4)
-    qs = gguf_bytes.nibbles(u[..., :16] & 0xF, u[..., 16:] & 0xF)
+    qh, qs = gguf_bytes.quants5_bytes(b.q.view(b.out_features, -1, BLOCK))
     return torch.cat((gguf_bytes.f16_bytes(b.d), gguf_bytes.f16_bytes(b.m), qh, qs), -1).reshape(b.out_features, -1)
 
 
