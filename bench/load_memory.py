@@ -92,6 +92,7 @@ def write_random_safetensors(path: Path, cfg, std: float = 0.02, seed: int = 0) 
     import torch
 
     from engine.checkpoint.hf import expected_shapes
+    from engine.tiny import random_tensor
 
     shapes = expected_shapes(cfg)
     header, at = {}, 0
@@ -108,11 +109,7 @@ def write_random_safetensors(path: Path, cfg, std: float = 0.02, seed: int = 0) 
             row = math.prod(shape[1:])
             step = max(1, CHUNK_BYTES // (4 * row))
             for r0 in range(0, shape[0], step):
-                x = torch.randn(min(step, shape[0] - r0), *shape[1:], generator=g)
-                if name.endswith("norm.weight"):
-                    x = 1 - cfg.norm_offset + 0.1 * x
-                elif name != "model.embed_tokens.weight":
-                    x *= std
+                x = random_tensor(cfg, name, (min(step, shape[0] - r0), *shape[1:]), g, std)
                 f.write(x.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
 
 

@@ -48,15 +48,15 @@ def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.1) -> dict[st
     """HF-named fp32 tensors. A larger std than training init keeps logits peaked, so greedy choices are
     not near-ties that fp32 rounding could flip between two correct attention paths."""
     g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in expected_shapes(cfg).items():
-        if name.endswith("norm.weight"):  # ~1 as the model runs it ((1 + w) norms store w)
-            out[name] = 1 - cfg.norm_offset + 0.1 * torch.randn(shape, generator=g)
-        elif name == "model.embed_tokens.weight":
-            out[name] = torch.randn(shape, generator=g)
-        else:
-            out[name] = std * torch.randn(shape, generator=g)
-    return out
+    return {name: random_tensor(cfg, name, shape, g, std) for name, shape in expected_shapes(cfg).items()}
+
+
+def random_tensor(cfg: ModelConfig, name: str, shape, g: torch.Generator, std: float) -> torch.Tensor:
+    """HF tensor `name`'s random values in `shape` (all of it, or a chunk of its rows), fp32."""
+    x = torch.randn(shape, generator=g)
+    if name.endswith("norm.weight"):  # ~1 as the model runs it ((1 + w) norms store w)
+        return 1 - cfg.norm_offset + 0.1 * x
+    return x if name == "model.embed_tokens.weight" else std * x
 
 
 def byte_tokenizer_json(vocab_size: int = 256 + len(SPECIALS)) -> str:
