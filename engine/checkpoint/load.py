@@ -111,7 +111,8 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
     embed = our_targets(cfg).get("embed.weight")
     blocks_embed = embed is not None and device.type == "cpu" and stored_format(src, embed[0]) is not None
     kept_embed = embed is not None and not blocks_embed and plan.kept_dense(embed[0])  # its file's dtype, or None
-    memory.check_fits(folder, plan, targets, src, embed, blocks_embed, dt)
+    embed_dt = wts.DENSE_DTYPES[kept_embed] if kept_embed else dt
+    memory.check_fits(folder, plan, targets, src, embed, blocks_embed, embed_dt)
     # torch.empty, not to_empty: empty_like of a meta tensor imports sympy (seconds, at every start)
     model = model._apply(lambda t: torch.empty(t.shape, dtype=dt if t.is_floating_point() else t.dtype, device=device))
     params = dict(model.named_parameters())
@@ -122,8 +123,7 @@ def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, pr
             elif ours == "embed.weight" and blocks_embed:
                 model.embed = BlockEmbedding(stored_format(src, names[0]), src.raw(names[0]), cfg.hidden_size)
             elif ours == "embed.weight" and kept_embed:  # a lookup widens the rows it reads (embed_tokens)
-                model.embed.weight = nn.Parameter(dense_table(src, names[0], wts.DENSE_DTYPES[kept_embed]),
-                                                  requires_grad=False)
+                model.embed.weight = nn.Parameter(dense_table(src, names[0], embed_dt), requires_grad=False)
             else:
                 value = plan.values(names)
                 # (1 + w) norms: the model runs the weight the formula uses, summed in fp32 as transformers does

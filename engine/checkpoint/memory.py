@@ -63,8 +63,9 @@ def stored_bytes(src, name: str) -> int:
     return 4 * n
 
 
-def need_bytes(plan, targets: dict, src, embed: list[str] | None, blocks_embed: bool, dtype_bytes: int) -> dict:
-    """{"weights": packed bytes, "transient": the largest tensor's buffers while packed}."""
+def need_bytes(plan, targets: dict, src, embed: list[str] | None, blocks_embed: bool, embed_bytes: int) -> dict:
+    """{"weights": packed bytes, "transient": the largest tensor's buffers while packed}; embed_bytes: a value of a
+    dense untied embedding's dtype."""
     weights, transient = 0, 0
     for ours, (names, shape, _) in targets.items():
         packed = plan.nbytes(ours, shape)
@@ -72,16 +73,15 @@ def need_bytes(plan, targets: dict, src, embed: list[str] | None, blocks_embed: 
         transient = max(transient, sum(stored_bytes(src, n) for n in names) + shape[0] * shape[1] + packed)
     if embed is not None:
         rows, cols = src.shapes[embed[0]]
-        kept = 2 if plan.kept_dense(embed[0]) else dtype_bytes  # fp16 / bf16 kept as the file has them
-        weights += stored_bytes(src, embed[0]) if blocks_embed else rows * cols * kept
+        weights += stored_bytes(src, embed[0]) if blocks_embed else rows * cols * embed_bytes
     weights += sum(4 * s[0] for s in src.shapes.values() if len(s) == 1)
     return dict(weights=weights, transient=transient)
 
 
-def check_fits(folder: Path, plan, targets, src, embed, blocks_embed, dtype) -> None:
+def check_fits(folder: Path, plan, targets, src, embed, blocks_embed, embed_dtype) -> None:
     import torch
 
-    need = need_bytes(plan, targets, src, embed, blocks_embed, torch.empty(0, dtype=dtype).element_size())
+    need = need_bytes(plan, targets, src, embed, blocks_embed, torch.empty(0, dtype=embed_dtype).element_size())
     total, have = need["weights"] + need["transient"], available_bytes()
     if have is not None and total > have:
         raise ModelLoadError(
