@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import weights
+from engine.checkpoint.sources import DENSE_TYPES
 from engine.config import ModelConfig, Rope
 from engine.tiny import byte_tokenizer_json, tiny_config, write_tiny_model
 
@@ -47,14 +48,11 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-DENSE_16 = {"F16": torch.float16, "BF16": torch.bfloat16}
-
-
 def quantized(w: torch.Tensor, kind: str, mix: dict[str, str]) -> tuple[str, torch.Tensor | None, torch.Tensor]:
     """(GGUF type, raw block bytes or None, the values the file stands for) of an HF weight [out, in]."""
     gtype = mix.get(kind, "F32")
-    if gtype in DENSE_16 and w.dim() == 2:  # a 16-bit dense tensor: its bytes, the values they stand for
-        x = w.to(DENSE_16[gtype]).contiguous()
+    if gtype in ("F16", "BF16") and w.dim() == 2:  # a 16-bit dense tensor: its bytes, the values they stand for
+        x = w.to(DENSE_TYPES[gtype]).contiguous()
         return gtype, x.view(torch.uint8), x.float()
     fmt = weights.BY_GGUF.get(gtype)
     if fmt is None or w.dim() != 2 or w.shape[1] % weights.get(fmt).block:
