@@ -11,6 +11,7 @@ quantizer, its dequantize twin, its layouts and its record (WeightFormat):
     q4_0.py       q4_0, q5_0           GGUF Q4_0 / Q5_0 blocks (also held exactly by int8's)
     k_quants.py   q2_k, q3_k, q4_k,    GGUF K-quant super-blocks of 256
                   q5_k, q6_k
+    k_bytes.py                         the K-quants' GGUF byte codecs (from_gguf, to_gguf)
     k_placed.py                        Q3_K's and Q6_K's panels with their quant bits placed for the CPU kernel
     gguf_bytes.py                      what the formats' GGUF byte codecs share
 
