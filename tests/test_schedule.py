@@ -6,8 +6,8 @@ import random
 import pytest
 
 from engine.speculative.drafters import Drafter
-from engine.speculative.schedule import (PRIOR_VERIFY_SLOPE, REPROBE, Acceptance, Costs, Schedule, expected_tokens,
-                                         median, recalled_slope, remember_slope, SLOPES, SLOPE_TTL_S)
+from engine.speculative.estimates import PRIOR_VERIFY_SLOPE, Acceptance, Costs, expected_tokens, median
+from engine.speculative.schedule import REPROBE, SLOPE_TTL_S, SLOPES, Schedule, recalled_slope, remember_slope
 from engine.stats import Round
 
 

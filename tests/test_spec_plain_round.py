@@ -10,7 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import Engine, load_model, speculative
 from engine.speculative import loop
-from engine.speculative.schedule import HOLD, Acceptance
+from engine.speculative.estimates import Acceptance
+from engine.speculative.schedule import HOLD
 from engine.tiny import tiny_config, write_tiny_model
 from schedules import Modeled
 from test_schedule import CPU_TWINS, Fake, simulate

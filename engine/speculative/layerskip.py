@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from engine.speculative import schedule
+from engine.speculative import estimates, schedule
 from engine.speculative.drafters import ModelDrafter
 from engine.kv_cache import KVCache
 from engine.sampling import SamplingParams, probs
@@ -106,10 +106,10 @@ def step_share(model) -> float:
 
 
 def modeled_speedup(acceptance: float, draft_cost: float, k_max: int,
-                    slope: float = schedule.PRIOR_VERIFY_SLOPE) -> float:
+                    slope: float = estimates.PRIOR_VERIFY_SLOPE) -> float:
     """Tokens per plain-step time of the best k, with constant acceptance and a verify pass costing
     1 + slope (T - 1) steps."""
-    e = schedule.expected_tokens([acceptance] * k_max)
+    e = estimates.expected_tokens([acceptance] * k_max)
     return max(e[k] / (k * draft_cost + 1 + slope * k) for k in range(k_max + 1))
 
 
@@ -121,7 +121,7 @@ def verify_slope(engine) -> float:
 
 @torch.inference_mode()
 def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int = 5,
-              slope: float = schedule.PRIOR_VERIFY_SLOPE) -> Calibration:
+              slope: float = estimates.PRIOR_VERIFY_SLOPE) -> Calibration:
     ids = list(prompt_ids[-CONTEXT:])
     window = min(WINDOW, len(ids))
     model.ensure_rope(len(ids))
@@ -169,7 +169,7 @@ class LayerSkipDrafter(ModelDrafter):
         self.target, self.fixed = engine, layers  # target: always on its cache (ModelDrafter's prepare, commit)
         self.keep: list[int] = layers or []
         self.calibration: Calibration | None = None
-        self.slope = schedule.PRIOR_VERIFY_SLOPE  # the verify cost per position the last calibration used
+        self.slope = estimates.PRIOR_VERIFY_SLOPE  # the verify cost per position the last calibration used
         self.engines: dict[tuple[int, ...], object] = {}
         self.engine = self._engine(layers) if layers else None
 

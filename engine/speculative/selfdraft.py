@@ -23,7 +23,7 @@ from engine.speculative.layerskip import LayerSkipDrafter
 
 GREEDY = SamplingParams()  # step_ms's picks
 # A copy drafting at more than this share of a target step leaves little to win: with acceptance a ~0.8 and
-# k ~4 the modeled speedup (schedule.expected_tokens over k * cost + verify) falls under ~1.3x past it, where
+# k ~4 the modeled speedup (estimates.expected_tokens over k * cost + verify) falls under ~1.3x past it, where
 # layer skipping's calibrated half of the layers, with no second copy in memory, does as well.
 COPY_MAX_COST = 0.7
 # the copy's format, first that qualifies: q4 first (the default model's own blocks, so a lossless copy there),
