@@ -39,7 +39,7 @@ def status_mb(key: str) -> float:
     return proc_status(key) / 1e6
 
 
-def child(path: str, fmt: str, decode: str = "0") -> dict:
+def child(path: str, fmt: str, decode: int = 0) -> dict:
     import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
     from engine import Engine, load_model, ops
 
@@ -51,8 +51,8 @@ def child(path: str, fmt: str, decode: str = "0") -> dict:
     out = dict(bare_mb=bare, peak_mb=status_mb("VmHWM"), after_mb=status_mb("VmRSS"), load_s=load_s,
                weights=sorted({s.fmt for m in model.linears() for s in m.weight.segments}),
                kernels=model.ops.name, notes=model.load_notes)
-    if int(decode):  # greedy steps after a 16-token prompt: the steps after the first token, over their time
-        _, stats = Engine(model, max_seq_len=64 + int(decode)).generate(list(range(3, 19)), int(decode), stop_ids=[])
+    if decode:  # greedy steps after a 16-token prompt: the steps after the first token, over their time
+        _, stats = Engine(model, max_seq_len=64 + decode).generate(list(range(3, 19)), decode, stop_ids=[])
         out.update(decode_tok_s=stats.summary()["decode_tok_s"], peak_after_decode_mb=status_mb("VmHWM"))
     return out
 
@@ -162,7 +162,8 @@ def markdown(result: dict) -> str:
 
 def main(argv=None):
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
-        print(json.dumps(child(*sys.argv[2:5])))
+        path, fmt, decode = sys.argv[2:5]
+        print(json.dumps(child(path, fmt, int(decode))))
         return
     from bench.common import run_and_save
 
