@@ -107,12 +107,14 @@ std::string use_isa(const std::string& name) {
   return "isa must be 'avx2', 'avx512' or 'amx', got '" + name + "'";
 }
 
+// By the table's name, never by address: taking &amx_table() builds that table, and its initializer is
+// AVX-512 code (its translation unit's target), which an AVX2-only CPU cannot execute.
 std::string describe() {
   const KernelTable& t = kernels();
-  if (&t == &amx_table())
-    return "amx (int8 tiles from T >= " + std::to_string(amx_min_rows()) + ", avx512 vnni below)";
-  std::string s = t.name;
-  if (&t == &avx512_table() && cpu_has_amx() && !amx_refused().empty()) s += "; amx off: " + amx_refused();
+  const std::string name = t.name;
+  if (name == "amx") return "amx (int8 tiles from T >= " + std::to_string(amx_min_rows()) + ", avx512 vnni below)";
+  std::string s = name;
+  if (name.rfind("avx512", 0) == 0 && cpu_has_amx() && !amx_refused().empty()) s += "; amx off: " + amx_refused();
   return s;
 }
 
