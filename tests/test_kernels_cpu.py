@@ -23,6 +23,9 @@ Tolerances, kernel vs twin (both fp32):
 """
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 import threading
 
 import pytest
@@ -274,3 +277,28 @@ def test_reports_what_it_runs(cpu_module):
     assert isa in ext.load("cpu").reason
     if isa.startswith("amx"):
         assert f"T >= {cpu_module.amx_rows()}" in isa
+
+
+# An AVX-512 or AMX instruction: a 512-bit or tile register, a mask register, or an EVEX-only mnemonic.
+_NOT_AVX2 = re.compile(r"%zmm|%tmm|\{%k[0-7]\}|%k[0-7]\b|vinserti(32|64)x|vextracti(32|64)x|vmovdqu(8|16|32|64)\b|"
+                       r"vpternlog|vpdpbusd|tdp|tileload")
+
+
+def test_no_code_of_another_isa_runs_to_hand_out_a_table(cpu_module):
+    """The library's static initializers and the three table accessors run on any CPU that loads it; none may hold
+    an AVX-512 or AMX instruction (a table built at first call did, and an AVX2-only CPU died of SIGILL in isa())."""
+    nm, objdump = shutil.which("nm"), shutil.which("objdump")
+    if not nm or not objdump:
+        pytest.skip("needs binutils' nm and objdump to read the built library")
+    so = cpu_module.__file__
+    symbols = subprocess.run([nm, so], capture_output=True, text=True, check=True).stdout.split("\n")
+    names = [line.split()[-1] for line in symbols if line.strip()]
+    accessors = [n for n in names if re.fullmatch(r"_ZN11decodescope3cpu\d+(avx2|avx512|amx)_tableEv", n)]
+    initializers = [n for n in names if n.startswith("_GLOBAL__sub_I_")]
+    assert len(accessors) == 3, accessors
+    for name in accessors + initializers:
+        listing = subprocess.run([objdump, "-d", "--no-show-raw-insn", f"--disassemble={name}", so],
+                                 capture_output=True, text=True, check=True).stdout
+        body = listing.split(f"<{name}>:", 1)[1].split("Disassembly of section", 1)[0]
+        found = _NOT_AVX2.search(body)
+        assert found is None, f"{name} holds {found.group(0)!r}, which an AVX2-only CPU cannot run:\n{body[:2000]}"

@@ -107,8 +107,8 @@ std::string use_isa(const std::string& name) {
   return "isa must be 'avx2', 'avx512' or 'amx', got '" + name + "'";
 }
 
-// By the table's name, never by address: taking &amx_table() builds that table, and its initializer is
-// AVX-512 code (its translation unit's target), which an AVX2-only CPU cannot execute.
+// By the table's name. The tables are constinit data (table.h), so no code of another instruction set runs to
+// reach one (tests/test_kernels_cpu.py reads the built library to hold that).
 std::string describe() {
   const KernelTable& t = kernels();
   const std::string name = t.name;

@@ -45,10 +45,9 @@ constexpr std::array<LinearFn, kNumFormats> linears() {
 
 }  // namespace
 
-const KernelTable& amx_table() {
-  static const KernelTable table = kernel_table<Avx512>("amx", linears());
-  return table;
-}
+constinit const KernelTable kAmxTable = kernel_table<Avx512>("amx", linears());
+
+const KernelTable& amx_table() { return kAmxTable; }
 
 }  // namespace decodescope::cpu
 

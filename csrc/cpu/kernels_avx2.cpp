@@ -26,10 +26,9 @@ void race_keyed(uint32_t key_lo, uint32_t key_hi, const float* w, int64_t i0, in
   race_keyed_span(key_lo, key_hi, w, i0, i1, best, at);
 }
 
-const KernelTable& avx2_table() {
-  static const KernelTable table = kernel_table<Avx2>(Avx2::kName, Gemm<Avx2>::linears());
-  return table;
-}
+constinit const KernelTable kAvx2Table = kernel_table<Avx2>(Avx2::kName, Gemm<Avx2>::linears());
+
+const KernelTable& avx2_table() { return kAvx2Table; }
 
 }  // namespace decodescope::cpu
 

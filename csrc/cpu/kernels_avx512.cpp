@@ -17,10 +17,9 @@
 
 namespace decodescope::cpu {
 
-const KernelTable& avx512_table() {
-  static const KernelTable table = kernel_table<Avx512>(Avx512::kName, Gemm<Avx512>::linears());
-  return table;
-}
+constinit const KernelTable kAvx512Table = kernel_table<Avx512>(Avx512::kName, Gemm<Avx512>::linears());
+
+const KernelTable& avx512_table() { return kAvx512Table; }
 
 }  // namespace decodescope::cpu
 

@@ -1,6 +1,9 @@
 // One instruction set's KernelTable (kernels.h): gemm.h's, rowwise.h's and attention.h's templates instantiated for
 // S, compiled under the target pragma of the file that includes this one (kernels_<isa>.cpp). `linear` is the GEMMs
 // by format: Gemm<S>::linears(), or the AMX file's, which swaps some formats' kernels for its tiles.
+// constexpr, and each kernels_<isa>.cpp keeps its table as a constinit object: the table is data in the library,
+// set before any code runs, so handing out or naming a table never executes code compiled for its instruction set
+// (a function-local static built at first call did, and took the process down with SIGILL on an AVX2-only CPU).
 #pragma once
 
 #include <array>
@@ -13,7 +16,7 @@
 namespace decodescope::cpu {
 
 template <class S>
-KernelTable kernel_table(const char* name, const std::array<LinearFn, kNumFormats>& linear) {
+constexpr KernelTable kernel_table(const char* name, const std::array<LinearFn, kNumFormats>& linear) {
   using G = Gemm<S>;
   using R = Rowwise<S>;
   using A = Attention<S>;
