@@ -113,3 +113,47 @@ def test_a_calibrated_set_that_cannot_pay_sits_the_run_out(model, monkeypatch, h
     schedule.SLOPES[eng] = [(time.monotonic(), slope)]
     got, stats = speculative.generate(eng, drafter, ids, k=4, max_new_tokens=32, stop_ids=[], adaptive=False)
     assert got == want and all(r.n_drafted for r in stats.rounds[1:-1])
+
+
+@pytest.mark.parametrize("weights, fused", [("fp32", False), ("fp32", True), ("q4", True)])
+def test_a_short_prompts_calibration_is_the_targets_prefill(weights, fused):
+    """A prompt of at most CONTEXT tokens is the calibration's whole forward: the target's cache then holds what
+    Engine.prefill writes and the first logits are its logits, bit for bit, handed out once; a longer prompt's
+    calibration (its last CONTEXT tokens) leaves the prefill to the target."""
+    m = random_model(tiny_config(), weights=weights, fused=fused, seed=4)
+    eng = Engine(m, 256)
+    sampling = SamplingParams(0.0)
+    for ids in (PROMPT, PROMPT * 4):  # 19 and 76 tokens, around CONTEXT = 64
+        eng.begin(ids, 8, sampling)
+        want = eng.prefill(ids)
+        n = len(ids)
+        want_k, want_v = eng.cache.k[:, :, :, :n].clone(), eng.cache.v[:, :, :, :n].clone()
+        eng.cache.k.normal_(), eng.cache.v.normal_(), eng.cache.set_length(0)
+        drafter = speculative.LayerSkipDrafter(eng)
+        drafter.begin(eng, ids, sampling, 8)
+        got = drafter.prefilled()
+        if n > layerskip.CONTEXT:
+            assert got is None and not drafter.describe()["calibration_prefilled"]
+            continue
+        assert drafter.describe()["calibration_prefilled"] and drafter.prefilled() is None  # once
+        assert torch.equal(got, want) and eng.cache.length == n
+        assert torch.equal(eng.cache.k[:, :, :, :n], want_k) and torch.equal(eng.cache.v[:, :, :, :n], want_v)
+        assert eng.pick(got, sampling, None)[0] == int(want.argmax())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_run_over_a_short_prompt_makes_one_prefill(model, monkeypatch, temperature):
+    """The calibrated drafter's run over a short prompt calls the target's prefill never and decodes what plain
+    decoding does; over a long prompt the target prefills once."""
+    eng = Engine(model, 256)
+    calls = Counter()
+    prefill = eng.prefill
+    monkeypatch.setattr(eng, "prefill", lambda *a, **k: calls.update([len(a[0])]) or prefill(*a, **k))
+    for ids in (PROMPT, PROMPT * 4):
+        want, _ = eng.generate(ids, 24, temperature=temperature, seed=7, stop_ids=[])
+        calls.clear()
+        got, stats = speculative.generate(eng, speculative.LayerSkipDrafter(eng), ids, k=3, max_new_tokens=24,
+                                          temperature=temperature, seed=7, stop_ids=[])
+        assert got == want
+        assert calls == (Counter() if len(ids) <= layerskip.CONTEXT else Counter({len(ids): 1}))
+        assert stats.drafter_info["calibration_prefilled"] == (len(ids) <= layerskip.CONTEXT)

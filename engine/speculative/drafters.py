@@ -64,6 +64,11 @@ class Drafter:
     def begin(self, target, prompt_ids: list[int], sampling: SamplingParams, extra: int) -> None:
         pass
 
+    def prefilled(self) -> torch.Tensor | None:
+        """The target's prefill logits [V] where begin() already filled the target's cache with the prompt (a
+        calibrated layer-skip drafter's short prompt), handed out once; None: the loop runs the prefill."""
+        return None
+
     def context(self) -> Hashable | None:
         return 0
 

@@ -17,6 +17,10 @@ old truncation, or any set) or calibrated on each prompt before the target's pre
   3. the count with the most modeled tokens per second wins (schedule.py's formula, a draft step costing
      its share of the layers plus the head, and the engine's verify cost per position).
 
+A prompt of at most CONTEXT tokens is the calibration's whole forward, which is then the target's prefill: its K/V
+is copied into the target's cache and the head runs on its last position as Engine.prefill's would (the same
+kernels on the same rows: the same bits), so the run's first token costs one prefill, not two (prefilled()).
+
 A drafted token costs its draft step (c of a plain step) and its position in the verify pass (s); where c + s >= 1
 even a draft that is always accepted costs more than the plain step that would have made its token, so no k
 can pay ((k + 1) / (1 + k (c + s)) <= 1). The calibrated drafter then sits the run out under the adaptive
@@ -59,6 +63,7 @@ class Calibration:
     influence: list[float]  # per target layer: 1 - cos(h_in, h_out) at those positions
     candidates: dict[int, float]  # layers skipped -> expected acceptance
     draft_cost: float  # the kept set's modeled draft step over a plain step (its layers' share plus the head)
+    prompt_logits: torch.Tensor | None = None  # [V] at the prompt's last position, where it filled a target cache
 
 
 def _prefill(model, ids: list[int]) -> tuple[torch.Tensor, KVCache]:
@@ -78,16 +83,19 @@ def drafted(model, keep: list[int], ids: list[int], window: int, cache: KVCache)
     return view(tokens, shared, "cached", start=len(ids) - window)[0]
 
 
-def influence(model, ids: list[int], window: int) -> tuple[list[float], torch.Tensor, KVCache]:
+def influence(model, ids: list[int], window: int, last: dict | None = None
+              ) -> tuple[list[float], torch.Tensor, KVCache]:
     """(1 - cos(h_in, h_out) per layer at the last `window` positions, the target's logits there [W, V], the
-    target's cache over ids)."""
+    target's cache over ids). last: given, its "x" is the head's input at the last position [1, C]."""
     saved, scores = {}, []
 
     def before(block, args):  # Block.forward(x, h, next_norm, s): h is the residual stream, updated in place
         saved["h"] = args[1][-window:].float().clone()
 
-    def after(block, args, out):
+    def after(block, args, out):  # out: the next norm of the stream, the last block's the head's input
         scores.append(1 - torch.cosine_similarity(saved["h"], args[1][-window:].float(), dim=-1).mean().item())
+        if last is not None:
+            last["x"] = out[-1:].clone()
 
     hooks = [h for b in model.layers for h in (b.register_forward_pre_hook(before), b.register_forward_hook(after))]
     try:
@@ -119,14 +127,27 @@ def verify_slope(engine) -> float:
     return schedule.recalled_slope(engine)
 
 
+def fill_cache(target: KVCache, source: KVCache, n: int) -> None:
+    """target's first n positions := source's, its length n (what a prefill over those n tokens leaves)."""
+    target.k[:, :, :, :n].copy_(source.k[:, :, :, :n])
+    target.v[:, :, :, :n].copy_(source.v[:, :, :, :n])
+    target.set_length(n)
+
+
 @torch.inference_mode()
 def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int = 5,
-              slope: float = estimates.PRIOR_VERIFY_SLOPE) -> Calibration:
+              slope: float = estimates.PRIOR_VERIFY_SLOPE, fill: KVCache | None = None) -> Calibration:
+    """fill: a cache of the model's (the target's) to leave holding the prompt, as Engine.prefill would, when the
+    prompt is no longer than CONTEXT; the result's prompt_logits are then the prefill's logits."""
     ids = list(prompt_ids[-CONTEXT:])
     window = min(WINDOW, len(ids))
     model.ensure_rope(len(ids))
     L = model.config.n_layers
-    scores, logits, cache = influence(model, ids, window)
+    fills = fill is not None and len(ids) == len(prompt_ids)
+    last = {} if fills else None
+    scores, logits, cache = influence(model, ids, window, last)
+    if fills:
+        fill_cache(fill, cache, len(ids))  # before the candidates write their window positions into `cache`
     p_target = probs(logits, sampling, model.ops.softmax)
     order = sorted(range(L), key=scores.__getitem__)  # least influence first
     counts = sorted({min(L - 1, max(1, round(f * L))) for f in SKIP_FRACTIONS})
@@ -142,7 +163,9 @@ def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int
         if best is not None and score <= best[0]:
             break
         best = (score, keep, acc, cost)
-    return Calibration(best[1], best[2], scores, candidates, best[3])
+    # the head last, after the candidates' own: its greedy picks (model.head_picks) are then the prompt's
+    prompt_logits = model.head(last["x"]).view(-1) if fills else None
+    return Calibration(best[1], best[2], scores, candidates, best[3], prompt_logits)
 
 
 class LayerSkipDrafter(ModelDrafter):
@@ -169,6 +192,7 @@ class LayerSkipDrafter(ModelDrafter):
         self.target, self.fixed = engine, layers  # target: always on its cache (ModelDrafter's prepare, commit)
         self.keep: list[int] = layers or []
         self.calibration: Calibration | None = None
+        self.filled = False  # whether the last calibration also made the target's prefill (a short prompt)
         self.slope = estimates.PRIOR_VERIFY_SLOPE  # the verify cost per position the last calibration used
         self.engines: dict[tuple[int, ...], object] = {}
         self.engine = self._engine(layers) if layers else None
@@ -192,11 +216,11 @@ class LayerSkipDrafter(ModelDrafter):
 
     def begin(self, target, prompt_ids, sampling, extra) -> None:
         self.on_cache_of(target)
-        self.sits_out = None
+        self.sits_out, self.filled = None, False
         if self.fixed is None:
             self.slope = verify_slope(target)
-            self.calibration = c = calibrate(target.model, prompt_ids, sampling, slope=self.slope)
-            self.keep = c.keep
+            self.calibration = c = calibrate(target.model, prompt_ids, sampling, slope=self.slope, fill=target.cache)
+            self.keep, self.filled = c.keep, c.prompt_logits is not None
             if c.draft_cost + self.slope >= 1:
                 self.sits_out = (f"a draft of {len(c.keep)} of {target.config.n_layers} layers costs about "
                                  f"{c.draft_cost:.2f} of a step (the head alone {step_share(target.model):.0%} of "
@@ -214,6 +238,15 @@ class LayerSkipDrafter(ModelDrafter):
             self.engine.use_graphs(False)
         self.start(target, len(prompt_ids))  # no prefill: the target's own fills the cache the view reads
 
+    def prefilled(self) -> torch.Tensor | None:
+        """The target's prefill logits where the calibration filled its cache with the prompt (a prompt of at
+        most CONTEXT tokens), once; else None."""
+        c = self.calibration
+        if c is None or c.prompt_logits is None:
+            return None
+        logits, c.prompt_logits = c.prompt_logits, None
+        return logits
+
     def describe(self) -> dict:
         total = self.target.config.n_layers
         out = {"drafter": self.name, "draft_layers": len(self.keep), "target_layers": total,
@@ -223,6 +256,7 @@ class LayerSkipDrafter(ModelDrafter):
             out["calibrated_acceptance"] = round(self.calibration.acceptance, 3)
             out["modeled_draft_cost"] = round(self.calibration.draft_cost, 3)
             out["verify_slope"] = round(self.slope, 3)
+            out["calibration_prefilled"] = self.filled
         if self.sits_out:
             out["sits_out"] = self.sits_out
         return out

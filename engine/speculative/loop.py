@@ -150,11 +150,14 @@ def stream(eng, drafter: Drafter, prompt_ids, k: int = K_DEFAULT, max_new_tokens
     schedule = Schedule(k, drafter, adaptive)
     schedule.recall(eng)
 
-    # The drafter's own prefill runs first, inside round 0 (draft_ms), so the first token's time is honest.
+    # The drafter's own prefill runs first, inside round 0 (draft_ms), so the first token's time is honest; a
+    # calibrated layer skip over a short prompt has made the target's prefill there too (Drafter.prefilled).
     start, a = now_ms(t0), clock.mark()
     drafter.begin(eng, list(prompt_ids), sampling, max_new_tokens)
     b = clock.mark()
-    logits = eng.prefill(list(prompt_ids))
+    logits = drafter.prefilled()
+    if logits is None:
+        logits = eng.prefill(list(prompt_ids))
     c = clock.mark()
     tok, p = eng.pick(logits, sampling, noise.at(0))
     d = clock.mark()
