@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -40,20 +39,11 @@ QUICK = dict(new_tokens=24, prompts_per_set=1, repeats=1)
 
 def requantized(kind: str, folder: Path) -> Path:
     """The default model's weights in `kind`, written by llama-quantize from the embedded file (made once)."""
-    out = folder / f"smollm2-135m-instruct.{kind}.gguf"
-    if out.exists():
-        return out
-    exe = llamacpp.prefix() / "bin" / "llama-quantize"
-    if not exe.exists():
-        raise FileNotFoundError(f"{exe} is missing: scripts/build_llamacpp.sh builds it")
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".partial")
-    cmd = [str(exe), "--allow-requantize", str(default_model.gguf_path(None, print)), str(partial), kind, "2"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=llamacpp.clean_env(), check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    partial.rename(out)
-    return out
+    exe = llamacpp.quantize_binary()
+    if exe is None:
+        raise FileNotFoundError(f"no llama-quantize in {llamacpp.prefix() / 'bin'}: scripts/build_llamacpp.sh "
+                                "builds it")
+    return llamacpp.requantized(exe, default_model.gguf_path(None, print), kind, folder)
 
 
 def drafters(eng: Engine, draft_file: Path, cache: Path) -> list[tuple[str, str, object]]:
