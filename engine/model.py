@@ -319,10 +319,12 @@ class Transformer(nn.Module):
                 and s.start is not None and not self.python_blocks)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, mode: str, kv_limit: int | None = None,
-                last_only: bool = False, window: int = 0, sinks: int = 0, start: int | None = None) -> torch.Tensor:
-        """tokens: [B, T] -> float32 logits [B, T, V] ([B, V] with last_only). The cache's length already
-        counts these T tokens (the caller advanced it), so positions are seq_lens - T + t. start: that first
-        position when the host knows it (eager calls: the KV write is then a slice copy, not an index_put)."""
+                last_only: bool = False, window: int = 0, sinks: int = 0, start: int | None = None,
+                tail: int | None = None) -> torch.Tensor:
+        """tokens: [B, T] -> float32 logits [B, T, V] ([B, V] with last_only; [B, tail, V] of the last `tail`
+        positions with tail, the head run on those alone). The cache's length already counts these T tokens (the
+        caller advanced it), so positions are seq_lens - T + t. start: that first position when the host knows
+        it (eager calls: the KV write is then a slice copy, not an index_put)."""
         B, T = tokens.shape
         if start is not None and start + T <= self.position_ids.shape[0]:
             positions = self.position_ids[start:start + T].expand(B, T)  # views; the 4 ops below took ~30 us a CPU step
@@ -339,5 +341,7 @@ class Transformer(nn.Module):
             for i, block in enumerate(layers):
                 x = block(x, h, layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm, s)
         x = x.view(B, T, -1)
-        x = x[:, -1] if last_only else x.reshape(B * T, -1)
-        return self.head(x).view(B, -1) if last_only else self.head(x).view(B, T, -1)
+        if last_only:
+            return self.head(x[:, -1]).view(B, -1)
+        rows = T if tail is None else min(tail, T)
+        return self.head(x[:, T - rows:].reshape(B * rows, -1)).view(B, rows, -1)

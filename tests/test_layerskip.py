@@ -157,3 +157,25 @@ def test_a_run_over_a_short_prompt_makes_one_prefill(model, monkeypatch, tempera
         assert got == want
         assert calls == (Counter() if len(ids) <= layerskip.CONTEXT else Counter({len(ids): 1}))
         assert stats.drafter_info["calibration_prefilled"] == (len(ids) <= layerskip.CONTEXT)
+
+
+@pytest.mark.parametrize("weights", ["fp32", "q4"])
+def test_a_forward_with_tail_gives_its_last_rows_logits(weights):
+    """forward(tail=n) runs the head on the last n positions alone (the calibration's window): the same logits as
+    the whole forward's last n rows, bit for bit on the kernels, whose rows do not depend on the rows beside them."""
+    from engine.kv_cache import KVCache
+
+    m = random_model(tiny_config(), weights=weights, seed=6)
+    m.ensure_rope(64)
+    ids = torch.tensor([PROMPT * 2])
+    out = {}
+    with torch.inference_mode():
+        for tail in (None, 5, 100):
+            cache = KVCache(m.config, 1, 64, m.dtype, "cpu")
+            cache.set_length(ids.shape[1])
+            out[tail] = m(ids, cache, "prefill", tail=tail)
+    assert out[5].shape == (1, 5, m.config.vocab_size) and torch.equal(out[100], out[None])
+    if m.ops.head_greedy is not None:
+        assert torch.equal(out[5], out[None][:, -5:])
+    else:
+        torch.testing.assert_close(out[5], out[None][:, -5:])

@@ -66,11 +66,12 @@ class Calibration:
     prompt_logits: torch.Tensor | None = None  # [V] at the prompt's last position, where it filled a target cache
 
 
-def _prefill(model, ids: list[int]) -> tuple[torch.Tensor, KVCache]:
-    """All-position logits [T, V] of a fresh forward over ids, and the cache it filled (its own, throwaway)."""
+def _prefill(model, ids: list[int], window: int) -> tuple[torch.Tensor, KVCache]:
+    """The logits [W, V] of the last `window` positions of a fresh forward over ids, and the cache it filled (its
+    own, throwaway)."""
     cache = KVCache(model.config, 1, len(ids), model.dtype, model.device)
     cache.set_length(len(ids))
-    return model(torch.tensor([ids], device=model.device), cache, "prefill")[0], cache
+    return model(torch.tensor([ids], device=model.device), cache, "prefill", tail=window)[0], cache
 
 
 def drafted(model, keep: list[int], ids: list[int], window: int, cache: KVCache) -> torch.Tensor:
@@ -100,12 +101,12 @@ def influence(model, ids: list[int], window: int, last: dict | None = None
     hooks = [h for b in model.layers for h in (b.register_forward_pre_hook(before), b.register_forward_hook(after))]
     try:
         with model.blocks_in_python():
-            logits, cache = _prefill(model, ids)
+            logits, cache = _prefill(model, ids, window)
     finally:
         for h in hooks:
             h.remove()
     assert len(scores) == model.config.n_layers
-    return scores, logits[-window:], cache
+    return scores, logits, cache
 
 
 def step_share(model) -> float:
