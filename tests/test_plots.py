@@ -187,6 +187,10 @@ def test_calibration_is_its_own_lane_never_a_draft():
     assert "900 ms of it the drafter's calibration" in plots.itl_figure(s).layout.title.text
     # a plain run has no setup lane
     assert "calibration" not in {t.name for t in plots.steps_figure(RUNS["plain"]).data}
+    # over a short prompt the calibration's forward is the target's prefill too, and the lane says so
+    s.rounds[0].draft_info["calibration_prefilled"] = True
+    assert "calibration and prefill" in {t.name for t in plots.steps_figure(s).data}
+    assert "900 ms of it the drafter's calibration and prefill" in plots.itl_figure(s).layout.title.text
 
 
 def test_rolling_acceptance_breaks_where_no_round_drafted():

@@ -13,7 +13,7 @@ from ui.explain import drafter_note, schedule_note
 from ui.render import KIND_COLORS
 
 LANE_COLORS = {"draft": "#72b7b2", "target": "#4c78a8", "sample": "#f58518", "host": "#bab0ac",
-               "calibration": "#b279a2", "drafter prefill": "#b279a2"}
+               "calibration": "#b279a2", "calibration and prefill": "#b279a2", "drafter prefill": "#b279a2"}
 ROLLING_WINDOW = 8
 
 
@@ -91,10 +91,14 @@ def itl_figure(stats: Stats) -> go.Figure:
 
 def setup_lane(stats: Stats) -> str | None:
     """What a speculative run's drafter does in round 0 (its draft_ms there): a layer-skip drafter calibrating
-    on the prompt, any other its own prefill. It drafts nothing, so it is never drawn as a draft."""
+    on the prompt (over a short prompt, making the target's prefill with it), any other its own prefill. It
+    drafts nothing, so it is never drawn as a draft."""
     if stats.settings.get("mode", "plain") == "plain":
         return None
-    return "calibration" if stats.drafter_info.get("layer_set") == "calibrated" else "drafter prefill"
+    info = stats.drafter_info
+    if info.get("layer_set") == "calibrated":
+        return "calibration and prefill" if info.get("calibration_prefilled") else "calibration"
+    return "drafter prefill"
 
 
 def steps_figure(stats: Stats) -> go.Figure:
