@@ -110,7 +110,6 @@ def requantized(quantize: Path, source: Path, kind: str, folder: Path) -> Path:
     """`source` requantized to llama.cpp's type `kind` (F32, F16, Q8_0, ...) by llama-quantize, into folder once."""
     out = folder / f"{source.stem}.{kind}.gguf"
     if not out.exists():
-        folder.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".partial")
         done = subprocess.run([str(quantize), "--allow-requantize", str(source), str(tmp), kind], capture_output=True,
                               text=True, env=clean_env(), check=False)

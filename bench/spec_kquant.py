@@ -43,6 +43,7 @@ def requantized(kind: str, folder: Path) -> Path:
     if exe is None:
         raise FileNotFoundError(f"no llama-quantize in {llamacpp.prefix() / 'bin'}: scripts/build_llamacpp.sh "
                                 "builds it")
+    folder.mkdir(parents=True, exist_ok=True)
     return llamacpp.requantized(exe, default_model.gguf_path(None, print), kind, folder)
 
 
