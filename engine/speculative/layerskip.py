@@ -95,7 +95,7 @@ def influence(model, ids: list[int], window: int, last: dict | None = None
 
     def after(block, args, out):  # out: the next norm of the stream, the last block's the head's input
         scores.append(1 - torch.cosine_similarity(saved["h"], args[1][-window:].float(), dim=-1).mean().item())
-        if last is not None:
+        if last is not None and block is model.layers[-1]:
             last["x"] = out[-1:].clone()
 
     hooks = [h for b in model.layers for h in (b.register_forward_pre_hook(before), b.register_forward_hook(after))]
