@@ -176,6 +176,7 @@ class LayerSkipDrafter(ModelDrafter):
     each prompt (see the module docstring), inside round 0 so the first token's time includes it."""
 
     name = "layer_skip"
+    shares_prefill = True  # a short prompt's calibration makes the target's prefill too (bench/first_token.py: off)
 
     def __init__(self, engine, n_layers: int | None = None, layers: Sequence[int] | None = None):
         total = engine.config.n_layers
@@ -220,7 +221,8 @@ class LayerSkipDrafter(ModelDrafter):
         self.sits_out, self.filled = None, False
         if self.fixed is None:
             self.slope = verify_slope(target)
-            self.calibration = c = calibrate(target.model, prompt_ids, sampling, slope=self.slope, fill=target.cache)
+            fill = target.cache if self.shares_prefill else None
+            self.calibration = c = calibrate(target.model, prompt_ids, sampling, slope=self.slope, fill=fill)
             self.keep, self.filled = c.keep, c.prompt_logits is not None
             if c.draft_cost + self.slope >= 1:
                 self.sits_out = (f"a draft of {len(c.keep)} of {target.config.n_layers} layers costs about "
