@@ -56,6 +56,13 @@ class KVCache:
         self.seq_lens.fill_(n)
         self.length = n
 
+    def copy_prefix(self, source: KVCache, n: int) -> None:
+        """Positions 0..n-1 of every layer := source's, the length n: what a prefill over those n tokens leaves
+        (a layer-skip calibration's forward over a short prompt, engine/speculative/layerskip.py)."""
+        self.k[:, :, :, :n].copy_(source.k[:, :, :, :n])
+        self.v[:, :, :, :n].copy_(source.v[:, :, :, :n])
+        self.set_length(n)
+
     def scratch(self, n: int) -> KVCache:
         """A cache of its own with this one's shape and n positions, all live: a forward of n tokens on it writes
         positions 0..n-1 of its own tensors, which nothing reads. Graph warm-up runs the step for real before the

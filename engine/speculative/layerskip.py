@@ -128,13 +128,6 @@ def verify_slope(engine) -> float:
     return schedule.recalled_slope(engine)
 
 
-def fill_cache(target: KVCache, source: KVCache, n: int) -> None:
-    """target's first n positions := source's, its length n (what a prefill over those n tokens leaves)."""
-    target.k[:, :, :, :n].copy_(source.k[:, :, :, :n])
-    target.v[:, :, :, :n].copy_(source.v[:, :, :, :n])
-    target.set_length(n)
-
-
 @torch.inference_mode()
 def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int = 5,
               slope: float = estimates.PRIOR_VERIFY_SLOPE, fill: KVCache | None = None) -> Calibration:
@@ -148,7 +141,7 @@ def calibrate(model, prompt_ids: list[int], sampling: SamplingParams, k_max: int
     last = {} if fills else None
     scores, logits, cache = influence(model, ids, window, last)
     if fills:
-        fill_cache(fill, cache, len(ids))  # before the candidates write their window positions into `cache`
+        fill.copy_prefix(cache, len(ids))  # before the candidates write their window positions into `cache`
     p_target = probs(logits, sampling, model.ops.softmax)
     order = sorted(range(L), key=scores.__getitem__)  # least influence first
     counts = sorted({min(L - 1, max(1, round(f * L))) for f in SKIP_FRACTIONS})
