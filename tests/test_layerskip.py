@@ -10,7 +10,7 @@ from engine import Engine, speculative
 from engine.checkpoint import random_model
 from engine.speculative import layerskip, loop, schedule
 from engine.speculative.layerskip import calibrate, drafted, influence
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, probs
 from engine.stats import EMITTED_KINDS
 from engine.tiny import tiny_config
 from schedules import RandomK
@@ -179,3 +179,22 @@ def test_a_forward_with_tail_gives_its_last_rows_logits(weights):
         assert torch.equal(out[5], out[None][:, -5:])
     else:
         torch.testing.assert_close(out[5], out[None][:, -5:])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("weights, fused", [("fp32", False), ("q4", True)])
+def test_a_candidates_acceptance_is_the_chance_that_speculative_sampling_accepts(weights, fused, temperature):
+    """Each candidate's acceptance is sum_x min(p_target, p_draft) averaged over the window, the one-hot
+    distributions' at temperature 0 (which calibrate judges by the heads' argmaxes): the same float."""
+    m = random_model(tiny_config(), weights=weights, fused=fused, seed=4)
+    sampling, ids, window = SamplingParams(temperature), PROMPT * 2, layerskip.WINDOW
+    cal = calibrate(m, ids, sampling)
+    scores, logits, cache = influence(m, ids, window)
+    p_target = probs(logits, sampling, m.ops.softmax)
+    order = sorted(range(m.config.n_layers), key=scores.__getitem__)
+    want = {}
+    for n_skip in cal.candidates:
+        p_draft = probs(drafted(m, sorted(order[n_skip:]), ids, window, cache), sampling, m.ops.softmax)
+        want[n_skip] = torch.minimum(p_target, p_draft).sum(-1).mean().item()
+    assert cal.candidates == want
+    assert len(want) == 2 and min(want.values()) < 1  # a draft that disagrees somewhere
