@@ -25,13 +25,13 @@ def python_loop(model):
     return dataclasses.replace(model.ops, blocks=None)
 
 
-def run(model, ops, tokens, prompt, window=0, sinks=0, kv_limit=None):
+def run(model, ops, tokens, prompt, window=0, sinks=0, kv_limit=None, kv_dtype=torch.float32):
     """Prefill `prompt` rows, then one cached forward of `tokens` [B, T]; logits and the cache."""
     B, T = tokens.shape
     saved, model.ops = model.ops, ops
     try:
         model.ensure_rope(96)
-        cache = KVCache(model.config, B, 96, torch.float32, "cpu")
+        cache = KVCache(model.config, B, 96, kv_dtype, "cpu")
         cache.set_length(prompt.shape[1])
         model(prompt, cache, "prefill", start=0)
         cache.advance(T)
@@ -62,6 +62,27 @@ def test_native_blocks_equal_the_python_loop(fmt, B, T):
     prompt = torch.randint(0, model.config.vocab_size, (B, 37), generator=g)
     tokens = torch.randint(0, model.config.vocab_size, (B, T), generator=g)
     loops_agree(model, tokens, prompt, [dict(), dict(kv_limit=64), dict(window=8, sinks=2)], fmt)
+
+
+@pytest.mark.parametrize("B,T", [(1, 1), (1, 5), (2, 3)])
+def test_native_blocks_on_an_fp16_cache_equal_the_python_loop(B, T):
+    """An fp16 KV cache: the native loop rounds each K/V value into it as torch's copy does (to nearest, ties to
+    even), and attention reads the same values: logits and cache bit for bit, and the cache is fp16's rounding of
+    an fp32 cache's values."""
+    model = random_model(tiny_config(), weights="q4", seed=3)
+    g = torch.Generator().manual_seed(B * 10 + T)
+    prompt = torch.randint(0, model.config.vocab_size, (B, 37), generator=g)
+    tokens = torch.randint(0, model.config.vocab_size, (B, T), generator=g)
+    half = dict(kv_dtype=torch.float16)
+    loops_agree(model, tokens, prompt, [half, dict(kv_limit=64, **half), dict(window=8, sinks=2, **half)], "fp16 cache")
+    _, cache16 = run(model, model.ops, tokens, prompt, **half)
+    _, cache32 = run(model, model.ops, tokens, prompt)
+    assert cache16.k.dtype == torch.float16
+    n = 37 + T
+    # the prompt's rows come from the same prefill; the new rows from forwards that read the cache's own values
+    assert torch.equal(cache16.k[:, :, :, :37], cache32.k[:, :, :, :37].half())
+    assert torch.equal(cache16.v[:, :, :, :37], cache32.v[:, :, :, :37].half())
+    torch.testing.assert_close(cache16.k[:, :, :, :n].float(), cache32.k[:, :, :, :n], rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids="+".join)

@@ -258,6 +258,36 @@ def test_attention(m, H, Hkv, D):
                 torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5, msg=lambda e, case=case: f"{case}: {e}")
 
 
+@pytest.mark.parametrize("H,Hkv,D", [(9, 3, 64), (12, 2, 128), (8, 1, 40)])
+def test_attention_over_an_fp16_cache_is_over_its_values_in_fp32(m, H, Hkv, D):
+    """An fp16 cache is read as its values widened to fp32 exactly: the output is bit for bit the output over an
+    fp32 cache holding those values (the same sums in the same order, so a decode step and a verify pass agree as
+    they do there), at every T, with and without a window; the twin over the fp16 cache agrees to tolerance."""
+    for ctx in (1, 257, 700):
+        for T in (1, 6, 17):
+            for window, sinks in ((0, 0), (64, 4)):
+                if ctx < T:
+                    continue
+                q, k, v, seq_lens, _ = attention_case([ctx], T, H, Hkv, D, window, sinks, seed=ctx + D + T)
+                k16, v16 = k.half(), v.half()  # dead positions stay NaN
+                out16, out32 = (torch.full((1, T, H, D), NAN) for _ in range(2))
+                m.attention(out16, q, k16, v16, seq_lens, D ** -0.5, window, sinks)
+                m.attention(out32, q, k16.float(), v16.float(), seq_lens, D ** -0.5, window, sinks)
+                case = f"ctx={ctx} T={T} window={window}"
+                assert torch.isfinite(out16).all() and torch.equal(out16, out32), case
+                want = ref.attention(q, k16.nan_to_num(0), v16.nan_to_num(0), seq_lens, D ** -0.5, window, sinks)
+                torch.testing.assert_close(out16, want, rtol=1e-4, atol=1e-5, msg=lambda e, case=case: f"{case}: {e}")
+
+
+def test_attention_refuses_caches_of_two_dtypes_or_another(cpu_module):
+    q, k, v, seq_lens, _ = attention_case([40], 1, 9, 3, 64, 0, 0, seed=1)
+    out = torch.empty(1, 1, 9, 64)
+    with pytest.raises(RuntimeError, match="v_cache must be Half, got Float"):
+        cpu_module.attention(out, q, k.half(), v, seq_lens, 0.125, 0, 0)
+    with pytest.raises(RuntimeError, match="k_cache must be float32 or float16, got BFloat16"):
+        cpu_module.attention(out, q, k.bfloat16(), v.bfloat16(), seq_lens, 0.125, 0, 0)
+
+
 def test_attention_batch_sliced_cache_and_long_verify(cpu_module):
     """Rows of different lengths; the model's k[layer][:, :, :limit] view (head stride the full S_max);
     T = 17 and 40 (more queries than a tile holds)."""

@@ -16,9 +16,15 @@
 // the extra keys a longer pass reads are masked for it (weight exactly 0, and a masked block is skipped),
 // and its output comes out the same bits. Tying the splits to the thread count or the row's length, as an
 // even share per thread would, gave each T its own sum order.
+//
+// The cache holds fp32 or fp16 values (E = float or uint16_t, AttentionArgs::kv_f16): an fp16 value is widened to
+// fp32 exactly as it is loaded, and every sum runs in fp32 in the same order either way, so only the bytes read
+// change (half of them, a long context's share of a decode step).
 #pragma once
 
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -84,24 +90,41 @@ struct Attention {
     else store_d(p + 16 * c, v, D - 16 * c);
   }
 
+  // Chunk c of a cached row (a key or a value) in fp32: E = float as ld<ND>, E = uint16_t (fp16) widened exactly.
+  template <int ND, class E>
+  static F ldkv(const E* p, int c, int D) {
+    if constexpr (std::is_same_v<E, float>) {
+      return ld<ND>(p, c, D);
+    } else {
+      if (ND > 0 || D - 16 * c >= 16) return S::load_f16(p + 16 * c);
+      alignas(64) uint16_t part[16] = {};  // the last chunk of a head that is not a whole number of 16: lanes past D 0
+      std::memcpy(part, p + 16 * c, sizeof(uint16_t) * (D - 16 * c));
+      return S::load_f16(part);
+    }
+  }
+  // Elements of E a cache line holds: prefetches step by it.
+  template <class E>
+  static constexpr int kLine = 64 / static_cast<int>(sizeof(E));
+
   static int group_keys(int n, int g) { return n - 16 * g < 16 ? n - 16 * g : 16; }  // keys of a block's group g
 
   // The rows of keys j0 .. j0 + 15 for dot16, one block's and group's for every query of the tile: keys that are
   // not live (or past n) read a live one instead (stand_in), which the caller masks. At least one is live.
-  static void key_rows(const Live& live, const float* kbase, int64_t stride, int j0, int n, const float** row) {
+  template <class E>
+  static void key_rows(const Live& live, const E* kbase, int64_t stride, int j0, int n, const E** row) {
     const int stand_in = live.first(j0);
     for (int k = 0; k < 16; ++k) row[k] = kbase + (k < n && live.contains(j0 + k) ? j0 + k : stand_in) * stride;
   }
 
   // Lane k = q . the key at row[k].
-  template <int ND>
-  static F dot16(const float* q, const float* const* row, int D) {
+  template <int ND, class E>
+  static F dot16(const float* q, const E* const* row, int D) {
     F part[16];
     for (int k = 0; k < 16; ++k) part[k] = S::zero();
     for (int c = 0; c < chunks<ND>(D); ++c) {
       const F qv = ld<ND>(q, c, D);
 #pragma GCC unroll 16
-      for (int k = 0; k < 16; ++k) part[k] = S::fma(qv, ld<ND>(row[k], c, D), part[k]);
+      for (int k = 0; k < 16; ++k) part[k] = S::fma(qv, ldkv<ND>(row[k], c, D), part[k]);
     }
     return S::hsum16(part);  // one transpose-and-add tree instead of 16 horizontal sums
   }
@@ -110,26 +133,32 @@ struct Attention {
   // base register and constant offsets, where dot16's 16 row pointers do not fit the registers beside the loop's own
   // and are reloaded before about half of its FMAs (a verify pass's scores were bound by those loads). The same
   // FMAs in the same order, so the same bits.
-  template <int ND>
-  static F dot16_dense(const float* q, const float* base) {
+  template <int ND, class E>
+  static F dot16_dense(const float* q, const E* base) {
     F part[16];
     for (int k = 0; k < 16; ++k) part[k] = S::zero();
     for (int c = 0; c < ND; ++c) {
       const F qv = S::load(q + 16 * c);
 #pragma GCC unroll 16
-      for (int k = 0; k < 16; ++k) part[k] = S::fma(qv, S::load(base + (k * ND + c) * 16), part[k]);
+      for (int k = 0; k < 16; ++k) part[k] = S::fma(qv, ldkv<ND>(base + k * ND * 16, c, 16 * ND), part[k]);
     }
     return S::hsum16(part);
   }
 
   // One (b, kv head, split): a tile of queries at a time, over the split's keys in blocks.
   static void run(const AttentionArgs& a, int64_t item0, int64_t item1) {
-    if (a.head_dim == 64) return run_items<4>(a, item0, item1);
-    if (a.head_dim == 128) return run_items<8>(a, item0, item1);
-    run_items<0>(a, item0, item1);
+    if (a.kv_f16) return run_as<uint16_t>(a, item0, item1);
+    run_as<float>(a, item0, item1);
   }
 
-  template <int ND>
+  template <class E>
+  static void run_as(const AttentionArgs& a, int64_t item0, int64_t item1) {
+    if (a.head_dim == 64) return run_items<4, E>(a, item0, item1);
+    if (a.head_dim == 128) return run_items<8, E>(a, item0, item1);
+    run_items<0, E>(a, item0, item1);
+  }
+
+  template <int ND, class E>
   static void run_items(const AttentionArgs& a, int64_t item0, int64_t item1) {
     const int D = a.head_dim, T = a.tokens, n_rep = a.n_heads / a.n_kv_heads, Q = n_rep * T;
     for (int64_t item = item0; item < item1; ++item) {
@@ -147,8 +176,8 @@ struct Attention {
         }
         continue;
       }
-      const float* kbase = a.k + b * a.kv_b + kvh * a.kv_h;
-      const float* vbase = a.v + b * a.kv_b + kvh * a.kv_h;
+      const E* kbase = static_cast<const E*>(a.k) + b * a.kv_b + kvh * a.kv_h;
+      const E* vbase = static_cast<const E*>(a.v) + b * a.kv_b + kvh * a.kv_h;
       const int tiles = (Q + kQueries - 1) / kQueries, per_tile = (Q + tiles - 1) / tiles;  // 18 queries: 9 + 9
       for (int q0 = 0; q0 < Q; q0 += per_tile) {
         const int nq = Q - q0 < per_tile ? Q - q0 : per_tile;
@@ -174,7 +203,7 @@ struct Attention {
           if (!live.any(j0, j0 + n)) continue;
           const int ahead = j0 + kAhead * kKeys;
           const bool next = (ahead < j_hi || runs_on) && ahead < len && live.any(ahead, ahead + kKeys);
-          block<ND>(a, live, kbase, vbase, j0, n, nq, qs, acc, m, l, pos, next);
+          block<ND, E>(a, live, kbase, vbase, j0, n, nq, qs, acc, m, l, pos, next);
         }
         for (int i = 0; i < nq; ++i) {
           float* pa = a.part_acc + (part * Q + q0 + i) * D;
@@ -193,18 +222,18 @@ struct Attention {
   // stall: the scores read K across 16 rows at once, a pattern the hardware prefetcher follows poorly. Spread
   // like this beat prefetching all the rows at the block's start, which in turn beat no prefetch
   // (bench/kernels.py).
-  template <int ND>
-  static void block(const AttentionArgs& a, const Live& live, const float* kbase, const float* vbase, int j0, int n,
+  template <int ND, class E>
+  static void block(const AttentionArgs& a, const Live& live, const E* kbase, const E* vbase, int j0, int n,
                     int nq, const float (*qs)[kMaxDim], float (*acc)[kMaxDim], float* m, float* l, const int* pos,
                     bool next) {
     const int D = a.head_dim, groups = (n + 15) / 16;
     const bool all_live = live.all(j0, j0 + n);
-    const float* kn = next ? kbase + (j0 + kAhead * kKeys) * a.kv_s : nullptr;
-    const float* vn = next ? vbase + (j0 + kAhead * kKeys) * a.kv_s : nullptr;
+    const E* kn = next ? kbase + (j0 + kAhead * kKeys) * a.kv_s : nullptr;
+    const E* vn = next ? vbase + (j0 + kAhead * kKeys) * a.kv_s : nullptr;
     // A group reads its 16 rows straight from a dense cache where all 16 lie inside it: the lanes of keys that are
     // not live (or past the row) are masked below whatever they read, as with the stand-ins.
     bool dense[2];
-    const float* rows[2][16];
+    const E* rows[2][16];
     for (int g = 0; g < groups; ++g) {
       dense[g] = ND > 0 && a.kv_s == D && j0 + 16 * g + 16 <= a.max_len;
       if (!dense[g] && live.any(j0 + 16 * g, j0 + 16 * g + group_keys(n, g)))
@@ -226,13 +255,13 @@ struct Attention {
         const int cnt = group_keys(n, g);
         if (kn)
           for (int k = 16 * g; k < 16 * g + 16; ++k)
-            for (int d = 0; d < D; d += 16) __builtin_prefetch(kn + k * a.kv_s + d, 0, 2);
+            for (int d = 0; d < D; d += kLine<E>) __builtin_prefetch(kn + k * a.kv_s + d, 0, 2);
         if (!live.any(j0 + 16 * g, j0 + 16 * g + cnt))
           S::store(p[i] + 16 * g, S::set1(kNegInf));
         else if (dense[g])
-          S::store(p[i] + 16 * g, dot16_dense<ND>(qs[i], kbase + (j0 + 16 * g) * a.kv_s));
+          S::store(p[i] + 16 * g, dot16_dense<ND, E>(qs[i], kbase + (j0 + 16 * g) * a.kv_s));
         else
-          S::store(p[i] + 16 * g, dot16<ND>(qs[i], rows[g], D));
+          S::store(p[i] + 16 * g, dot16<ND, E>(qs[i], rows[g], D));
       }
       kn = nullptr;  // the first query to get here prefetched the next block's keys
       for (int k = n; k < 16 * groups; ++k) p[i][k] = kNegInf;  // past the block: weight 0
@@ -268,25 +297,25 @@ struct Attention {
     int t = 0;
     if constexpr (ND > 0 && ND <= 4 && S::kRegs == 32)  // 4 x ND sums, the rows and the weights: <= 32 registers
       for (; t + 3 < n_todo; t += 4) {
-        values<ND, 4>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
+        values<ND, 4, E>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
         vn = nullptr;  // the first queries to get here prefetched the next block's values
       }
     if constexpr (ND > 0)
       for (; t + 1 < n_todo; t += 2) {
-        values<ND, 2>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
+        values<ND, 2, E>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
         vn = nullptr;
       }
     for (; t < n_todo; ++t) {
-      values<ND, 1>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
+      values<ND, 1, E>(acc, p, rescale, todo + t, live, vbase, a.kv_s, j0, n, all_live, D, vn);
       vn = nullptr;
     }
   }
 
   // accumulate for the NQ queries todo[0 .. NQ) of the tile.
-  template <int ND, int NQ>
+  template <int ND, int NQ, class E>
   static void values(float (*acc)[kMaxDim], const float (*p)[kKeys], const float* rescale, const int* todo,
-                     const Live& live, const float* vbase, int64_t stride, int j0, int n, bool all_live, int D,
-                     const float* vn) {
+                     const Live& live, const E* vbase, int64_t stride, int j0, int n, bool all_live, int D,
+                     const E* vn) {
     float* accs[NQ];
     const float* ps[NQ];
     float rs[NQ];
@@ -295,29 +324,29 @@ struct Attention {
       ps[q] = p[todo[q]];
       rs[q] = rescale[todo[q]];
     }
-    accumulate<ND, NQ>(accs, ps, rs, live, vbase, stride, j0, n, all_live, D, vn);
+    accumulate<ND, NQ, E>(accs, ps, rs, live, vbase, stride, j0, n, all_live, D, vn);
   }
 
   // acc[q] = acc[q] * rescale[q] + sum_k p[q][k] v[k] over the block's live keys, for NQ queries at once (each value
   // row loaded once for all of them; each query's operations in the same order whatever NQ). Keys outer, chunks
   // inner: the chunks are independent FMA chains, so a long block is not bound by one accumulator's latency.
-  template <int ND, int NQ>
+  template <int ND, int NQ, class E>
   static void accumulate(float* const* acc, const float* const* p, const float* rescale, const Live& live,
-                         const float* vbase, int64_t stride, int j0, int n, bool all_live, int D, const float* vn) {
-    const float* vp = vbase + j0 * stride;
+                         const E* vbase, int64_t stride, int j0, int n, bool all_live, int D, const E* vn) {
+    const E* vp = vbase + j0 * stride;
     if constexpr (ND > 0) {
       F o[NQ][ND];
       for (int q = 0; q < NQ; ++q)
         for (int c = 0; c < ND; ++c) o[q][c] = S::mul(S::load(acc[q] + 16 * c), S::set1(rescale[q]));
       for (int k = 0; k < n; ++k) {
         if (vn)
-          for (int d = 0; d < D; d += 16) __builtin_prefetch(vn + k * stride + d, 0, 2);
+          for (int d = 0; d < D; d += kLine<E>) __builtin_prefetch(vn + k * stride + d, 0, 2);
         if (!all_live && !live.contains(j0 + k)) continue;
         F w[NQ];
         for (int q = 0; q < NQ; ++q) w[q] = S::set1(p[q][k]);
 #pragma GCC unroll 8
         for (int c = 0; c < ND; ++c) {
-          const F v = S::load(vp + k * stride + 16 * c);
+          const F v = ldkv<ND>(vp + k * stride, c, D);
           for (int q = 0; q < NQ; ++q) o[q][c] = S::fma(w[q], v, o[q][c]);
         }
       }
@@ -329,7 +358,7 @@ struct Attention {
       for (int c = 0; c < chunks<ND>(D); ++c) {
         F o = S::mul(ld<ND>(acc[0], c, D), r);
         for (int k = 0; k < n; ++k)
-          if (all_live || live.contains(j0 + k)) o = S::fma(S::set1(p[0][k]), ld<ND>(vp + k * stride, c, D), o);
+          if (all_live || live.contains(j0 + k)) o = S::fma(S::set1(p[0][k]), ldkv<ND>(vp + k * stride, c, D), o);
         st<ND>(acc[0], c, D, o);
       }
     }

@@ -194,8 +194,8 @@ constexpr int splits_for(int len) {
 struct AttentionArgs {
   float* out;             // [B, T, H, D]: strides out_b, out_t; heads dense
   const float* q;         // [B, T, H, D]: strides q_b, q_t; heads dense
-  const float* k;         // [B, Hkv, S, D]: strides kv_b, kv_h, kv_s; D dense
-  const float* v;         // same strides as k
+  const void* k;          // [B, Hkv, S, D]: strides kv_b, kv_h, kv_s (elements); D dense; fp32, or fp16 with kv_f16
+  const void* v;          // same strides and element type as k
   const int32_t* seq_lens;  // [B] live length, the T new tokens included
   float* part_acc;        // [B, Hkv, splits, n_rep * T, D]
   float* part_ml;         // [B, Hkv, splits, n_rep * T, 2]: max and sum of exp, -inf / 0 when empty
@@ -203,6 +203,7 @@ struct AttentionArgs {
   int batch, tokens, n_heads, n_kv_heads, head_dim, max_len, splits, window, sinks;
   int64_t q_b, q_t, out_b, out_t, kv_b, kv_h, kv_s;
   float scale;
+  bool kv_f16;             // the cache holds fp16 (IEEE half) values, widened exactly as they are read
 };
 using AttentionFn = void (*)(const AttentionArgs&, int64_t item0, int64_t item1);       // items b, kvh, split
 using AttentionMergeFn = void (*)(const AttentionArgs&, int64_t row0, int64_t row1);     // rows b, t, h

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,20 +50,33 @@ namespace {
 
 // k, v: [B, T, Hkv, D] views with the same strides (dense heads) into the caches [B, Hkv, S, D] (the same
 // strides too) at positions start..start+T-1.
-void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v, int64_t start) {
-  RECORD_FUNCTION("decodescope::kv_write", std::vector<c10::IValue>());
+// Rows of D floats into a cache of element E: copied, or rounded to fp16 to nearest even as torch's copy_ rounds.
+template <class E>
+void write_kv_as(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v, int64_t start) {
   const int64_t B = k.size(0), T = k.size(1), Hkv = k.size(2), D = k.size(3);
-  const size_t bytes = static_cast<size_t>(D) * sizeof(float);
-  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  E *kc = static_cast<E*>(k_cache.data_ptr()), *vc = static_cast<E*>(v_cache.data_ptr());
   const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < Hkv; ++h) {
         const int64_t dst = b * k_cache.stride(0) + h * k_cache.stride(1) + (start + t) * k_cache.stride(2);
         const int64_t src = b * k.stride(0) + t * k.stride(1) + h * k.stride(2);
-        std::memcpy(kc + dst, kp + src, bytes);
-        std::memcpy(vc + dst, vp + src, bytes);
+        if constexpr (std::is_same_v<E, float>) {
+          std::memcpy(kc + dst, kp + src, static_cast<size_t>(D) * sizeof(float));
+          std::memcpy(vc + dst, vp + src, static_cast<size_t>(D) * sizeof(float));
+        } else {
+          for (int64_t d = 0; d < D; ++d) {
+            kc[dst + d] = c10::Half(kp[src + d]);
+            vc[dst + d] = c10::Half(vp[src + d]);
+          }
+        }
       }
+}
+
+void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v, int64_t start) {
+  RECORD_FUNCTION("decodescope::kv_write", std::vector<c10::IValue>());
+  if (k_cache.scalar_type() == at::kHalf) return write_kv_as<c10::Half>(k_cache, v_cache, k, v, start);
+  write_kv_as<float>(k_cache, v_cache, k, v, start);
 }
 
 }  // namespace
@@ -131,8 +145,11 @@ BlockPlan::BlockPlan(const std::vector<LayerRecord>& records) {
     TORCH_CHECK(L.n_heads > 0 && L.n_kv_heads > 0 && L.n_heads % L.n_kv_heads == 0, "layer ", i, ": n_heads = ",
                 L.n_heads, " must be a multiple of n_kv_heads = ", L.n_kv_heads);
     check_cpu(L.k_cache, "k_cache");
-    check_dtype(L.k_cache, "k_cache", at::kFloat);
-    check_dtype(L.v_cache, "v_cache", at::kFloat);
+    TORCH_CHECK(L.k_cache.scalar_type() == at::kFloat || L.k_cache.scalar_type() == at::kHalf,
+                "layer ", i, ": k_cache must be float32 or float16, got ", L.k_cache.scalar_type());
+    check_dtype(L.v_cache, "v_cache", L.k_cache.scalar_type());
+    TORCH_CHECK(L.k_cache.scalar_type() == first.scalar_type(), "layer ", i, ": k_cache is ",
+                L.k_cache.scalar_type(), " where layer 0's is ", first.scalar_type());
     TORCH_CHECK(L.k_cache.dim() == 4 && L.k_cache.size(1) == L.n_kv_heads && L.k_cache.stride(3) == 1 &&
                     L.v_cache.sizes() == L.k_cache.sizes() && L.v_cache.strides() == L.k_cache.strides() &&
                     L.k_cache.sizes() == first.sizes(),
