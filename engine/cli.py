@@ -20,6 +20,7 @@ import tempfile
 import unicodedata
 
 from engine import Engine, Tokenizer, load_model, request, speculative
+from engine.checkpoint.load import KV_CACHES
 from engine.weights import FORMATS, QUANTIZED
 from engine.tiny import write_tiny_model
 
@@ -33,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--kv-cache", choices=KV_CACHES, default="auto",
+                   help="the KV cache's dtype: auto is fp16 on the CPU kernels, the activations' dtype elsewhere")
     p.add_argument("--sinks", type=int, default=request.SINKS, help="attention sinks kept with --window")
     p.add_argument("--tiny", action="store_true", help="a small random-weight model (smoke tests)")
     p.add_argument("--self-draft", choices=["auto", *[f for f in FORMATS if f in QUANTIZED]], default="auto",
@@ -71,7 +74,7 @@ def load_draft(args, req: request.Request):
         raise ValueError("draft model mode needs --draft-model (a folder, hub id or GGUF file of the same "
                          "vocabulary)")
     return load_model(req.draft_model, device=args.device, dtype=args.dtype, fused=req.fused_kernels,
-                      progress=lambda msg: print(msg, file=sys.stderr))
+                      progress=lambda msg: print(msg, file=sys.stderr), kv_cache=args.kv_cache)
 
 
 def format_summary(s: dict) -> str:
@@ -157,14 +160,16 @@ def main(argv=None) -> int:
     name = write_tiny_model(tempfile.mkdtemp(prefix="decodescope-tiny-")) if args.tiny else args.model
     try:
         model = load_model(name, device=args.device, dtype=args.dtype, weights=req.weights or None,
-                           fused=req.fused_kernels, progress=lambda msg: print(msg, file=sys.stderr))
+                           fused=req.fused_kernels, progress=lambda msg: print(msg, file=sys.stderr),
+                           kv_cache=args.kv_cache)
         tok = Tokenizer(model.path)
         eng = Engine(model, max_seq_len=args.max_seq_len, window=req.window or None, sinks=args.sinks)
         request.configure(eng, req, args.sinks)
         chat = req.chat and tok.chat_template is not None
+        kv = str(eng.cache.k.dtype).removeprefix("torch.")
         print(f"[weights {model.weight_format} | kernels {eng.kernel_status} | graphs {eng.graph_status} | "
-              f"attention {eng.attention_mode}" + ("" if chat == req.chat else " | no chat template: the prompt "
-                                                   "goes as it is") + "]", file=sys.stderr)
+              f"attention {eng.attention_mode} | KV cache {kv}" + ("" if chat == req.chat else " | no chat template: "
+                                                                   "the prompt goes as it is") + "]", file=sys.stderr)
         ids = tok.encode_chat(args.prompt) if chat else tok.encode(args.prompt)
         drafter = make_drafter(args, req, eng)
         text = tok.stream_decoder()

@@ -38,7 +38,7 @@ class Engine:
     put them; the quality cost is measured by bench/long.py, not assumed."""
 
     def __init__(self, model: Transformer, max_seq_len: int = 2048, batch_size: int = 1, window: int | None = None,
-                 sinks: int = 4, cache: KVCache | None = None):
+                 sinks: int = 4, cache: KVCache | None = None, kv_dtype: torch.dtype | None = None):
         if max_seq_len < 2:
             raise ValueError(f"max_seq_len={max_seq_len} must be at least 2")
         self.window, self.sinks = check_window(window, sinks)
@@ -46,7 +46,10 @@ class Engine:
         self.device, self.max_seq_len = model.device, max_seq_len
         model.ensure_rope(max_seq_len)
         # cache: one given (a layer-skip view's, over its target's layers: KVCache.layers), else its own
-        self.cache = cache or KVCache(model.config, batch_size, max_seq_len, model.dtype, model.device)
+        # kv_dtype: the cache's element type (default: the model's kv_dtype, set by load_model's kv_cache, else the
+        # activations'); the CPU kernels read fp32 or fp16 caches (csrc/cpu/attention.h)
+        kv_dtype = kv_dtype or model.kv_dtype or model.dtype
+        self.cache = cache or KVCache(model.config, batch_size, max_seq_len, kv_dtype, model.device)
         self.clock = Clock(model.device)
         self.graph = None  # graphs.DecodeGraphs: the step runs as graph replays when set (use_graphs)
         self.graph_status = "off: not enabled (call use_graphs(True))"

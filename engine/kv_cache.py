@@ -82,6 +82,6 @@ class KVCache:
             self.layer_k[layer][:, :, start:start + T] = k.transpose(1, 2)
             self.layer_v[layer][:, :, start:start + T] = v.transpose(1, 2)
             return
-        rows = self.rows[:, None]
-        self.layer_k[layer][rows, :, positions] = k
-        self.layer_v[layer][rows, :, positions] = v
+        rows = self.rows[:, None]  # index_put takes the cache's dtype only (the slice copy above converts)
+        self.layer_k[layer][rows, :, positions] = k.to(self.k.dtype)
+        self.layer_v[layer][rows, :, positions] = v.to(self.v.dtype)

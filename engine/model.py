@@ -200,6 +200,7 @@ class Transformer(nn.Module):
         self.load_notes: list[str] = []  # what the loader did that a user should know (a tensor dequantized)
         self.head_picks: HeadPicks | None = None  # the last head pass's greedy picks, where its ops make them
         self.format: str | None = None  # the format the loader chose (the projections' but those load_notes names)
+        self.kv_dtype: torch.dtype | None = None  # the KV cache's, for the engines built on it; None: the activations'
         self.path = None  # the folder it was loaded from
         self.eos_ids: tuple[int, ...] = cfg.eos_token_ids
         self.version = 0  # bumped whenever something a captured graph reads by address is replaced

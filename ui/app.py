@@ -13,6 +13,7 @@ import engine  # noqa: E402, F401  (next: it sets OpenMP's wait policy before to
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from engine.checkpoint.load import KV_CACHES
     from engine.weights import FORMATS, QUANTIZED
     from ui.startup import KNOWN_MODELS
 
@@ -36,6 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--max-seq-len", type=int, default=2048, help="KV cache positions (prompt + new tokens)")
+    p.add_argument("--kv-cache", choices=KV_CACHES, default="auto",
+                   help="the KV cache's dtype: auto is fp16 on the CPU kernels (half the bytes a cached position adds "
+                        "to a step), the activations' dtype elsewhere")
     p.add_argument("--host", default=None, help="default 127.0.0.1 (GRADIO_SERVER_NAME overrides)")
     p.add_argument("--port", type=int, default=None, help="default 7860 (GRADIO_SERVER_PORT overrides)")
     p.add_argument("--share", action="store_true", help="open a public gradio.live link")
@@ -100,7 +104,7 @@ def build_models(args):
         check_allowed([*names, *args.draft], args.allow_any_model)
     options = endpoint_options(args)
     common = dict(device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len, weights=args.weights,
-                  self_draft=None if args.self_draft == "none" else args.self_draft)
+                  self_draft=None if args.self_draft == "none" else args.self_draft, kv_cache=args.kv_cache)
     check = not (args.tiny or args.no_example_check or zero_gpu())  # ZeroGPU: no GPU here to time them on
     first = checked(build_runtime, check, names[0], args.draft, tiny=args.tiny, **common)
     for name, value in options.items():

@@ -116,7 +116,7 @@ def _tiny_folders(progress) -> tuple[Path, Path, Path]:
     return root, target, draft
 
 
-def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
+def _load_engine(name, device, dtype, max_seq_len, progress, weights=None, kv_cache=None):
     """On ZeroGPU nothing here may touch CUDA (spaces keeps the weights aside until a GPU call): no kernel
     build, no graph capture; both would happen in the main process, which has no GPU."""
     from engine import Engine, load_model
@@ -124,7 +124,7 @@ def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
     zero = zero_gpu()
     t0 = time.perf_counter()
     model = load_model(None if name == DEFAULT_MODEL else name, device=device, dtype=dtype, weights=weights,
-                       fused=not zero, progress=progress)
+                       fused=not zero, progress=progress, kv_cache=kv_cache)
     eng = Engine(model, max_seq_len=max_seq_len)
     progress(f"loaded {name} in {time.perf_counter() - t0:.1f} s ({eng.kernel_status})")
     if not zero:
@@ -133,14 +133,14 @@ def _load_engine(name, device, dtype, max_seq_len, progress, weights=None):
     return eng
 
 
-def _same_model(eng, dtype, progress, loaded: list, fmt: str):
+def _same_model(eng, dtype, progress, loaded: list, fmt: str, kv_cache: str | None = None):
     """The target of `eng` on a new Engine (its own cache) in weight format fmt: the weights of an engine
     already in that format (eng or one of `loaded`) shared, else loaded; the measured bandwidth copied."""
     from engine import Engine
 
     have = next((e.model for e in [eng, *loaded] if e.model.weight_format == fmt), None)
     if have is None:
-        new = _load_engine(eng.model.path, eng.device, dtype, eng.max_seq_len, progress, fmt)
+        new = _load_engine(eng.model.path, eng.device, dtype, eng.max_seq_len, progress, fmt, kv_cache)
     else:
         new = Engine(have, max_seq_len=eng.max_seq_len)
         if eng.graph is not None:
@@ -151,8 +151,10 @@ def _same_model(eng, dtype, progress, loaded: list, fmt: str):
 
 def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: str = "auto", dtype: str | None = None,
                   max_seq_len: int = 2048, tiny: bool = False, bandwidth: bool = True, progress=print,
-                  self_draft: str | None = "q4", weights: str | None = None, shared: dict | None = None) -> Runtime:
-    """shared: Runtime fields another model's Runtime lends this one (ui/models.py)."""
+                  self_draft: str | None = "q4", weights: str | None = None, shared: dict | None = None,
+                  kv_cache: str | None = "auto") -> Runtime:
+    """shared: Runtime fields another model's Runtime lends this one (ui/models.py). kv_cache: load_model's, for
+    every engine here (auto: fp16 on the CPU kernels)."""
     from engine import Tokenizer
 
     zero = zero_gpu()
@@ -162,14 +164,15 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
         root, target, draft = _tiny_folders(progress)
         model, draft_names, paths = TINY, [TINY + "-draft"], {TINY: target, TINY + "-draft": draft}
         temp_dirs.append(root)
-    eng = _load_engine(paths.get(model, model), device, dtype, max_seq_len, progress, weights)
-    draft_engines = {n: _load_engine(paths.get(n, n), device, dtype, max_seq_len, progress) for n in draft_names}
+    eng = _load_engine(paths.get(model, model), device, dtype, max_seq_len, progress, weights, kv_cache)
+    draft_engines = {n: _load_engine(paths.get(n, n), device, dtype, max_seq_len, progress, kv_cache=kv_cache)
+                     for n in draft_names}
     # quantized self-drafting: the target's own checkpoint in a cheaper format, on an Engine of its own (which
     # drafts over the target's cache: ModelDrafter); the weights are shared with the target when the target
     # already runs that format
     self_drafts = {}
     if self_draft:
-        self_drafts[self_draft] = _same_model(eng, dtype, progress, [], self_draft)
+        self_drafts[self_draft] = _same_model(eng, dtype, progress, [], self_draft, kv_cache)
     tok = Tokenizer(eng.model.path)
     if bandwidth and not zero:  # on ZeroGPU the probes run inside each GPU call (engine_rounds)
         from engine.observe.bandwidth import measure_gbs
@@ -190,7 +193,7 @@ def build_runtime(model: str = DEFAULT_MODEL, drafts: list[str] = (), device: st
     rt = Runtime(eng, tok, name, drafts=draft_engines, self_drafts=self_drafts, fused_reason=fused_reason,
                  graphs_reason=graphs_reason, temp_dirs=temp_dirs, probe_bandwidth=bandwidth,
                  special_ids=frozenset(special), **(shared or {}))
-    rt.load_format = partial(_same_model, eng, dtype, progress, list(self_drafts.values()))
+    rt.load_format = partial(_same_model, eng, dtype, progress, list(self_drafts.values()), kv_cache=kv_cache)
     rt.rounds_fn = on_zero_gpu(partial(engine_rounds, rt))
     rt.env = environment(rt, device)
     return rt
@@ -221,7 +224,8 @@ def environment(rt: Runtime, device: str) -> dict:
         "CUDA graphs": (ZERO_GPU_GRAPHS if zero else "available") if rt.graphs_reason is None else rt.graphs_reason,
         "draft models": ", ".join(rt.drafts) or "none (start with --draft NAME)",
         "self-draft": ", ".join(rt.self_drafts) or "none (start with --self-draft q4)",
-        "KV cache": f"{eng.max_seq_len} positions",
+        "KV cache": f"{eng.max_seq_len} positions in {str(eng.cache.k.dtype).removeprefix('torch.')} "
+                    f"({eng.cache.bytes_per_token:,} bytes a position; --kv-cache at launch)",
         "memory bandwidth": bandwidth,
         "ZeroGPU": "yes" if zero else "no",
         **machine_state("cpu" if zero else device),

@@ -70,8 +70,29 @@ def pick_dtype(dtype, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+KV_CACHES = ("auto", "fp16", "fp32")  # load_model's kv_cache: what the app's and the CLI's --kv-cache take
+
+
+def pick_kv_dtype(kv_cache: str | None, device: torch.device, dt: torch.dtype, fused: bool) -> torch.dtype | None:
+    """The KV cache's dtype for the engines on a model (None: the activations' dtype, dt). "auto": fp16 where the
+    CPU kernels run fp32 activations (half the bytes a cached position adds to a step; the kernels widen each value
+    exactly as they read it), else dt. On CUDA the attention kernel reads a cache of the activations' dtype."""
+    if kv_cache is None:
+        return None
+    if kv_cache not in KV_CACHES:
+        raise ModelLoadError(f"kv_cache={kv_cache!r} is not one of {KV_CACHES}")
+    if kv_cache == "auto":
+        return torch.float16 if device.type == "cpu" and fused and dt == torch.float32 else None
+    want = DTYPES[kv_cache]
+    if device.type == "cuda" and want != dt:
+        raise ModelLoadError(f"kv_cache={kv_cache!r} on CUDA: the attention kernel there reads a cache of the "
+                             f"activations' dtype ({str(dt).removeprefix('torch.')}); leave kv_cache out, or pick "
+                             "the dtype to match")
+    return want
+
+
 def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights: str | None = None,
-               fused: bool = True, cache_dir=None, progress=print) -> Transformer:
+               fused: bool = True, cache_dir=None, progress=print, kv_cache: str | None = None) -> Transformer:
     """Load a model folder / GGUF file / hub id / the embedded default (None) straight onto `device`.
 
     dtype: the activations' (default fp32 on CPU, bf16 on CUDA). weights: the projections' format, one of
@@ -79,18 +100,28 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
     else dtype: see checkpoint/formats.py; the default model's Q4_1 blocks run as q4_a8 on a CPU, weights="q4" for
     its exact values). Each tensor is read once and packed; a model that would not fit in the memory this
     machine has left is refused before a tensor is read. What the loader did to a file's blocks is printed and
-    kept in load_notes."""
+    kept in load_notes. kv_cache: the KV cache's dtype for the engines built on it (KV_CACHES, pick_kv_dtype;
+    default: the activations')."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for but torch sees no CUDA device; use device='cpu'")
     if weights is not None:
         check_format_name(weights)  # a typo fails before any download or build
+    kv_dtype = pick_kv_dtype(kv_cache, device, pick_dtype(dtype, device), fused)  # a bad value too
     folder = resolve_path(None if name is None else str(name), cache_dir, progress)
     cfg, src = check_folder(folder)
     try:
-        return _load(folder, cfg, src, device, dtype, weights, fused, progress)
+        model = _load(folder, cfg, src, device, dtype, weights, fused, progress)
     finally:
         src.close()
+    if kv_dtype is not None and kv_dtype != model.dtype:
+        model.kv_dtype = kv_dtype
+        note = (f"KV cache in {str(kv_dtype).removeprefix('torch.')}: a cached position adds "
+                f"{2 * kv_dtype.itemsize * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim:,} bytes to a step's reads "
+                "(the kernels widen each value exactly as they read it)")
+        model.load_notes.append(note)
+        progress(note)
+    return model
 
 
 def _load(folder: Path, cfg: ModelConfig, src, device, dtype, weights, fused, progress) -> Transformer:

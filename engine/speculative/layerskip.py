@@ -69,7 +69,7 @@ class Calibration:
 def _prefill(model, ids: list[int], window: int) -> tuple[torch.Tensor, KVCache]:
     """The logits [W, V] of the last `window` positions of a fresh forward over ids, and the cache it filled (its
     own, throwaway)."""
-    cache = KVCache(model.config, 1, len(ids), model.dtype, model.device)
+    cache = KVCache(model.config, 1, len(ids), model.kv_dtype or model.dtype, model.device)
     cache.set_length(len(ids))
     return model(torch.tensor([ids], device=model.device), cache, "prefill", tail=window)[0], cache
 
