@@ -32,6 +32,7 @@ import torch
 from bench import llamacpp, random_gguf
 from bench.steps import prompt_ids
 from engine import Engine, load_model, ops
+from engine.checkpoint.load import KV_CACHES
 from engine.endpoint.llamacpp import LlamaServer
 
 GAP_S = 0.05  # between bursts: a finished engine's threads go quiet before the next one starts
@@ -65,7 +66,7 @@ def spread(values: list[float]) -> dict:
 
 def row(name: str, path: Path, args) -> dict:
     ops.select("cpu", True, 128)
-    model = load_model(path, progress=lambda s: None)
+    model = load_model(path, progress=lambda s: None, kv_cache=args.kv_cache)
     eng = Engine(model, max_seq_len=args.prompt_len + args.tokens + 64)
     prompt = prompt_ids(min(random_gguf.VOCAB, model.config.vocab_size), args.prompt_len)
     runs = {"ours": [], "server": [], "bench": []}
@@ -88,6 +89,7 @@ def row(name: str, path: Path, args) -> dict:
     med = statistics.median
     pair = lambda a, b: spread([x / y for x, y in zip(runs[a], runs[b], strict=True)])  # noqa: E731
     out = dict(file=name, file_gb=path.stat().st_size / 1e9, cycles=args.cycles,
+               kv_cache=str(eng.cache.k.dtype).removeprefix("torch."),
                ours_tok_s=med(runs["ours"]), server_tok_s=med(runs["server"]), bench_tok_s=med(runs["bench"]),
                ours_over_bench=pair("ours", "bench"), ours_over_server=pair("ours", "server"),
                server_over_bench=pair("server", "bench"),
@@ -107,7 +109,8 @@ def markdown(result: dict) -> str:
     rows = []
     for r in result["rows"]:
         cell = lambda s: f"{s['median']:.3f} ({s['lo']:.2f}-{s['hi']:.2f})"  # noqa: E731
-        rows.append(dict(file=r["file"], file_gb=r["file_gb"], ours_tok_s=r["ours_tok_s"],
+        rows.append(dict(file=r["file"], file_gb=r["file_gb"], ours_kv=r.get("kv_cache", "float32"),
+                         ours_tok_s=r["ours_tok_s"],
                          server_tok_s=r["server_tok_s"], bench_tok_s=r["bench_tok_s"],
                          ours_over_bench=cell(r["ours_over_bench"]), ours_over_server=cell(r["ours_over_server"]),
                          server_over_bench=cell(r["server_over_bench"]),
@@ -129,6 +132,8 @@ def main(argv=None):
     p.add_argument("--cycles", type=int, default=20)
     p.add_argument("--tokens", type=int, default=16, help="greedy steps a burst times")
     p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--kv-cache", choices=KV_CACHES, default="auto",
+                   help="ours' KV cache (load_model's kv_cache; auto, as the app runs: fp16, llama.cpp's default f16)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--name", default="paired-decode-cpu")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))

@@ -36,13 +36,13 @@ def test_server_burst_counts_the_steps_after_the_first_token():
                     reason="llama-server (LLAMA_SERVER) and llama-bench (scripts/build_llamacpp.sh) are needed")
 def test_a_row_pairs_each_cycle_on_the_default_file():
     path = default_model.gguf_path(progress=lambda msg: None)
-    args = argparse.Namespace(cycles=3, tokens=4, prompt_len=8, threads=1)
+    args = argparse.Namespace(cycles=3, tokens=4, prompt_len=8, threads=1, kv_cache="auto")
     r = paired_decode.row("default", path, args)
     assert {k: len(v) for k, v in r["runs"].items()} == {"ours": 3, "server": 3, "bench": 3}
     assert all(v > 0 for runs in r["runs"].values() for v in runs)
     ratios = [o / b for o, b in zip(r["runs"]["ours"], r["runs"]["bench"], strict=True)]
     assert r["ours_over_bench"] == dict(median=statistics.median(ratios), lo=min(ratios), hi=max(ratios))
-    assert r["ours_tok_s"] == statistics.median(r["runs"]["ours"])
+    assert r["ours_tok_s"] == statistics.median(r["runs"]["ours"]) and r["kv_cache"] == "float16"  # auto
     md = paired_decode.markdown(dict(rows=[r], cycles=3, tokens=4, prompt_tokens=8, threads=1))
     assert "| default |" in md and f"{r['ours_over_bench']['median']:.3f}" in md
 
