@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "../tensor_checks.h"  // check_dense, check_dtype, check_dense_heads, checked_int
@@ -32,6 +33,14 @@ inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType d
               ", got ", t.sizes());
   check_dtype(t, name, dtype);
   check_dense(t, name);
+}
+
+// A KV cache's K and V: float32 or float16 (attention.h widens fp16 as it reads), the same for both. `where`
+// prefixes the message ("layer 3: " in a block plan).
+inline void check_kv_dtypes(const at::Tensor& k, const at::Tensor& v, const std::string& where = "") {
+  TORCH_CHECK(k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf, where,
+              "k_cache must be float32 or float16, got ", k.scalar_type());
+  check_dtype(v, "v_cache", k.scalar_type());
 }
 
 // The bytes from a tensor's first element to just past its last (non-negative strides).

@@ -66,9 +66,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes() && v_cache.strides() == k_cache.strides(),
               "v_cache must match k_cache's shape ", k_cache.sizes(), " and strides ", k_cache.strides(), ", got ",
               v_cache.sizes(), " and ", v_cache.strides());
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kHalf,
-              "k_cache must be float32 or float16, got ", k_cache.scalar_type());
-  check_dtype(v_cache, "v_cache", k_cache.scalar_type());
+  check_kv_dtypes(k_cache, v_cache);
   check_tensor(seq_lens, "seq_lens", at::kInt, "[B]", {B});
   check_cpu(out, "out");
   TORCH_CHECK(out.sizes() == q.sizes(), "out must be [B, T, H, D] = ", q.sizes(), ", got ", out.sizes());

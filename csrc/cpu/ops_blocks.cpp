@@ -145,9 +145,7 @@ BlockPlan::BlockPlan(const std::vector<LayerRecord>& records) {
     TORCH_CHECK(L.n_heads > 0 && L.n_kv_heads > 0 && L.n_heads % L.n_kv_heads == 0, "layer ", i, ": n_heads = ",
                 L.n_heads, " must be a multiple of n_kv_heads = ", L.n_kv_heads);
     check_cpu(L.k_cache, "k_cache");
-    TORCH_CHECK(L.k_cache.scalar_type() == at::kFloat || L.k_cache.scalar_type() == at::kHalf,
-                "layer ", i, ": k_cache must be float32 or float16, got ", L.k_cache.scalar_type());
-    check_dtype(L.v_cache, "v_cache", L.k_cache.scalar_type());
+    check_kv_dtypes(L.k_cache, L.v_cache, "layer " + std::to_string(i) + ": ");
     TORCH_CHECK(L.k_cache.scalar_type() == first.scalar_type(), "layer ", i, ": k_cache is ",
                 L.k_cache.scalar_type(), " where layer 0's is ", first.scalar_type());
     TORCH_CHECK(L.k_cache.dim() == 4 && L.k_cache.size(1) == L.n_kv_heads && L.k_cache.stride(3) == 1 &&
