@@ -15,6 +15,11 @@ import torch
 from engine.config import ModelConfig
 
 
+def position_bytes(n_layers: int, kv_size: int, dtype: torch.dtype) -> int:
+    """The K and V bytes a cached position holds over n_layers layers of kv_size values each (Hkv * head_dim)."""
+    return 2 * n_layers * kv_size * dtype.itemsize
+
+
 class KVCache:
     def __init__(self, cfg: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype, device):
         self.cfg = cfg
@@ -33,7 +38,7 @@ class KVCache:
     def bytes_per_token(self) -> int:
         """K and V bytes one position adds, over all layers (what a decode step reads per cached token)."""
         B, Hkv, S, D = self.layer_k[0].shape
-        return 2 * len(self.layer_k) * Hkv * D * self.k.element_size()
+        return position_bytes(len(self.layer_k), Hkv * D, self.k.dtype)
 
     def layers(self, keep, cfg: ModelConfig) -> KVCache:
         """A cache over this one's layers `keep` (its layer j is layer keep[j] here), sharing their storage, with

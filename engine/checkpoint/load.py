@@ -17,6 +17,7 @@ from engine.checkpoint import memory, notes
 from engine.checkpoint.formats import FormatPlan, check_format_name, head_format, pick_format, stored_format
 from engine.checkpoint.hf import ModelLoadError, check_folder, expected_shapes, our_targets
 from engine.config import ModelConfig
+from engine.kv_cache import position_bytes
 from engine.layers import BlockEmbedding, Linear
 from engine.model import Transformer
 from engine.tokenizer import facts as tokenizer_facts
@@ -117,7 +118,7 @@ def load_model(name: str | Path | None = None, device="cpu", dtype=None, weights
     if kv_dtype is not None and kv_dtype != model.dtype:
         model.kv_dtype = kv_dtype
         note = (f"KV cache in {str(kv_dtype).removeprefix('torch.')}: a cached position adds "
-                f"{2 * kv_dtype.itemsize * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim:,} bytes to a step's reads "
+                f"{position_bytes(cfg.n_layers, cfg.kv_size, kv_dtype):,} bytes to a step's reads "
                 "(the kernels widen each value exactly as they read it)")
         model.load_notes.append(note)
         progress(note)
